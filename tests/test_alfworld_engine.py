@@ -294,9 +294,14 @@ def test_expert_recovers_from_random_states():
 @pytest.mark.needs_alfworld
 def test_every_shared_game_matches_real_engine(oracle_cls):
     """Every shared game: walkthrough, then a 55-step random episode with adversarial commands.
-    Writes a summary to $PCSD_DIFF_REPORT when set."""
+    Writes a summary to $PCSD_DIFF_REPORT when set; $PCSD_DIFF_RANGE=START:STOP plays only that slice
+    of the interleaved order (to split the ~2 h run across processes or sessions)."""
     # Interleaved order (by a hash of the path) so that any prefix is a spread of splits and types.
     rows = sorted(_manifest(), key=lambda r: hash_path(r["relative_path"]))
+    if os.environ.get("PCSD_DIFF_RANGE"):
+        start, _, stop = os.environ["PCSD_DIFF_RANGE"].partition(":")
+        rows = rows[int(start or 0): int(stop) if stop else None]
+        assert rows, f"PCSD_DIFF_RANGE={os.environ['PCSD_DIFF_RANGE']!r} selects no game"
     games = steps = 0
     diffs: list[str] = []
     for r in rows:
