@@ -64,12 +64,13 @@ def single_process(device: torch.device | str = "cpu") -> DistContext:
 def init_distributed(*, rank: Optional[int] = None, world_size: Optional[int] = None,
                      local_rank: Optional[int] = None, backend: Optional[str] = None,
                      device: Optional[str] = None, init_method: str = "env://",
-                     timeout_s: float = 1800.0) -> DistContext:
+                     timeout_s: float = 4 * 3600.0) -> DistContext:
     """Joins (or creates) the default process group and builds the device mesh.
 
     Args default to the launcher's ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``; with a world of
     one and no process group this is :func:`single_process`. ``backend`` defaults to ``nccl`` on
     CUDA and ``gloo`` on CPU; ``device`` (``auto``, ``cpu``, ``cuda``) picks ``cuda:<local_rank>``.
+    ``timeout_s`` is long because rank 0 evaluates alone while the others wait.
     """
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size

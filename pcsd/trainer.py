@@ -441,14 +441,17 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
     metrics_path = run_dir / "metrics.jsonl"
 
     def sync_generation_weights() -> None:
-        if backend_name == "vllm" or ctx.distributed:
+        if ctx.distributed:  # gather the shards (collective), then every rank refreshes its engine
             backend.load_weights(dist_utils.full_model_state(student, ctx, all_ranks=True).items())
+        elif backend_name == "vllm":
+            backend.load_weights(student.state_dict().items())
 
     start = 0
     if ckpt is not None:
         dist_utils.load_full_state(student, opt, ckpt.model_state, ckpt.optimizer_state, ctx)
         sync_generation_weights()
         summary.update(ckpt.state.get("summary", {}))
+        summary["world_size"] = ctx.world_size
         start = ckpt.step
         if ctx.is_main and metrics_path.exists():  # drop records written after the checkpoint
             keep = [ln for ln in metrics_path.read_text().splitlines()
