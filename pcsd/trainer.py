@@ -208,19 +208,23 @@ def _mb_logprobs(model, prompts, responses, rows: Optional[list[int]]) -> torch.
     return torch.cat(score_packed(model, ps, rs, max_tokens_per_pass=sum(len(p) + len(r) for p, r in zip(ps, rs))))
 
 
+def _device(model) -> torch.device:
+    return next(model.parameters()).device  # a DTensor's device under FSDP
+
+
 def scores(model, prompts, responses, mbs: list[list[int]], n_passes: int, T: int) -> torch.Tensor:
     """``[T]`` float32 log-probs of every packed response token, one forward per micro-batch,
     padded to ``n_passes`` forwards (FSDP: every rank runs the same number of passes)."""
-    out = torch.zeros(T)
+    out = torch.zeros(T, device=_device(model))
     offsets = [0]
     for r in responses:
         offsets.append(offsets[-1] + len(r))
     with torch.no_grad():
         for k in range(n_passes):
             rows = mbs[k] if k < len(mbs) else None
-            lp = _mb_logprobs(model, prompts, responses, rows).float().cpu()
+            lp = _mb_logprobs(model, prompts, responses, rows).float()
             if rows is not None:
-                idx = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows])
+                idx = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows]).to(out.device)
                 out[idx] = lp
     return out
 
@@ -251,13 +255,14 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
                if use_teacher else None)
     t_score = time.perf_counter() - t0
 
-    mask = torch.ones(T, dtype=torch.bool)
-    tok_traj = rb.token_traj_ids()
-    cu = rb.cu_seqlens()
-    adv_traj = group_advantages(rb.reward, rb.traj_group, eps=algo.adv_eps)
+    dev = old.device  # every per-token tensor lives beside the model
+    mask = torch.ones(T, dtype=torch.bool, device=dev)
+    tok_traj = rb.token_traj_ids().to(dev)
+    cu = rb.cu_seqlens().to(dev)
+    adv_traj = group_advantages(rb.reward.to(dev), rb.traj_group.to(dev), eps=algo.adv_eps)
     tok_adv = adv_traj[tok_traj].float()
-    gap = (teacher - old) if teacher is not None else torch.zeros(T)
-    weights = torch.zeros(T)
+    gap = (teacher - old) if teacher is not None else torch.zeros(T, device=dev)
+    weights = torch.zeros(T, device=dev)
     if rule.kind == "advantage":
         tok_adv = rule(tok_adv, gap, mask, step)
     elif algo.distill:
@@ -286,7 +291,7 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
             if rows is None:  # padding pass: joins the collectives, adds nothing
                 (lp.sum() * 0.0).backward()
                 continue
-            idx = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows])
+            idx = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows]).to(dev)
             loss = lp.sum() * 0.0
             if algo.grpo:
                 pg, kl, clipped = grpo_token_terms(lp, old[idx], None if ref is None else ref[idx],

@@ -200,8 +200,8 @@ def test_cli_errors_exit_2(capsys):
 
 
 # ----------------------------------------------------------------------------- runs
-_TINY = ["rollout.backend=hf", "optim.sft_steps=0", "env.max_steps=2", "rollout.tasks_per_step=1",
-         "rollout.group_size=2", "rollout.max_response_tokens=6", "eval.episodes=1", "optim.steps=2",
+_TINY = ["rollout.backend=hf", "optim.sft_steps=0", "env.max_steps=1", "rollout.tasks_per_step=1",
+         "rollout.group_size=2", "rollout.max_response_tokens=4", "eval.episodes=1", "optim.steps=2",
          "run.save_every=1", "model.tiny_layers=1", "optim.lr=1e-2"]
 
 
