@@ -419,11 +419,6 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
     frozen = copy.deepcopy(student).eval()
     for p in frozen.parameters():
         p.requires_grad_(False)
-    # sharded training: the hf backend generates with a full copy refreshed after every update
-    gen_model = copy.deepcopy(student).eval() if ctx.distributed else student
-    dist_utils.shard_model(student, ctx)
-    dist_utils.shard_model(frozen, ctx)
-
     backend_name = cfg.rollout.backend
     if backend_name == "vllm":
         try:
@@ -431,6 +426,15 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
         except ImportError:
             console.print("[pcsd] vLLM is not installed: using the hf backend")
             backend_name = "hf"
+    # sharded training: the hf backend generates with a full copy refreshed after every update;
+    # with vLLM a CPU copy only carries the HF config for save_pretrained of gathered weights
+    gen_model = student
+    if ctx.distributed:
+        gen_model = copy.deepcopy(student).eval()
+        if backend_name == "vllm":
+            gen_model = gen_model.to("cpu")
+    dist_utils.shard_model(student, ctx)
+    dist_utils.shard_model(frozen, ctx)
     if backend_name == "vllm":
         backend = make_backend("vllm", model_path=base_dir, dtype="float32" if device.type == "cpu" else "bfloat16",
                                seed=cfg.run.seed,
