@@ -284,6 +284,17 @@ def _validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={val!r} is not valid; choose one of {', '.join(choices)}")
     if cfg.rule not in available_rules():
         raise ConfigError(f"rule={cfg.rule!r} is not valid; choose one of {', '.join(available_rules())}")
+    # an ablation rule is defined by a parameter the trainer would otherwise take from algo.pcsd
+    # (e.g. pcsd-fixed-n4 is n_min=4): the config must agree, or the run is not the ablation
+    from pcsd.weighting import get_rule
+
+    if cfg.rule.startswith("pcsd-"):
+        base, rule = get_rule("pcsd").defaults, get_rule(cfg.rule).defaults
+        for k, v in rule.items():
+            if base.get(k) != v and k in cfg.algo.pcsd and cfg.algo.pcsd[k] != v:
+                raise ConfigError(f"rule={cfg.rule} is defined by algo.pcsd.{k}={v}, but the config has "
+                                  f"algo.pcsd.{k}={cfg.algo.pcsd[k]}; use method={cfg.rule} (sets both) "
+                                  f"or set algo.pcsd.{k}={v}")
     positive = ["rollout.tasks_per_step", "rollout.group_size", "rollout.max_prompt_tokens",
                 "rollout.max_response_tokens", "env.max_steps", "optim.tokens_per_microbatch",
                 "optim.ppo_epochs"]

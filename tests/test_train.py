@@ -133,6 +133,14 @@ def test_bad_value_lists_choices():
         load_config(["run.keep_last=-1"])
 
 
+def test_ablation_rule_needs_its_parameter():
+    with pytest.raises(ConfigError, match=r"rule=pcsd-fixed-n4 is defined by algo\.pcsd\.n_min=4.*method=pcsd-fixed-n4"):
+        load_config(["rule=pcsd-fixed-n4"])
+    with pytest.raises(ConfigError, match=r"algo\.pcsd\.alpha=1\.0"):
+        load_config(["rule=pcsd-no-decay"])
+    assert load_config(["rule=pcsd-fixed-n4", "algo.pcsd.n_min=4"]).rule == "pcsd-fixed-n4"
+
+
 def test_unknown_method_and_preset_list_valid_ones():
     with pytest.raises(ConfigError, match="unknown method 'ppo'; valid methods: vanilla, skill-prompt, grpo"):
         load_config(["method=ppo"])
