@@ -1,9 +1,25 @@
-"""Training configuration: typed schema (OmegaConf structured configs), presets, dotted overrides.
+"""Training configuration: typed schema (OmegaConf structured configs), presets, methods, overrides.
 
-    python -m pcsd.train preset=alfworld-qwen2.5-3b model.path=/models/Qwen2.5-3B-Instruct rule=sdar
+    python -m pcsd.train preset=alfworld-qwen2.5-3b model.path=/models/Qwen2.5-3B-Instruct method=sdar
 
-A wrong key or a value of the wrong type or outside its choices is a :class:`ConfigError` that
-lists the valid keys or values.
+Resolution order: the schema's defaults <- the preset file (``pcsd/configs/<preset>.yaml``) <- the
+method's overrides (``method=NAME``, see :mod:`pcsd.methods`: vanilla, skill-prompt, grpo,
+skill-grpo, opsd, grpo+opsd, rlsd, sdar, pcsd, pcsd-fixed-n1, pcsd-fixed-n4, pcsd-no-trend,
+pcsd-no-decay and the starred ``NAME-star`` variants with skills at evaluation) <- the remaining
+dotted ``key=value`` overrides. The resolved config (``method`` included) is saved as
+``config.yaml`` in the run directory.
+
+A wrong key, a value of the wrong type or outside its choices, an unknown preset or an unknown
+method is a :class:`ConfigError` that lists the valid keys, values, presets or methods.
+
+Resuming (``python -m pcsd.train --resume RUN_DIR`` or ``run.resume=RUN_DIR``) starts from the run's
+saved ``config.yaml`` instead of a preset; overrides may only change the keys in
+:data:`RESUME_MUTABLE` (where to stop, how often to save, ...). Any other difference changes what
+the run means and is an error naming the keys.
+
+Checkpoints (:mod:`pcsd.checkpoint`): every ``run.save_every`` steps (0 = only at the end) and at
+the end, keeping the newest ``run.keep_last`` (0 = all). ``run.stop_after=K`` stops this invocation
+after K steps in total (checkpoint written), for preemptible schedulers and the resume test.
 """
 
 from __future__ import annotations
@@ -105,13 +121,17 @@ class RunConfig:
     dir: Optional[str] = None  # default runs/<preset>-<rule>-<time>
     seed: int = 0
     device: str = "auto"
-    save_every: int = 50
+    save_every: int = 50  # checkpoint every N steps (0 = only at the end)
+    keep_last: int = 3  # keep the newest K checkpoints (0 = all)
+    stop_after: int = 0  # stop after this many steps in total, with a checkpoint (0 = run to the end)
+    resume: Optional[str] = None  # a run directory: continue from its newest complete checkpoint
     log_every: int = 1
 
 
 @dataclass
 class TrainConfig:
     preset: str = "tiny-cpu"
+    method: str = "pcsd"  # a Table 1 method (pcsd.methods); sets algo.grpo/distill/skills and rule
     rule: str = "pcsd"
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -152,23 +172,50 @@ def valid_keys() -> list[str]:
     return _keys(TrainConfig())
 
 
-def load_config(overrides: list[str] | None = None) -> DictConfig:
-    """Schema defaults <- preset file <- dotted ``key=value`` overrides, validated."""
+# Keys a resumed run may change without changing what the run computes.
+RESUME_MUTABLE = ("run.resume", "run.dir", "run.save_every", "run.keep_last", "run.stop_after",
+                  "run.log_every", "env.num_threads")
+
+
+def _cli_value(overrides: list[str], key: str) -> Optional[str]:
+    val = None
+    for o in overrides:
+        k, v = o.split("=", 1)
+        if k.strip() == key:
+            val = v.strip()
+    return val
+
+
+def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] = None) -> DictConfig:
+    """Schema defaults <- preset file <- method overrides <- dotted ``key=value`` overrides,
+    validated. With ``base`` (a saved run's config, for resuming) the preset and method steps are
+    skipped: schema <- ``base`` <- overrides."""
+    from pcsd.methods import available_methods, canonical_method, method_overrides
+
     overrides = list(overrides or [])
     for o in overrides:
         if "=" not in o:
             raise ConfigError(f"override {o!r} is not key=value; valid keys: {', '.join(valid_keys())}")
-    preset = "tiny-cpu"
-    for o in overrides:
-        k, v = o.split("=", 1)
-        if k.strip() == "preset":
-            preset = v.strip()
-    if preset not in available_presets():
+    preset = _cli_value(overrides, "preset") or "tiny-cpu"
+    if base is None and preset not in available_presets():
         raise ConfigError(f"unknown preset {preset!r}; valid presets: {', '.join(available_presets())}")
     cfg = OmegaConf.structured(TrainConfig)
     OmegaConf.set_struct(cfg, True)
     try:
-        cfg = OmegaConf.merge(cfg, OmegaConf.load(PRESET_DIR / f"{preset}.yaml"))
+        if base is not None:
+            cfg = OmegaConf.merge(cfg, base)
+        else:
+            cfg = OmegaConf.merge(cfg, OmegaConf.load(PRESET_DIR / f"{preset}.yaml"))
+            method = _cli_value(overrides, "method") or cfg.method
+            try:
+                method = canonical_method(method)
+            except ValueError:
+                raise ConfigError(f"unknown method {method!r}; valid methods: "
+                                  f"{', '.join(available_methods())}") from None
+            ov = method_overrides(method)
+            ov["method"] = method
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{k}={v}" for k, v in ov.items()]))
+            overrides = [o for o in overrides if o.split("=", 1)[0].strip() != "method"]
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
     except (ConfigAttributeError, ConfigKeyError) as exc:
         key = getattr(exc, "full_key", None) or str(exc).split("\n")[0]
@@ -180,8 +227,56 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
     return cfg
 
 
+def config_diff(a: DictConfig, b: DictConfig) -> list[str]:
+    """Dotted keys whose resolved values differ between two configs."""
+    fa = _flatten(OmegaConf.to_container(a, resolve=True))
+    fb = _flatten(OmegaConf.to_container(b, resolve=True))
+    return sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> DictConfig:
+    """The config of a run being resumed: its saved ``config.yaml`` <- ``overrides``; an override
+    that changes a key outside :data:`RESUME_MUTABLE` is a ConfigError naming it."""
+    run = Path(run_dir)
+    saved_path = run / "config.yaml"
+    if not saved_path.is_file():
+        raise ConfigError(f"run.resume={run}: no config.yaml there (not a pcsd run directory)")
+    saved = OmegaConf.load(saved_path)
+    overrides = [o for o in (overrides or []) if o.split("=", 1)[0].strip() not in ("run.resume", "run.dir")]
+    for o in overrides:
+        if "=" in o and o.split("=", 1)[0].strip() in ("preset", "method"):
+            k, v = o.split("=", 1)
+            if v.strip() != str(saved.get(k.strip())):
+                raise ConfigError(f"cannot resume {run} with {k.strip()}={v.strip()}: the run was made with "
+                                  f"{k.strip()}={saved.get(k.strip())} (changing it changes the run)")
+    overrides = [o for o in overrides if o.split("=", 1)[0].strip() not in ("preset", "method")]
+    cfg = load_config(overrides + [f"run.dir={run.resolve()}", f"run.resume={run.resolve()}"], base=saved)
+    reference = load_config([f"run.dir={run.resolve()}", f"run.resume={run.resolve()}"], base=saved)
+    bad = [k for k in config_diff(cfg, reference) if k not in RESUME_MUTABLE]
+    if bad:
+        changes = ", ".join(f"{k}: {OmegaConf.select(reference, k)!r} -> {OmegaConf.select(cfg, k)!r}"
+                            for k in bad)
+        raise ConfigError(f"cannot resume {run}: these overrides change the run's meaning: {changes} "
+                          f"(a resumed run may change only {', '.join(RESUME_MUTABLE)})")
+    return cfg
+
+
 def _validate(cfg: DictConfig) -> None:
+    from pcsd.methods import available_methods
     from pcsd.weighting import available_rules
+
+    if cfg.method not in available_methods():
+        raise ConfigError(f"method={cfg.method!r} is not valid; choose one of {', '.join(available_methods())}")
 
     for key, choices in CHOICES.items():
         val = OmegaConf.select(cfg, key)
@@ -189,12 +284,26 @@ def _validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={val!r} is not valid; choose one of {', '.join(choices)}")
     if cfg.rule not in available_rules():
         raise ConfigError(f"rule={cfg.rule!r} is not valid; choose one of {', '.join(available_rules())}")
+    # an ablation rule is defined by a parameter the trainer would otherwise take from algo.pcsd
+    # (e.g. pcsd-fixed-n4 is n_min=4): the config must agree, or the run is not the ablation
+    from pcsd.weighting import get_rule
+
+    if cfg.rule.startswith("pcsd-"):
+        base, rule = get_rule("pcsd").defaults, get_rule(cfg.rule).defaults
+        for k, v in rule.items():
+            if base.get(k) != v and k in cfg.algo.pcsd and cfg.algo.pcsd[k] != v:
+                raise ConfigError(f"rule={cfg.rule} is defined by algo.pcsd.{k}={v}, but the config has "
+                                  f"algo.pcsd.{k}={cfg.algo.pcsd[k]}; use method={cfg.rule} (sets both) "
+                                  f"or set algo.pcsd.{k}={v}")
     positive = ["rollout.tasks_per_step", "rollout.group_size", "rollout.max_prompt_tokens",
                 "rollout.max_response_tokens", "env.max_steps", "optim.tokens_per_microbatch",
                 "optim.ppo_epochs"]
     for key in positive:
         if OmegaConf.select(cfg, key) <= 0:
             raise ConfigError(f"{key} must be > 0, got {OmegaConf.select(cfg, key)}")
+    for key in ["run.save_every", "run.keep_last", "run.stop_after"]:
+        if OmegaConf.select(cfg, key) < 0:
+            raise ConfigError(f"{key} must be >= 0, got {OmegaConf.select(cfg, key)}")
     for key in ["optim.steps", "env.history_length", "algo.lambda_distill", "algo.kl_beta",
                 "optim.lr", "optim.grad_clip", "rollout.temperature", "eval.episodes"]:
         if OmegaConf.select(cfg, key) < 0:

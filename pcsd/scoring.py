@@ -186,7 +186,6 @@ def score_packed(model: nn.Module, prompts: Sequence[Sequence[int]], responses: 
     if len(prompts) != len(responses):
         raise ValueError(f"prompts and responses differ in length ({len(prompts)} vs {len(responses)})")
     device = next(model.parameters()).device
-    weight, bias = _lm_head(model)
     out: list[Optional[Tensor]] = [None] * len(prompts)
     order = list(range(len(prompts)))
     batch: list[int] = []
@@ -195,8 +194,13 @@ def score_packed(model: nn.Module, prompts: Sequence[Sequence[int]], responses: 
     def flush(idx: list[int]) -> None:
         seqs = [list(prompts[i]) + list(responses[i]) for i in idx]
         pb = pack_sequences(seqs, device)
-        hidden = model.model(input_ids=pb.input_ids, position_ids=pb.position_ids,
-                             use_cache=False).last_hidden_state[0]
+        fwd = getattr(model, "pcsd_packed_hidden", None)  # FSDP2-sharded models (pcsd.distributed)
+        if fwd is not None:
+            hidden = fwd(pb.input_ids, pb.position_ids)[0]
+        else:
+            hidden = model.model(input_ids=pb.input_ids, position_ids=pb.position_ids,
+                                 use_cache=False).last_hidden_state[0]
+        weight, bias = _lm_head(model)  # after the forward: unsharded there under FSDP
         # Positions whose *next* token is a response token.
         rows, tgts, spans = [], [], []
         for k, i in enumerate(idx):

@@ -17,6 +17,7 @@ __all__ = [
     "QWEN3_CHAT_TEMPLATE",
     "SPECIAL_TOKENS",
     "make_tiny_model",
+    "synthetic_rollout_batch",
     "tiny_corpus",
 ]
 
@@ -263,3 +264,49 @@ def make_tiny_model(
         do_sample=False,
     ).save_pretrained(out)
     return out
+
+
+def synthetic_rollout_batch(num_groups: int = 4, group_size: int = 2, *, vocab_size: int = 1024,
+                            turns: tuple[int, int] = (1, 3), prompt_len: tuple[int, int] = (6, 20),
+                            response_len: tuple[int, int] = (1, 12), skill_len: int = 5,
+                            success_reward: float = 10.0, seed: int = 0):
+    """A deterministic :class:`pcsd.rollout.loop.RolloutBatch` of random token ids (no generation):
+    ``num_groups`` groups of ``group_size`` trajectories with a random number of turns, random
+    prompt/response lengths, teacher prompts = ``skill_len`` extra tokens + the student prompt, and
+    rewards drawn so that groups mix wins and losses. For trainer tests on a fixed batch."""
+    import random as _random
+
+    import torch
+
+    from pcsd.rollout.loop import RolloutBatch
+
+    if num_groups < 1 or group_size < 1:
+        raise ValueError(f"num_groups and group_size must be >= 1, got {num_groups}, {group_size}")
+    rng = _random.Random(seed)
+    tok = lambda n: [rng.randrange(3, vocab_size) for _ in range(n)]  # noqa: E731 (ids 0-2: specials)
+    prompts, teachers, responses, lps, traj, turn = [], [], [], [], [], []
+    n = num_groups * group_size
+    won, length = [], []
+    for t in range(n):
+        k = rng.randint(*turns)
+        for j in range(k):
+            p = tok(rng.randint(*prompt_len))
+            r = tok(rng.randint(*response_len))
+            prompts.append(p)
+            teachers.append(tok(skill_len) + p)
+            responses.append(r)
+            lps.append([-1.0] * len(r))
+            traj.append(t)
+            turn.append(j)
+        won.append(rng.random() < 0.5)
+        length.append(k)
+    won_t = torch.tensor(won, dtype=torch.bool)
+    traj_t = torch.tensor(traj, dtype=torch.int64)
+    return RolloutBatch(
+        prompt_ids=prompts, teacher_prompt_ids=teachers, response_ids=responses, behaviour_logprobs=lps,
+        traj_id=traj_t, group_id=traj_t // group_size, turn=torch.tensor(turn, dtype=torch.int64),
+        action_valid=torch.ones(len(traj), dtype=torch.bool), actions=["look"] * len(traj),
+        reward=won_t.to(torch.float32) * success_reward, won=won_t,
+        length=torch.tensor(length, dtype=torch.int64),
+        traj_group=torch.arange(n, dtype=torch.int64) // group_size,
+        task_type=["pick_and_place_simple"] * n, task=["put a thing somewhere"] * n)

@@ -1,30 +1,76 @@
-"""``python -m pcsd.train [preset=NAME] [key=value ...]`` — GRPO + PCSD training.
+"""``python -m pcsd.train [preset=NAME] [method=NAME] [key=value ...]`` — GRPO + PCSD training.
 
-Resolves the configuration (see :mod:`pcsd.config`), creates the run directory (``run.dir``,
-printed at start), saves the resolved config there, and runs the training job. Every run writes
-``summary.json`` in its run directory.
+    python -m pcsd.train                                    # the embedded tiny-cpu default
+    python -m pcsd.train preset=alfworld-qwen2.5-3b model.path=/models/Qwen2.5-3B-Instruct method=sdar
+    python -m pcsd.train --resume runs/my-run               # continue from the newest checkpoint
+    torchrun --nproc_per_node=4 -m pcsd.train preset=...    # FSDP2 over 4 processes
+
+Resolves the configuration (see :mod:`pcsd.config`; methods in :mod:`pcsd.methods`), creates the
+run directory (``run.dir``, printed at start), saves the resolved config there, and runs the
+training job. Every run writes ``summary.json`` in its run directory and checkpoints under
+``checkpoints/`` (every ``run.save_every`` steps and at the end). ``--resume RUN_DIR`` (or
+``run.resume=RUN_DIR``) continues a run from its newest complete checkpoint with the run's saved
+configuration; overrides that would change the run's meaning are refused.
+
+Under torchrun (``WORLD_SIZE`` > 1) the student and the frozen teacher/reference are sharded with
+FSDP2, each rank plays its share of the task groups, and rank 0 writes every file.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from pcsd.config import ConfigError, DictConfig, load_config
+from pcsd.config import ConfigError, DictConfig, load_config, resume_config
 
 
-def make_run_dir(cfg: DictConfig) -> Path:
+def make_run_dir(cfg: DictConfig, create: bool = True) -> Path:
     if cfg.run.dir:
         path = Path(cfg.run.dir)
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        path = Path("runs") / f"{cfg.preset}-{cfg.rule}-{stamp}"
-    path.mkdir(parents=True, exist_ok=True)
+        path = Path("runs") / f"{cfg.preset}-{cfg.method}-{stamp}"
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path.resolve()
+
+
+def parse_args(argv: list[str]) -> tuple[list[str], str | None]:
+    """Splits ``--resume DIR`` / ``--resume=DIR`` from the dotted overrides."""
+    overrides, resume = [], None
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--resume":
+            if i + 1 >= len(argv):
+                raise ConfigError("--resume needs a run directory")
+            resume = argv[i + 1]
+            i += 2
+            continue
+        if a.startswith("--resume="):
+            resume = a.split("=", 1)[1]
+        elif a.startswith("-"):
+            raise ConfigError(f"unknown option {a!r}; options: --resume RUN_DIR, -h/--help "
+                              f"(everything else is key=value)")
+        else:
+            overrides.append(a)
+        i += 1
+    for o in overrides:
+        if o.startswith("run.resume="):
+            resume = o.split("=", 1)[1] or resume
+    return overrides, resume
+
+
+def resolve(argv: list[str]) -> DictConfig:
+    overrides, resume = parse_args(argv)
+    if resume:
+        return resume_config(resume, overrides)
+    return load_config(overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,22 +79,39 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     try:
-        cfg = load_config(argv)
+        cfg = resolve(argv)
     except ConfigError as exc:
         print(f"pcsd.train: {exc}", file=sys.stderr)
         return 2
-    t0 = time.time()
-    run_dir = make_run_dir(cfg)
-    print(f"[pcsd] run directory: {run_dir}")
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    from pcsd import native_info
-    from pcsd.trainer import train
+    from pcsd import distributed as dist_utils
 
-    print(f"[pcsd] native modules: {json.dumps(native_info())}")
-    summary = train(cfg, run_dir)
-    summary.setdefault("wall_seconds", time.time() - t0)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"[pcsd] summary: {json.dumps(summary)}")
+    ctx = dist_utils.init_distributed(device=cfg.run.device)
+    try:
+        t0 = time.time()
+        if not cfg.run.dir:  # every rank must use rank 0's directory name
+            cfg.run.dir = dist_utils.broadcast_object(str(make_run_dir(cfg, create=False)), ctx)
+        run_dir = make_run_dir(cfg, create=ctx.is_main)
+        dist_utils.barrier(ctx)
+        if ctx.is_main:
+            print(f"[pcsd] run directory: {run_dir}")
+            if cfg.run.resume:
+                # the run's meaning is unchanged (checked); record this invocation's settings
+                (run_dir / f"config.resume-{time.strftime('%Y%m%d-%H%M%S')}.yaml").write_text(
+                    OmegaConf.to_yaml(cfg, resolve=True))
+            else:
+                OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        from pcsd import native_info
+        from pcsd.trainer import train
+
+        if ctx.is_main:
+            print(f"[pcsd] native modules: {json.dumps(native_info())}")
+        summary = train(cfg, run_dir, ctx)
+        summary.setdefault("wall_seconds", time.time() - t0)
+        if ctx.is_main:
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            print(f"[pcsd] summary: {json.dumps(summary)}")
+    finally:
+        dist_utils.shutdown(ctx)
     return 0
 
 

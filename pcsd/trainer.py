@@ -26,6 +26,8 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from pcsd import distributed as dist_utils
+from pcsd.distributed import DistContext, single_process
 from pcsd.grpo import group_advantages, grpo_token_terms, token_coefficients
 from pcsd.losses import pcsd_loss
 from pcsd.rollout.backends import GenerationBackend, make_backend
@@ -177,46 +179,14 @@ def evaluate(backend: GenerationBackend, builder, games: list[str], cfg: DictCon
 
 
 # ----------------------------------------------------------------------------- one update
-def scores(model, prompts, responses, budget: int) -> torch.Tensor:
-    with torch.no_grad():
-        return torch.cat(score_packed(model, prompts, responses, max_tokens_per_pass=budget)).float()
-
-
-def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: int) -> dict:
-    """Scores the batch and applies one GRPO + lambda * PCSD update (ppo_epochs passes)."""
-    algo = cfg.algo
-    budget = cfg.optim.tokens_per_microbatch
-    rule = get_rule(cfg.rule)
-    t0 = time.perf_counter()
-    student.eval()
-    old = scores(student, rb.prompt_ids, rb.response_ids, budget)  # log pi_old, student prompt
-    need_ref = algo.grpo and algo.kl_beta > 0
-    ref = scores(frozen, rb.prompt_ids, rb.response_ids, budget) if need_ref else None
-    use_teacher = algo.distill or rule.kind == "advantage"
-    teacher_model = student if algo.teacher == "current" else frozen
-    teacher = scores(teacher_model, rb.teacher_prompt_ids, rb.response_ids, budget) if use_teacher else None
-    t_score = time.perf_counter() - t0
-
-    T = rb.num_tokens()
-    mask = torch.ones(T, dtype=torch.bool)
-    tok_traj = rb.token_traj_ids()
-    cu = rb.cu_seqlens()
-    adv_traj = group_advantages(rb.reward, rb.traj_group, eps=algo.adv_eps)
-    tok_adv = adv_traj[tok_traj].float()
-    gap = (teacher - old) if teacher is not None else torch.zeros(T)
-    weights = torch.zeros(T)
-    if rule.kind == "advantage":
-        tok_adv = rule(tok_adv, gap, mask, step)
-    elif algo.distill:
-        p = OmegaConf.to_container(algo.pcsd)
-        params = {k: v for k, v in p.items() if k in rule.defaults}
-        weights = rule(gap, cu, mask, **params)
-    coef = token_coefficients(mask, tok_traj, rb.num_trajectories, algo.loss_agg).float()
-
-    # micro-batches of whole rows by token budget
-    row_len = [len(p) + len(r) for p, r in zip(rb.prompt_ids, rb.response_ids)]
+def microbatches(rb: RolloutBatch, budget: int) -> list[list[int]]:
+    """Rows grouped greedily in order into micro-batches of at most ``budget`` prompt+response
+    tokens (a longer row is a micro-batch of its own); rows without response tokens are left out."""
     mbs, cur, size = [], [], 0
-    for i, n in enumerate(row_len):
+    for i, (p, r) in enumerate(zip(rb.prompt_ids, rb.response_ids)):
+        if not r:
+            continue
+        n = len(p) + len(r)
         if cur and size + n > budget:
             mbs.append(cur)
             cur, size = [], 0
@@ -224,16 +194,104 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
         size += n
     if cur:
         mbs.append(cur)
+    return mbs
+
+
+_PAD_ROW = ([0], [0])  # a 2-token sequence for the padding passes of ranks with fewer micro-batches
+
+
+def _mb_logprobs(model, prompts, responses, rows: Optional[list[int]]) -> torch.Tensor:
+    """One packed forward pass over ``rows`` (None: a padding pass), log-probs of the responses."""
+    if rows is None:
+        return torch.cat(score_packed(model, [_PAD_ROW[0]], [_PAD_ROW[1]]))
+    ps, rs = [prompts[i] for i in rows], [responses[i] for i in rows]
+    return torch.cat(score_packed(model, ps, rs, max_tokens_per_pass=sum(len(p) + len(r) for p, r in zip(ps, rs))))
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device  # a DTensor's device under FSDP
+
+
+def scores(model, prompts, responses, mbs: list[list[int]], n_passes: int, T: int) -> torch.Tensor:
+    """``[T]`` float32 log-probs of every packed response token, one forward per micro-batch,
+    padded to ``n_passes`` forwards (FSDP: every rank runs the same number of passes)."""
+    out = torch.zeros(T, device=_device(model))
+    offsets = [0]
+    for r in responses:
+        offsets.append(offsets[-1] + len(r))
+    with torch.no_grad():
+        for k in range(n_passes):
+            rows = mbs[k] if k < len(mbs) else None
+            lp = _mb_logprobs(model, prompts, responses, rows).float()
+            if rows is not None:
+                idx = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows]).to(out.device)
+                out[idx] = lp
+    return out
+
+
+def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: int,
+                ctx: Optional[DistContext] = None) -> dict:
+    """Scores the batch and applies one GRPO + lambda * PCSD update (ppo_epochs passes).
+
+    Distributed (``ctx`` with world_size > 1, FSDP2-sharded ``student``/``frozen``): ``rb`` holds
+    this rank's whole groups; the loss normalisers (trajectory count, valid-token count) are
+    summed over ranks so that the summed gradient is the one-process gradient of the whole batch.
+    """
+    ctx = ctx or single_process()
+    algo = cfg.algo
+    budget = cfg.optim.tokens_per_microbatch
+    rule = get_rule(cfg.rule)
+    T = rb.num_tokens()
+    mbs = microbatches(rb, budget)
+    n_passes = dist_utils.global_max(len(mbs), ctx)  # every rank runs as many forwards (FSDP)
+    t0 = time.perf_counter()
+    student.eval()
+    old = scores(student, rb.prompt_ids, rb.response_ids, mbs, n_passes, T)  # log pi_old, student prompt
+    need_ref = algo.grpo and algo.kl_beta > 0
+    ref = scores(frozen, rb.prompt_ids, rb.response_ids, mbs, n_passes, T) if need_ref else None
+    use_teacher = algo.distill or rule.kind == "advantage"
+    teacher_model = student if algo.teacher == "current" else frozen
+    teacher = (scores(teacher_model, rb.teacher_prompt_ids, rb.response_ids, mbs, n_passes, T)
+               if use_teacher else None)
+    t_score = time.perf_counter() - t0
+
+    dev = old.device  # every per-token tensor lives beside the model
+    mask = torch.ones(T, dtype=torch.bool, device=dev)
+    tok_traj = rb.token_traj_ids().to(dev)
+    cu = rb.cu_seqlens().to(dev)
+    adv_traj = group_advantages(rb.reward.to(dev), rb.traj_group.to(dev), eps=algo.adv_eps)
+    tok_adv = adv_traj[tok_traj].float()
+    gap = (teacher - old) if teacher is not None else torch.zeros(T, device=dev)
+    weights = torch.zeros(T, device=dev)
+    if rule.kind == "advantage":
+        tok_adv = rule(tok_adv, gap, mask, step)
+    elif algo.distill:
+        p = OmegaConf.to_container(algo.pcsd)
+        params = {k: v for k, v in p.items() if k in rule.defaults}
+        weights = rule(gap, cu, mask, **params)
+    coef = token_coefficients(mask, tok_traj, rb.num_trajectories, algo.loss_agg)
+    # global normalisers: the aggregation's denominator (trajectories with tokens, or tokens) and
+    # PCSD's M are counts over the whole batch, i.e. over every rank
+    n_seq = int((torch.bincount(tok_traj, minlength=rb.num_trajectories) > 0).sum()) if T else 0
+    local_norm = T if algo.loss_agg == "token-mean" else n_seq
+    g_norm, T_all = dist_utils.global_sum([local_norm, T], ctx)
+    coef = (coef * (local_norm / max(g_norm, 1.0))).float()
+    T_all = max(T_all, 1.0)
+
     offsets = cu.tolist()
+    gscale = dist_utils.grad_scale(ctx)
     student.train()
     stats = dict(loss=0.0, pg=0.0, kl=0.0, pcsd=0.0, clip_frac=0.0, grad_norm=0.0)
     t0 = time.perf_counter()
     for _epoch in range(cfg.optim.ppo_epochs):
         opt.zero_grad(set_to_none=True)
-        for rows in mbs:
-            idx = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows])
-            lp = torch.cat(score_packed(student, [rb.prompt_ids[i] for i in rows],
-                                        [rb.response_ids[i] for i in rows], max_tokens_per_pass=budget))
+        for k in range(n_passes):
+            rows = mbs[k] if k < len(mbs) else None
+            lp = _mb_logprobs(student, rb.prompt_ids, rb.response_ids, rows)
+            if rows is None:  # padding pass: joins the collectives, adds nothing
+                (lp.sum() * 0.0).backward()
+                continue
+            idx = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows]).to(dev)
             loss = lp.sum() * 0.0
             if algo.grpo:
                 pg, kl, clipped = grpo_token_terms(lp, old[idx], None if ref is None else ref[idx],
@@ -241,41 +299,57 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
                 c = coef[idx]
                 pg_l, kl_l = (c * pg).sum(), (c * kl).sum()
                 loss = loss + pg_l + algo.kl_beta * kl_l
-                stats["pg"] += float(pg_l)
-                stats["kl"] += float(kl_l)
-                stats["clip_frac"] += float(clipped.float().sum()) / T
+                stats["pg"] += float(pg_l.detach())
+                stats["kl"] += float(kl_l.detach())
+                stats["clip_frac"] += float(clipped.float().sum()) / T_all
             if algo.distill and rule.kind == "weights":
                 # sum over this micro-batch of m w (T - S) / M, M = all valid tokens of the batch
-                d = pcsd_loss(lp, teacher[idx], weights[idx], mask[idx]) * (len(idx) / T)
+                d = pcsd_loss(lp, teacher[idx], weights[idx], mask[idx]) * (len(idx) / T_all)
                 loss = loss + algo.lambda_distill * d
-                stats["pcsd"] += float(d)
-            loss.backward()
-            stats["loss"] += float(loss)
+                stats["pcsd"] += float(d.detach())
+            (loss * gscale).backward()  # FSDP averages over ranks; the global loss is their sum
+            stats["loss"] += float(loss.detach())
         gn = torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.optim.grad_clip)
-        stats["grad_norm"] = float(gn)
+        stats["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
         opt.step()
     student.eval()
+    sums = dist_utils.global_sum(
+        [stats["loss"], stats["pg"], stats["kl"], stats["pcsd"], stats["clip_frac"], float(gap.sum()),
+         float(weights.sum()), float((weights > 0.5).float().sum()), float(-old.sum())], ctx)
+    for key, v in zip(("loss", "pg", "kl", "pcsd", "clip_frac"), sums[:5]):
+        stats[key] = v
     stats.update(
-        score_seconds=t_score, update_seconds=time.perf_counter() - t0, tokens=T,
-        gap_mean=float(gap.mean()) if teacher is not None else 0.0,
-        weight_mean=float(weights.mean()),
-        gate_activation=float((weights > 0.5).float().mean()),
-        entropy_proxy=float(-old.mean()),
+        score_seconds=t_score, update_seconds=time.perf_counter() - t0, tokens=int(T_all),
+        gap_mean=sums[5] / T_all if teacher is not None else 0.0,
+        weight_mean=sums[6] / T_all,
+        gate_activation=sums[7] / T_all,
+        entropy_proxy=sums[8] / T_all,
     )
     return stats
 
 
 # ----------------------------------------------------------------------------- the job
-def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> dict[str, Any]:
+    """Runs the job in ``run_dir``; with ``cfg.run.resume`` continues from the run's newest
+    complete checkpoint. ``ctx`` (default: one process) says which rank this is; all ranks call
+    ``train`` and rank 0 writes the files. Returns the summary (rank 0's, broadcast)."""
     from rich.console import Console
 
+    from pcsd.checkpoint import capture_rng, load_checkpoint, restore_rng
     from pcsd.prompts import PromptBuilder
 
-    console = Console()
+    ctx = ctx or single_process(resolve_device(cfg.run.device))
+    console = Console(quiet=not ctx.is_main)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
-    device = resolve_device(cfg.run.device)
+    device = ctx.device
     t_start = time.time()
+    if ctx.distributed and cfg.rollout.tasks_per_step < ctx.world_size:
+        raise ValueError(f"rollout.tasks_per_step={cfg.rollout.tasks_per_step} must be >= the number of "
+                         f"ranks ({ctx.world_size}): every rank plays whole groups")
+    ckpt = load_checkpoint(run_dir) if cfg.run.resume else None
+    if ckpt is not None:
+        console.print(f"[pcsd] resuming from {ckpt.path} (step {ckpt.step})")
 
     # model (the tiny generated model when no path is given)
     if cfg.model.path:
@@ -284,30 +358,40 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         from pcsd.testing import make_tiny_model
 
         model_dir = run_dir / "base-model"
-        if not (model_dir / "config.json").exists():
+        if ctx.is_main and not (model_dir / "config.json").exists():
             make_tiny_model(model_dir, hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_layers,
                             seed=cfg.run.seed)
+        dist_utils.barrier(ctx)
         console.print(f"[pcsd] tiny model written to {model_dir}")
     student = load_model(model_dir, device, cfg.model.dtype)
     builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
                             max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=model_dir)
 
-    # games
+    # games (rank 0 writes the files, the others read the same paths)
+    def games_at(out_dir: Path, count: int, seed: int, **kw) -> list[str]:
+        if ctx.is_main:
+            procedural_games(out_dir, count, seed, **kw)
+        dist_utils.barrier(ctx)
+        return procedural_games(out_dir, count, seed, **kw)
+
+    knobs = dict(distractors=0) if cfg.preset.startswith("tiny") else {}
     if cfg.env.source == "procedural":
-        knobs = dict(distractors=0) if cfg.preset.startswith("tiny") else {}
         pool_n = max(64, cfg.rollout.tasks_per_step * max(cfg.optim.steps, 1))
-        train_games = procedural_games(run_dir / "games" / "train", pool_n, seed=1000, **knobs)
+        train_games = games_at(run_dir / "games" / "train", pool_n, seed=1000, **knobs)
         n_eval = cfg.eval.episodes or 48
-        eval_games = procedural_games(run_dir / "games" / "eval", n_eval, seed=900_000, **knobs)
+        eval_games = games_at(run_dir / "games" / "eval", n_eval, seed=900_000, **knobs)
     else:
         train_games = split_games(cfg.env.split)
         eval_games = split_games(cfg.eval.split)
         if cfg.eval.episodes:
             eval_games = eval_games[: cfg.eval.episodes]
-    summary: dict[str, Any] = {"preset": cfg.preset, "rule": cfg.rule, "run_dir": str(run_dir)}
+    summary: dict[str, Any] = {"preset": cfg.preset, "method": cfg.method, "rule": cfg.rule,
+                               "run_dir": str(run_dir), "world_size": ctx.world_size}
 
-    # SFT warm-up for the generated model (so that RL has signal)
-    if cfg.optim.sft_steps > 0:
+    # SFT warm-up for the generated model (so that RL has signal); rank 0 trains it, a resumed
+    # run reuses the saved one
+    policy_dir = run_dir / "sft-model"
+    if cfg.optim.sft_steps > 0 and ckpt is None and ctx.is_main:
         sft_games = procedural_games(run_dir / "games" / "sft", 96, seed=500_000, **knobs)
         t0 = time.time()
         losses = sft_warmup(student, builder, sft_games, cfg, steps=cfg.optim.sft_steps,
@@ -316,13 +400,18 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                             if s % 25 == 0 else None)
         summary["sft_loss_first_last"] = [losses[0], losses[-1]]
         summary["sft_seconds"] = time.time() - t0
-        policy_dir = run_dir / "sft-model"
         student.save_pretrained(policy_dir)
         for f in model_dir.glob("*token*"):
             (policy_dir / f.name).write_bytes(f.read_bytes())
         for f in model_dir.glob("chat_template*"):
             (policy_dir / f.name).write_bytes(f.read_bytes())
+    dist_utils.barrier(ctx)
+    if cfg.optim.sft_steps > 0:
         base_dir = policy_dir
+        if ckpt is not None or not ctx.is_main:
+            if not (policy_dir / "config.json").is_file():
+                raise FileNotFoundError(f"{policy_dir}: the SFT model of this run is missing")
+            student = load_model(policy_dir, device, cfg.model.dtype)
     else:
         base_dir = model_dir
 
@@ -330,7 +419,6 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     frozen = copy.deepcopy(student).eval()
     for p in frozen.parameters():
         p.requires_grad_(False)
-
     backend_name = cfg.rollout.backend
     if backend_name == "vllm":
         try:
@@ -338,44 +426,100 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         except ImportError:
             console.print("[pcsd] vLLM is not installed: using the hf backend")
             backend_name = "hf"
+    # sharded training: the hf backend generates with a full copy refreshed after every update;
+    # with vLLM a CPU copy only carries the HF config for save_pretrained of gathered weights
+    gen_model = student
+    if ctx.distributed:
+        gen_model = copy.deepcopy(student).eval()
+        if backend_name == "vllm":
+            gen_model = gen_model.to("cpu")
+    dist_utils.shard_model(student, ctx)
+    dist_utils.shard_model(frozen, ctx)
     if backend_name == "vllm":
         backend = make_backend("vllm", model_path=base_dir, dtype="float32" if device.type == "cpu" else "bfloat16",
                                seed=cfg.run.seed,
                                max_model_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens)
     else:
-        backend = make_backend("hf", model=student, pad_token_id=eos_id(builder))
+        backend = make_backend("hf", model=gen_model, pad_token_id=eos_id(builder))
     summary["backend"] = backend_name
     console.print(f"[pcsd] rollout backend: {backend_name}")
 
-    before = evaluate(backend, builder, eval_games, cfg, seed=12345)
-    console.print(f"[pcsd] success before RL: {before['overall']:.1f}% {before['per_task']}")
-    summary["success_before"] = before["overall"]
-    summary["success_before_per_task"] = before["per_task"]
-
     opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.optim.lr,
                             weight_decay=cfg.optim.weight_decay)
+    rng = random.Random(cfg.run.seed)  # game sampling
     metrics_path = run_dir / "metrics.jsonl"
-    rng = random.Random(cfg.run.seed)
+
+    def sync_generation_weights() -> None:
+        if ctx.distributed:  # gather the shards (collective), then every rank refreshes its engine
+            backend.load_weights(dist_utils.full_model_state(student, ctx, all_ranks=True).items())
+        elif backend_name == "vllm":
+            backend.load_weights(student.state_dict().items())
+
+    start = 0
+    if ckpt is not None:
+        dist_utils.load_full_state(student, opt, ckpt.model_state, ckpt.optimizer_state, ctx)
+        sync_generation_weights()
+        summary.update(ckpt.state.get("summary", {}))
+        summary["world_size"] = ctx.world_size
+        start = ckpt.step
+        if ctx.is_main and metrics_path.exists():  # drop records written after the checkpoint
+            keep = [ln for ln in metrics_path.read_text().splitlines()
+                    if ln.strip() and json.loads(ln).get("step", 0) <= start]
+            metrics_path.write_text("".join(ln + "\n" for ln in keep))
+        if ckpt.state.get("torch_threads") not in (None, torch.get_num_threads()):
+            console.print(f"[pcsd] note: the checkpoint was written with {ckpt.state['torch_threads']} torch "
+                          f"threads, this process has {torch.get_num_threads()}: CPU results may differ in "
+                          f"the last bits")
+    else:
+        if ctx.is_main:
+            before = evaluate(backend, builder, eval_games, cfg, seed=12345)
+            console.print(f"[pcsd] success before RL: {before['overall']:.1f}% {before['per_task']}")
+            summary["success_before"] = before["overall"]
+            summary["success_before_per_task"] = before["per_task"]
+        summary = dist_utils.broadcast_object(summary, ctx)
+
+    def save(done: int) -> None:
+        from pcsd.checkpoint import save_checkpoint
+
+        model_state = dist_utils.full_model_state(student, ctx)  # collective under FSDP
+        optim_state = dist_utils.full_optimizer_state(student, opt, ctx)
+        if ctx.is_main:
+            path = save_checkpoint(
+                run_dir, done, gen_model if ctx.distributed else student, optim_state,
+                capture_rng({"games": rng}), config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
+                state={"summary": summary, "torch_threads": torch.get_num_threads()},
+                model_state=model_state if ctx.distributed else None, tokenizer_dir=model_dir,
+                keep_last=cfg.run.keep_last)
+            console.print(f"[pcsd] checkpoint {path}")
+        dist_utils.barrier(ctx)
+
+    if ckpt is not None:  # every RNG exactly as the uninterrupted run had it after step `start`
+        restore_rng(ckpt.rng, {"games": rng})
     history = []
-    with metrics_path.open("a") as mf:
-        for step in range(cfg.optim.steps):
+    stopped_at = None
+    with (metrics_path.open("a") if ctx.is_main else open(os.devnull, "w")) as mf:
+        for step in range(start, cfg.optim.steps):
             t0 = time.time()
             games = [train_games[rng.randrange(len(train_games))] for _ in range(cfg.rollout.tasks_per_step)]
-            rb = collect_rollouts(backend, builder, games, cfg.rollout.group_size, max_steps=cfg.env.max_steps,
+            mine = dist_utils.split_groups(len(games), ctx)  # whole groups per rank
+            rb = collect_rollouts(backend, builder, games[mine.start:mine.stop], cfg.rollout.group_size,
+                                  max_steps=cfg.env.max_steps,
                                   max_response_tokens=cfg.rollout.max_response_tokens,
                                   temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                  seed=cfg.run.seed * 100_000 + step, stop_token_ids=[eos_id(builder)],
+                                  seed=(cfg.run.seed * 100_000 + step) * ctx.world_size + ctx.rank,
+                                  stop_token_ids=[eos_id(builder)],
                                   success_reward=cfg.algo.success_reward,
                                   invalid_action_penalty=cfg.rollout.invalid_action_penalty,
                                   student_skills=cfg.algo.student_skills, num_threads=cfg.env.num_threads)
             backend.sleep()
-            st = update_step(student, frozen, opt, rb, cfg, step)
+            st = update_step(student, frozen, opt, rb, cfg, step, ctx)
             backend.wake()
-            if backend_name == "vllm":
-                backend.load_weights(student.state_dict().items())
-            rec = dict(step=step + 1, reward=float(rb.reward.mean()), success=100.0 * float(rb.won.float().mean()),
-                       turns=float(rb.length.float().mean()),
-                       valid_actions=float(rb.action_valid.float().mean()),
+            sync_generation_weights()
+            n_traj, r_sum, won_sum, len_sum, n_rows, valid_sum = dist_utils.global_sum(
+                [rb.num_trajectories, float(rb.reward.sum()), float(rb.won.float().sum()),
+                 float(rb.length.float().sum()), rb.num_rows, float(rb.action_valid.float().sum())], ctx)
+            rec = dict(step=step + 1, reward=r_sum / max(n_traj, 1), success=100.0 * won_sum / max(n_traj, 1),
+                       turns=len_sum / max(n_traj, 1), valid_actions=valid_sum / max(n_rows, 1),
                        rollout_seconds=rb.timings.total, outside_model_share=rb.timings.outside_model_share(),
                        step_seconds=time.time() - t0, **st)
             history.append(rec)
@@ -384,11 +528,29 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             console.print(f"[pcsd] step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% "
                           f"reward {rec['reward']:.2f} gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} "
                           f"kl {rec['kl']:.4f} {rec['step_seconds']:.1f}s")
+            done = step + 1
+            stop = bool(cfg.run.stop_after) and done >= cfg.run.stop_after and done < cfg.optim.steps
+            if (cfg.run.save_every and done % cfg.run.save_every == 0) or done == cfg.optim.steps or stop:
+                save(done)
+            if stop:
+                stopped_at = done
+                break
 
-    after = evaluate(backend, builder, eval_games, cfg, seed=12345)
-    console.print(f"[pcsd] success after RL: {after['overall']:.1f}% {after['per_task']}")
+    if stopped_at is not None:
+        backend.close()
+        console.print(f"[pcsd] stopped after step {stopped_at} (run.stop_after); continue with "
+                      f"python -m pcsd.train --resume {run_dir}")
+        summary.update(steps=stopped_at, stopped_after=stopped_at, success_after=None,
+                       wall_seconds=time.time() - t_start)
+        return summary
+    if ctx.is_main:
+        after = evaluate(backend, builder, eval_games, cfg, seed=12345)
+        console.print(f"[pcsd] success after RL: {after['overall']:.1f}% {after['per_task']}")
+        summary.update(success_after=after["overall"], success_after_per_task=after["per_task"])
     backend.close()
-    student.save_pretrained(run_dir / "final-model")
-    summary.update(success_after=after["overall"], success_after_per_task=after["per_task"],
-                   steps=cfg.optim.steps, wall_seconds=time.time() - t_start)
-    return summary
+    final_state = dist_utils.full_model_state(student, ctx)
+    if ctx.is_main:
+        m = gen_model if ctx.distributed else student
+        m.save_pretrained(run_dir / "final-model", **({"state_dict": final_state} if ctx.distributed else {}))
+    summary.update(steps=cfg.optim.steps, wall_seconds=time.time() - t_start)
+    return dist_utils.broadcast_object(summary, ctx)

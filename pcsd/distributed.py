@@ -1,0 +1,257 @@
+"""Process groups, FSDP2 sharding and the collective helpers the training loop uses.
+
+The loop never reads launcher environment variables itself: it receives a :class:`DistContext`.
+
+* ``torchrun --nproc_per_node=N -m pcsd.train ...``: :func:`init_distributed` reads ``RANK``,
+  ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` (set by torchrun).
+* A Ray (or any other) launcher calls ``init_distributed(rank=..., world_size=...,
+  init_method="tcp://host:port")`` in each worker, then :func:`pcsd.trainer.train` with the context.
+* One process: :func:`single_process` (no process group; every collective is the identity).
+
+Sharding uses FSDP2 (:func:`torch.distributed.fsdp.fully_shard`): each decoder layer is one FSDP
+unit, then the root. The loop normalises its loss by *global* counts (GRPO's ``1/G sum_g 1/M_g``
+and PCSD's ``1/M`` over every rank's tokens, see :func:`global_sum`), so the gradient of one
+process on the whole batch is the *sum* of the ranks' gradients. FSDP2 reduce-scatters the mean,
+so each rank back-propagates ``world_size * loss`` (:func:`grad_scale`). (FSDP2's
+``set_gradient_divide_factor(1.0)`` would express the sum directly, but it reduces with
+``ReduceOp.PREMUL_SUM``, which gloo does not implement: "Cannot use ReduceOp.PREMUL_SUM with
+Gloo" in torch 2.13.)
+
+Every FSDP forward is a collective (all-gather per layer), so every rank must run the same number
+of forward passes: :func:`global_max` gives the count to pad to.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["DistContext", "single_process", "init_distributed", "shutdown", "shard_model",
+           "split_groups", "global_sum", "global_max", "full_model_state", "full_optimizer_state",
+           "load_full_state", "broadcast_object", "barrier", "select_groups"]
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits. ``mesh`` is a 1-D DeviceMesh over all ranks (None when alone)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    backend: str = ""
+    mesh: Any = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def single_process(device: torch.device | str = "cpu") -> DistContext:
+    return DistContext(device=torch.device(device))
+
+
+def init_distributed(*, rank: Optional[int] = None, world_size: Optional[int] = None,
+                     local_rank: Optional[int] = None, backend: Optional[str] = None,
+                     device: Optional[str] = None, init_method: str = "env://",
+                     timeout_s: float = 4 * 3600.0) -> DistContext:
+    """Joins (or creates) the default process group and builds the device mesh.
+
+    Args default to the launcher's ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``; with a world of
+    one and no process group this is :func:`single_process`. ``backend`` defaults to ``nccl`` on
+    CUDA and ``gloo`` on CPU; ``device`` (``auto``, ``cpu``, ``cuda``) picks ``cuda:<local_rank>``.
+    ``timeout_s`` is long because rank 0 evaluates alone while the others wait.
+    """
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    local_rank = int(os.environ.get("LOCAL_RANK", rank)) if local_rank is None else local_rank
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size) and world_size >= 1, got rank={rank} "
+                         f"world_size={world_size}")
+    want = device or "auto"
+    if want not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
+    dev = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if world_size == 1 and not dist.is_initialized():
+        return DistContext(device=dev)
+    backend = backend or ("nccl" if use_cuda else "gloo")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s))
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(dev.type, (world_size,))
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=dev,
+                       backend=backend, mesh=mesh)
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- sharding
+def _decoder_layers(model: nn.Module) -> Sequence[nn.Module]:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError("shard_model: expected a HF causal LM with model.model.layers (Llama/Qwen family)")
+    return list(layers)
+
+
+def _packed_hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Final hidden states ``[1, N, H]`` of a packed row (what :func:`pcsd.scoring.score_packed`
+    needs), as an FSDP forward method of the causal LM."""
+    return self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+
+
+def shard_model(model: nn.Module, ctx: DistContext, *, reshard_after_forward: bool = True) -> nn.Module:
+    """Shards ``model`` in place with FSDP2 (each decoder layer, then the root). The identity
+    when ``ctx`` is a single process. Works for the trained student and for frozen models."""
+    if not ctx.distributed:
+        return model
+    import types
+
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    for layer in _decoder_layers(model):
+        fully_shard(layer, mesh=ctx.mesh, reshard_after_forward=reshard_after_forward)
+    # The root unit holds the embeddings, the final norm and the lm head. pcsd.scoring reads the
+    # lm-head weight outside forward (chunked log-probs), so the root keeps its parameters
+    # unsharded after forward (FSDP2's default for the root) and the packed forward is
+    # registered as an FSDP forward method, so the root's all-gather / reduce-scatter hooks run.
+    fully_shard(model, mesh=ctx.mesh, reshard_after_forward=False)
+    model.pcsd_packed_hidden = types.MethodType(_packed_hidden, model)
+    register_fsdp_forward_method(model, "pcsd_packed_hidden")
+    return model
+
+
+def grad_scale(ctx: DistContext) -> float:
+    """Factor on the local loss before ``backward`` so that FSDP's mean over ranks is the sum."""
+    return float(ctx.world_size)
+
+
+def split_groups(num_groups: int, ctx: DistContext) -> range:
+    """The contiguous share ``range(lo, hi)`` of ``num_groups`` GRPO groups played by this rank
+    (whole groups stay on one rank, so advantages stay group-local). Sizes differ by at most 1."""
+    if num_groups < 0:
+        raise ValueError(f"num_groups must be >= 0, got {num_groups}")
+    base, extra = divmod(num_groups, ctx.world_size)
+    lo = ctx.rank * base + min(ctx.rank, extra)
+    return range(lo, lo + base + (1 if ctx.rank < extra else 0))
+
+
+# ----------------------------------------------------------------------------- collectives
+def global_sum(values: Sequence[float], ctx: DistContext) -> list[float]:
+    """Element-wise sum over ranks (float64)."""
+    if not ctx.distributed:
+        return [float(v) for v in values]
+    t = torch.tensor(list(values), dtype=torch.float64, device=_coll_device(ctx))
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.cpu().tolist()
+
+
+def global_max(value: int, ctx: DistContext) -> int:
+    if not ctx.distributed:
+        return int(value)
+    t = torch.tensor([int(value)], dtype=torch.int64, device=_coll_device(ctx))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def broadcast_object(obj: Any, ctx: DistContext, src: int = 0) -> Any:
+    if not ctx.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
+def _coll_device(ctx: DistContext) -> torch.device:
+    return ctx.device if ctx.backend == "nccl" else torch.device("cpu")
+
+
+# ----------------------------------------------------------------------------- state
+def full_model_state(model: nn.Module, ctx: DistContext, *, all_ranks: bool = False) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict on CPU: on rank 0 only (others get ``{}``), or on every rank
+    with ``all_ranks`` (to refresh a per-rank generation copy). Collective under FSDP."""
+    if not ctx.distributed:
+        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                              cpu_offload=not all_ranks))
+    return {k: v.detach().cpu() for k, v in sd.items()}
+
+
+def full_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer, ctx: DistContext) -> dict[str, Any]:
+    """The optimizer's full state dict (parameter names as keys under FSDP). Collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    if not ctx.distributed:  # same layout (parameter names as keys), so a run can change world size
+        return get_optimizer_state_dict(model, opt)
+    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True,
+                                                                          cpu_offload=True))
+
+
+def load_full_state(model: nn.Module, opt: Optional[torch.optim.Optimizer], model_state: dict,
+                    optimizer_state: Optional[dict], ctx: DistContext) -> None:
+    """Loads full state dicts (read on every rank) into a sharded or plain model/optimizer."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    if not ctx.distributed:
+        from pcsd.checkpoint import apply_model_state
+
+        apply_model_state(model, model_state)
+        if opt is not None and optimizer_state is not None:
+            set_optimizer_state_dict(model, opt, optimizer_state)
+        return
+
+    opts = StateDictOptions(full_state_dict=True, strict=False)
+    set_model_state_dict(model, model_state, options=opts)
+    if opt is not None and optimizer_state is not None:
+        set_optimizer_state_dict(model, opt, optimizer_state, options=opts)
+
+
+def select_groups(rb, groups: range):
+    """The sub-batch of ``rb`` (a :class:`pcsd.rollout.loop.RolloutBatch`) holding the GRPO groups
+    ``groups`` (as :func:`split_groups` returns), trajectories and groups renumbered from 0.
+    For launchers that collect rollouts centrally and hand each rank its share."""
+    from pcsd.rollout.loop import RolloutBatch
+
+    g_lo, g_hi = groups.start, groups.stop
+    keep_traj = ((rb.traj_group >= g_lo) & (rb.traj_group < g_hi)).nonzero().flatten()
+    if keep_traj.numel() == 0:
+        raise ValueError(f"groups {groups} select no trajectory (the batch has groups "
+                         f"0..{int(rb.traj_group.max()) if rb.traj_group.numel() else -1})")
+    t_lo = int(keep_traj.min())
+    rows = [i for i, t in enumerate(rb.traj_id.tolist()) if g_lo <= int(rb.traj_group[t]) < g_hi]
+    idx = torch.tensor(rows, dtype=torch.int64)
+    pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
+    return RolloutBatch(
+        prompt_ids=pick(rb.prompt_ids), teacher_prompt_ids=pick(rb.teacher_prompt_ids),
+        response_ids=pick(rb.response_ids), behaviour_logprobs=pick(rb.behaviour_logprobs),
+        traj_id=rb.traj_id[idx] - t_lo, group_id=rb.group_id[idx] - g_lo, turn=rb.turn[idx],
+        action_valid=rb.action_valid[idx], actions=pick(rb.actions),
+        reward=rb.reward[keep_traj], won=rb.won[keep_traj], length=rb.length[keep_traj],
+        traj_group=rb.traj_group[keep_traj] - g_lo,
+        task_type=[rb.task_type[i] for i in keep_traj.tolist()], task=[rb.task[i] for i in keep_traj.tolist()])

@@ -1,0 +1,259 @@
+"""The trainer: one update moves every parameter, gradients against a plain reference, config and
+method errors, a smoke run of ``python -m pcsd.train`` and the bit-exact resume."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pcsd.config import ConfigError, load_config, resume_config
+from pcsd.methods import METHODS, available_methods
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    from pcsd.testing import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, seed=3)
+
+
+def _models(tiny_dir, perturb_frozen: float = 0.0):
+    from pcsd.trainer import load_model
+
+    student = load_model(tiny_dir, torch.device("cpu"), "float32")
+    frozen = copy.deepcopy(student).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in frozen.parameters():
+            p.add_(perturb_frozen * torch.randn(p.shape, generator=g))
+            p.requires_grad_(False)
+    return student, frozen
+
+
+# ----------------------------------------------------------------------------- one update
+def test_every_trained_parameter_changes(tiny_dir):
+    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.trainer import update_step
+
+    cfg = load_config(["rollout.backend=hf", "optim.lr=1e-3", "optim.tokens_per_microbatch=128"])
+    student, frozen = _models(tiny_dir)
+    before = {n: p.detach().clone() for n, p in student.named_parameters()}
+    opt = torch.optim.AdamW(student.parameters(), lr=cfg.optim.lr)
+    stats = update_step(student, frozen, opt, synthetic_rollout_batch(num_groups=3, group_size=2, seed=2),
+                        cfg, step=0)
+    unchanged = [n for n, p in student.named_parameters() if torch.equal(p.detach(), before[n])]
+    assert not unchanged, unchanged
+    assert stats["pcsd"] != 0.0 and stats["tokens"] > 0
+
+
+def _plain_logprobs(model, prompts, responses) -> torch.Tensor:
+    """Unpacked, one sequence at a time, full logits: the reference for the packed chunked path."""
+    out = []
+    for p, r in zip(prompts, responses):
+        ids = torch.tensor([list(p) + list(r)])
+        logits = model(input_ids=ids, use_cache=False).logits[0].float()
+        lp = torch.log_softmax(logits, -1)
+        pos = torch.arange(len(p) - 1, len(p) - 1 + len(r))
+        out.append(lp[pos, torch.tensor(r)])
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("extra", [[], ["algo.loss_agg=token-mean", "rule=sdar"], ["rule=rlsd"]],
+                         ids=["pcsd", "sdar-token-mean", "rlsd"])
+def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
+    """update_step's accumulated micro-batch gradients == autograd of L_GRPO + lambda L_PCSD computed
+    plainly (unpacked full-logit log-probs, pcsd.grpo.grpo_loss, pcsd.losses.pcsd_loss)."""
+    from pcsd.grpo import group_advantages, grpo_loss
+    from pcsd.losses import pcsd_loss
+    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.trainer import update_step
+    from pcsd.weighting import get_rule
+
+    cfg = load_config(["rollout.backend=hf", "optim.tokens_per_microbatch=60", "optim.grad_clip=1e9",
+                       "algo.lambda_distill=0.5", "algo.kl_beta=0.1"] + extra)
+    student, frozen = _models(tiny_dir, perturb_frozen=0.02)
+    rb = synthetic_rollout_batch(num_groups=2, group_size=3, seed=5, turns=(1, 2))  # both groups mixed
+    opt = torch.optim.SGD(student.parameters(), lr=0.0)  # leaves the gradients in .grad
+    update_step(student, frozen, opt, rb, cfg, step=3)
+    got = {n: p.grad.clone() for n, p in student.named_parameters()}
+
+    ref_model = copy.deepcopy(student)
+    ref_model.zero_grad(set_to_none=True)
+    rule = get_rule(cfg.rule)
+    with torch.no_grad():
+        old = _plain_logprobs(ref_model, rb.prompt_ids, rb.response_ids)
+        ref = _plain_logprobs(frozen, rb.prompt_ids, rb.response_ids)
+        teacher = _plain_logprobs(frozen, rb.teacher_prompt_ids, rb.response_ids)
+    lp = _plain_logprobs(ref_model, rb.prompt_ids, rb.response_ids)
+    mask = torch.ones_like(lp, dtype=torch.bool)
+    traj = rb.token_traj_ids()
+    adv = group_advantages(rb.reward, rb.traj_group)[traj].float()
+    assert float(adv.abs().min()) > 0.5  # every token carries a policy-gradient term
+    w = torch.zeros_like(lp)
+    if rule.kind == "advantage":
+        adv = rule(adv, teacher - old, mask, 3)
+    else:
+        params = {k: v for k, v in dict(cfg.algo.pcsd).items() if k in rule.defaults}
+        w = rule(teacher - old, rb.cu_seqlens(), mask, **params)
+    total = grpo_loss(lp, old, ref, adv, mask, traj, rb.num_trajectories, clip_eps=cfg.algo.clip_eps,
+                      kl_beta=cfg.algo.kl_beta, agg=cfg.algo.loss_agg).loss
+    if rule.kind == "weights":
+        total = total + cfg.algo.lambda_distill * pcsd_loss(lp, teacher, w, mask)
+    total.backward()
+    for n, p in ref_model.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, rtol=2e-4, atol=2e-7, msg=n)
+    assert any(float(g.abs().max()) > 1e-4 for g in got.values())
+
+
+# ----------------------------------------------------------------------------- configuration
+def test_unknown_key_lists_valid_keys():
+    with pytest.raises(ConfigError, match=r"unknown config key 'optim\.lrr'.*optim\.lr"):
+        load_config(["optim.lrr=1"])
+    with pytest.raises(ConfigError, match="not key=value"):
+        load_config(["optim.lr"])
+
+
+def test_bad_value_lists_choices():
+    with pytest.raises(ConfigError, match="rollout.backend='tpu' is not valid; choose one of vllm, hf"):
+        load_config(["rollout.backend=tpu"])
+    with pytest.raises(ConfigError, match="rule='nope' is not valid; choose one of .*pcsd"):
+        load_config(["rule=nope"])
+    with pytest.raises(ConfigError, match="optim.steps"):
+        load_config(["optim.steps=many"])
+    with pytest.raises(ConfigError, match="run.keep_last must be >= 0"):
+        load_config(["run.keep_last=-1"])
+
+
+def test_ablation_rule_needs_its_parameter():
+    with pytest.raises(ConfigError, match=r"rule=pcsd-fixed-n4 is defined by algo\.pcsd\.n_min=4.*method=pcsd-fixed-n4"):
+        load_config(["rule=pcsd-fixed-n4"])
+    with pytest.raises(ConfigError, match=r"algo\.pcsd\.alpha=1\.0"):
+        load_config(["rule=pcsd-no-decay"])
+    assert load_config(["rule=pcsd-fixed-n4", "algo.pcsd.n_min=4"]).rule == "pcsd-fixed-n4"
+
+
+def test_unknown_method_and_preset_list_valid_ones():
+    with pytest.raises(ConfigError, match="unknown method 'ppo'; valid methods: vanilla, skill-prompt, grpo"):
+        load_config(["method=ppo"])
+    with pytest.raises(ConfigError, match="unknown preset 'big'; valid presets: .*tiny-cpu"):
+        load_config(["preset=big"])
+
+
+def test_every_method_resolves_with_every_preset():
+    from pcsd.config import available_presets
+
+    for preset in available_presets():
+        for m in available_methods():
+            cfg = load_config([f"preset={preset}", f"method={m}"])
+            assert cfg.method == m and cfg.preset == preset
+            for key, val in METHODS[m]["overrides"].items():
+                from omegaconf import OmegaConf
+
+                assert OmegaConf.select(cfg, key) == val, (preset, m, key)
+
+
+def test_methods_set_what_the_paper_says():
+    c = load_config(["method=vanilla"])
+    assert c.optim.steps == 0 and not c.eval.skills
+    assert load_config(["method=skill-prompt"]).eval.skills
+    c = load_config(["method=grpo"])
+    assert c.algo.grpo and not c.algo.distill
+    c = load_config(["method=opsd"])
+    assert not c.algo.grpo and c.algo.distill and c.rule == "sdar"
+    assert load_config(["method=grpo+opsd"]).rule == "uniform"
+    assert load_config(["method=rlsd"]).rule == "rlsd"
+    c = load_config(["method=skill-grpo"])
+    assert c.algo.student_skills and not c.eval.skills
+    c = load_config(["method=skill-grpo*"])  # the starred alias
+    assert c.method == "skill-grpo-star" and c.algo.student_skills and c.eval.skills
+    assert load_config(["method=pcsd-fixed-n4"]).algo.pcsd.n_min == 4
+    assert load_config(["method=pcsd-no-decay"]).algo.pcsd.alpha == 1.0
+    # overrides after the method win; the preset's own method is used without method=
+    assert load_config(["method=pcsd", "algo.lambda_distill=0.005"]).algo.lambda_distill == 0.005
+    assert load_config(["preset=tiny-cpu-grpo"]).algo.distill is False
+
+
+def test_resume_refuses_changes_of_meaning(tmp_path):
+    from omegaconf import OmegaConf
+
+    cfg = load_config(["optim.steps=3", f"run.dir={tmp_path}"])
+    OmegaConf.save(cfg, tmp_path / "config.yaml", resolve=True)
+    ok = resume_config(tmp_path, ["run.stop_after=2", "run.save_every=1"])
+    assert ok.run.resume == str(tmp_path.resolve()) and ok.run.stop_after == 2 and ok.optim.steps == 3
+    with pytest.raises(ConfigError, match=r"optim\.lr: 0\.0001 -> 0\.5.*may change only"):
+        resume_config(tmp_path, ["optim.lr=0.5"])
+    with pytest.raises(ConfigError, match="method=sdar.*made with method=pcsd"):
+        resume_config(tmp_path, ["method=sdar"])
+    with pytest.raises(ConfigError, match="no config.yaml"):
+        resume_config(tmp_path / "missing", [])
+
+
+def test_cli_errors_exit_2(capsys):
+    from pcsd.train import main
+
+    assert main(["method=ppo"]) == 2
+    assert "valid methods" in capsys.readouterr().err
+    assert main(["--resume"]) == 2
+    assert main(["--bogus"]) == 2
+    assert "unknown option" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- runs
+_TINY = ["rollout.backend=hf", "optim.sft_steps=0", "env.max_steps=1", "rollout.tasks_per_step=1",
+         "rollout.group_size=2", "rollout.max_response_tokens=4", "eval.episodes=1", "optim.steps=2",
+         "run.save_every=1", "model.tiny_layers=1", "optim.lr=1e-2"]
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_smoke_run_then_stop_and_resume_is_bit_exact(tmp_path, tiny_dir):
+    """``python -m pcsd.train`` for 2 steps writes config.yaml, summary.json and checkpoints; a run
+    stopped after step 1 and resumed computes step 2's loss bit for bit like the uninterrupted one."""
+    from safetensors.torch import load_file
+
+    from pcsd.train import main
+
+    common = _TINY + [f"model.path={tiny_dir}"]
+    full = tmp_path / "full"
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "pcsd.train", *common, f"run.dir={full}"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (full / "config.yaml").is_file()
+    summary = json.loads((full / "summary.json").read_text())
+    for key in ("success_before", "success_after", "steps", "wall_seconds"):
+        assert key in summary, key
+    assert summary["steps"] == 2 and summary["method"] == "pcsd"
+    assert (full / "checkpoints" / "step-00000002" / "COMPLETE").is_file()
+
+    part = tmp_path / "part"
+    assert main(common + [f"run.dir={part}", "run.stop_after=1"]) == 0
+    stopped = json.loads((part / "summary.json").read_text())
+    assert stopped["stopped_after"] == 1 and stopped["success_after"] is None
+    assert [r["step"] for r in _records(part)] == [1]
+    assert main(["--resume", str(part)]) == 0
+
+    a, b = _records(full), _records(part)
+    assert [r["step"] for r in b] == [1, 2]  # metrics appended, not restarted
+    for key in ("loss", "pg", "kl", "pcsd", "grad_norm", "gap_mean", "reward", "tokens"):
+        assert a[1][key] == b[1][key], (key, a[1][key], b[1][key])  # bit for bit
+    assert a[1]["loss"] != 0.0
+    wa = load_file(str(full / "checkpoints" / "step-00000002" / "model" / "model.safetensors"))
+    wb = load_file(str(part / "checkpoints" / "step-00000002" / "model" / "model.safetensors"))
+    w1 = load_file(str(part / "checkpoints" / "step-00000001" / "model" / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert any(not torch.equal(wa[k], w1[k]) for k in wa)  # step 2 really moved the weights
+    resumed = json.loads((part / "summary.json").read_text())
+    assert resumed["success_before"] == summary["success_before"]
+    assert resumed["success_after"] == summary["success_after"] and resumed["steps"] == 2
