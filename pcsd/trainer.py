@@ -26,9 +26,12 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from pcsd.eval import evaluate, render_table
 from pcsd.grpo import group_advantages, grpo_token_terms, token_coefficients
 from pcsd.losses import pcsd_loss
-from pcsd.rollout.backends import GenerationBackend, make_backend
+from pcsd.metrics import MetricsLogger, step_record
+from pcsd.progress import ProgressReporter
+from pcsd.rollout.backends import make_backend
 from pcsd.rollout.loop import RolloutBatch, collect_rollouts
 from pcsd.scoring import score_packed
 from pcsd.weighting import get_rule
@@ -160,41 +163,33 @@ def eos_id(builder) -> int:
     return ids[0]
 
 
-# ----------------------------------------------------------------------------- evaluation
-def evaluate(backend: GenerationBackend, builder, games: list[str], cfg: DictConfig, seed: int) -> dict:
-    """Success rate (%) overall and per task type; each game once, fixed order and seed."""
-    temp = 0.0 if cfg.eval.greedy else cfg.eval.temperature
-    rb = collect_rollouts(backend, builder, games, 1, max_steps=cfg.env.max_steps,
-                          max_response_tokens=cfg.rollout.max_response_tokens, temperature=temp,
-                          seed=seed, stop_token_ids=[eos_id(builder)], student_skills=cfg.eval.skills,
-                          teacher_prompts=False, num_threads=cfg.env.num_threads)
-    per: dict[str, list[bool]] = {}
-    for tt, w in zip(rb.task_type, rb.won.tolist()):
-        per.setdefault(tt, []).append(w)
-    return {"overall": 100.0 * float(rb.won.float().mean()),
-            "per_task": {k: 100.0 * sum(v) / len(v) for k, v in sorted(per.items())},
-            "episodes": len(games)}
-
-
 # ----------------------------------------------------------------------------- one update
 def scores(model, prompts, responses, budget: int) -> torch.Tensor:
     with torch.no_grad():
         return torch.cat(score_packed(model, prompts, responses, max_tokens_per_pass=budget)).float()
 
 
-def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: int) -> dict:
-    """Scores the batch and applies one GRPO + lambda * PCSD update (ppo_epochs passes)."""
+def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: int, progress=None) -> dict:
+    """Scores the batch and applies one GRPO + lambda * PCSD update (ppo_epochs passes).
+
+    ``progress(name, total)`` (e.g. :meth:`pcsd.progress.ProgressReporter.phase`) may return a
+    ``cb(done, total)`` that is called after each scoring pass and each micro-batch."""
     algo = cfg.algo
     budget = cfg.optim.tokens_per_microbatch
     rule = get_rule(cfg.rule)
     t0 = time.perf_counter()
     student.eval()
-    old = scores(student, rb.prompt_ids, rb.response_ids, budget)  # log pi_old, student prompt
     need_ref = algo.grpo and algo.kl_beta > 0
-    ref = scores(frozen, rb.prompt_ids, rb.response_ids, budget) if need_ref else None
     use_teacher = algo.distill or rule.kind == "advantage"
+    n_pass = 1 + int(need_ref) + int(use_teacher)
+    score_cb = progress("scoring", n_pass) if progress else None
+    old = scores(student, rb.prompt_ids, rb.response_ids, budget)  # log pi_old, student prompt
+    score_cb and score_cb(1, n_pass)
+    ref = scores(frozen, rb.prompt_ids, rb.response_ids, budget) if need_ref else None
+    score_cb and score_cb(1 + int(need_ref), n_pass)
     teacher_model = student if algo.teacher == "current" else frozen
     teacher = scores(teacher_model, rb.teacher_prompt_ids, rb.response_ids, budget) if use_teacher else None
+    score_cb and score_cb(n_pass, n_pass)
     t_score = time.perf_counter() - t0
 
     T = rb.num_tokens()
@@ -228,9 +223,11 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
     student.train()
     stats = dict(loss=0.0, pg=0.0, kl=0.0, pcsd=0.0, clip_frac=0.0, grad_norm=0.0)
     t0 = time.perf_counter()
+    n_mb = len(mbs) * cfg.optim.ppo_epochs
+    update_cb = progress("update", n_mb) if progress else None
     for _epoch in range(cfg.optim.ppo_epochs):
         opt.zero_grad(set_to_none=True)
-        for rows in mbs:
+        for mb_i, rows in enumerate(mbs):
             idx = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows])
             lp = torch.cat(score_packed(student, [rb.prompt_ids[i] for i in rows],
                                         [rb.response_ids[i] for i in rows], max_tokens_per_pass=budget))
@@ -251,6 +248,7 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
                 stats["pcsd"] += float(d)
             loss.backward()
             stats["loss"] += float(loss)
+            update_cb and update_cb(_epoch * len(mbs) + mb_i + 1, n_mb)
         gn = torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.optim.grad_clip)
         stats["grad_norm"] = float(gn)
         opt.step()
@@ -347,17 +345,19 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     summary["backend"] = backend_name
     console.print(f"[pcsd] rollout backend: {backend_name}")
 
-    before = evaluate(backend, builder, eval_games, cfg, seed=12345)
-    console.print(f"[pcsd] success before RL: {before['overall']:.1f}% {before['per_task']}")
+    progress = ProgressReporter(cfg.run.progress, console=console)
+    progress.start()
+    before = evaluate(backend, builder, eval_games, cfg, seed=12345, label="before RL", split="eval",
+                      progress=progress.rollout("eval before"))
+    console.print(f"[pcsd] success before RL: {before['overall']:.1f}% {before['per_category']}")
     summary["success_before"] = before["overall"]
     summary["success_before_per_task"] = before["per_task"]
 
     opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.optim.lr,
                             weight_decay=cfg.optim.weight_decay)
-    metrics_path = run_dir / "metrics.jsonl"
     rng = random.Random(cfg.run.seed)
-    history = []
-    with metrics_path.open("a") as mf:
+    with MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard) as metrics:
+        metrics.log_eval("before", before, step=0)
         for step in range(cfg.optim.steps):
             t0 = time.time()
             games = [train_games[rng.randrange(len(train_games))] for _ in range(cfg.rollout.tasks_per_step)]
@@ -367,26 +367,31 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                                   seed=cfg.run.seed * 100_000 + step, stop_token_ids=[eos_id(builder)],
                                   success_reward=cfg.algo.success_reward,
                                   invalid_action_penalty=cfg.rollout.invalid_action_penalty,
-                                  student_skills=cfg.algo.student_skills, num_threads=cfg.env.num_threads)
+                                  student_skills=cfg.algo.student_skills, num_threads=cfg.env.num_threads,
+                                  progress=progress.rollout("rollout"))
             backend.sleep()
-            st = update_step(student, frozen, opt, rb, cfg, step)
+            st = update_step(student, frozen, opt, rb, cfg, step, progress=progress.phase)
             backend.wake()
+            t_sync = time.time()
             if backend_name == "vllm":
                 backend.load_weights(student.state_dict().items())
-            rec = dict(step=step + 1, reward=float(rb.reward.mean()), success=100.0 * float(rb.won.float().mean()),
-                       turns=float(rb.length.float().mean()),
-                       valid_actions=float(rb.action_valid.float().mean()),
-                       rollout_seconds=rb.timings.total, outside_model_share=rb.timings.outside_model_share(),
-                       step_seconds=time.time() - t0, **st)
-            history.append(rec)
-            mf.write(json.dumps(rec) + "\n")
-            mf.flush()
+            rec = step_record(step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0)
+            metrics.log(rec)
             console.print(f"[pcsd] step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% "
                           f"reward {rec['reward']:.2f} gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} "
-                          f"kl {rec['kl']:.4f} {rec['step_seconds']:.1f}s")
+                          f"kl {rec['kl']:.4f} {rec['tokens_per_s']:.0f} tok/s {rec['step_seconds']:.1f}s")
 
-    after = evaluate(backend, builder, eval_games, cfg, seed=12345)
-    console.print(f"[pcsd] success after RL: {after['overall']:.1f}% {after['per_task']}")
+        after = evaluate(backend, builder, eval_games, cfg, seed=12345, label="after RL", split="eval",
+                         progress=progress.rollout("eval after"))
+        metrics.log_eval("after", after, step=cfg.optim.steps)
+        progress.stop()
+        console.print(f"[pcsd] success after RL: {after['overall']:.1f}% {after['per_category']}")
+        table = render_table([before, after])
+        (run_dir / "eval.md").write_text(table)
+        (run_dir / "eval.json").write_text(json.dumps(dict(before=before, after=after), indent=2))
+        console.print(table)
+        plots = metrics.plot()
+        console.print(f"[pcsd] plots: {', '.join(str(p) for p in plots)}; TensorBoard: {run_dir / 'tensorboard'}")
     backend.close()
     student.save_pretrained(run_dir / "final-model")
     summary.update(success_after=after["overall"], success_after_per_task=after["per_task"],
