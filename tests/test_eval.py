@@ -237,3 +237,19 @@ def test_real_alfworld_splits_and_games(tiny, alfworld_data):
     assert [g.task_type for g in res] == [ev.game_task_type(g) for g in picked]
     assert all(g.steps <= 2 for g in res)
     assert ev.game_name(picked[0]).count("/") == 1
+
+
+def test_vllm_evaluation_repeats_on_many_games(tiny, vllm_available, tmp_path):
+    """vLLM (CPU build) on 12 games at once: the prompts exceed one scheduler step, so without whole
+    prefills a seeded request would be chunked and vLLM's generator rewind would fail on CPU."""
+    path, _, builder, eos = tiny
+    games = ev.procedural_eval_games(tmp_path, 12, distractors=0)
+    vb = make_backend("vllm", model_path=path, dtype="float32", max_model_len=1024 + 8, seed=0)
+    try:
+        opts = dict(max_steps=2, max_response_tokens=8, temperature=0.4, seed=7, stop_token_ids=[eos])
+        a = ev.play_games(vb, builder, games, **opts)
+        b = ev.play_games(vb, builder, games, **opts)
+    finally:
+        vb.close()
+    assert [g.actions for g in a] == [g.actions for g in b]
+    assert len(a) == 12 and all(1 <= g.steps <= 2 for g in a)
