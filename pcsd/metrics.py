@@ -181,6 +181,7 @@ def plot_history(history: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[s
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -196,6 +197,7 @@ def plot_history(history: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[s
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, color="tab:blue")
         ax.set_title(title)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     fig.suptitle("PCSD training dynamics")
     fig.tight_layout()
@@ -213,6 +215,7 @@ def plot_history(history: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[s
         ax.annotate(f"{e['overall']:.1f}%", (e["step"], e["overall"]), textcoords="offset points",
                     xytext=(5, 5))
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("success (%)")
     ax.set_ylim(-2, 102)
     ax.set_title("success")

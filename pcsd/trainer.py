@@ -269,7 +269,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     from pcsd.prompts import PromptBuilder
 
-    console = Console()
+    console = Console(markup=False, soft_wrap=True)  # "[pcsd]" is text, not a rich style tag; no wrapping
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     device = resolve_device(cfg.run.device)
@@ -346,8 +346,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     console.print(f"[pcsd] rollout backend: {backend_name}")
 
     progress = ProgressReporter(cfg.run.progress, console=console)
+    eval_split = "procedural" if cfg.env.source == "procedural" else cfg.eval.split
     progress.start()
-    before = evaluate(backend, builder, eval_games, cfg, seed=12345, label="before RL", split="eval",
+    before = evaluate(backend, builder, eval_games, cfg, seed=12345, label="before RL", split=eval_split,
                       progress=progress.rollout("eval before"))
     console.print(f"[pcsd] success before RL: {before['overall']:.1f}% {before['per_category']}")
     summary["success_before"] = before["overall"]
@@ -381,7 +382,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                           f"reward {rec['reward']:.2f} gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} "
                           f"kl {rec['kl']:.4f} {rec['tokens_per_s']:.0f} tok/s {rec['step_seconds']:.1f}s")
 
-        after = evaluate(backend, builder, eval_games, cfg, seed=12345, label="after RL", split="eval",
+        after = evaluate(backend, builder, eval_games, cfg, seed=12345, label="after RL", split=eval_split,
                          progress=progress.rollout("eval after"))
         metrics.log_eval("after", after, step=cfg.optim.steps)
         progress.stop()
@@ -389,7 +390,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         table = render_table([before, after])
         (run_dir / "eval.md").write_text(table)
         (run_dir / "eval.json").write_text(json.dumps(dict(before=before, after=after), indent=2))
-        console.print(table)
+        console.print(table, soft_wrap=True)
         plots = metrics.plot()
         console.print(f"[pcsd] plots: {', '.join(str(p) for p in plots)}; TensorBoard: {run_dir / 'tensorboard'}")
     backend.close()
