@@ -356,8 +356,11 @@ def _has_tokenizer(d: Path) -> bool:
     return (d / "tokenizer.json").is_file()
 
 
-def _checkpoint_step(d: Path) -> int:
-    digits = "".join(ch if ch.isdigit() else " " for ch in d.name).split()
+def _checkpoint_step(d: Path, run_dir: Path) -> int:
+    """The step of a checkpoint folder: the last number in its path below the run dir
+    (``checkpoints/step-000010``, ``ckpt_10/model`` -> 10); -1 if none."""
+    rel = str(d.relative_to(run_dir))
+    digits = "".join(ch if ch.isdigit() else " " for ch in rel).split()
     return int(digits[-1]) if digits else -1
 
 
@@ -388,7 +391,7 @@ def resolve_model(path: str | os.PathLike[str]) -> tuple[Path, Path, Optional[Pa
             cands = [c.parent for c in p.rglob("config.json") if c.parent.name not in skip]
             if not cands:
                 raise EvalError(f"model={str(p)!r}: a run directory without final-model/ or any checkpoint")
-            model_dir = max(cands, key=lambda d: (_checkpoint_step(d), d.stat().st_mtime))
+            model_dir = max(cands, key=lambda d: (_checkpoint_step(d, p), d.stat().st_mtime))
     else:
         raise EvalError(f"model={str(p)!r}: neither a HF checkpoint (config.json) nor a run directory (config.yaml)")
     tok_cands = [model_dir]

@@ -160,6 +160,8 @@ def test_resolve_model_from_a_checkpoint_or_a_run_dir(tmp_path):
     newest = fake_checkpoint(run / "checkpoints" / "step-10")
     fake_checkpoint(run / "checkpoints" / "step-9")
     assert ev.resolve_model(run) == (newest, base, run)  # no final-model: the newest checkpoint
+    nested = fake_checkpoint(run / "checkpoints" / "step-12" / "model")  # weights one level down
+    assert ev.resolve_model(run) == (nested, base, run)
     final = fake_checkpoint(run / "final-model")
     assert ev.resolve_model(run) == (final, base, run)
     assert ev.resolve_model(final) == (final, base, run)  # a checkpoint inside a run finds its tokenizer
