@@ -441,10 +441,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--count", type=int, default=0, help="only the first N games (after --task-types)")
     ap.add_argument("--task-types", default=None, help="comma-separated categories, e.g. Pick,Heat")
     ap.add_argument("--games-file", default=None, help="a file listing game paths, one a line")
-    ap.add_argument("--procedural-games", type=int, default=48,
-                    help="split=procedural: size of the fixed generated list (default 48)")
+    ap.add_argument("--procedural-games", type=int, default=0,
+                    help="split=procedural: size of the fixed generated list (default: the run's "
+                         "eval.episodes, else 48); with a tiny-preset run the list is the trainer's own")
     ap.add_argument("--games-dir", default=None, help="where split=procedural writes its games")
-    ap.add_argument("--distractors", type=int, default=None, help="split=procedural: distractor objects")
+    ap.add_argument("--distractors", type=int, default=None,
+                    help="split=procedural: distractor objects (default: 0 for tiny-preset runs, else drawn)")
     ap.add_argument("--temperature", type=float, default=0.4)
     ap.add_argument("--greedy", action="store_true", help="temperature 0")
     ap.add_argument("--skills", action="store_true", help="skills in the student prompt (starred rows)")
@@ -461,13 +463,17 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _resolve_games(split: str, args: argparse.Namespace, out_dir: Path) -> list[str]:
+def _resolve_games(split: str, args: argparse.Namespace, out_dir: Path, run_cfg: dict) -> list[str]:
     if args.games_file:
         games = read_games_file(args.games_file)
     elif split == "procedural":
-        knobs = {} if args.distractors is None else dict(distractors=args.distractors)
-        games = procedural_eval_games(Path(args.games_dir) if args.games_dir else out_dir / "games",
-                                      args.procedural_games, **knobs)
+        # defaults from the run: the trainer's own evaluation list (tiny presets: no distractors)
+        distractors = args.distractors
+        if distractors is None and str(run_cfg.get("preset", "")).startswith("tiny"):
+            distractors = 0
+        n = args.procedural_games or run_cfg.get("eval", {}).get("episodes") or 48
+        knobs = {} if distractors is None else dict(distractors=distractors)
+        games = procedural_eval_games(Path(args.games_dir) if args.games_dir else out_dir / "games", n, **knobs)
     else:
         games = split_games(split)
     tts = args.task_types.split(",") if args.task_types else None
@@ -505,7 +511,12 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
         models[0][2] / "eval" if len(models) == 1 and models[0][2] is not None
         else Path("eval-results") / time.strftime("%Y%m%d-%H%M%S"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    game_lists = {s: _resolve_games(s, args, out_dir) for s in splits}
+    first_run = {}
+    if models[0][2] is not None:
+        from omegaconf import OmegaConf
+
+        first_run = OmegaConf.to_container(OmegaConf.load(models[0][2] / "config.yaml"))
+    game_lists = {s: _resolve_games(s, args, out_dir, first_run) for s in splits}
     temp = 0.0 if args.greedy else args.temperature
     device = resolve_device(args.device)
     results: list[EvalResult] = []
