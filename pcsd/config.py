@@ -114,6 +114,7 @@ class EvalConfig:
     temperature: float = 0.4
     greedy: bool = False
     skills: bool = False  # the starred variants: skills at evaluation
+    batch_size: int = 0  # games played together (0 = all at once; 1 = a seed per game, see pcsd.eval)
 
 
 @dataclass
@@ -126,6 +127,8 @@ class RunConfig:
     stop_after: int = 0  # stop after this many steps in total, with a checkpoint (0 = run to the end)
     resume: Optional[str] = None  # a run directory: continue from its newest complete checkpoint
     log_every: int = 1
+    progress: Optional[bool] = None  # rich progress bars; None = on an interactive terminal outside CI
+    tensorboard: bool = True  # per-step scalars to <run dir>/tensorboard as well as metrics.jsonl
 
 
 @dataclass
@@ -305,7 +308,8 @@ def _validate(cfg: DictConfig) -> None:
         if OmegaConf.select(cfg, key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {OmegaConf.select(cfg, key)}")
     for key in ["optim.steps", "env.history_length", "algo.lambda_distill", "algo.kl_beta",
-                "optim.lr", "optim.grad_clip", "rollout.temperature", "eval.episodes"]:
+                "optim.lr", "optim.grad_clip", "rollout.temperature", "eval.episodes",
+                "eval.batch_size"]:
         if OmegaConf.select(cfg, key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {OmegaConf.select(cfg, key)}")
     if not 0 < cfg.algo.clip_eps < 1:

@@ -13,10 +13,10 @@ One step (the paper's Algorithm 1):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
-import math
 import os
 import random
 import time
@@ -28,9 +28,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from pcsd import distributed as dist_utils
 from pcsd.distributed import DistContext, single_process
+from pcsd.eval import evaluate, render_table
 from pcsd.grpo import group_advantages, grpo_token_terms, token_coefficients
 from pcsd.losses import pcsd_loss
-from pcsd.rollout.backends import GenerationBackend, make_backend
+from pcsd.metrics import MetricsLogger, step_record
+from pcsd.progress import ProgressReporter
+from pcsd.rollout.backends import make_backend
 from pcsd.rollout.loop import RolloutBatch, collect_rollouts
 from pcsd.scoring import score_packed
 from pcsd.weighting import get_rule
@@ -162,22 +165,6 @@ def eos_id(builder) -> int:
     return ids[0]
 
 
-# ----------------------------------------------------------------------------- evaluation
-def evaluate(backend: GenerationBackend, builder, games: list[str], cfg: DictConfig, seed: int) -> dict:
-    """Success rate (%) overall and per task type; each game once, fixed order and seed."""
-    temp = 0.0 if cfg.eval.greedy else cfg.eval.temperature
-    rb = collect_rollouts(backend, builder, games, 1, max_steps=cfg.env.max_steps,
-                          max_response_tokens=cfg.rollout.max_response_tokens, temperature=temp,
-                          seed=seed, stop_token_ids=[eos_id(builder)], student_skills=cfg.eval.skills,
-                          teacher_prompts=False, num_threads=cfg.env.num_threads)
-    per: dict[str, list[bool]] = {}
-    for tt, w in zip(rb.task_type, rb.won.tolist()):
-        per.setdefault(tt, []).append(w)
-    return {"overall": 100.0 * float(rb.won.float().mean()),
-            "per_task": {k: 100.0 * sum(v) / len(v) for k, v in sorted(per.items())},
-            "episodes": len(games)}
-
-
 # ----------------------------------------------------------------------------- one update
 def microbatches(rb: RolloutBatch, budget: int) -> list[list[int]]:
     """Rows grouped greedily in order into micro-batches of at most ``budget`` prompt+response
@@ -230,8 +217,11 @@ def scores(model, prompts, responses, mbs: list[list[int]], n_passes: int, T: in
 
 
 def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: int,
-                ctx: Optional[DistContext] = None) -> dict:
+                ctx: Optional[DistContext] = None, progress=None) -> dict:
     """Scores the batch and applies one GRPO + lambda * PCSD update (ppo_epochs passes).
+
+    ``progress(name, total)`` (e.g. :meth:`pcsd.progress.ProgressReporter.phase`) may return a
+    ``cb(done, total)`` that is called after each scoring pass and each micro-batch.
 
     Distributed (``ctx`` with world_size > 1, FSDP2-sharded ``student``/``frozen``): ``rb`` holds
     this rank's whole groups; the loss normalisers (trajectory count, valid-token count) are
@@ -246,13 +236,18 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
     n_passes = dist_utils.global_max(len(mbs), ctx)  # every rank runs as many forwards (FSDP)
     t0 = time.perf_counter()
     student.eval()
-    old = scores(student, rb.prompt_ids, rb.response_ids, mbs, n_passes, T)  # log pi_old, student prompt
     need_ref = algo.grpo and algo.kl_beta > 0
-    ref = scores(frozen, rb.prompt_ids, rb.response_ids, mbs, n_passes, T) if need_ref else None
     use_teacher = algo.distill or rule.kind == "advantage"
+    n_score = 1 + int(need_ref) + int(use_teacher)
+    score_cb = progress("scoring", n_score) if progress else None
+    old = scores(student, rb.prompt_ids, rb.response_ids, mbs, n_passes, T)  # log pi_old, student prompt
+    score_cb and score_cb(1, n_score)
+    ref = scores(frozen, rb.prompt_ids, rb.response_ids, mbs, n_passes, T) if need_ref else None
+    score_cb and score_cb(1 + int(need_ref), n_score)
     teacher_model = student if algo.teacher == "current" else frozen
     teacher = (scores(teacher_model, rb.teacher_prompt_ids, rb.response_ids, mbs, n_passes, T)
                if use_teacher else None)
+    score_cb and score_cb(n_score, n_score)
     t_score = time.perf_counter() - t0
 
     dev = old.device  # every per-token tensor lives beside the model
@@ -283,6 +278,8 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
     student.train()
     stats = dict(loss=0.0, pg=0.0, kl=0.0, pcsd=0.0, clip_frac=0.0, grad_norm=0.0)
     t0 = time.perf_counter()
+    n_mb = len(mbs) * cfg.optim.ppo_epochs
+    update_cb = progress("update", n_mb) if progress else None
     for _epoch in range(cfg.optim.ppo_epochs):
         opt.zero_grad(set_to_none=True)
         for k in range(n_passes):
@@ -309,6 +306,7 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
                 stats["pcsd"] += float(d.detach())
             (loss * gscale).backward()  # FSDP averages over ranks; the global loss is their sum
             stats["loss"] += float(loss.detach())
+            update_cb and update_cb(_epoch * len(mbs) + k + 1, n_mb)
         gn = torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.optim.grad_clip)
         stats["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
         opt.step()
@@ -339,7 +337,8 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
     from pcsd.prompts import PromptBuilder
 
     ctx = ctx or single_process(resolve_device(cfg.run.device))
-    console = Console(quiet=not ctx.is_main)
+    # "[pcsd]" is text, not a rich style tag; no wrapping; only rank 0 prints
+    console = Console(quiet=not ctx.is_main, markup=False, soft_wrap=True)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     device = ctx.device
@@ -444,6 +443,8 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
     summary["backend"] = backend_name
     console.print(f"[pcsd] rollout backend: {backend_name}")
 
+    progress = ProgressReporter(cfg.run.progress and ctx.is_main, console=console)
+    eval_split = "procedural" if cfg.env.source == "procedural" else cfg.eval.split
     opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.optim.lr,
                             weight_decay=cfg.optim.weight_decay)
     rng = random.Random(cfg.run.seed)  # game sampling
@@ -456,10 +457,13 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
             backend.load_weights(student.state_dict().items())
 
     start = 0
+    before = None  # rank 0's evaluation before RL (from the checkpoint when resuming)
+    progress.start()
     if ckpt is not None:
         dist_utils.load_full_state(student, opt, ckpt.model_state, ckpt.optimizer_state, ctx)
         sync_generation_weights()
         summary.update(ckpt.state.get("summary", {}))
+        before = ckpt.state.get("eval_before")
         summary["world_size"] = ctx.world_size
         start = ckpt.step
         if ctx.is_main and metrics_path.exists():  # drop records written after the checkpoint
@@ -472,8 +476,9 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
                           f"the last bits")
     else:
         if ctx.is_main:
-            before = evaluate(backend, builder, eval_games, cfg, seed=12345)
-            console.print(f"[pcsd] success before RL: {before['overall']:.1f}% {before['per_task']}")
+            before = evaluate(backend, builder, eval_games, cfg, seed=12345, label="before RL", split=eval_split,
+                              progress=progress.rollout("eval before"))
+            console.print(f"[pcsd] success before RL: {before['overall']:.1f}% {before['per_category']}")
             summary["success_before"] = before["overall"]
             summary["success_before_per_task"] = before["per_task"]
         summary = dist_utils.broadcast_object(summary, ctx)
@@ -487,7 +492,7 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
             path = save_checkpoint(
                 run_dir, done, gen_model if ctx.distributed else student, optim_state,
                 capture_rng({"games": rng}), config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
-                state={"summary": summary, "torch_threads": torch.get_num_threads()},
+                state={"summary": summary, "eval_before": before, "torch_threads": torch.get_num_threads()},
                 model_state=model_state if ctx.distributed else None, tokenizer_dir=model_dir,
                 keep_last=cfg.run.keep_last)
             console.print(f"[pcsd] checkpoint {path}")
@@ -495,9 +500,11 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
 
     if ckpt is not None:  # every RNG exactly as the uninterrupted run had it after step `start`
         restore_rng(ckpt.rng, {"games": rng})
-    history = []
     stopped_at = None
-    with (metrics_path.open("a") if ctx.is_main else open(os.devnull, "w")) as mf:
+    with (MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard) if ctx.is_main
+          else contextlib.nullcontext(None)) as metrics:
+        if metrics is not None and ckpt is None:
+            metrics.log_eval("before", before, step=0)
         for step in range(start, cfg.optim.steps):
             t0 = time.time()
             games = [train_games[rng.randrange(len(train_games))] for _ in range(cfg.rollout.tasks_per_step)]
@@ -510,24 +517,25 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
                                   stop_token_ids=[eos_id(builder)],
                                   success_reward=cfg.algo.success_reward,
                                   invalid_action_penalty=cfg.rollout.invalid_action_penalty,
-                                  student_skills=cfg.algo.student_skills, num_threads=cfg.env.num_threads)
+                                  student_skills=cfg.algo.student_skills, num_threads=cfg.env.num_threads,
+                                  progress=progress.rollout("rollout"))
             backend.sleep()
-            st = update_step(student, frozen, opt, rb, cfg, step, ctx)
+            st = update_step(student, frozen, opt, rb, cfg, step, ctx, progress=progress.phase)
             backend.wake()
+            t_sync = time.time()
             sync_generation_weights()
-            n_traj, r_sum, won_sum, len_sum, n_rows, valid_sum = dist_utils.global_sum(
-                [rb.num_trajectories, float(rb.reward.sum()), float(rb.won.float().sum()),
-                 float(rb.length.float().sum()), rb.num_rows, float(rb.action_valid.float().sum())], ctx)
-            rec = dict(step=step + 1, reward=r_sum / max(n_traj, 1), success=100.0 * won_sum / max(n_traj, 1),
-                       turns=len_sum / max(n_traj, 1), valid_actions=valid_sum / max(n_rows, 1),
-                       rollout_seconds=rb.timings.total, outside_model_share=rb.timings.outside_model_share(),
-                       step_seconds=time.time() - t0, **st)
-            history.append(rec)
-            mf.write(json.dumps(rec) + "\n")
-            mf.flush()
+            rec = step_record(step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0)
+            if ctx.distributed:  # the batch's totals over every rank (per-category success: this rank's)
+                n_traj, r_sum, won_sum, len_sum, n_rows, valid_sum = dist_utils.global_sum(
+                    [rb.num_trajectories, float(rb.reward.sum()), float(rb.won.float().sum()),
+                     float(rb.length.float().sum()), rb.num_rows, float(rb.action_valid.float().sum())], ctx)
+                rec.update(reward=r_sum / max(n_traj, 1), success=100.0 * won_sum / max(n_traj, 1),
+                           turns=len_sum / max(n_traj, 1), valid_actions=valid_sum / max(n_rows, 1))
+            if metrics is not None:
+                metrics.log(rec)
             console.print(f"[pcsd] step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% "
                           f"reward {rec['reward']:.2f} gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} "
-                          f"kl {rec['kl']:.4f} {rec['step_seconds']:.1f}s")
+                          f"kl {rec['kl']:.4f} {rec['tokens_per_s']:.0f} tok/s {rec['step_seconds']:.1f}s")
             done = step + 1
             stop = bool(cfg.run.stop_after) and done >= cfg.run.stop_after and done < cfg.optim.steps
             if (cfg.run.save_every and done % cfg.run.save_every == 0) or done == cfg.optim.steps or stop:
@@ -535,6 +543,21 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
             if stop:
                 stopped_at = done
                 break
+        if stopped_at is None and ctx.is_main:
+            after = evaluate(backend, builder, eval_games, cfg, seed=12345, label="after RL", split=eval_split,
+                             progress=progress.rollout("eval after"))
+            metrics.log_eval("after", after, step=cfg.optim.steps)
+            console.print(f"[pcsd] success after RL: {after['overall']:.1f}% {after['per_category']}")
+            summary.update(success_after=after["overall"], success_after_per_task=after["per_task"])
+            evals = [e for e in (before, after) if e is not None]
+            table = render_table(evals)
+            (run_dir / "eval.md").write_text(table)
+            (run_dir / "eval.json").write_text(json.dumps(dict(before=before, after=after), indent=2))
+            console.print(table, soft_wrap=True)
+            plots = metrics.plot()
+            console.print(f"[pcsd] plots: {', '.join(str(p) for p in plots)}; "
+                          f"TensorBoard: {run_dir / 'tensorboard'}")
+        progress.stop()
 
     if stopped_at is not None:
         backend.close()
@@ -543,10 +566,6 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
         summary.update(steps=stopped_at, stopped_after=stopped_at, success_after=None,
                        wall_seconds=time.time() - t_start)
         return summary
-    if ctx.is_main:
-        after = evaluate(backend, builder, eval_games, cfg, seed=12345)
-        console.print(f"[pcsd] success after RL: {after['overall']:.1f}% {after['per_task']}")
-        summary.update(success_after=after["overall"], success_after_per_task=after["per_task"])
     backend.close()
     final_state = dist_utils.full_model_state(student, ctx)
     if ctx.is_main:

@@ -202,6 +202,10 @@ class VLLMBackend(GenerationBackend):
             kwargs["enable_sleep_mode"] = self.sleep_enabled
         else:
             kwargs["kv_cache_memory_bytes"] = kv_cache_bytes or (256 << 20)
+            # whole prefills only: a chunked (partial) prefill of a seeded request makes vLLM rewind its
+            # generator's offset, which CPU generators lack ("CPU Generator does not use offset")
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(max_model_len, 8192)
             self.sleep_enabled = False
         try:
             self.llm = LLM(**kwargs)

@@ -1,0 +1,592 @@
+"""``python -m pcsd.eval``: ALFWorld success per category and Overall, in the layout of the paper's Table 1.
+
+    python -m pcsd.eval --model runs/tiny-cpu-pcsd-20261123 --split procedural --count 48
+    python -m pcsd.eval --model /ckpt/pcsd-final --label PCSD --model /ckpt/grpo --label GRPO \\
+        --split valid_seen,valid_unseen --backend vllm
+    python -m pcsd.eval --model runs/x --split valid_seen --task-types Heat,Cool --count 10
+    python -m pcsd.eval --model runs/x --games-file my_games.txt --greedy
+
+Fixed task lists: every game of the split (``valid_seen``: 140, ``valid_unseen``: 134, from
+``$ALFWORLD_DATA/json_2.1.1``) or of a named subset (``--count``, ``--task-types``,
+``--games-file``) is played exactly once, in sorted order, with fixed seeds, so two runs give
+the same table. (The public verl-agent code draws 128 episodes with replacement; its numbers move
+between runs.) ``procedural`` is a fixed list of generated games (pcsd's embedded default).
+
+Seeds: the games are played in batches of ``--batch-size`` (0 = all at once); a batch's sampling
+seed is ``seed + crc32(name of its first game)``, so with ``--batch-size 1`` every game has its
+own seed and its result does not depend on which other games are evaluated with it. A game's
+name is its path below the split folder (real games) or its file name (procedural games).
+
+Output: the markdown table on stdout and in ``<out>/table.md``, and ``<out>/results.json`` with
+every game's result (game, task type, category, won, steps, seed). The trainer's evaluation
+before and after RL calls :func:`evaluate`, the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+__all__ = [
+    "CATEGORIES",
+    "CATEGORY_ORDER",
+    "EvalError",
+    "EvalResult",
+    "GameResult",
+    "SPLITS",
+    "evaluate",
+    "game_task_type",
+    "main",
+    "play_games",
+    "procedural_eval_games",
+    "read_games_file",
+    "render_table",
+    "resolve_model",
+    "select_games",
+    "split_games",
+]
+
+#: ALFWorld task type -> the paper's column name (Table 1), in the paper's column order.
+CATEGORIES: dict[str, str] = {
+    "pick_and_place_simple": "Pick",
+    "look_at_obj_in_light": "Look",
+    "pick_clean_then_place_in_recep": "Clean",
+    "pick_heat_then_place_in_recep": "Heat",
+    "pick_cool_then_place_in_recep": "Cool",
+    "pick_two_obj_and_place": "Pick2",
+}
+CATEGORY_ORDER: tuple[str, ...] = tuple(CATEGORIES.values())
+SPLITS: tuple[str, ...] = ("valid_seen", "valid_unseen", "train", "procedural")
+#: seed of the first procedural evaluation game (the trainer's fixed evaluation set uses it too)
+PROCEDURAL_EVAL_SEED = 900_000
+DEFAULT_SEED = 12345
+
+#: method labels of the paper's rows, by weighting rule (GRPO + distillation presets)
+RULE_LABELS = {"pcsd": "PCSD", "uniform": "GRPO+OPSD", "sdar": "SDAR", "rlsd": "RLSD"}
+
+
+class EvalError(ValueError):
+    """A bad evaluation argument; the message names it and says what was expected."""
+
+
+# ----------------------------------------------------------------------------- results
+@dataclass
+class GameResult:
+    game: str  # path of the game file
+    task_type: str  # ALFWorld task type
+    category: str  # the paper's column name
+    won: bool
+    steps: int  # environment actions taken
+    seed: int  # sampling seed of the batch the game was played in
+    actions: list[str] = field(default_factory=list)  # the actions sent to the game, in order
+
+
+@dataclass
+class EvalResult:
+    """One row of the table: a model evaluated on one fixed list of games."""
+
+    label: str
+    split: str
+    games: list[GameResult]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def counts(self) -> dict[str, int]:
+        out = {c: 0 for c in CATEGORY_ORDER}
+        for g in self.games:
+            out[g.category] += 1
+        return out
+
+    def per_category(self) -> dict[str, Optional[float]]:
+        """Success rate (%) per paper category; None for a category with no games."""
+        won = {c: 0 for c in CATEGORY_ORDER}
+        for g in self.games:
+            won[g.category] += int(g.won)
+        n = self.counts()
+        return {c: (100.0 * won[c] / n[c] if n[c] else None) for c in CATEGORY_ORDER}
+
+    @property
+    def overall(self) -> float:
+        """Instance-level success rate (%) over all games (the paper's Overall)."""
+        if not self.games:
+            return 0.0
+        return 100.0 * sum(g.won for g in self.games) / len(self.games)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(label=self.label, split=self.split, overall=self.overall, per_category=self.per_category(),
+                    counts=self.counts(), episodes=len(self.games), settings=self.settings,
+                    games=[asdict(g) for g in self.games])
+
+
+# ----------------------------------------------------------------------------- game lists
+def _data_root(data_root: Optional[str | os.PathLike[str]] = None) -> Path:
+    root = data_root or os.environ.get("ALFWORLD_DATA")
+    if not root:
+        raise EvalError("ALFWorld splits need ALFWORLD_DATA (the folder holding json_2.1.1/); "
+                        "set it, or use split=procedural")
+    return Path(root)
+
+
+def split_games(split: str, data_root: Optional[str | os.PathLike[str]] = None) -> list[str]:
+    """Every ``game.tw-pddl`` of an ALFWorld split, sorted (the fixed order)."""
+    if split not in SPLITS or split == "procedural":
+        raise EvalError(f"split={split!r} is unknown: expected one of {', '.join(SPLITS)}")
+    base = _data_root(data_root) / "json_2.1.1" / split
+    games = sorted(str(p) for p in base.glob("*/*/game.tw-pddl"))
+    if not games:
+        raise EvalError(f"split={split!r}: no game.tw-pddl files under {base}")
+    return games
+
+
+def procedural_eval_games(out_dir: str | os.PathLike[str], count: int, seed: int = PROCEDURAL_EVAL_SEED,
+                          **knobs: Any) -> list[str]:
+    """``count`` generated games in a fixed list (task types in the paper's column order, in rotation;
+    game ``i`` has seed ``seed + i``), written to ``out_dir`` once and reused."""
+    from pcsd.envs.procedural import write_game
+
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise EvalError(f"count={count!r}: expected a positive int for split=procedural")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    types = list(CATEGORIES)
+    paths = []
+    for i in range(count):
+        tt = types[i % len(types)]
+        p = out / f"{i:05d}-{tt}.tw-pddl"
+        if not p.exists():
+            write_game(p, tt, seed + i, **knobs)
+        paths.append(str(p))
+    return paths
+
+
+def game_task_type(path: str | os.PathLike[str]) -> str:
+    """The task type of a game file: from the ALFWorld folder name (``<task_type>-...``) or the
+    procedural file name (``NNNNN-<task_type>.tw-pddl``); otherwise read from the game."""
+    p = Path(path)
+    for name in (p.parent.parent.name, p.stem.split("-", 1)[-1]):
+        tt = name.split("-", 1)[0] if name not in CATEGORIES else name
+        if tt in CATEGORIES:
+            return tt
+    from pcsd.envs.alfworld import AlfworldGame
+
+    return AlfworldGame.from_file(p).task_type
+
+
+def _category_filter(task_types: Optional[Sequence[str]]) -> Optional[set[str]]:
+    if task_types is None:
+        return None
+    by_name = {c.lower(): tt for tt, c in CATEGORIES.items()}
+    want = set()
+    for t in task_types:
+        t = t.strip()
+        if t in CATEGORIES:
+            want.add(t)
+        elif t.lower() in by_name:
+            want.add(by_name[t.lower()])
+        else:
+            raise EvalError(f"task type {t!r} is unknown: expected one of {', '.join(CATEGORY_ORDER)} "
+                            f"or {', '.join(CATEGORIES)}")
+    if not want:
+        raise EvalError("task_types is empty: name at least one task type")
+    return want
+
+
+def select_games(games: Sequence[str], *, count: int = 0, task_types: Optional[Sequence[str]] = None) -> list[str]:
+    """A named subset of a fixed list: the games of ``task_types`` (paper or ALFWorld names), then
+    the first ``count`` of them (0 = all). Order is kept."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise EvalError(f"count={count!r}: expected a non-negative int (0 = every game)")
+    want = _category_filter(task_types)
+    out = [g for g in games if want is None or game_task_type(g) in want]
+    if count:
+        out = out[:count]
+    if not out:
+        raise EvalError(f"no games left after the filter (task_types={task_types}, count={count})")
+    return out
+
+
+def read_games_file(path: str | os.PathLike[str], data_root: Optional[str | os.PathLike[str]] = None) -> list[str]:
+    """Game paths, one a line (``#`` comments, blank lines skipped); a relative path is looked up
+    beside the file, then under ``$ALFWORLD_DATA/json_2.1.1``."""
+    p = Path(path)
+    if not p.is_file():
+        raise EvalError(f"games_file={str(p)!r}: no such file")
+    roots = [p.parent]
+    root = data_root or os.environ.get("ALFWORLD_DATA")
+    if root:
+        roots.append(Path(root) / "json_2.1.1")
+    out = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        g = Path(line)
+        cands = [g] if g.is_absolute() else [r / g for r in roots]
+        hit = next((c for c in cands if c.is_file()), None)
+        if hit is None:
+            raise EvalError(f"games_file={str(p)!r} line {n}: no such game file {line!r}")
+        out.append(str(hit))
+    if not out:
+        raise EvalError(f"games_file={str(p)!r} lists no games")
+    return out
+
+
+def game_name(path: str) -> str:
+    """A game's stable name: its path below the split folder (``<task folder>/<trial>``) for
+    ALFWorld layouts, else its file name."""
+    p = Path(path)
+    if p.name == "game.tw-pddl":
+        return f"{p.parent.parent.name}/{p.parent.name}"
+    return p.name
+
+
+def game_seed(path: str, seed: int) -> int:
+    return seed + zlib.crc32(game_name(path).encode())
+
+
+# ----------------------------------------------------------------------------- playing
+def play_games(backend, builder, games: Sequence[str], *, max_steps: int = 50, max_response_tokens: int = 512,
+               temperature: float = 0.4, seed: int = DEFAULT_SEED, skills: bool = False, batch_size: int = 0,
+               num_threads: int = 0, stop_token_ids: Sequence[int] = (),
+               progress: Optional[Callable[[int, int], Any]] = None) -> list[GameResult]:
+    """Plays every game once (one episode each) and returns the results in the order of ``games``.
+
+    Args:
+        temperature: sampling temperature; 0 = greedy.
+        skills: the student sees the skills (the starred variants of Table 1).
+        batch_size: games played together (0 = all); see the module notes on seeds.
+        progress: ``progress(done_games, total_games)`` after every turn.
+    """
+    from pcsd.rollout.loop import collect_rollouts
+
+    if not games:
+        raise EvalError("games is empty: nothing to evaluate")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+        raise EvalError(f"batch_size={batch_size!r}: expected a non-negative int (0 = all games at once)")
+    if temperature < 0:
+        raise EvalError(f"temperature={temperature}: expected >= 0 (0 = greedy)")
+    size = batch_size or len(games)
+    results: list[GameResult] = []
+    total = len(games)
+    for b0 in range(0, total, size):
+        chunk = list(games[b0:b0 + size])
+        s = game_seed(chunk[0], seed)
+        cb = None if progress is None else (lambda d, n, b0=b0: progress(b0 + d, total))
+        rb = collect_rollouts(backend, builder, chunk, 1, max_steps=max_steps,
+                              max_response_tokens=max_response_tokens, temperature=temperature, seed=s,
+                              stop_token_ids=stop_token_ids, student_skills=skills, teacher_prompts=False,
+                              num_threads=num_threads, progress=cb)
+        acts: list[list[str]] = [[] for _ in chunk]
+        for e, a in zip(rb.traj_id.tolist(), rb.actions):  # rows are in turn order
+            acts[e].append(a)
+        for i, g in enumerate(chunk):
+            tt = rb.task_type[i]
+            results.append(GameResult(game=g, task_type=tt, category=CATEGORIES.get(tt, tt),
+                                      won=bool(rb.won[i]), steps=int(rb.length[i]), seed=s, actions=acts[i]))
+    return results
+
+
+def evaluate(backend, builder, games: Sequence[str], cfg, seed: int = DEFAULT_SEED, *, label: str = "",
+             split: str = "", progress=None) -> dict[str, Any]:
+    """The trainer's evaluation (before and after RL): every game once, fixed order and seed, with
+    ``cfg.eval`` settings. Returns the :class:`EvalResult` as a dict (``overall``, ``per_category``,
+    per-game ``games``) plus ``per_task`` (success by ALFWorld task type)."""
+    from pcsd.trainer import eos_id
+
+    temp = 0.0 if cfg.eval.greedy else float(cfg.eval.temperature)
+    res = play_games(backend, builder, games, max_steps=cfg.env.max_steps,
+                     max_response_tokens=cfg.rollout.max_response_tokens, temperature=temp, seed=seed,
+                     skills=bool(cfg.eval.skills), batch_size=int(cfg.eval.get("batch_size", 0)),
+                     num_threads=cfg.env.num_threads, stop_token_ids=[eos_id(builder)], progress=progress)
+    er = EvalResult(label=label, split=split, games=res,
+                    settings=dict(temperature=temp, seed=seed, skills=bool(cfg.eval.skills)))
+    out = er.to_dict()
+    per: dict[str, list[bool]] = {}
+    for g in res:
+        per.setdefault(g.task_type, []).append(g.won)
+    out["per_task"] = {k: 100.0 * sum(v) / len(v) for k, v in sorted(per.items())}
+    return out
+
+
+# ----------------------------------------------------------------------------- the table
+def _fmt(v: Optional[float]) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def render_table(results: Sequence[EvalResult | dict]) -> str:
+    """Markdown in the layout of the paper's Table 1 (ALFWorld part): one row per method, the six
+    category columns and Overall (success %, one decimal); a section row per split, like the
+    paper's per-backbone rows. ``–``: no game of that category was evaluated."""
+    rows = [r.to_dict() if isinstance(r, EvalResult) else r for r in results]
+    head = ["Method", *CATEGORY_ORDER, "Overall"]
+    lines = ["| " + " | ".join(f"**{h}**" for h in head) + " |",
+             "|" + "|".join([":---"] + ["---:"] * (len(head) - 1)) + "|"]
+    splits: list[str] = []
+    for r in rows:
+        if r["split"] not in splits:
+            splits.append(r["split"])
+    for sp in splits:
+        if sp:
+            lines.append("| " + " | ".join([f"*{sp}*"] + [""] * (len(head) - 1)) + " |")
+        for r in rows:
+            if r["split"] != sp:
+                continue
+            cells = [r["label"] or "model"] + [_fmt(r["per_category"][c]) for c in CATEGORY_ORDER]
+            cells.append(_fmt(r["overall"]))
+            lines.append("| " + " | ".join(cells) + " |")
+    notes = []
+    for sp in splits:
+        r = next(r for r in rows if r["split"] == sp)
+        n = ", ".join(f"{c} {r['counts'][c]}" for c in CATEGORY_ORDER)
+        s = r.get("settings", {})
+        temp = s.get("temperature")
+        how = "greedy" if temp == 0 else f"temperature {temp}"
+        notes.append(f"{sp or 'games'}: {r['episodes']} games ({n}); each once, {how}, seed {s.get('seed')}")
+    return "\n".join(lines) + "\n\nSuccess rate (%). " + "; ".join(notes) + ". * = skills at evaluation.\n"
+
+
+# ----------------------------------------------------------------------------- models
+def _has_tokenizer(d: Path) -> bool:
+    return (d / "tokenizer.json").is_file()
+
+
+def _checkpoint_step(d: Path, run_dir: Path) -> int:
+    """The step of a checkpoint folder: the last number in its path below the run dir
+    (``checkpoints/step-000010``, ``ckpt_10/model`` -> 10); -1 if none."""
+    rel = str(d.relative_to(run_dir))
+    digits = "".join(ch if ch.isdigit() else " " for ch in rel).split()
+    return int(digits[-1]) if digits else -1
+
+
+def resolve_model(path: str | os.PathLike[str]) -> tuple[Path, Path, Optional[Path]]:
+    """(model dir, tokenizer dir, run dir or None) for a HF checkpoint or a training run directory.
+
+    A run directory (one holding ``config.yaml`` from ``python -m pcsd.train``) gives its
+    ``final-model``, or else its newest checkpoint (a folder below it with ``config.json`` and the
+    highest step number in its name). The tokenizer comes from the model folder when it has one,
+    else from the run's ``sft-model``, ``base-model`` or configured ``model.path``.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise EvalError(f"model={str(p)!r}: no such file or directory (expected a HF checkpoint or a run dir)")
+    run_dir: Optional[Path] = None
+    if (p / "config.json").is_file():
+        model_dir = p
+        for up in (p.parent, p.parent.parent, p.parent.parent.parent):
+            if (up / "config.yaml").is_file():
+                run_dir = up
+                break
+    elif (p / "config.yaml").is_file():
+        run_dir = p
+        if (p / "final-model" / "config.json").is_file():
+            model_dir = p / "final-model"
+        else:
+            skip = {"base-model", "sft-model"}
+            cands = [c.parent for c in p.rglob("config.json") if c.parent.name not in skip]
+            if not cands:
+                raise EvalError(f"model={str(p)!r}: a run directory without final-model/ or any checkpoint")
+            model_dir = max(cands, key=lambda d: (_checkpoint_step(d, p), d.stat().st_mtime))
+    else:
+        raise EvalError(f"model={str(p)!r}: neither a HF checkpoint (config.json) nor a run directory (config.yaml)")
+    tok_cands = [model_dir]
+    if run_dir is not None:
+        tok_cands += [run_dir / "sft-model", run_dir / "base-model"]
+        from omegaconf import OmegaConf
+
+        mp = OmegaConf.load(run_dir / "config.yaml").get("model", {}).get("path")
+        if mp:
+            tok_cands.append(Path(mp))
+    tok = next((d for d in tok_cands if _has_tokenizer(d)), None)
+    if tok is None:
+        raise EvalError(f"model={str(p)!r}: no tokenizer.json in {', '.join(str(d) for d in tok_cands)}")
+    return model_dir, tok, run_dir
+
+
+def _run_label(run_dir: Optional[Path], model_dir: Path, skills: bool) -> str:
+    label = model_dir.name
+    if run_dir is not None:
+        from omegaconf import OmegaConf
+
+        c = OmegaConf.load(run_dir / "config.yaml")
+        algo, optim = c.get("algo", {}), c.get("optim", {})
+        if optim.get("steps", 1) == 0:
+            label = "Vanilla"
+        elif algo.get("student_skills"):
+            label = "Skill-GRPO"
+        elif not algo.get("grpo", True):
+            label = "OPSD"
+        elif not algo.get("distill", True):
+            label = "GRPO"
+        else:
+            label = RULE_LABELS.get(c.get("rule", ""), str(c.get("rule", label)))
+    return label + ("*" if skills else "")
+
+
+# ----------------------------------------------------------------------------- CLI
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m pcsd.eval", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", action="append", required=True,
+                    help="HF checkpoint folder or training run dir (repeat for more rows)")
+    ap.add_argument("--label", action="append", default=None,
+                    help="row label per --model (default: the run's method, e.g. PCSD, GRPO)")
+    ap.add_argument("--split", default="valid_seen",
+                    help=f"comma-separated, of {', '.join(SPLITS)} (default valid_seen)")
+    ap.add_argument("--count", type=int, default=0, help="only the first N games (after --task-types)")
+    ap.add_argument("--task-types", default=None, help="comma-separated categories, e.g. Pick,Heat")
+    ap.add_argument("--games-file", default=None, help="a file listing game paths, one a line")
+    ap.add_argument("--procedural-games", type=int, default=0,
+                    help="split=procedural: size of the fixed generated list (default: the run's "
+                         "eval.episodes, else 48); with a tiny-preset run the list is the trainer's own")
+    ap.add_argument("--games-dir", default=None, help="where split=procedural writes its games")
+    ap.add_argument("--distractors", type=int, default=None,
+                    help="split=procedural: distractor objects (default: 0 for tiny-preset runs, else drawn)")
+    ap.add_argument("--temperature", type=float, default=0.4)
+    ap.add_argument("--greedy", action="store_true", help="temperature 0")
+    ap.add_argument("--skills", action="store_true", help="skills in the student prompt (starred rows)")
+    ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    ap.add_argument("--batch-size", type=int, default=0, help="games played together (0 = all)")
+    ap.add_argument("--backend", default="vllm", choices=["vllm", "hf"])
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--max-steps", type=int, default=None, help="default: the run's env.max_steps, else 50")
+    ap.add_argument("--max-response-tokens", type=int, default=None, help="default: the run's, else 512")
+    ap.add_argument("--max-prompt-tokens", type=int, default=None, help="default: the run's, else 2048")
+    ap.add_argument("--history-length", type=int, default=None, help="default: the run's, else 2")
+    ap.add_argument("--out", default=None, help="output folder (default <run>/eval or eval-<time>)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    return ap
+
+
+def _resolve_games(split: str, args: argparse.Namespace, out_dir: Path, run_cfg: dict) -> list[str]:
+    if args.games_file:
+        games = read_games_file(args.games_file)
+    elif split == "procedural":
+        # defaults from the run: the trainer's own evaluation list (tiny presets: no distractors)
+        distractors = args.distractors
+        if distractors is None and str(run_cfg.get("preset", "")).startswith("tiny"):
+            distractors = 0
+        n = args.procedural_games or run_cfg.get("eval", {}).get("episodes") or 48
+        knobs = {} if distractors is None else dict(distractors=distractors)
+        games = procedural_eval_games(Path(args.games_dir) if args.games_dir else out_dir / "games", n, **knobs)
+    else:
+        games = split_games(split)
+    tts = args.task_types.split(",") if args.task_types else None
+    return select_games(games, count=args.count, task_types=tts)
+
+
+def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
+    """Evaluates every ``--model`` on every split; returns (markdown, JSON document)."""
+    import torch
+
+    from pcsd.progress import ProgressReporter
+    from pcsd.prompts import PromptBuilder
+    from pcsd.rollout.backends import make_backend
+    from pcsd.trainer import eos_id, load_model, resolve_device
+
+    splits = [s.strip() for s in args.split.split(",") if s.strip()]
+    for s in splits:
+        if s not in SPLITS:
+            raise EvalError(f"split={s!r} is unknown: expected one of {', '.join(SPLITS)}")
+    if args.games_file and len(splits) > 1:
+        raise EvalError("games_file names one list of games: give a single --split (its row label)")
+    if args.label is not None and len(args.label) != len(args.model):
+        raise EvalError(f"label: give one --label per --model ({len(args.model)}), got {len(args.label)}")
+    for name in ("count", "batch_size", "procedural_games"):
+        if getattr(args, name) < 0:
+            raise EvalError(f"{name}={getattr(args, name)}: expected >= 0")
+    for name in ("max_steps", "max_response_tokens", "max_prompt_tokens"):
+        v = getattr(args, name)
+        if v is not None and v <= 0:
+            raise EvalError(f"{name}={v}: expected > 0")
+    if args.temperature < 0:
+        raise EvalError(f"temperature={args.temperature}: expected >= 0")
+    models = [resolve_model(m) for m in args.model]
+    out_dir = Path(args.out) if args.out else (
+        models[0][2] / "eval" if len(models) == 1 and models[0][2] is not None
+        else Path("eval-results") / time.strftime("%Y%m%d-%H%M%S"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    first_run = {}
+    if models[0][2] is not None:
+        from omegaconf import OmegaConf
+
+        first_run = OmegaConf.to_container(OmegaConf.load(models[0][2] / "config.yaml"))
+    game_lists = {s: _resolve_games(s, args, out_dir, first_run) for s in splits}
+    temp = 0.0 if args.greedy else args.temperature
+    device = resolve_device(args.device)
+    results: list[EvalResult] = []
+    reporter = ProgressReporter(enabled=False if args.quiet else None)
+    with reporter:
+        for k, (model_dir, tok_dir, run_dir) in enumerate(models):
+            rc = {}
+            if run_dir is not None:
+                from omegaconf import OmegaConf
+
+                rc = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
+            env_c, roll_c = rc.get("env", {}), rc.get("rollout", {})
+            max_steps = args.max_steps or env_c.get("max_steps", 50)
+            max_resp = args.max_response_tokens or roll_c.get("max_response_tokens", 512)
+            max_prompt = args.max_prompt_tokens or roll_c.get("max_prompt_tokens", 2048)
+            hist = env_c.get("history_length", 2) if args.history_length is None else args.history_length
+            builder = PromptBuilder("alfworld", history_length=hist, max_prompt_tokens=max_prompt,
+                                    tokenizer_dir=tok_dir)
+            backend_name = args.backend
+            if backend_name == "vllm":
+                try:
+                    import vllm  # noqa: F401
+                except ImportError:
+                    reporter.print("[pcsd] vLLM is not installed: using the hf backend")
+                    backend_name = "hf"
+            if backend_name == "vllm":
+                backend = make_backend("vllm", model_path=model_dir, seed=args.seed,
+                                       dtype="float32" if device.type == "cpu" else "bfloat16",
+                                       max_model_len=max_prompt + max_resp)
+            else:
+                model = load_model(model_dir, device).eval()
+                backend = make_backend("hf", model=model, pad_token_id=eos_id(builder))
+            label = args.label[k] if args.label else _run_label(run_dir, model_dir, args.skills)
+            try:
+                for s in splits:
+                    games = game_lists[s]
+                    t0 = time.perf_counter()
+                    res = play_games(backend, builder, games, max_steps=max_steps, max_response_tokens=max_resp,
+                                     temperature=temp, seed=args.seed, skills=args.skills,
+                                     batch_size=args.batch_size, stop_token_ids=[eos_id(builder)],
+                                     progress=reporter.rollout(f"eval {label} {s}"))
+                    settings = dict(model=str(model_dir), backend=backend_name, temperature=temp, seed=args.seed,
+                                    skills=args.skills, batch_size=args.batch_size, max_steps=max_steps,
+                                    max_response_tokens=max_resp, max_prompt_tokens=max_prompt,
+                                    history_length=hist, seconds=time.perf_counter() - t0)
+                    results.append(EvalResult(label=label, split=s, games=res, settings=settings))
+            finally:
+                backend.close()
+                del backend
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    table = render_table(results)
+    doc = dict(table=table, results=[r.to_dict() for r in results])
+    (out_dir / "table.md").write_text(table)
+    (out_dir / "results.json").write_text(json.dumps(doc, indent=2))
+    doc["out_dir"] = str(out_dir)
+    return table, doc
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        table, doc = run_cli(args)
+    except (EvalError, FileNotFoundError) as exc:
+        print(f"pcsd.eval: error: {exc}", file=sys.stderr)
+        return 2
+    print(table, end="")
+    print(f"[pcsd] wrote {doc['out_dir']}/table.md and results.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,229 @@
+"""Per-step training metrics: one JSON line per step (``metrics.jsonl``), TensorBoard scalars, and
+PNG plots at the end.
+
+The loop builds a flat record per step with :func:`step_record` (from the rollout batch, the update
+statistics and the phase timings) and hands it to :meth:`MetricsLogger.log`. Keys map to
+TensorBoard tags by :func:`tag_for` (``reward`` -> ``train/reward``, ``gap_mean`` ->
+``pcsd/gap_mean``, ``kl`` -> ``loss/kl``, ``rollout_seconds`` -> ``time/rollout``, ``success/Pick`` as
+is, ...). Evaluations (before/after RL) go to ``eval/<category>`` and ``eval/overall`` and into
+``evals.jsonl``. :meth:`MetricsLogger.plot` draws
+
+- ``training_dynamics.png``: mean teacher-student gap and gate-activation ratio (share of valid
+  tokens with w > 0.5) against the step, the two curves of the paper's training-dynamics figure;
+- ``success.png``: training success per step with the evaluation points (before/after RL).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+__all__ = ["MetricsLogger", "category_success", "plot_history", "read_jsonl", "step_record", "tag_for"]
+
+#: record key -> TensorBoard tag (keys not listed go to ``train/<key>``; keys with a ``/`` are kept)
+TAGS: dict[str, str] = {
+    "reward": "train/reward",
+    "success": "train/success",
+    "turns": "train/turns",
+    "valid_actions": "train/valid_actions",
+    "gap_mean": "pcsd/gap_mean",
+    "gate_activation": "pcsd/gate_activation",
+    "weight_mean": "pcsd/weight_mean",
+    "loss": "loss/total",
+    "pg": "loss/pg",
+    "kl": "loss/kl",
+    "pcsd": "loss/pcsd",
+    "clip_frac": "loss/clip_frac",
+    "grad_norm": "optim/grad_norm",
+    "entropy": "entropy",
+    "tokens": "perf/response_tokens",
+    "tokens_per_s": "perf/tokens_per_s",
+    "gen_tokens_per_s": "perf/gen_tokens_per_s",
+    "outside_model_share": "perf/rollout_outside_model_share",
+    "rollout_seconds": "time/rollout",
+    "score_seconds": "time/scoring",
+    "update_seconds": "time/update",
+    "sync_seconds": "time/weight_sync",
+    "step_seconds": "time/step",
+}
+
+
+def tag_for(key: str) -> str:
+    """The TensorBoard tag of a record key."""
+    if key in TAGS:
+        return TAGS[key]
+    return key if "/" in key else f"train/{key}"
+
+
+def category_success(task_types: Sequence[str], won: Sequence[bool]) -> dict[str, float]:
+    """``{"success/<category>": %}`` for the categories present (paper names: Pick, Look, ...)."""
+    from pcsd.eval import CATEGORIES, CATEGORY_ORDER
+
+    if len(task_types) != len(won):
+        raise ValueError(f"task_types and won differ in length ({len(task_types)} vs {len(won)})")
+    per: dict[str, list[bool]] = {}
+    for tt, w in zip(task_types, won):
+        per.setdefault(CATEGORIES.get(tt, tt), []).append(bool(w))
+    order = [c for c in CATEGORY_ORDER if c in per] + sorted(c for c in per if c not in CATEGORY_ORDER)
+    return {f"success/{c}": 100.0 * sum(per[c]) / len(per[c]) for c in order}
+
+
+def step_record(step: int, rb, stats: Mapping[str, Any], *, step_seconds: float,
+                sync_seconds: float = 0.0) -> dict[str, Any]:
+    """The flat per-step record: rollout results (reward, success overall and per category, turns,
+    valid actions), the update statistics, tokens/s and the time per phase."""
+    won = rb.won.tolist()
+    tokens = rb.num_tokens()
+    rec: dict[str, Any] = dict(
+        step=step, reward=float(rb.reward.mean()), success=100.0 * float(rb.won.float().mean()),
+        **category_success(rb.task_type, won),
+        turns=float(rb.length.float().mean()), valid_actions=float(rb.action_valid.float().mean()),
+        rollout_seconds=rb.timings.total, outside_model_share=rb.timings.outside_model_share(),
+        gen_tokens_per_s=tokens / max(rb.timings.generation, 1e-9),
+        tokens_per_s=tokens / max(step_seconds, 1e-9),
+        sync_seconds=sync_seconds, step_seconds=step_seconds,
+    )
+    for k, v in stats.items():
+        rec["entropy" if k == "entropy_proxy" else k] = v
+    return rec
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def _scalar(v: Any) -> Optional[float]:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+class MetricsLogger:
+    """Writes each step's record to ``<run_dir>/metrics.jsonl`` and to TensorBoard event files in
+    ``<run_dir>/tensorboard`` (``tensorboard=False``: JSONL only).
+
+    Args:
+        run_dir: the run directory.
+        tensorboard: also write TensorBoard scalars.
+        append: append to an existing ``metrics.jsonl`` (a resumed run) instead of starting anew.
+    """
+
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, append: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl_path = self.run_dir / "metrics.jsonl"
+        self.evals_path = self.run_dir / "evals.jsonl"
+        self._jsonl = self.jsonl_path.open("a" if append else "w")
+        self.history: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        """One step: a JSON line (all keys) and a scalar per numeric key at ``record["step"]``."""
+        if "step" not in record:
+            raise ValueError("record needs a 'step' key")
+        rec = dict(record)
+        self.history.append(rec)
+        self._jsonl.write(json.dumps(rec) + "\n")
+        self._jsonl.flush()
+        if self._tb is not None:
+            step = int(rec["step"])
+            for k, v in rec.items():
+                x = _scalar(v)
+                if k != "step" and x is not None:
+                    self._tb.add_scalar(tag_for(k), x, step)
+
+    def log_eval(self, name: str, result: Mapping[str, Any], step: int) -> None:
+        """An evaluation (``name`` e.g. ``"before"``/``"after"``) with ``overall`` and
+        ``per_category`` (the dict of :func:`pcsd.eval.evaluate`)."""
+        rec = dict(name=name, step=int(step), overall=float(result["overall"]),
+                   per_category=dict(result.get("per_category", {})))
+        self.evals.append(rec)
+        with self.evals_path.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if self._tb is not None:
+            self._tb.add_scalar("eval/overall", rec["overall"], rec["step"])
+            for c, v in rec["per_category"].items():
+                if v is not None:
+                    self._tb.add_scalar(f"eval/{c}", float(v), rec["step"])
+
+    def plot(self, out_dir: Optional[str | Path] = None) -> list[Path]:
+        """The PNG plots of this run (see the module docs); returns their paths."""
+        return plot_history(self.history, self.evals, out_dir or self.run_dir / "plots")
+
+    def close(self) -> None:
+        self._jsonl.close()
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def plot_history(history: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[str, Any]],
+                 out_dir: str | Path) -> list[Path]:
+    """``training_dynamics.png`` (gap and gate-activation vs step) and ``success.png`` (train
+    success per step, evaluation before/after) in ``out_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = [int(h["step"]) for h in history]
+    paths = []
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, key, title in ((axes[0], "gap_mean", "mean teacher−student gap"),
+                           (axes[1], "gate_activation", "gate activation ratio (w > 0.5)")):
+        ys = [h.get(key) for h in history]
+        pts = [(s, y) for s, y in zip(steps, ys) if _scalar(y) is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, color="tab:blue")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    fig.suptitle("PCSD training dynamics")
+    fig.tight_layout()
+    p = out / "training_dynamics.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    if history:
+        ax.plot(steps, [h.get("success", float("nan")) for h in history], marker="o", markersize=3,
+                label="train (rollouts)", color="tab:blue")
+    for e, color in zip(evals, ("tab:red", "tab:green", "tab:purple", "tab:orange")):
+        ax.scatter([e["step"]], [e["overall"]], s=60, color=color, zorder=3, label=f"eval {e['name']}")
+        ax.annotate(f"{e['overall']:.1f}%", (e["step"], e["overall"]), textcoords="offset points",
+                    xytext=(5, 5))
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("success (%)")
+    ax.set_ylim(-2, 102)
+    ax.set_title("success")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    p = out / "success.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+    return paths
