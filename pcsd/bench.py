@@ -938,7 +938,7 @@ def cmd_rollout(args) -> dict:
                     gen.append(backend.generate(first, n=1, max_tokens=args.max_tokens, seed=len(gen)))
 
                 mg = measure(gen_once, args.repeats, sync=sync)
-                ntok = statistics.median(sum(len(s[0].token_ids) for s in out) for out in gen[1:])
+                ntok = round(statistics.median(sum(len(s[0].token_ids) for s in out) for out in gen[1:]))
                 rows.append(dict(backend=name, phase="generate only", episodes=len(first), gen_tokens=ntok,
                                  seconds=mg["median_s"], spread_rel=_rel_spread(mg),
                                  gen_tokens_per_s=ntok / mg["median_s"]))
