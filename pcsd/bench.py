@@ -596,8 +596,9 @@ def cmd_env(args) -> dict:
     def plot(ax, rows):
         for n in sorted({r["envs"] for r in rows if r["engine"] == "native pool"}):
             rs = [r for r in rows if r["engine"] == "native pool" and r["envs"] == n]
-            ax.plot([r["threads"] for r in rs], [r["sync_steps_per_s"] for r in rs], "o-", label=f"native sync {n} envs")
-            ax.plot([r["threads"] for r in rs], [r["async_steps_per_s"] for r in rs], "s--", label=f"native async {n} envs")
+            x = [r["threads"] for r in rs]
+            ax.plot(x, [r["sync_steps_per_s"] for r in rs], "o-", label=f"native sync {n} envs")
+            ax.plot(x, [r["async_steps_per_s"] for r in rs], "s--", label=f"native async {n} envs")
         rs = [r for r in rows if r["engine"] == "alfworld mp pool"]
         if rs:
             ax.plot([r["threads"] for r in rs], [r["sync_steps_per_s"] for r in rs], "o-", color="red",
@@ -902,7 +903,7 @@ def cmd_rollout(args) -> dict:
 
     _check_model_path(args)
     real = args.model_path is not None
-    device = "cuda" if real else "cpu"
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # vLLM takes the GPU when there is one: HF too
     rows, notes = [], []
     with tempfile.TemporaryDirectory(prefix="pcsd-bench-rollout-") as tmp:
         model_dir = Path(args.model_path) if real else make_tiny_model(Path(tmp) / "model")
@@ -911,7 +912,7 @@ def cmd_rollout(args) -> dict:
         eos = builder.tokenizer.encode("<|im_end|>")[0]
         dtype = torch.bfloat16 if real else torch.float32
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-        sync = torch.cuda.synchronize if real else None
+        sync = torch.cuda.synchronize if device == "cuda" else None
         backends = [("hf", lambda: make_backend("hf", model=model, pad_token_id=eos))]
         if args.no_vllm:
             notes.append("vllm backend skipped: --no-vllm")
@@ -978,7 +979,7 @@ def cmd_rollout(args) -> dict:
         gen_rows["vllm"]["vllm_vs_hf"] = gen_rows["vllm"]["gen_tokens_per_s"] / gen_rows["hf"]["gen_tokens_per_s"]
     if "hf" in roll_rows and "vllm" in roll_rows:
         roll_rows["vllm"]["vllm_vs_hf"] = roll_rows["vllm"]["episodes_per_s"] / roll_rows["hf"]["episodes_per_s"]
-    what = (f"model {model_dir} (bfloat16, CUDA)" if real else "tiny Qwen2 model (random weights, float32, CPU)")
+    what = (f"model {model_dir} (bfloat16, CUDA)" if real else f"tiny Qwen2 model (random weights, float32, {device})")
     notes.append(f"{args.games} procedural games x group {args.group_size}, max_steps={args.max_steps}, "
                  f"max_response_tokens={args.max_tokens}, {what}")
     notes.append("generate only: one batch of the turn-1 prompts of every episode (no stop token); vllm_vs_hf = "
