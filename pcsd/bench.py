@@ -8,6 +8,12 @@ headed by the machine line (CPU model, cores, GPU, torch version) and writes
     python -m pcsd.bench all --quick            # everything at small sizes (< 10 min on 2 cores)
     python -m pcsd.bench env --sizes 128 1024 4096 --threads 1 2
     python -m pcsd.bench logprobs --tokens 2048 --hidden 64
+    python -m pcsd.bench rollout --model-path /models/Qwen2.5-3B-Instruct   # CUDA GPU only: real model
+
+``env`` sets the native pool against the real alfworld engine stepped one env at a time and in a
+Python multiprocessing pool (worker processes holding real envs); ``rollout`` sets the vLLM
+backend against HF. With a CUDA GPU, ``op`` and ``logprobs`` add CUDA rows and ``rollout
+--model-path`` measures the given model's generation tokens/s and rollout split on the GPU.
 """
 
 from __future__ import annotations
@@ -1055,7 +1061,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("env", help="native env pool vs the real alfworld engine (alone and in a process pool)")
     _add_common(p)
     p.add_argument("--sizes", type=_pos_int, nargs="+", help="pool sizes (envs)")
-    p.add_argument("--threads", type=_pos_int, nargs="+", help="pool threads (default 1 .. all cores)")
+    p.add_argument("--threads", type=_pos_int, nargs="+",
+                   help="native pool threads and mp-pool worker processes (default 1 .. all cores)")
     p.add_argument("--steps", type=_pos_int, help="native steps per env per timed repeat (default: one episode cycle)")
     p.add_argument("--games", type=_pos_int, help="distinct procedural games")
     p.add_argument("--group-size", type=_pos_int, default=8, help="envs per game (GRPO group)")
