@@ -987,7 +987,7 @@ def cmd_rollout(args) -> dict:
         roll_rows["vllm"]["vllm_vs_hf"] = roll_rows["vllm"]["episodes_per_s"] / roll_rows["hf"]["episodes_per_s"]
     what = (f"model {model_dir} (bfloat16, CUDA)" if real else f"tiny Qwen2 model (random weights, float32, {device})")
     notes.append(f"{args.games} procedural games x group {args.group_size}, max_steps={args.max_steps}, "
-                 f"max_response_tokens={args.max_tokens}, {what}")
+                 f"max_response_tokens={args.max_tokens}, {what}, torch threads {torch.get_num_threads()}")
     notes.append("generate only: one batch of the turn-1 prompts of every episode (no stop token); vllm_vs_hf = "
                  "generated tokens/s (generate only) or episodes/s (rollout) of vLLM over HF")
     notes.append("rollout: rates and time split (generation, env, prompt assembly, parsing) of the repeat closest to "
