@@ -8,6 +8,12 @@ headed by the machine line (CPU model, cores, GPU, torch version) and writes
     python -m pcsd.bench all --quick            # everything at small sizes (< 10 min on 2 cores)
     python -m pcsd.bench env --sizes 128 1024 4096 --threads 1 2
     python -m pcsd.bench logprobs --tokens 2048 --hidden 64
+    python -m pcsd.bench rollout --model-path /models/Qwen2.5-3B-Instruct   # CUDA GPU only: real model
+
+``env`` sets the native pool against the real alfworld engine stepped one env at a time and in a
+Python multiprocessing pool (worker processes holding real envs); ``rollout`` sets the vLLM
+backend against HF. With a CUDA GPU, ``op`` and ``logprobs`` add CUDA rows and ``rollout
+--model-path`` measures the given model's generation tokens/s and rollout split on the GPU.
 """
 
 from __future__ import annotations
@@ -329,15 +335,165 @@ def _native_async(games, streams, num_envs, group, threads, steps, repeats):
     return m
 
 
-def _real_engine_rate(games, streams, steps, repeats) -> tuple[dict, float]:
-    """The alfworld engine (textworld PDDL + AlfredDemangler/AlfredInfos), one env after another,
-    playing the same streams with the same reset rule. Returns (measure of ``steps`` steps, reset
-    seconds median)."""
+def _start_real_env(game: str):
+    """One real alfworld env: TextWorld's PDDL engine with alfworld's wrappers, as alfworld's
+    ``AlfredTWEnv`` builds it (``AlfredDemangler(shuffle=False)`` + ``AlfredInfos``)."""
     import textworld
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 
     infos = textworld.EnvInfos(won=True, admissible_commands=True)
-    envs = [textworld.start(g, infos, wrappers=[AlfredDemangler(shuffle=False), AlfredInfos]) for g in games]
+    return textworld.start(game, infos, wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])
+
+
+def _real_result(state) -> tuple[str, bool, list[str]]:
+    return state.feedback, bool(state.get("won")), list(state.get("admissible_commands") or [])
+
+
+def _mp_worker(conn, games: list[str]) -> None:
+    """Body of one worker process of :class:`RealEnvProcessPool`: holds one real env per entry of
+    ``games``; each message is one command per env (``None`` = reset) and is answered with one
+    ``(observation, won, admissible)`` per env, what an agent needs for its next prompt."""
+    envs = []
+    try:
+        envs = [_start_real_env(g) for g in games]
+        conn.send(("ok", [_real_result(env.reset()) for env in envs]))
+        while True:
+            cmds = conn.recv()
+            if cmds is None:
+                break
+            out = []
+            for env, cmd in zip(envs, cmds):
+                out.append(_real_result(env.reset() if cmd is None else env.step(cmd)[0]))
+            conn.send(("ok", out))
+    except (EOFError, KeyboardInterrupt):
+        pass
+    except Exception as exc:  # reported to the parent, which raises it
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        for env in envs:
+            env.close()
+        conn.close()
+
+
+class RealEnvProcessPool:
+    """A Python ``multiprocessing`` pool of real alfworld envs: ``workers`` processes, each holding
+    a contiguous slice of the envs (what one-actor-per-env setups amount to once actors share a
+    core). ``step`` is synchronous (every worker steps its slice, the parent waits for all);
+    ``send``/``recv_any`` let the parent serve whichever worker answers first (async)."""
+
+    def __init__(self, games: Sequence[str], workers: int, start_timeout_s: float = 600.0):
+        import multiprocessing as mp
+
+        if workers < 1 or workers > len(games):
+            raise ValueError(f"workers: expected 1..{len(games)} (one env at least per worker), got {workers}")
+        # fork: the children inherit the imported engine (spawn would re-import torch per worker)
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        bounds = [round(i * len(games) / workers) for i in range(workers + 1)]
+        self.slices = [list(range(bounds[i], bounds[i + 1])) for i in range(workers)]
+        self.conns, self.procs = [], []
+        for sl in self.slices:
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_mp_worker, args=(child, [games[e] for e in sl]), daemon=True)
+            p.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(p)
+        try:
+            for w, c in enumerate(self.conns):
+                if not c.poll(start_timeout_s):
+                    raise RuntimeError(f"real-env worker {w} did not start within {start_timeout_s:.0f} s")
+                self._unwrap(w, c.recv())
+        except BaseException:
+            self.close()
+            raise
+
+    def _unwrap(self, w: int, msg):
+        status, payload = msg
+        if status != "ok":
+            raise RuntimeError(f"real-env worker {w} failed: {payload}")
+        return payload
+
+    def send(self, w: int, cmds: Sequence[str | None]) -> None:
+        self.conns[w].send(list(cmds))
+
+    def recv(self, w: int) -> list:
+        return self._unwrap(w, self.conns[w].recv())
+
+    def recv_any(self) -> list[tuple[int, list]]:
+        """Wait until at least one worker has answered; returns ``(worker, results)`` for each."""
+        from multiprocessing.connection import wait
+
+        ready = wait(self.conns)
+        return [(self.conns.index(c), self.recv(self.conns.index(c))) for c in ready]
+
+    def step(self, cmds: Sequence[str | None]) -> list:
+        for w, sl in enumerate(self.slices):
+            self.send(w, [cmds[e] for e in sl])
+        out = []
+        for w in range(len(self.slices)):
+            out += self.recv(w)
+        return out
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for p in self.procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+        for c in self.conns:
+            c.close()
+        self.conns, self.procs = [], []
+
+
+def _real_mp_rates(games, streams, num_envs, workers, steps, repeats) -> tuple[dict, dict]:
+    """Sync and async measures of ``steps`` steps per env on a :class:`RealEnvProcessPool` of
+    ``num_envs`` real envs (env ``e`` plays game ``e % len(games)`` with its command stream and the
+    native pool's reset rule: a reset after every ``len(stream)`` commands)."""
+    L = len(streams[0])
+    game_of = [e % len(games) for e in range(num_envs)]
+    pool = RealEnvProcessPool([games[g] for g in game_of], workers)
+    k = [0] * num_envs
+
+    def cmd(e):
+        j = k[e] % (L + 1)
+        k[e] += 1
+        return None if j == L else streams[game_of[e]][j]
+
+    try:
+        def sync_once():
+            for _ in range(steps):
+                pool.step([cmd(e) for e in range(num_envs)])
+
+        ms = measure(sync_once, repeats)
+
+        for w, sl in enumerate(pool.slices):  # async: every worker always has a request in flight
+            pool.send(w, [cmd(e) for e in sl])
+
+        def async_once():
+            done = 0
+            while done < steps * num_envs:
+                for w, res in pool.recv_any():
+                    done += len(res)
+                    pool.send(w, [cmd(e) for e in pool.slices[w]])
+
+        ma = measure(async_once, repeats)
+        for w in range(len(pool.slices)):
+            pool.recv(w)
+    finally:
+        pool.close()
+    return ms, ma
+
+
+def _real_engine_rate(games, streams, steps, repeats) -> tuple[dict, float]:
+    """The alfworld engine (textworld PDDL + AlfredDemangler/AlfredInfos), one env after another,
+    playing the same streams with the same reset rule. Returns (measure of ``steps`` steps, reset
+    seconds median)."""
+    envs = [_start_real_env(g) for g in games]
     L = len(streams[0])
     k = [0] * len(envs)
     reset_times = []
@@ -376,62 +532,95 @@ def cmd_env(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="pcsd-bench-env-") as tmp:
         games = make_games(Path(tmp), args.games)
         streams = command_streams(games, args.stream_len)
+        cycle = args.stream_len + 1  # one episode: stream_len commands, then the reset
+        steps = args.steps or cycle
         for n in args.sizes:
             group = min(args.group_size, n)
             if n % group:
                 raise SystemExit(f"error: --sizes: {n} is not a multiple of --group-size {group}")
             for t in threads:
-                ms = _native_sync(games, streams, n, group, t, args.steps, args.repeats)
-                ma = _native_async(games, streams, n, group, t, args.steps, args.repeats)
-                total = n * args.steps
-                rows.append(dict(engine="native", envs=n, threads=t,
+                ms = _native_sync(games, streams, n, group, t, steps, args.repeats)
+                ma = _native_async(games, streams, n, group, t, steps, args.repeats)
+                total = n * steps
+                rows.append(dict(engine="native pool", envs=n, threads=t,
                                  sync_steps_per_s=total / ms["median_s"], sync_spread_rel=_rel_spread(ms),
                                  async_steps_per_s=total / ma["median_s"], async_spread_rel=_rel_spread(ma),
                                  sync_per_core=total / ms["median_s"] / t,
                                  async_vs_sync=ms["median_s"] / ma["median_s"]))
-        base = {(r["envs"]): r for r in rows if r["threads"] == min(threads)}
-        for r in rows:
-            b = base[r["envs"]]
-            r["sync_scaling_vs_1thr"] = r["sync_steps_per_s"] / b["sync_steps_per_s"]
-            r["async_scaling_vs_1thr"] = r["async_steps_per_s"] / b["async_steps_per_s"]
         missing = [p for p in ("alfworld", "textworld") if importlib.util.find_spec(p) is None]
         if args.no_real:
-            notes.append("real alfworld engine column skipped: --no-real")
+            notes.append("real alfworld engine columns skipped: --no-real")
         elif missing:
-            notes.append(f"real alfworld engine column skipped: package(s) {missing} not importable")
+            notes.append(f"real alfworld engine columns skipped: package(s) {missing} not importable")
         else:
             n_real = min(args.real_games, len(games))
-            mr, reset_s = _real_engine_rate(games[:n_real], streams[:n_real], args.real_steps, args.repeats)
-            real_rate = args.real_steps / mr["median_s"]
-            rows.append(dict(engine="alfworld (real)", envs=n_real, threads=1, sync_steps_per_s=real_rate,
-                             sync_spread_rel=_rel_spread(mr), sync_per_core=real_rate, reset_s=reset_s))
+            real_steps = args.real_steps or n_real * cycle
+            mr, reset_s = _real_engine_rate(games[:n_real], streams[:n_real], real_steps, args.repeats)
+            real_rate = real_steps / mr["median_s"]
+            rows.append(dict(engine="alfworld, 1 env at a time", envs=n_real, threads=1,
+                             sync_steps_per_s=real_rate, sync_spread_rel=_rel_spread(mr), sync_per_core=real_rate,
+                             reset_s=reset_s))
+            n_mp = max(args.mp_envs, max(threads))
+            mp_steps = args.mp_steps or cycle
+            for w in threads:
+                ms, ma = _real_mp_rates(games, streams, n_mp, w, mp_steps, args.repeats)
+                total = n_mp * mp_steps
+                rows.append(dict(engine="alfworld mp pool", envs=n_mp, threads=w,
+                                 sync_steps_per_s=total / ms["median_s"], sync_spread_rel=_rel_spread(ms),
+                                 async_steps_per_s=total / ma["median_s"], async_spread_rel=_rel_spread(ma),
+                                 sync_per_core=total / ms["median_s"] / min(w, ncpu),
+                                 async_vs_sync=ms["median_s"] / ma["median_s"]))
+            mp_rows = {r["threads"]: r for r in rows if r["engine"] == "alfworld mp pool"}
             for r in rows:
-                if r["engine"] == "native":
+                if r["engine"] == "native pool":
                     r["per_core_vs_real"] = r["sync_per_core"] / real_rate
                     r["sync_vs_real"] = r["sync_steps_per_s"] / real_rate
-            notes.append(f"real engine: {args.real_steps} steps (resets included, every {args.stream_len + 1}th "
-                         f"step as in the native auto-reset) over {n_real} games, median reset {reset_s:.3f} s")
+                    m = mp_rows[r["threads"]]
+                    r["sync_vs_mp"] = r["sync_steps_per_s"] / m["sync_steps_per_s"]
+                    r["async_vs_mp"] = r["async_steps_per_s"] / m["async_steps_per_s"]
+            notes.append(f"the real-engine rows are measured on fewer envs (their `envs` column) than the native pool "
+                         f"and compared per env-step: the single engine steps {n_real} game(s) one after another "
+                         f"({real_steps} steps per repeat, median reset {reset_s:.3f} s); the mp pool holds "
+                         f"{n_mp} real envs split over `threads` worker processes (multiprocessing, fork, pipes; "
+                         f"env e plays game e mod {len(games)}), {mp_steps} steps per env per repeat, async = "
+                         "serve whichever worker answers first; per core = steps/s / min(workers, cores)")
+            notes.append("sync_vs_mp / async_vs_mp: native pool vs the mp pool with as many worker processes as "
+                         "the pool has threads")
+    for r in rows:  # scaling from the fewest threads / worker processes, per engine and size
+        if "async_steps_per_s" in r:
+            b = min((x for x in rows if x["engine"] == r["engine"] and x["envs"] == r["envs"]),
+                    key=lambda x: x["threads"])
+            r["sync_scaling_vs_1thr"] = r["sync_steps_per_s"] / b["sync_steps_per_s"]
+            r["async_scaling_vs_1thr"] = r["async_steps_per_s"] / b["async_steps_per_s"]
     notes.append(f"{len(games)} procedural games, groups of {args.group_size} envs, command streams of "
-                 f"{args.stream_len} safe commands then reset; {args.steps} steps per env per repeat")
+                 f"{args.stream_len} safe commands then a reset (in every engine); native: {steps} steps per "
+                 "env per repeat; threads = pool threads (native) or worker processes (mp pool)")
     cols = ["engine", "envs", "threads", "sync_steps_per_s", "sync_spread_rel", "async_steps_per_s",
             "async_spread_rel", "async_vs_sync", "sync_per_core", "sync_scaling_vs_1thr", "async_scaling_vs_1thr",
-            "per_core_vs_real", "sync_vs_real", "reset_s"]
+            "per_core_vs_real", "sync_vs_real", "sync_vs_mp", "async_vs_mp", "reset_s"]
 
     def plot(ax, rows):
-        for n in sorted({r["envs"] for r in rows if r["engine"] == "native"}):
-            rs = [r for r in rows if r["engine"] == "native" and r["envs"] == n]
-            ax.plot([r["threads"] for r in rs], [r["sync_steps_per_s"] for r in rs], "o-", label=f"sync {n} envs")
-            ax.plot([r["threads"] for r in rs], [r["async_steps_per_s"] for r in rs], "s--", label=f"async {n} envs")
+        for n in sorted({r["envs"] for r in rows if r["engine"] == "native pool"}):
+            rs = [r for r in rows if r["engine"] == "native pool" and r["envs"] == n]
+            x = [r["threads"] for r in rs]
+            ax.plot(x, [r["sync_steps_per_s"] for r in rs], "o-", label=f"native sync {n} envs")
+            ax.plot(x, [r["async_steps_per_s"] for r in rs], "s--", label=f"native async {n} envs")
+        rs = [r for r in rows if r["engine"] == "alfworld mp pool"]
+        if rs:
+            ax.plot([r["threads"] for r in rs], [r["sync_steps_per_s"] for r in rs], "o-", color="red",
+                    label=f"alfworld mp pool sync ({rs[0]['envs']} envs)")
+            ax.plot([r["threads"] for r in rs], [r["async_steps_per_s"] for r in rs], "s--", color="red",
+                    label="alfworld mp pool async")
         for r in rows:
-            if r["engine"] != "native":
-                ax.axhline(r["sync_steps_per_s"], color="red", label="real alfworld engine")
-        ax.set_xlabel("threads")
+            if r["engine"] == "alfworld, 1 env at a time":
+                ax.axhline(r["sync_steps_per_s"], color="black", ls=":", label="alfworld, 1 env at a time")
+        ax.set_xlabel("threads (native) / worker processes (mp pool)")
         ax.set_ylabel("env steps/s")
         ax.set_yscale("log")
         ax.legend(fontsize=6)
 
-    return emit("env", "Env pool: native alfworld engine vs the real alfworld engine", rows, cols,
-                Path(args.out), args, notes, plot)
+    return emit("env", "Env pool: native alfworld engine vs the real alfworld engine (alone and in a "
+                "multiprocessing pool)", rows, cols, Path(args.out), args, notes, plot)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -679,6 +868,34 @@ def cmd_logprobs(args) -> dict:
 # ----------------------------------------------------------------------------------------------
 # rollout: end-to-end multi-turn rollouts on the tiny model
 # ----------------------------------------------------------------------------------------------
+def _first_turn_prompts(builder, games: Sequence[str], group_size: int) -> list[list[int]]:
+    """The turn-1 student prompts (token ids) of ``len(games) x group_size`` episodes."""
+    from pcsd.envs.pool import EnvPool
+
+    with EnvPool("alfworld", len(games) * group_size, group_size=group_size, games=list(games), max_steps=None,
+                 num_threads=1) as pool:
+        b = pool.reset()
+        reqs = [dict(task=pool.task_of(e)[1], observation=o, admissible=list(a), history=[], step=0)
+                for e, o, a in zip(b.env_id.tolist(), b.obs, b.admissible)]
+    return [ids for _, ids in builder.build_batch(reqs)]
+
+
+def _check_model_path(args) -> None:
+    """``--model-path`` selects the real-hardware run: a HF checkpoint, a CUDA GPU and vLLM."""
+    import importlib.util
+
+    if args.model_path is None:
+        return
+    if not (Path(args.model_path) / "config.json").is_file():
+        raise SystemExit(f"error: --model-path: expected a Hugging Face checkpoint folder with a config.json, "
+                         f"got {args.model_path!r}")
+    if not torch.cuda.is_available():
+        raise SystemExit("error: --model-path: the real-model rollout needs a CUDA GPU and torch.cuda.is_available() "
+                         "is False here; without --model-path the benchmark runs the tiny model on the CPU")
+    if importlib.util.find_spec("vllm") is None:
+        raise SystemExit("error: --model-path: the real-model rollout needs vLLM (pip install 'pcsd[vllm]')")
+
+
 def cmd_rollout(args) -> dict:
     import importlib.util
 
@@ -687,67 +904,113 @@ def cmd_rollout(args) -> dict:
     from pcsd.prompts import PromptBuilder
     from pcsd.rollout.backends import make_backend
     from pcsd.rollout.loop import collect_rollouts
+    from pcsd.scoring import score_packed
     from pcsd.testing import make_tiny_model
 
+    _check_model_path(args)
+    real = args.model_path is not None
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # vLLM takes the GPU when there is one: HF too
     rows, notes = [], []
     with tempfile.TemporaryDirectory(prefix="pcsd-bench-rollout-") as tmp:
-        model_dir = make_tiny_model(Path(tmp) / "model")
+        model_dir = Path(args.model_path) if real else make_tiny_model(Path(tmp) / "model")
         games = make_games(Path(tmp) / "games", args.games)
         builder = PromptBuilder("alfworld", history_length=2, max_prompt_tokens=2048, tokenizer_dir=model_dir)
         eos = builder.tokenizer.encode("<|im_end|>")[0]
-        backends = []
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        backends.append(("hf", lambda: make_backend("hf", model=model, pad_token_id=eos)))
+        dtype = torch.bfloat16 if real else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        sync = torch.cuda.synchronize if device == "cuda" else None
+        backends = [("hf", lambda: make_backend("hf", model=model, pad_token_id=eos))]
         if args.no_vllm:
             notes.append("vllm backend skipped: --no-vllm")
         elif importlib.util.find_spec("vllm") is None:
             notes.append("vllm backend skipped: vllm is not importable in this environment")
+        elif real:  # GPU: the engine takes its share of the device, the trainer's copy sits beside it
+            backends.append(("vllm", lambda: make_backend("vllm", model_path=str(model_dir), dtype="bfloat16",
+                                                          max_model_len=4096, gpu_memory_utilization=0.4)))
         else:
             backends.append(("vllm", lambda: make_backend("vllm", model_path=str(model_dir), dtype="float32",
                                                           max_model_len=2048, kv_cache_bytes=256 << 20)))
+        first = _first_turn_prompts(builder, games, args.group_size)
         for name, mk in backends:
             try:
                 backend = mk()
             except Exception as exc:
                 notes.append(f"{name} backend skipped: {type(exc).__name__}: {str(exc)[:200]}")
                 continue
-            results = []
+            try:
+                # generation alone: the turn-1 prompts of every episode, one batch
+                gen = []
 
-            def once():
-                results.append(collect_rollouts(backend, builder, games=games, group_size=args.group_size,
-                                                max_steps=args.max_steps, max_response_tokens=args.max_tokens,
-                                                seed=len(results), stop_token_ids=[eos]))
+                def gen_once():
+                    gen.append(backend.generate(first, n=1, max_tokens=args.max_tokens, seed=len(gen)))
 
-            m = measure(once, args.repeats)
+                mg = measure(gen_once, args.repeats, sync=sync)
+                ntok = round(statistics.median(sum(len(s[0].token_ids) for s in out) for out in gen[1:]))
+                rows.append(dict(backend=name, phase="generate only", episodes=len(first), gen_tokens=ntok,
+                                 seconds=mg["median_s"], spread_rel=_rel_spread(mg),
+                                 gen_tokens_per_s=ntok / mg["median_s"]))
+
+                results = []
+
+                def once():
+                    b = collect_rollouts(backend, builder, games=games, group_size=args.group_size,
+                                         max_steps=args.max_steps, max_response_tokens=args.max_tokens,
+                                         seed=len(results), stop_token_ids=[eos])
+                    t0 = time.perf_counter()
+                    with torch.no_grad():  # what the trainer does next: log-probs of the sampled tokens
+                        score_packed(model, b.prompt_ids, b.response_ids)  # student prompts
+                        score_packed(model, b.teacher_prompt_ids, b.response_ids)  # teacher prompts
+                    if sync:
+                        sync()
+                    results.append((b, time.perf_counter() - t0))
+
+                m = measure(once, args.repeats, sync=sync)
+            finally:
+                backend.close()
             timed = results[1:]  # the first is the warm-up
-            k = min(range(len(timed)), key=lambda i: abs(timed[i].timings.total - m["median_s"]))
-            b = timed[k]
+            k = min(range(len(timed)), key=lambda i: abs(timed[i][0].timings.total + timed[i][1] - m["median_s"]))
+            b, scoring_s = timed[k]
             tm = b.timings
             eps = b.num_trajectories
-            rows.append(dict(backend=name, episodes=eps, turns=b.num_rows, gen_tokens=b.num_tokens(),
+            rows.append(dict(backend=name, phase="rollout", episodes=eps, turns=b.num_rows, gen_tokens=b.num_tokens(),
                              seconds=m["median_s"], spread_rel=_rel_spread(m), episodes_per_s=eps / tm.total,
                              turns_per_s=b.num_rows / tm.total, gen_tokens_per_s=b.num_tokens() / tm.total,
                              generation_s=tm.generation, env_s=tm.env, prompts_s=tm.prompts, parsing_s=tm.parsing,
-                             total_s=tm.total, outside_model_share=tm.outside_model_share(),
+                             scoring_s=scoring_s, rollout_s=tm.total, outside_model_share=tm.outside_model_share(),
                              win_rate=float(b.won.float().mean())))
-            backend.close()
+        del model
+    gen_rows = {r["backend"]: r for r in rows if r["phase"] == "generate only"}
+    roll_rows = {r["backend"]: r for r in rows if r["phase"] == "rollout"}
+    if "hf" in gen_rows and "vllm" in gen_rows:
+        gen_rows["vllm"]["vllm_vs_hf"] = gen_rows["vllm"]["gen_tokens_per_s"] / gen_rows["hf"]["gen_tokens_per_s"]
+    if "hf" in roll_rows and "vllm" in roll_rows:
+        roll_rows["vllm"]["vllm_vs_hf"] = roll_rows["vllm"]["episodes_per_s"] / roll_rows["hf"]["episodes_per_s"]
+    what = (f"model {model_dir} (bfloat16, CUDA)" if real else f"tiny Qwen2 model (random weights, float32, {device})")
     notes.append(f"{args.games} procedural games x group {args.group_size}, max_steps={args.max_steps}, "
-                 f"max_response_tokens={args.max_tokens}, tiny Qwen2 model (random weights); rates and time split of the repeat closest to the "
-                 "median run")
-    cols = ["backend", "episodes", "turns", "gen_tokens", "seconds", "spread_rel", "episodes_per_s", "turns_per_s",
-            "gen_tokens_per_s", "generation_s", "env_s", "prompts_s", "parsing_s", "total_s", "outside_model_share",
-            "win_rate"]
+                 f"max_response_tokens={args.max_tokens}, {what}, torch threads {torch.get_num_threads()}")
+    notes.append("generate only: one batch of the turn-1 prompts of every episode (no stop token); vllm_vs_hf = "
+                 "generated tokens/s (generate only) or episodes/s (rollout) of vLLM over HF")
+    notes.append("rollout: rates and time split (generation, env, prompt assembly, parsing) of the repeat closest to "
+                 "the median; rates over rollout_s; scoring_s = log-probs of the sampled tokens on the student and "
+                 "the teacher prompts (pcsd.scoring.score_packed, no grad), timed after the rollout; "
+                 "outside_model_share = (env + prompts + parsing) / rollout_s (goal <= 5 %)")
+    cols = ["backend", "phase", "episodes", "turns", "gen_tokens", "seconds", "spread_rel", "episodes_per_s",
+            "turns_per_s", "gen_tokens_per_s", "vllm_vs_hf", "generation_s", "env_s", "prompts_s", "parsing_s",
+            "scoring_s", "rollout_s", "outside_model_share", "win_rate"]
 
     def plot(ax, rows):
-        bottom = [0.0] * len(rows)
-        for part in ("generation_s", "env_s", "prompts_s", "parsing_s"):
-            vals = [r[part] for r in rows]
-            ax.bar([r["backend"] for r in rows], vals, bottom=bottom, label=part[:-2])
+        rs = [r for r in rows if r["phase"] == "rollout"]
+        bottom = [0.0] * len(rs)
+        for part in ("generation_s", "env_s", "prompts_s", "parsing_s", "scoring_s"):
+            vals = [r[part] for r in rs]
+            ax.bar([r["backend"] for r in rs], vals, bottom=bottom, label=part[:-2])
             bottom = [a + b for a, b in zip(bottom, vals)]
-        ax.set_ylabel("seconds per rollout batch")
+        ax.set_ylabel("seconds per rollout batch (+ scoring)")
         ax.legend(fontsize=7)
 
-    return emit("rollout", "End-to-end multi-turn rollout (tiny model)", rows, cols, Path(args.out), args, notes, plot)
+    title = "End-to-end multi-turn rollout: HF vs vLLM backend" + (" (real model, CUDA)" if real else " (tiny model)")
+    return emit("rollout", title, rows, cols, Path(args.out), args, notes, plot)
+
 
 
 # ----------------------------------------------------------------------------------------------
@@ -766,8 +1029,10 @@ def _pos_int(s: str) -> int:
 # Sizes: (full, --quick, --tiny). --tiny is for the tests (seconds).
 DEFAULTS: dict[str, dict[str, tuple]] = {
     "op": dict(tokens=([1_000_000, 10_000_000], [1_000_000], [20_000]), repeats=(5, 5, 2)),
-    "env": dict(sizes=([128, 1024, 4096], [128, 1024], [16]), steps=(20, 10, 2), repeats=(5, 3, 2),
-                games=(64, 16, 2), real_steps=(60, 30, 4), real_games=(4, 2, 1), stream_len=(10, 10, 3)),
+    # env: --steps / --real-steps / --mp-steps default to whole episode cycles (stream_len + 1 steps
+    # per env, the reset included), so every timed repeat holds the same work
+    "env": dict(sizes=([128, 1024, 4096], [128, 1024], [16]), repeats=(5, 3, 2), games=(64, 16, 2),
+                real_games=(4, 2, 1), stream_len=(10, 10, 3), mp_envs=(16, 4, 2)),
     "prompts": dict(batch_sizes=([16, 128, 1024], [16, 256], [4]), games=(16, 8, 2), steps_per_game=(8, 6, 2),
                     repeats=(5, 3, 2)),
     "logprobs": dict(tokens=([512, 2048], [256, 1024], [16]), hidden=(64, 64, 32), repeats=(5, 3, 2)),
@@ -793,17 +1058,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_pos_int, nargs="+", help="torch threads (default 1 and all)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
     p.set_defaults(func=cmd_op)
-    p = sub.add_parser("env", help="native env pool vs the real alfworld engine")
+    p = sub.add_parser("env", help="native env pool vs the real alfworld engine (alone and in a process pool)")
     _add_common(p)
     p.add_argument("--sizes", type=_pos_int, nargs="+", help="pool sizes (envs)")
-    p.add_argument("--threads", type=_pos_int, nargs="+", help="pool threads (default 1 .. all cores)")
-    p.add_argument("--steps", type=_pos_int, help="steps per env per timed repeat")
+    p.add_argument("--threads", type=_pos_int, nargs="+",
+                   help="native pool threads and mp-pool worker processes (default 1 .. all cores)")
+    p.add_argument("--steps", type=_pos_int, help="native steps per env per timed repeat (default: one episode cycle)")
     p.add_argument("--games", type=_pos_int, help="distinct procedural games")
     p.add_argument("--group-size", type=_pos_int, default=8, help="envs per game (GRPO group)")
     p.add_argument("--stream-len", type=_pos_int, help="commands per episode before the reset")
-    p.add_argument("--real-steps", type=_pos_int, help="real-engine steps per timed repeat")
+    p.add_argument("--real-steps", type=_pos_int, help="single real engine: steps per timed repeat (default: one "
+                   "episode cycle per game)")
     p.add_argument("--real-games", type=_pos_int, help="games the real engine plays")
-    p.add_argument("--no-real", action="store_true", help="skip the real alfworld engine")
+    p.add_argument("--mp-envs", type=_pos_int, help="real alfworld envs in the multiprocessing pool")
+    p.add_argument("--mp-steps", type=_pos_int, help="mp-pool steps per env per timed repeat (default: one episode "
+                   "cycle)")
+    p.add_argument("--no-real", action="store_true", help="skip the real alfworld engine (alone and mp pool)")
     p.set_defaults(func=cmd_env)
     p = sub.add_parser("prompts", help="prompt build + chat template + tokenise: Rust vs Python")
     _add_common(p)
@@ -823,13 +1093,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=_pos_int)
     p.add_argument("--max-steps", type=_pos_int)
     p.add_argument("--max-tokens", type=_pos_int)
-    p.add_argument("--no-vllm", action="store_true")
+    p.add_argument("--no-vllm", action="store_true", help="skip the vLLM backend")
+    p.add_argument("--model-path", help="a HF checkpoint to run instead of the tiny model (needs a CUDA GPU and "
+                   "vLLM): its vLLM generation tokens/s and the rollout split on real hardware")
     p.set_defaults(func=cmd_rollout)
     p = sub.add_parser("all", help="every benchmark in turn")
     _add_common(p)
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--no-real", action="store_true")
     p.add_argument("--no-vllm", action="store_true")
+    p.add_argument("--model-path", help="passed to rollout (CUDA GPU only)")
     p.set_defaults(func=None)
     return ap
 
@@ -847,6 +1120,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.cmd != "all":
         return {args.cmd: args.func(_fill_defaults(args.cmd, args))}
+    _check_model_path(args)  # refuse before the first benchmark, not after the fourth
     results = {}
     t0 = time.perf_counter()
     for name in SUBCOMMANDS:
@@ -859,6 +1133,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             sub_argv.append("--no-real")
         if name == "rollout" and args.no_vllm:
             sub_argv.append("--no-vllm")
+        if name == "rollout" and args.model_path:
+            sub_argv += ["--model-path", args.model_path]
         sa = ap.parse_args(sub_argv)
         t1 = time.perf_counter()
         results[name] = sa.func(_fill_defaults(name, sa))

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from pcsd import bench
 
@@ -53,6 +54,9 @@ def test_bad_arguments_exit_with_a_named_error(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["env", "--tiny", "--no-real", "--sizes", "12", "--group-size", "8", "--out", "/tmp/x"])
     assert "--sizes" in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        bench.main(["env", "--mp-envs", "0"])
+    assert e.value.code == 2 and "--mp-envs" in capsys.readouterr().err
 
 
 def test_op(tmp_path):
@@ -65,19 +69,67 @@ def test_op(tmp_path):
 
 
 def test_env(tmp_path):
-    bench.main(["env", "--tiny", "--threads", "1", "2", "--out", str(tmp_path)])
+    bench.main(["env", "--tiny", "--threads", "1", "2", "--mp-steps", "1", "--real-steps", "2", "--out", str(tmp_path)])
     data = _load(tmp_path, "env")
-    native = [r for r in data["rows"] if r["engine"] == "native"]
+    native = [r for r in data["rows"] if r["engine"] == "native pool"]
     assert {r["threads"] for r in native} == {1, 2}
     for key in ("sync_steps_per_s", "async_steps_per_s", "async_vs_sync", "sync_per_core", "sync_scaling_vs_1thr"):
         assert all(key in r for r in native)
     have_engine = all(importlib.util.find_spec(p) for p in ("alfworld", "textworld"))
-    real = [r for r in data["rows"] if r["engine"] != "native"]
+    single = [r for r in data["rows"] if r["engine"] == "alfworld, 1 env at a time"]
+    mp_pool = [r for r in data["rows"] if r["engine"] == "alfworld mp pool"]
     if have_engine:
-        assert len(real) == 1 and real[0]["sync_steps_per_s"] > 0
-        assert all("per_core_vs_real" in r for r in native)
+        assert len(single) == 1 and single[0]["sync_steps_per_s"] > 0
+        assert {r["threads"] for r in mp_pool} == {1, 2}
+        for key in ("sync_steps_per_s", "async_steps_per_s", "sync_per_core", "async_vs_sync", "sync_scaling_vs_1thr"):
+            assert all(r[key] > 0 for r in mp_pool), key
+        assert all(r["envs"] == 2 for r in mp_pool)  # --tiny: 2 real envs
+        for key in ("per_core_vs_real", "sync_vs_mp", "async_vs_mp"):
+            assert all(key in r for r in native), key
     else:
-        assert not real and any("skipped" in n for n in data["notes"])
+        assert not single and not mp_pool and any("skipped" in n for n in data["notes"])
+
+
+def _real_streams(tmp_path, n_games, length):
+    games = bench.make_games(tmp_path, n_games)
+    return games, bench.command_streams(games, length)
+
+
+def test_mp_pool_steps_like_one_env_at_a_time(tmp_path, real_alfworld):
+    """The multiprocessing pool of real envs returns what the same envs return stepped in-process,
+    in env order, for sync steps and for async send / recv_any."""
+    games, streams = _real_streams(tmp_path, 3, 3)
+    cmds = [[streams[e][j] for e in range(3)] for j in range(3)] + [[None] * 3]  # ... then a reset
+    envs = [bench._start_real_env(g) for g in games]
+    first = [bench._real_result(env.reset()) for env in envs]
+    expect = [[bench._real_result(env.reset() if c is None else env.step(c)[0]) for env, c in zip(envs, step)]
+              for step in cmds]
+    for env in envs:
+        env.close()
+    assert first[0] != first[1]  # different games: a slicing mistake cannot go unseen
+    pool = bench.RealEnvProcessPool(games, workers=2)
+    try:
+        assert pool.slices == [[0, 1], [2]] or pool.slices == [[0], [1, 2]]
+        assert [pool.step(step) for step in cmds] == expect
+        for step, want in zip(cmds, expect):  # async: answers per worker, in any order
+            for w, sl in enumerate(pool.slices):
+                pool.send(w, [step[e] for e in sl])
+            got: dict[int, list] = {}
+            while len(got) < len(pool.slices):
+                got.update(pool.recv_any())
+            assert [x for w in range(len(pool.slices)) for x in got[w]] == want
+    finally:
+        pool.close()
+
+
+def test_mp_pool_bad_input(tmp_path, real_alfworld):
+    games, _ = _real_streams(tmp_path, 2, 1)
+    with pytest.raises(ValueError, match="workers"):
+        bench.RealEnvProcessPool(games, workers=3)
+    with pytest.raises(ValueError, match="workers"):
+        bench.RealEnvProcessPool(games, workers=0)
+    with pytest.raises(RuntimeError, match="worker 0 failed"):
+        bench.RealEnvProcessPool([str(tmp_path / "missing.tw-pddl")], workers=1)
 
 
 def test_python_prompt_matches_rust(tmp_path):
@@ -112,12 +164,42 @@ def test_logprobs(tmp_path):
 def test_rollout(tmp_path):
     bench.main(["rollout", "--tiny", "--no-vllm", "--out", str(tmp_path)])
     data = _load(tmp_path, "rollout")
-    row = data["rows"][0]
-    assert row["backend"] == "hf"
+    assert {(r["backend"], r["phase"]) for r in data["rows"]} == {("hf", "generate only"), ("hf", "rollout")}
+    row = next(r for r in data["rows"] if r["phase"] == "rollout")
     for key in ("episodes_per_s", "turns_per_s", "gen_tokens_per_s", "generation_s", "env_s", "prompts_s",
-                "parsing_s", "outside_model_share"):
+                "parsing_s", "scoring_s", "outside_model_share"):
         assert key in row
     assert row["episodes"] == 2 and 0.0 <= row["outside_model_share"] <= 1.0
+    assert row["scoring_s"] > 0
+    gen = next(r for r in data["rows"] if r["phase"] == "generate only")
+    assert gen["episodes"] == 2 and gen["gen_tokens"] > 0 and gen["gen_tokens_per_s"] > 0
+
+
+def test_rollout_vllm_column(tmp_path, vllm_available):
+    """The vLLM backend runs beside HF (CLI entry point: vLLM's CPU build wants OMP_NUM_THREADS=1)."""
+    res = subprocess.run([sys.executable, "-m", "pcsd.bench", "rollout", "--tiny", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = _load(tmp_path, "rollout")
+    assert not [n for n in data["notes"] if "skipped" in n], data["notes"]
+    rows = {(r["backend"], r["phase"]): r for r in data["rows"]}
+    assert set(rows) == {(b, p) for b in ("hf", "vllm") for p in ("generate only", "rollout")}
+    assert rows[("vllm", "rollout")]["episodes"] == 2 and rows[("vllm", "rollout")]["gen_tokens"] > 0
+    assert rows[("vllm", "rollout")]["vllm_vs_hf"] > 0 and rows[("vllm", "generate only")]["vllm_vs_hf"] > 0
+    assert "vllm" in res.stdout
+
+
+def test_model_path_needs_a_checkpoint_and_a_gpu(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="--model-path: expected a Hugging Face checkpoint"):
+        bench.main(["rollout", "--tiny", "--model-path", str(tmp_path / "nope"), "--out", str(tmp_path)])
+    (tmp_path / "config.json").write_text("{}")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present: the real-model path is selected, not refused")
+    with pytest.raises(SystemExit, match="--model-path: .*needs a CUDA GPU"):
+        bench.main(["rollout", "--tiny", "--model-path", str(tmp_path), "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--model-path: .*needs a CUDA GPU"):  # `all` refuses before it starts
+        bench.main(["all", "--tiny", "--model-path", str(tmp_path), "--out", str(tmp_path)])
+    assert not (tmp_path / "op.json").exists()
 
 
 def test_cli_entry_point(tmp_path):
