@@ -58,7 +58,7 @@ fn rate(envs: &mut [AlfworldEnv], secs: f64, seed: u64) -> f64 {
     let mut steps = 0usize;
     let t0 = Instant::now();
     let c0 = cpu_seconds(t0);
-    while steps % 1024 != 0 || cpu_seconds(t0) - c0 < secs {
+    while !steps.is_multiple_of(1024) || cpu_seconds(t0) - c0 < secs {
         for (e, a) in envs.iter_mut().zip(adm.iter_mut()) {
             let cmd = if rng.gen_ratio(1, 8) || a.is_empty() {
                 "take the moon".to_string()

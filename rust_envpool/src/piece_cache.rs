@@ -34,6 +34,9 @@ pub const QWEN2_SPLIT_PATTERN: &str =
 
 const SHARDS: usize = 64;
 
+/// Piece text -> its token ids.
+type Shard = HashMap<Box<str>, Arc<[u32]>>;
+
 /// Why a tokenizer setup is not supported (`Err`), checked on the `tokenizer.json` document.
 pub fn check_supported(doc: &serde_json::Value) -> Result<(), String> {
     use serde_json::Value;
@@ -113,7 +116,7 @@ pub fn cut_points(text: &str) -> impl Iterator<Item = usize> + '_ {
 /// Token ids of text pieces, shared by threads (sharded locks). Bounded: a shard that grows past
 /// its share of `max_entries` is emptied.
 pub struct PieceCache {
-    shards: Vec<Mutex<HashMap<Box<str>, Arc<[u32]>>>>,
+    shards: Vec<Mutex<Shard>>,
     per_shard: usize,
 }
 

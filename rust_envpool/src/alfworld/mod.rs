@@ -156,7 +156,7 @@ pub struct GameSpec {
     /// Per action: its command text depends on the parameters only (the template queries no
     /// predicate an action changes), so it is cached in `command_cache`.
     static_template: Vec<bool>,
-    command_cache: std::sync::RwLock<ahash::AHashMap<(u32, [u32; CACHE_ARGS]), Arc<str>>>,
+    command_cache: std::sync::RwLock<CommandCache>,
     /// The state after reset, computed once (fast path).
     initial: std::sync::OnceLock<Initial>,
 }
@@ -173,6 +173,9 @@ struct Initial {
 
 /// Most parameters of an action whose command text is cached.
 const CACHE_ARGS: usize = 6;
+
+/// (action, arguments padded with `u32::MAX`) -> command text.
+type CommandCache = ahash::AHashMap<(u32, [u32; CACHE_ARGS]), Arc<str>>;
 
 /// The six ALFWorld task types.
 pub const TASK_TYPES: [&str; 6] = [
