@@ -3,6 +3,12 @@
 //! `AlfredInfos`, a 50-step `Limit`, and the batch env's "a finished game keeps returning its last
 //! state"): same observations, same sorted admissible commands, same score / done / won.
 //!
+//! Two code paths play the same game: [`AlfworldEnv::new`] (fast: quantified variables and action
+//! parameters drawn from the facts that constrain them, command texts of fact-independent
+//! templates cached per game, the reset state computed once) and [`AlfworldEnv::new_reference`]
+//! (plain: every parameter tried over its type, every text derived afresh). The
+//! `tests/alfworld_games.rs` differential test plays every shared game through both.
+//!
 //! Everything comes from the game file: the PDDL domain and problem are interpreted (typed
 //! grounding of actions, `and`/`or`/`not`/`exists`/`=` preconditions, conditional effects, the
 //! existential goal) and the text comes from the file's grammar (templates, feedback rules and the
@@ -1551,6 +1557,7 @@ impl AlfworldEnv {
     pub fn new_reference(spec: Arc<GameSpec>, max_steps: usize) -> AlfworldEnv {
         let mut env = AlfworldEnv::new(spec, max_steps);
         env.reference = true;
+        env.refresh();
         env
     }
 
