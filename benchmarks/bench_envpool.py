@@ -13,10 +13,17 @@ Engines (``--engines``):
   reference   the original Python alfworld/TextWorld engine stepped one env after another
               (the baseline the native engine is compared with; needs alfworld and ALFWORLD_DATA).
 
+``--prompts`` instead measures prompt building (ALFWorld student prompt + chat template +
+token ids) on real observations of procedural games: the Rust ``build_batch`` with a cold piece
+cache (a new builder per batch: every line of text is new to it), with a warm one (the batch seen
+before, as in ``python -m pcsd.bench prompts``), and Python ``str.format`` +
+``apply_chat_template(tokenize=True)``; ids are checked equal first.
+
 Usage::
 
     python benchmarks/bench_envpool.py                          # 128/1024/4096 envs, 1 and 2 threads
     python benchmarks/bench_envpool.py --sizes 128 --threads 1 2 4 --seconds 2
+    python benchmarks/bench_envpool.py --prompts --batch 256
 """
 
 from __future__ import annotations
@@ -149,6 +156,59 @@ def bench_reference(num_envs: int, seconds: float) -> float:
     return _timed(once, seconds)
 
 
+def bench_prompts(batch: int, games: int, seconds: float) -> None:
+    """Prompts per second: Rust cold / warm piece cache vs Python, same requests, same run."""
+    import tempfile
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from pcsd.bench import make_games, prompt_requests, python_prompt
+    from pcsd.prompts import PromptBuilder
+    from pcsd.testing import make_tiny_model
+
+    with tempfile.TemporaryDirectory(prefix="pcsd-bench-prompts-") as tmp:
+        model = make_tiny_model(Path(tmp) / "model")
+        paths = make_games(Path(tmp) / "games", games)
+        reqs = prompt_requests(paths, max(1, batch // games + 1))[:batch]
+        tok = AutoTokenizer.from_pretrained(model)
+
+        def py_batch() -> list[list[int]]:
+            out = []
+            for r in reqs:
+                ids = tok.apply_chat_template([{"role": "user", "content": python_prompt(r, 2)}],
+                                              add_generation_prompt=True, tokenize=True)
+                out.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
+            return out
+
+        def builder() -> PromptBuilder:
+            return PromptBuilder("alfworld", history_length=2, max_prompt_tokens=None, tokenizer_dir=model)
+
+        warm = builder()
+        rust_ids = [list(ids) for _, ids in warm.build_batch(reqs)]
+        assert rust_ids == py_batch(), "Rust and Python token ids differ"
+
+        def timed(fn, fresh: bool) -> float:
+            total, n = 0.0, 0
+            while n < 3 or total < seconds:
+                b = builder() if fresh else warm
+                t0 = time.perf_counter()
+                fn(b)
+                total += time.perf_counter() - t0
+                n += 1
+            return n * len(reqs) / total
+
+        cold_r = timed(lambda b: b.build_batch(reqs), fresh=True)
+        warm_r = timed(lambda b: b.build_batch(reqs), fresh=False)
+        py_r = timed(lambda b: py_batch(), fresh=False)
+        ntok = sum(map(len, rust_ids)) / len(rust_ids)
+        print(f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f} batch={len(reqs)} games={games} "
+              f"mean prompt tokens={ntok:.0f} (ids equal: yes)")
+        print(f"{'rust cold cache':>18s} {cold_r:12,.0f} prompts/s  {cold_r / py_r:6.1f}x python")
+        print(f"{'rust warm cache':>18s} {warm_r:12,.0f} prompts/s  {warm_r / py_r:6.1f}x python")
+        print(f"{'python':>18s} {py_r:12,.0f} prompts/s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engines", nargs="+", default=["dummy"], choices=["dummy", "alfworld", "reference"])
@@ -156,7 +216,13 @@ def main() -> None:
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--busy-iters", nargs="+", type=int, default=[0, 5000], help="dummy env CPU work per step")
     ap.add_argument("--seconds", type=float, default=1.0, help="time per measurement")
+    ap.add_argument("--prompts", action="store_true", help="measure prompt building instead of env steps")
+    ap.add_argument("--batch", type=int, default=256, help="--prompts: prompts per batch")
+    ap.add_argument("--games", type=int, default=8, help="--prompts: procedural games the observations come from")
     args = ap.parse_args()
+    if args.prompts:
+        bench_prompts(args.batch, args.games, args.seconds)
+        return
 
     makers: list[tuple[str, Callable[[int, int], EnvPool]]] = []
     for e in args.engines:

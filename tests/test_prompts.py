@@ -438,3 +438,56 @@ def test_encode_chat_from_several_threads(model_dirs):
     with ThreadPoolExecutor(4) as ex:
         got = list(ex.map(pb.encode_chat, batches))
     assert got == want
+
+
+# ------------------------------------------------------------------------------------------------
+# Piece-cache encoding (rust_envpool/src/piece_cache.rs) against whole-string encoding.
+# ------------------------------------------------------------------------------------------------
+_PIECES = ["\n", "\n", "\n\n", " ", "  ", "\n ", " \n", "\r\n", "\t", "\u00a0", "\u2028", "a", "the", "Go to",
+           "'s", "'", "[", "].", ",", "ü", "u\u0308", "\u0301", "e\u0301\u0323", "Å", "0", "12", "٣", "日本語",
+           "🙂", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|im_", "cabinet 10"]
+_texts = st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=6)), max_size=50).map("".join)
+
+
+@pytest.fixture(scope="module")
+def hf_fast_tokenizers(model_dirs):
+    from tokenizers import Tokenizer
+
+    return {k: Tokenizer.from_file(str(v / "tokenizer.json")) for k, v in model_dirs.items()}
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_piece_cache_is_used_for_qwen_style_tokenizers(model_dirs, name):
+    tok = P.ChatTokenizer(model_dirs[name])
+    assert tok._inner.piece_cache_unsupported is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(a=_texts, b=_texts)
+def test_piece_cache_encode_equals_whole_string_encode(model_dirs, hf_fast_tokenizers, a, b):
+    tok = P.ChatTokenizer(model_dirs["qwen2.5"])._inner
+    hf = hf_fast_tokenizers["qwen2.5"]
+    # The same pieces again in new company: the second and third texts hit the cache.
+    for text in (a, b, a + "\n" + b, b + a):
+        want = hf.encode(text, add_special_tokens=False).ids
+        assert tok.encode(text) == want, text
+        assert tok.encode_whole(text) == want
+
+
+def test_unsupported_pre_tokenizer_falls_back_to_whole_strings(tmp_path, model_dirs, hf_fast_tokenizers):
+    from tokenizers import Tokenizer
+
+    src = model_dirs["qwen2.5"]
+    dst = tmp_path / "other"
+    shutil.copytree(src, dst)
+    doc = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
+    doc["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+|\S+"
+    (dst / "tokenizer.json").write_text(json.dumps(doc), encoding="utf-8")
+    tok = P.ChatTokenizer(dst)._inner
+    assert "pre_tokenizer" in tok.piece_cache_unsupported
+    hf = Tokenizer.from_file(str(dst / "tokenizer.json"))
+    text = "a\nb  <think>\n c\n\nYour admissible actions: ['go to cabinet 1'\n 'look']\n"
+    assert tok.encode(text) == hf.encode(text, add_special_tokens=False).ids
+    # Under this regex the whitespace run "\n " is one pre-token, so cutting after '\n' would be
+    # wrong here.
+    assert tok.encode("x\n y") == hf.encode("x\n y", add_special_tokens=False).ids

@@ -9,6 +9,7 @@ pub mod chat;
 pub mod alfworld;
 pub mod env;
 pub mod parse;
+pub mod piece_cache;
 pub mod prompt;
 pub mod skills;
 pub mod tokenize;

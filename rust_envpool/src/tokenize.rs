@@ -11,13 +11,21 @@ use rayon::prelude::*;
 use tokenizers::Tokenizer;
 
 use crate::chat::{user_messages, ChatTemplate, Message};
+use crate::piece_cache::{check_supported, PieceCache};
 use crate::prompt::PromptError;
+
+/// Most pieces the encoder caches (a few MB of prompt lines).
+const PIECE_CACHE_ENTRIES: usize = 1 << 16;
 
 /// A model directory's tokenizer (`tokenizer.json`) and chat template.
 pub struct ChatTokenizer {
     tokenizer: Tokenizer,
     template: ChatTemplate,
     dir: PathBuf,
+    /// Piece cache when the tokenizer's setup supports cutting (see [`crate::piece_cache`]).
+    pieces: Option<PieceCache>,
+    /// Why the piece cache is off (None when on).
+    unsupported: Option<String>,
 }
 
 impl std::fmt::Debug for ChatTokenizer {
@@ -40,7 +48,21 @@ impl ChatTokenizer {
         let tokenizer = Tokenizer::from_file(&tok_path)
             .map_err(|e| PromptError::Tokenizer(format!("loading {}: {e}", tok_path.display())))?;
         let template = ChatTemplate::from_dir(dir)?;
-        Ok(ChatTokenizer { tokenizer, template, dir: dir.to_path_buf() })
+        let doc: serde_json::Value = std::fs::read_to_string(&tok_path)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(serde_json::Value::Null);
+        let unsupported = check_supported(&doc).err();
+        let pieces = unsupported.is_none().then(|| PieceCache::new(PIECE_CACHE_ENTRIES));
+        Ok(ChatTokenizer { tokenizer, template, dir: dir.to_path_buf(), pieces, unsupported })
+    }
+
+    /// Whether [`encode`](Self::encode) uses the piece cache; else why not.
+    pub fn piece_cache_status(&self) -> Result<(), &str> {
+        match &self.unsupported {
+            None => Ok(()),
+            Some(why) => Err(why),
+        }
     }
 
     /// See [`ChatTemplate::set_enable_thinking`].
@@ -56,8 +78,17 @@ impl ChatTokenizer {
         &self.template
     }
 
-    /// Token ids of plain text (no special tokens added).
+    /// Token ids of plain text (no special tokens added): through the piece cache when the
+    /// tokenizer supports it, else [`encode_whole`](Self::encode_whole). Same ids either way.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, PromptError> {
+        match &self.pieces {
+            Some(cache) => cache.encode(text, |p| self.encode_whole(p)),
+            None => self.encode_whole(text),
+        }
+    }
+
+    /// Plain reference for [`encode`](Self::encode): the whole string through the tokenizer.
+    pub fn encode_whole(&self, text: &str) -> Result<Vec<u32>, PromptError> {
         self.tokenizer
             .encode_fast(text, false)
             .map(|e| e.get_ids().to_vec())
@@ -197,5 +228,169 @@ mod model_dir_tests {
         let e = b.build("look", "a", &adm, &hist, 1).unwrap_err();
         assert!(matches!(e, PromptError::TooLong { .. }), "{e}");
         std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+#[cfg(test)]
+mod piece_cache_tests {
+    //! The piece-cache encoder against whole-string encoding on random texts, with a byte-level
+    //! BPE tokenizer set up like Qwen2's (NFC, the Qwen2 split regex, ByteLevel); setups where
+    //! the cuts are not provably safe (GPT-2's regex among them) encode whole strings.
+    use super::*;
+    use crate::piece_cache::QWEN2_SPLIT_PATTERN;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    /// A byte-level BPE tokenizer.json: the 256 byte symbols plus merges of frequent pairs.
+    fn bpe_doc(pre_tokenizer: serde_json::Value, added_rstrip: bool) -> serde_json::Value {
+        let mut alphabet: Vec<char> = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet().into_iter().collect();
+        alphabet.sort();
+        let mut vocab: Vec<String> = alphabet.iter().map(|c| c.to_string()).collect();
+        let mut merges: Vec<String> = Vec::new();
+        let pairs = [
+            ("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("Ċ", "Ċ"), ("Ġ", "Ġ"), ("ĠĠ", "Ġ"), ("i", "n"), ("Ġ", "a"),
+            ("o", "n"), ("Ġ", "'"), ("'", "s"), ("Ã", "¼"), ("g", "o"), ("Ġ", "1"), ("e", "r"), ("Ġ", "Ċ"),
+            ("a", "ct"), ("c", "t"), ("i", "on"), ("ĠĠ", "Ċ"), ("Ġ", "["), (".", "Ċ"), ("Ġ", "go"),
+        ];
+        for (a, b) in pairs {
+            let m = format!("{a}{b}");
+            if !vocab.contains(&m) {
+                vocab.push(m);
+            }
+            merges.push(format!("{a} {b}"));
+        }
+        let mut vmap = serde_json::Map::new();
+        for (i, t) in vocab.iter().enumerate() {
+            vmap.insert(t.clone(), json!(i));
+        }
+        let n = vocab.len();
+        let added = |id: usize, content: &str, special: bool| {
+            json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+                   "rstrip": added_rstrip && !special, "normalized": false, "special": special})
+        };
+        json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [added(n, "<|im_start|>", true), added(n + 1, "<|im_end|>", true),
+                             added(n + 2, "<think>", false), added(n + 3, "</think>", false)],
+            "normalizer": {"type": "NFC"},
+            "pre_tokenizer": pre_tokenizer,
+            "post_processor": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+            "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                      "ignore_merges": false, "vocab": vmap, "merges": merges},
+        })
+    }
+
+    fn qwen_pre() -> serde_json::Value {
+        json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT_PATTERN}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]})
+    }
+
+    fn gpt2_pre() -> serde_json::Value {
+        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
+    }
+
+    fn tokenizer(name: &str, doc: &serde_json::Value) -> ChatTokenizer {
+        let dir = std::env::temp_dir().join(format!("pcsd_piece_{name}_{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("tokenizer.json"), doc.to_string()).unwrap();
+        let cfg = json!({"chat_template": CHATML, "eos_token": "<|im_end|>"});
+        std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+        let t = ChatTokenizer::from_dir(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        t
+    }
+
+    fn qwen() -> &'static ChatTokenizer {
+        static T: std::sync::OnceLock<ChatTokenizer> = std::sync::OnceLock::new();
+        T.get_or_init(|| tokenizer("qwen", &bpe_doc(qwen_pre(), false)))
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            4 => prop::sample::select(vec![
+                "\n", "\n", "\n\n", " ", "  ", "\n ", " \n", "\r\n", "\r", "\t", "\u{a0}", "\u{2028}", "\u{85}",
+                "a", "the", "The", "go to", "'s", "'S", "'ll", "'", "\"", "[", "].", ",", ".", "!?",
+                "ü", "u\u{308}", "\u{308}", "e\u{301}\u{323}", "\u{301}", "é", "Å", "A\u{30a}",
+                "0", "12", "3.5", "٣", "日本語", "🙂", "👍🏽",
+                "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|im_", "think>",
+            ]).prop_map(str::to_string),
+            1 => any::<char>().prop_map(|c| c.to_string()),
+            1 => "[ a-z]{1,12}",
+        ];
+        prop::collection::vec(piece, 0..60).prop_map(|v| v.concat())
+    }
+
+    #[test]
+    fn supported_setups_are_recognised() {
+        assert_eq!(qwen().piece_cache_status(), Ok(()));
+    }
+
+    #[test]
+    fn unsupported_setups_fall_back_to_whole_strings() {
+        let word_level = {
+            let mut d = bpe_doc(json!({"type": "Whitespace"}), false);
+            d["model"] = json!({"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 1}, "unk_token": "[UNK]"});
+            d
+        };
+        let mut dropout = bpe_doc(qwen_pre(), false);
+        dropout["model"]["dropout"] = json!(0.1);
+        let mut lowercase = bpe_doc(qwen_pre(), false);
+        lowercase["normalizer"] = json!({"type": "Lowercase"});
+        let mut other_regex = bpe_doc(qwen_pre(), false);
+        other_regex["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = json!(r"\s+|\S+");
+        let mut newline_token = bpe_doc(qwen_pre(), false);
+        newline_token["added_tokens"][2]["content"] = json!("<x>\n");
+        let cases = [
+            ("gpt2", bpe_doc(gpt2_pre(), false), "pre_tokenizer"),
+            ("word_level", word_level, "pre_tokenizer"),
+            ("rstrip", bpe_doc(qwen_pre(), true), "rstrip"),
+            ("dropout", dropout, "dropout"),
+            ("lowercase", lowercase, "normalizer"),
+            ("other_regex", other_regex, "pre_tokenizer"),
+            ("newline_token", newline_token, "newline"),
+        ];
+        for (name, doc, why) in cases {
+            let t = tokenizer(name, &doc);
+            let reason = t.piece_cache_status().unwrap_err();
+            assert!(reason.contains(why), "{name}: {reason}");
+            if name == "dropout" {
+                continue; // random merges: two encodings differ by design
+            }
+            // "\n\nd": GPT-2's regex splits differently at the end of a piece, so this text
+            // shows that the fallback, not luck, makes the ids equal.
+            let s = "a\nb <think>\n c\n\nd";
+            assert_eq!(t.encode(s).unwrap(), t.encode_whole(s).unwrap(), "{name}");
+        }
+    }
+
+    #[test]
+    fn chat_prompts_equal_whole_string_encoding() {
+        let t = qwen();
+        let adm: Vec<String> = (1..30).map(|i| format!("'go to cabinet {i}'")).collect();
+        for step in 0..5 {
+            let p = format!("Step {step}.\nYour admissible actions are: [{}].\n\nNow act.\n", adm.join("\n "));
+            let text = t.render(&user_messages(&p, Some("sys"))).unwrap();
+            // Twice: the second time every piece comes from the cache.
+            for _ in 0..2 {
+                assert_eq!(t.encode(&text).unwrap(), t.encode_whole(&text).unwrap());
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+        #[test]
+        fn qwen_pieces_equal_whole_string(a in text(), b in text()) {
+            let t = qwen();
+            // `b` after `a` reuses pieces cached by `a` in a new context.
+            for s in [&a, &b, &format!("{a}{b}"), &format!("{b}\n{a}")] {
+                prop_assert_eq!(t.encode(s).unwrap(), t.encode_whole(s).unwrap(), "text {:?}", s);
+            }
+        }
     }
 }

@@ -140,7 +140,7 @@ impl Sim {
         });
         match found {
             Some(i) => {
-                let cmd = self.env.commands[i].clone();
+                let cmd = self.env.commands[i].to_string();
                 self.env.step(&cmd);
                 self.plan.push(cmd);
                 true

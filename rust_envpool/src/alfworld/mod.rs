@@ -3,6 +3,12 @@
 //! `AlfredInfos`, a 50-step `Limit`, and the batch env's "a finished game keeps returning its last
 //! state"): same observations, same sorted admissible commands, same score / done / won.
 //!
+//! Two code paths play the same game: [`AlfworldEnv::new`] (fast: quantified variables and action
+//! parameters drawn from the facts that constrain them, command texts of fact-independent
+//! templates cached per game, the reset state computed once) and [`AlfworldEnv::new_reference`]
+//! (plain: every parameter tried over its type, every text derived afresh). The
+//! `tests/alfworld_games.rs` differential test plays every shared game through both.
+//!
 //! Everything comes from the game file: the PDDL domain and problem are interpreted (typed
 //! grounding of actions, `and`/`or`/`not`/`exists`/`=` preconditions, conditional effects, the
 //! existential goal) and the text comes from the file's grammar (templates, feedback rules and the
@@ -61,9 +67,11 @@ enum Formula {
     Not(Box<Formula>),
     Atom(u32, Vec<Term>),
     Eq(Term, Term),
-    /// Quantified variables, the body's conjuncts, and for each conjunct the index of the last
-    /// quantified variable it needs (checked as soon as that variable is bound).
-    Exists(Vec<(usize, Option<u32>)>, Vec<Formula>, Vec<usize>),
+    /// Quantified variables, the body's conjuncts, for each conjunct the index of the last
+    /// quantified variable it needs (checked as soon as that variable is bound), and for each
+    /// variable the positive atoms among those conjuncts that mention it (their facts enumerate
+    /// the variable's candidates on the fast path).
+    Exists(Vec<(usize, Option<u32>)>, Vec<Formula>, Vec<usize>, Vec<Vec<usize>>),
     Forall(Vec<(usize, Option<u32>)>, Box<Formula>),
 }
 
@@ -82,7 +90,7 @@ fn slots_in(f: &Formula, out: &mut Vec<usize>) {
             term(a, out);
             term(b, out)
         }
-        Formula::Exists(_, c, _) => c.iter().for_each(|x| slots_in(x, out)),
+        Formula::Exists(_, c, _, _) => c.iter().for_each(|x| slots_in(x, out)),
         Formula::Forall(_, b) => slots_in(b, out),
     }
 }
@@ -104,6 +112,8 @@ struct Action {
     slots: usize,
     /// Top-level literals with the last parameter they need: (max slot, positive?, formula).
     literals: Vec<(usize, Formula)>,
+    /// Per literal, the parameters it mentions (bit k: parameter k).
+    literal_masks: Vec<u64>,
     /// The rest of the top-level conjunction (evaluated once all parameters are bound).
     rest: Vec<Formula>,
     /// Per parameter: a positive literal (index into `literals`) whose facts enumerate the
@@ -149,7 +159,29 @@ pub struct GameSpec {
     walkthrough: Vec<String>,
     /// The agent object (first object of type `agent`).
     agent: Option<u32>,
+    /// Per action: its command text depends on the parameters only (the template queries no
+    /// predicate an action changes), so it is cached in `command_cache`.
+    static_template: Vec<bool>,
+    command_cache: std::sync::RwLock<CommandCache>,
+    /// The state after reset, computed once (fast path).
+    initial: std::sync::OnceLock<Initial>,
 }
+
+/// What every reset starts from: applicable actions, their commands, the admissible list, the
+/// intro text.
+#[derive(Debug)]
+struct Initial {
+    valid: Vec<(usize, Vec<u32>)>,
+    commands: Vec<Arc<str>>,
+    admissible: Vec<String>,
+    intro: String,
+}
+
+/// Most parameters of an action whose command text is cached.
+const CACHE_ARGS: usize = 6;
+
+/// (action, arguments padded with `u32::MAX`) -> command text.
+type CommandCache = ahash::AHashMap<(u32, [u32; CACHE_ARGS]), Arc<str>>;
 
 /// The six ALFWorld task types.
 pub const TASK_TYPES: [&str; 6] = [
@@ -219,7 +251,7 @@ impl Compiler<'_> {
                         Formula::And(v) => v,
                         other => vec![other],
                     };
-                    let stages = conj
+                    let stages: Vec<usize> = conj
                         .iter()
                         .map(|c| {
                             let mut used = Vec::new();
@@ -227,7 +259,20 @@ impl Compiler<'_> {
                             b.iter().rposition(|(slot, _)| used.contains(slot)).unwrap_or(0)
                         })
                         .collect();
-                    Formula::Exists(b, conj, stages)
+                    let gens = b
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (slot, _))| {
+                            (0..conj.len())
+                                .filter(|&c| {
+                                    stages[c] == i
+                                        && matches!(&conj[c], Formula::Atom(_, args)
+                                            if args.contains(&Term::Var(*slot)) && !args.contains(&Term::Missing))
+                                })
+                                .collect()
+                        })
+                        .collect();
+                    Formula::Exists(b, conj, stages, gens)
                 } else {
                     Formula::Forall(b, Box::new(inner))
                 }
@@ -457,8 +502,17 @@ impl GameSpec {
                     })
                 })
                 .collect();
+            let literal_masks = literals
+                .iter()
+                .map(|(_, f)| {
+                    let mut used = Vec::new();
+                    slots_in(f, &mut used);
+                    used.iter().filter(|&&j| j < 64).fold(0u64, |m, &j| m | (1u64 << j))
+                })
+                .collect();
             actions.push(Action {
                 generators,
+                literal_masks,
                 name: a.name.clone(),
                 params,
                 slots,
@@ -546,7 +600,11 @@ impl GameSpec {
             task_type: String::new(),
             walkthrough,
             agent,
+            static_template: Vec::new(),
+            command_cache: Default::default(),
+            initial: Default::default(),
         };
+        spec.static_template = spec.actions.iter().map(|a| spec.syms_static(&a.template, 0)).collect();
         if !spec.rules.contains_key("intro") {
             return Err(keyerr("grammar", "no `intro` rule".into()));
         }
@@ -559,6 +617,74 @@ impl GameSpec {
         }
         spec.task_type = expert::task_type_of(&spec).to_string();
         Ok(spec)
+    }
+
+    /// Predicates some action effect changes (and their `not_` twins).
+    fn changed_preds(&self) -> BTreeSet<u32> {
+        let mut out = BTreeSet::new();
+        for a in &self.actions {
+            for e in &a.effects {
+                out.insert(e.pred);
+                out.insert(self.neg_of[e.pred as usize]);
+            }
+        }
+        out
+    }
+
+    /// True when deriving `syms` reads no fact an action can change (so the text is a function
+    /// of the bound variables alone).
+    fn syms_static(&self, syms: &[Sym], depth: usize) -> bool {
+        if depth > 16 {
+            return false;
+        }
+        let changed = self.changed_preds();
+        let query_static = |q: &Option<Query>| {
+            q.as_ref().is_none_or(|q| q.preds.iter().all(|qp| self.pred(&qp.name).is_none_or(|p| !changed.contains(&p))))
+        };
+        let rule_static = |name: &str| {
+            self.rules.get(name).is_some_and(|prods| {
+                prods.iter().all(|p| query_static(&p.condition) && self.syms_static(&p.rhs, depth + 1))
+            })
+        };
+        let expr_static = |e: &CondExpr| match e {
+            CondExpr::Nonterminal(n) => rule_static(n),
+            CondExpr::Eval(_) => true,
+        };
+        syms.iter().all(|s| match s {
+            Sym::Terminal(_) => true,
+            Sym::Nonterminal(n) => rule_static(n),
+            Sym::Cond { expr, given } => query_static(given) && expr_static(expr),
+            Sym::List { expr, given } => {
+                query_static(given)
+                    && expr_static(expr)
+                    && ["list_empty", "list_separator", "list_last_separator"].iter().all(|r| rule_static(r))
+            }
+        })
+    }
+
+    /// The command text of a grounded action in state `facts` (cached when the template is
+    /// static; [`Self::command_text_plain`] is the plain path).
+    fn command_text(&self, ai: usize, args: &[u32], facts: &Facts) -> Arc<str> {
+        if !self.static_template[ai] || args.len() > CACHE_ARGS {
+            return self.command_text_plain(ai, args, facts).into();
+        }
+        let mut key = (ai as u32, [u32::MAX; CACHE_ARGS]);
+        key.1[..args.len()].copy_from_slice(args);
+        if let Some(t) = self.command_cache.read().ok().and_then(|m| m.get(&key).cloned()) {
+            return t;
+        }
+        let t: Arc<str> = self.command_text_plain(ai, args, facts).into();
+        if let Ok(mut m) = self.command_cache.write() {
+            if m.len() < 1 << 16 {
+                m.insert(key, t.clone());
+            }
+        }
+        t
+    }
+
+    fn command_text_plain(&self, ai: usize, args: &[u32], facts: &Facts) -> String {
+        let ctx = self.action_ctx(ai, args);
+        self.derive(&self.actions[ai].template, &ctx, facts).unwrap_or_else(|e| format!("<{e}>"))
     }
 
     /// Where the game came from (file path or the label given to `from_json_str`).
@@ -611,12 +737,23 @@ impl GameSpec {
         }
     }
 
+    /// Truth of a formula (fast path: quantified variables drawn from the facts of an atom that
+    /// mentions them).
     fn holds(&self, f: &Formula, env: &mut Vec<u32>, facts: &Facts) -> bool {
+        self.holds_g::<true>(f, env, facts)
+    }
+
+    /// Plain path of [`Self::holds`]: quantified variables range over every object of their type.
+    fn holds_plain(&self, f: &Formula, env: &mut Vec<u32>, facts: &Facts) -> bool {
+        self.holds_g::<false>(f, env, facts)
+    }
+
+    fn holds_g<const FAST: bool>(&self, f: &Formula, env: &mut Vec<u32>, facts: &Facts) -> bool {
         match f {
             Formula::True => true,
-            Formula::And(v) => v.iter().all(|x| self.holds(x, env, facts)),
-            Formula::Or(v) => v.iter().any(|x| self.holds(x, env, facts)),
-            Formula::Not(x) => !self.holds(x, env, facts),
+            Formula::And(v) => v.iter().all(|x| self.holds_g::<FAST>(x, env, facts)),
+            Formula::Or(v) => v.iter().any(|x| self.holds_g::<FAST>(x, env, facts)),
+            Formula::Not(x) => !self.holds_g::<FAST>(x, env, facts),
             Formula::Atom(p, args) => {
                 let mut buf = [0u32; 8];
                 if args.len() > buf.len() {
@@ -635,14 +772,131 @@ impl GameSpec {
                 (Some(x), Some(y)) => x == y,
                 _ => false,
             },
-            Formula::Exists(vars, conj, stages) => {
+            Formula::Exists(vars, conj, stages, gens) => {
                 if vars.is_empty() {
-                    return conj.iter().all(|c| self.holds(c, env, facts));
+                    return conj.iter().all(|c| self.holds_g::<FAST>(c, env, facts));
                 }
-                self.exists(vars, conj, stages, 0, env, facts)
+                if FAST {
+                    self.exists_fast(vars, conj, stages, gens, 0, env, facts)
+                } else {
+                    self.exists(vars, conj, stages, 0, env, facts)
+                }
             }
-            Formula::Forall(vars, body) => self.quant(vars, 0, body, env, facts, false),
+            Formula::Forall(vars, body) => self.quant::<FAST>(vars, 0, body, env, facts, false),
         }
+    }
+
+    /// Tuples of `facts[p]` that may match `args` when `args[0]` is bound: a prefix range of the
+    /// sorted set; else the whole set.
+    fn candidate_tuples<'f>(
+        facts: &'f Facts,
+        p: u32,
+        args: &[Term],
+        env: &[u32],
+        free: usize,
+    ) -> std::collections::btree_set::Range<'f, Vec<u32>> {
+        let set = &facts[p as usize];
+        let first = match args.first() {
+            Some(Term::Var(s)) if *s == free => None,
+            Some(t) => Self::term(*t, env),
+            None => None,
+        };
+        match first.and_then(|v| Some((v, v.checked_add(1)?))) {
+            Some((v, next)) => set.range::<[u32], _>((
+                std::ops::Bound::Included(&[v][..]),
+                std::ops::Bound::Excluded(&[next][..]),
+            )),
+            None => set.range::<[u32], _>(..),
+        }
+    }
+
+    /// The value `tuple` gives variable `free` when it matches `args` under `env`.
+    fn match_free(args: &[Term], tuple: &[u32], env: &[u32], free: usize) -> Option<u32> {
+        if tuple.len() != args.len() {
+            return None;
+        }
+        let mut val = None;
+        for (term, &o) in args.iter().zip(tuple) {
+            match term {
+                Term::Var(i) if *i == free => {
+                    if val.is_some_and(|v| v != o) {
+                        return None;
+                    }
+                    val = Some(o);
+                }
+                other => {
+                    if Self::term(*other, env) != Some(o) {
+                        return None;
+                    }
+                }
+            }
+        }
+        val
+    }
+
+    /// [`Self::exists`] drawing each variable's candidates from the facts of a positive atom of
+    /// its stage (the one with a bound first argument, else the smallest fact set) when there is
+    /// one: the same truth value, since that atom must hold for any witness.
+    #[allow(clippy::too_many_arguments)]
+    fn exists_fast(
+        &self,
+        vars: &[(usize, Option<u32>)],
+        conj: &[Formula],
+        stages: &[usize],
+        gens: &[Vec<usize>],
+        i: usize,
+        env: &mut Vec<u32>,
+        facts: &Facts,
+    ) -> bool {
+        if i == vars.len() {
+            return true;
+        }
+        let (slot, t) = vars[i];
+        if env.len() <= slot {
+            env.resize(slot + 1, u32::MAX);
+        }
+        let Some(t) = t else { return false };
+        let saved = env[slot];
+        let mut best: Option<(usize, u32, &[Term])> = None;
+        for &ci in &gens[i] {
+            let Formula::Atom(p, args) = &conj[ci] else { continue };
+            let prefixed = match args.first() {
+                Some(Term::Var(s)) if *s == slot => false,
+                Some(a) => Self::term(*a, env).is_some(),
+                None => false,
+            };
+            let cost = if prefixed { 0 } else { 1 + facts[*p as usize].len() };
+            if best.is_none_or(|(c, _, _)| cost < c) {
+                best = Some((cost, *p, args));
+            }
+        }
+        let mut found = false;
+        let try_one = |o: u32, env: &mut Vec<u32>| -> bool {
+            env[slot] = o;
+            conj.iter().zip(stages).filter(|(_, s)| **s == i).all(|(c, _)| self.holds_g::<true>(c, env, facts))
+                && self.exists_fast(vars, conj, stages, gens, i + 1, env, facts)
+        };
+        match best {
+            Some((_, p, args)) => {
+                for tuple in Self::candidate_tuples(facts, p, args, env, slot) {
+                    let Some(o) = Self::match_free(args, tuple, env, slot) else { continue };
+                    if self.is_subtype(self.obj_type[o as usize], t) && try_one(o, env) {
+                        found = true;
+                        break;
+                    }
+                }
+            }
+            None => {
+                for &o in self.objs(Some(t)) {
+                    if try_one(o, env) {
+                        found = true;
+                        break;
+                    }
+                }
+            }
+        }
+        env[slot] = saved;
+        found
     }
 
     /// Binds the quantified variables one by one, checking each conjunct as soon as its variables
@@ -667,7 +921,7 @@ impl GameSpec {
         let mut found = false;
         for &o in self.objs(t) {
             env[slot] = o;
-            if conj.iter().zip(stages).filter(|(_, s)| **s == i).all(|(c, _)| self.holds(c, env, facts))
+            if conj.iter().zip(stages).filter(|(_, s)| **s == i).all(|(c, _)| self.holds_plain(c, env, facts))
                 && self.exists(vars, conj, stages, i + 1, env, facts)
             {
                 found = true;
@@ -686,7 +940,7 @@ impl GameSpec {
             Formula::And(v) => v.iter().all(|x| self.holds_reference(x, env, facts)),
             Formula::Or(v) => v.iter().any(|x| self.holds_reference(x, env, facts)),
             Formula::Not(x) => !self.holds_reference(x, env, facts),
-            Formula::Exists(vars, conj, _) => {
+            Formula::Exists(vars, conj, _, _) => {
                 let mut all = vec![vec![]];
                 for (_, t) in vars {
                     all = all.into_iter().flat_map(|p: Vec<u32>| self.objs(*t).iter().map(move |&o| [p.clone(), vec![o]].concat())).collect();
@@ -704,7 +958,7 @@ impl GameSpec {
                 *env = saved;
                 r
             }
-            other => self.holds(other, env, facts),
+            other => self.holds_plain(other, env, facts),
         }
     }
 
@@ -731,7 +985,7 @@ impl GameSpec {
         out
     }
 
-    fn quant(
+    fn quant<const FAST: bool>(
         &self,
         vars: &[(usize, Option<u32>)],
         i: usize,
@@ -741,7 +995,7 @@ impl GameSpec {
         exists: bool,
     ) -> bool {
         if i == vars.len() {
-            return self.holds(body, env, facts);
+            return self.holds_g::<FAST>(body, env, facts);
         }
         let (slot, t) = vars[i];
         if env.len() <= slot {
@@ -751,7 +1005,7 @@ impl GameSpec {
         let mut result = !exists;
         for &o in self.objs(t) {
             env[slot] = o;
-            let r = self.quant(vars, i + 1, body, env, facts, exists);
+            let r = self.quant::<FAST>(vars, i + 1, body, env, facts, exists);
             if r == exists {
                 result = exists;
                 break;
@@ -763,17 +1017,114 @@ impl GameSpec {
 
     /// Every applicable grounded action, in domain order then parameter order.
     fn applicable(&self, facts: &Facts) -> Vec<(usize, Vec<u32>)> {
+        self.applicable_g::<true>(facts)
+    }
+
+    /// Plain path of [`Self::applicable`] (whole fact sets scanned, plain quantifiers).
+    fn applicable_plain(&self, facts: &Facts) -> Vec<(usize, Vec<u32>)> {
+        self.applicable_g::<false>(facts)
+    }
+
+    fn applicable_g<const FAST: bool>(&self, facts: &Facts) -> Vec<(usize, Vec<u32>)> {
         let mut out = Vec::new();
+        let mut tuples = Vec::new();
         for (ai, a) in self.actions.iter().enumerate() {
             let mut env = vec![u32::MAX; a.slots.max(1)];
-            self.ground(ai, a, 0, &mut env, facts, &mut out);
+            if !FAST || a.params.len() > 64 {
+                self.ground::<FAST>(ai, a, 0, &mut env, facts, &mut out);
+                continue;
+            }
+            // Any binding order finds the same tuples; sorted, they come in the nested-loop
+            // order of `ground` (parameter by parameter, candidates ascending).
+            if a.params.iter().any(|p| p.2.is_none()) {
+                continue;
+            }
+            tuples.clear();
+            self.ground_join(a, 0, &mut env, facts, &mut tuples);
+            tuples.sort_unstable();
+            tuples.dedup();
+            out.extend(tuples.drain(..).map(|t| (ai, t)));
         }
         out
     }
 
-    fn ground(&self, ai: usize, a: &Action, k: usize, env: &mut Vec<u32>, facts: &Facts, out: &mut Vec<(usize, Vec<u32>)>) {
+    /// Fast path of [`Self::ground`]: binds next the unbound parameter with the fewest
+    /// candidates (drawn from the facts of a positive literal whose other arguments are bound,
+    /// a prefix range when its first argument is bound; else every object of the type) and checks
+    /// each literal as soon as its parameters are bound.
+    fn ground_join(&self, a: &Action, bound: u64, env: &mut Vec<u32>, facts: &Facts, out: &mut Vec<Vec<u32>>) {
+        let n = a.params.len();
+        if bound.count_ones() as usize == n {
+            if a.rest.iter().all(|f| self.holds(f, env, facts)) && !self.is_noop_fast(a, env) {
+                out.push(env[..n].to_vec());
+            }
+            return;
+        }
+        let is_bound = |k: usize| bound & (1u64 << k) != 0;
+        // (cost, parameter, generator literal)
+        let mut best: Option<(usize, usize, Option<usize>)> = None;
+        for k in (0..n).filter(|&k| !is_bound(k)) {
+            let mut choice = (self.objs(a.params[k].2).len() * 2, k, None);
+            for (li, (_, f)) in a.literals.iter().enumerate() {
+                let Formula::Atom(p, args) = f else { continue };
+                if !args.contains(&Term::Var(k)) || args.contains(&Term::Missing) {
+                    continue;
+                }
+                let others_bound = args.iter().all(|t| match t {
+                    Term::Var(j) => *j == k || is_bound(*j),
+                    _ => true,
+                });
+                if !others_bound {
+                    continue;
+                }
+                let prefixed = !matches!(args.first(), Some(Term::Var(j)) if *j == k);
+                let cost = if prefixed { 1 } else { facts[*p as usize].len() };
+                if cost < choice.0 {
+                    choice = (cost, k, Some(li));
+                }
+            }
+            if best.is_none_or(|b| choice.0 < b.0) {
+                best = Some(choice);
+            }
+        }
+        let Some((_, k, gen)) = best else { return };
+        let t = a.params[k].2.expect("typed parameters");
+        let now = bound | (1u64 << k);
+        let mut try_one = |o: u32, env: &mut Vec<u32>| {
+            env[k] = o;
+            // Literals whose parameters are all bound now and were not before.
+            let ok = a.literals.iter().zip(&a.literal_masks).all(|((_, f), &m)| {
+                m & (1u64 << k) == 0 || m & !now != 0 || self.holds(f, env, facts)
+            });
+            if ok {
+                self.ground_join(a, now, env, facts, out);
+            }
+        };
+        match gen {
+            Some(li) => {
+                let Formula::Atom(p, args) = &a.literals[li].1 else { unreachable!() };
+                let mut cands: Vec<u32> = Self::candidate_tuples(facts, *p, args, env, k)
+                    .filter_map(|tuple| Self::match_free(args, tuple, env, k))
+                    .filter(|&o| self.is_subtype(self.obj_type[o as usize], t))
+                    .collect();
+                cands.sort_unstable();
+                cands.dedup();
+                for o in cands {
+                    try_one(o, env);
+                }
+            }
+            None => {
+                for &o in self.objs(Some(t)) {
+                    try_one(o, env);
+                }
+            }
+        }
+        env[k] = u32::MAX;
+    }
+
+    fn ground<const FAST: bool>(&self, ai: usize, a: &Action, k: usize, env: &mut Vec<u32>, facts: &Facts, out: &mut Vec<(usize, Vec<u32>)>) {
         if k == a.params.len() {
-            if a.rest.iter().all(|f| self.holds(f, env, facts)) && !self.is_noop(a, env) {
+            if a.rest.iter().all(|f| self.holds_g::<FAST>(f, env, facts)) && !self.is_noop(a, env) {
                 out.push((ai, env[..a.params.len()].to_vec()));
             }
             return;
@@ -783,8 +1134,12 @@ impl GameSpec {
             Some(li) => {
                 let Formula::Atom(p, args) = &a.literals[li].1 else { unreachable!() };
                 let Some(t) = a.params[k].2 else { return };
-                let mut v: Vec<u32> = facts[*p as usize]
-                    .iter()
+                let tuples = if FAST {
+                    Self::candidate_tuples(facts, *p, args, env, k)
+                } else {
+                    facts[*p as usize].range::<[u32], _>(..)
+                };
+                let mut v: Vec<u32> = tuples
                     .filter(|tuple| {
                         tuple.len() == args.len()
                             && args.iter().zip(tuple.iter()).all(|(term, &o)| match term {
@@ -804,8 +1159,8 @@ impl GameSpec {
         };
         for &o in cands {
             env[k] = o;
-            if a.literals.iter().filter(|(m, _)| *m == k).all(|(_, f)| self.holds(f, env, facts)) {
-                self.ground(ai, a, k + 1, env, facts, out);
+            if a.literals.iter().filter(|(m, _)| *m == k).all(|(_, f)| self.holds_g::<FAST>(f, env, facts)) {
+                self.ground::<FAST>(ai, a, k + 1, env, facts, out);
             }
         }
         env[k] = u32::MAX;
@@ -835,14 +1190,36 @@ impl GameSpec {
         real_dels == 0 && real_adds == 0
     }
 
+    /// [`Self::is_noop`] without building the grounded lists.
+    fn is_noop_fast(&self, a: &Action, env: &[u32]) -> bool {
+        if a.effects.iter().any(|e| e.condition.is_some() || !e.forall.is_empty()) {
+            return false;
+        }
+        let grounded = |args: &[Term]| args.iter().all(|t| Self::term(*t, env).is_some());
+        let same = |x: &[Term], y: &[Term]| {
+            x.len() == y.len() && x.iter().zip(y).all(|(s, t)| Self::term(*s, env) == Self::term(*t, env))
+        };
+        let dels_cancelled = a.effects.iter().filter(|d| !d.positive && grounded(&d.args)).all(|d| {
+            a.effects.iter().any(|x| x.positive && x.pred == d.pred && grounded(&x.args) && same(&x.args, &d.args))
+        });
+        dels_cancelled
+            && a.effects.iter().filter(|x| x.positive && grounded(&x.args)).all(|x| {
+                a.pre_atoms.iter().any(|(p, args)| *p == x.pred && grounded(args) && same(args, &x.args))
+            })
+    }
+
     fn apply(&self, ai: usize, args: &[u32], facts: &mut Facts) {
+        self.apply_g::<true>(ai, args, facts)
+    }
+
+    fn apply_g<const FAST: bool>(&self, ai: usize, args: &[u32], facts: &mut Facts) {
         let a = &self.actions[ai];
         let mut env = vec![u32::MAX; a.slots.max(1)];
         env[..args.len()].copy_from_slice(args);
         let mut adds = Vec::new();
         let mut dels = Vec::new();
         for e in &a.effects {
-            self.collect_effect(e, 0, &mut env, facts, &mut adds, &mut dels);
+            self.collect_effect::<FAST>(e, 0, &mut env, facts, &mut adds, &mut dels);
         }
         for (p, g) in dels {
             facts[p as usize].remove(&g);
@@ -854,7 +1231,7 @@ impl GameSpec {
         }
     }
 
-    fn collect_effect(
+    fn collect_effect<const FAST: bool>(
         &self,
         e: &Effect,
         i: usize,
@@ -870,13 +1247,13 @@ impl GameSpec {
             }
             for &o in self.objs(t) {
                 env[slot] = o;
-                self.collect_effect(e, i + 1, env, facts, adds, dels);
+                self.collect_effect::<FAST>(e, i + 1, env, facts, adds, dels);
             }
             env[slot] = u32::MAX;
             return;
         }
         if let Some(c) = &e.condition {
-            if !self.holds(c, env, facts) {
+            if !self.holds_g::<FAST>(c, env, facts) {
                 return;
             }
         }
@@ -893,6 +1270,12 @@ impl GameSpec {
     fn goal_reached(&self, facts: &Facts) -> bool {
         let mut env = vec![u32::MAX; self.goal_slots.max(1)];
         self.holds(&self.goal, &mut env, facts)
+    }
+
+    /// Plain path of [`Self::goal_reached`].
+    fn goal_reached_plain(&self, facts: &Facts) -> bool {
+        let mut env = vec![u32::MAX; self.goal_slots.max(1)];
+        self.holds_plain(&self.goal, &mut env, facts)
     }
 
     // ------------------------------------------------------------ text grammar
@@ -1142,10 +1525,12 @@ pub struct AlfworldEnv {
     facts: Facts,
     /// Applicable grounded actions of the current state and their commands (same order).
     valid: Vec<(usize, Vec<u32>)>,
-    commands: Vec<String>,
+    commands: Vec<Arc<str>>,
     admissible: Vec<String>,
     steps: usize,
     last: Option<EnvStep>,
+    /// Plays with the plain reference code paths (no caches, no shortcuts).
+    reference: bool,
 }
 
 impl AlfworldEnv {
@@ -1160,7 +1545,18 @@ impl AlfworldEnv {
             admissible: Vec::new(),
             steps: 0,
             last: None,
+            reference: false,
         };
+        env.refresh();
+        env
+    }
+
+    /// The same game played by the plain reference code paths: every admissible command derived
+    /// from the grammar afresh after every step. Slow; the differential tests and benchmarks
+    /// compare [`AlfworldEnv::new`] with it.
+    pub fn new_reference(spec: Arc<GameSpec>, max_steps: usize) -> AlfworldEnv {
+        let mut env = AlfworldEnv::new(spec, max_steps);
+        env.reference = true;
         env.refresh();
         env
     }
@@ -1180,14 +1576,50 @@ impl AlfworldEnv {
         self.steps
     }
     pub fn won(&self) -> bool {
-        self.spec.goal_reached(&self.facts)
+        if self.reference {
+            self.spec.goal_reached_plain(&self.facts)
+        } else {
+            self.spec.goal_reached(&self.facts)
+        }
     }
     pub fn is_done(&self) -> bool {
         self.last.as_ref().is_some_and(|l| l.done)
     }
 
     fn refresh(&mut self) {
-        self.valid = self.spec.applicable(&self.facts);
+        if self.reference {
+            return self.refresh_plain();
+        }
+        let valid = self.spec.applicable(&self.facts);
+        // `valid` is sorted by (action, arguments): a merge with the previous state's list finds
+        // the commands that can be kept (static templates).
+        let mut commands = Vec::with_capacity(valid.len());
+        let mut j = 0;
+        for (ai, args) in &valid {
+            while j < self.valid.len() && (self.valid[j].0, &self.valid[j].1) < (*ai, args) {
+                j += 1;
+            }
+            let keep = j < self.valid.len() && self.valid[j].0 == *ai && &self.valid[j].1 == args && self.spec.static_template[*ai];
+            commands.push(if keep { self.commands[j].clone() } else { self.spec.command_text(*ai, args, &self.facts) });
+        }
+        let same = commands.len() == self.commands.len() && commands.iter().zip(&self.commands).all(|(a, b)| a == b);
+        self.valid = valid;
+        self.commands = commands;
+        if !same {
+            self.admissible = Self::sorted_unique(&self.commands);
+        }
+    }
+
+    fn sorted_unique(commands: &[Arc<str>]) -> Vec<String> {
+        let mut order: Vec<&str> = commands.iter().map(|c| &**c).collect();
+        order.sort_unstable();
+        order.dedup();
+        order.into_iter().map(str::to_string).collect()
+    }
+
+    /// Plain path of [`Self::refresh`]: every command derived from the grammar afresh.
+    fn refresh_plain(&mut self) {
+        self.valid = self.spec.applicable_plain(&self.facts);
         self.commands = self
             .valid
             .iter()
@@ -1196,10 +1628,11 @@ impl AlfworldEnv {
                 self.spec
                     .derive(&self.spec.actions[*ai].template, &ctx, &self.facts)
                     .unwrap_or_else(|e| format!("<{e}>"))
+                    .into()
             })
             .collect();
-        let set: BTreeSet<&String> = self.commands.iter().collect();
-        self.admissible = set.into_iter().cloned().collect();
+        let set: BTreeSet<&str> = self.commands.iter().map(|c| &**c).collect();
+        self.admissible = set.into_iter().map(str::to_string).collect();
     }
 
     fn snapshot(&self, obs: String) -> EnvStep {
@@ -1224,6 +1657,23 @@ impl TextEnv for AlfworldEnv {
         self.facts = self.spec.init.clone();
         self.steps = 0;
         self.last = None;
+        if !self.reference {
+            let spec = self.spec.clone();
+            let init = spec.initial.get_or_init(|| {
+                let mut fresh = AlfworldEnv::new(spec.clone(), 0);
+                fresh.refresh();
+                let intro = spec
+                    .derive(&[Sym::Nonterminal("intro".into())], &Ctx::default(), &fresh.facts)
+                    .unwrap_or_else(|e| format!("<{e}>"));
+                Initial { valid: fresh.valid, commands: fresh.commands, admissible: fresh.admissible, intro }
+            });
+            self.valid.clone_from(&init.valid);
+            self.commands.clone_from(&init.commands);
+            self.admissible.clone_from(&init.admissible);
+            let mut s = self.snapshot(init.intro.clone());
+            s.done = s.won;
+            return s;
+        }
         self.refresh();
         let obs = self
             .spec
@@ -1242,10 +1692,14 @@ impl TextEnv for AlfworldEnv {
             }
         }
         let cmd = py_strip(command);
-        let obs = match self.commands.iter().position(|c| c == cmd) {
+        let obs = match self.commands.iter().position(|c| &**c == cmd) {
             Some(i) => {
                 let (ai, args) = self.valid[i].clone();
-                self.spec.apply(ai, &args, &mut self.facts);
+                if self.reference {
+                    self.spec.apply_g::<false>(ai, &args, &mut self.facts);
+                } else {
+                    self.spec.apply(ai, &args, &mut self.facts);
+                }
                 let ctx = self.spec.action_ctx(ai, &args);
                 let obs = self
                     .spec
@@ -1258,7 +1712,10 @@ impl TextEnv for AlfworldEnv {
         };
         self.steps += 1;
         let s = self.snapshot(obs);
-        self.last = Some(s.clone());
+        // Only a finished game replays its last state.
+        if s.done {
+            self.last = Some(s.clone());
+        }
         s
     }
 

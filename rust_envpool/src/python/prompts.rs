@@ -90,9 +90,21 @@ impl PyChatTokenizer {
         py.detach(|| self.inner.encode_chat_batch_sequential(&prompts, system.as_deref())).map_err(to_py)
     }
 
-    /// Token ids of plain text (no special tokens added).
+    /// Token ids of plain text (no special tokens added); through the piece cache when the
+    /// tokenizer supports it (`piece_cache_status`), same ids as `encode_whole`.
     fn encode(&self, text: &str) -> PyResult<Vec<u32>> {
         self.inner.encode(text).map_err(to_py)
+    }
+
+    /// Plain reference of `encode`: the whole string through the tokenizer.
+    fn encode_whole(&self, text: &str) -> PyResult<Vec<u32>> {
+        self.inner.encode_whole(text).map_err(to_py)
+    }
+
+    /// None when `encode` uses the piece cache, else why it encodes whole strings.
+    #[getter]
+    fn piece_cache_unsupported(&self) -> Option<String> {
+        self.inner.piece_cache_status().err().map(str::to_string)
     }
 
     fn decode(&self, ids: Vec<u32>) -> PyResult<String> {
