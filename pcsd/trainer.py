@@ -116,7 +116,10 @@ def expert_episodes(games: list[str], max_steps: int) -> list[tuple[str, list[tu
 
 
 def think_for(task: str, action: str) -> str:
-    return f"My task is to {task.rstrip('.')}. The next step is to {action}."
+    """The reasoning text of the SFT targets: the kind of the next step (``go``, ``take``, ...).
+    Kept short on purpose: every token is generated at every turn of every rollout, and on a CPU
+    generation is the larger part of the default's time (the task is in the prompt already)."""
+    return f"Next: {action.split(' ', 1)[0]}."
 
 
 def sft_warmup(model, builder, games: list[str], cfg: DictConfig, steps: int, lr: float, seed: int,
@@ -276,6 +279,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     random.seed(cfg.run.seed)
     device = resolve_device(cfg.run.device)
     t_start = time.time()
+    phases: dict[str, float] = {}  # wall seconds per phase, written to summary.json
+
+    def lap(name: str, since: float) -> float:
+        now = time.time()
+        phases[name] = phases.get(name, 0.0) + now - since
+        return now
 
     # model (the tiny generated model when no path is given)
     if cfg.model.path:
@@ -291,10 +300,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     student = load_model(model_dir, device, cfg.model.dtype)
     builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
                             max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=model_dir)
+    t = lap("model", t_start)
 
     # games
+    knobs = {k: cfg.env[k] for k in ("receptacles", "distractors") if cfg.env[k] is not None}
     if cfg.env.source == "procedural":
-        knobs = dict(distractors=0) if cfg.preset.startswith("tiny") else {}
         pool_n = max(64, cfg.rollout.tasks_per_step * max(cfg.optim.steps, 1))
         train_games = procedural_games(run_dir / "games" / "train", pool_n, seed=1000, **knobs)
         n_eval = cfg.eval.episodes or 48
@@ -304,18 +314,18 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         eval_games = split_games(cfg.eval.split)
         if cfg.eval.episodes:
             eval_games = eval_games[: cfg.eval.episodes]
-    summary: dict[str, Any] = {"preset": cfg.preset, "rule": cfg.rule, "run_dir": str(run_dir)}
+    summary: dict[str, Any] = {"preset": cfg.preset, "rule": cfg.rule, "run_dir": str(run_dir),
+                               "eval_episodes": len(eval_games)}
+    t = lap("games", t)
 
     # SFT warm-up for the generated model (so that RL has signal)
     if cfg.optim.sft_steps > 0:
         sft_games = procedural_games(run_dir / "games" / "sft", 96, seed=500_000, **knobs)
-        t0 = time.time()
         losses = sft_warmup(student, builder, sft_games, cfg, steps=cfg.optim.sft_steps,
                             lr=cfg.optim.sft_lr, seed=cfg.run.seed,
                             progress=lambda s, n, l: console.print(f"[pcsd] sft {s}/{n} loss {l:.3f}")
                             if s % 25 == 0 else None)
         summary["sft_loss_first_last"] = [losses[0], losses[-1]]
-        summary["sft_seconds"] = time.time() - t0
         policy_dir = run_dir / "sft-model"
         student.save_pretrained(policy_dir)
         for f in model_dir.glob("*token*"):
@@ -323,6 +333,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         for f in model_dir.glob("chat_template*"):
             (policy_dir / f.name).write_bytes(f.read_bytes())
         base_dir = policy_dir
+        t = lap("sft", t)
     else:
         base_dir = model_dir
 
@@ -346,8 +357,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         backend = make_backend("hf", model=student, pad_token_id=eos_id(builder))
     summary["backend"] = backend_name
     console.print(f"[pcsd] rollout backend: {backend_name}")
+    t = lap("backend_start", t)
 
     before = evaluate(backend, builder, eval_games, cfg, seed=12345)
+    t = lap("eval_before", t)
     console.print(f"[pcsd] success before RL: {before['overall']:.1f}% {before['per_task']}")
     summary["success_before"] = before["overall"]
     summary["success_before_per_task"] = before["per_task"]
@@ -368,11 +381,16 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                                   success_reward=cfg.algo.success_reward,
                                   invalid_action_penalty=cfg.rollout.invalid_action_penalty,
                                   student_skills=cfg.algo.student_skills, num_threads=cfg.env.num_threads)
+            phases["rollout"] = phases.get("rollout", 0.0) + rb.timings.total
             backend.sleep()
             st = update_step(student, frozen, opt, rb, cfg, step)
+            phases["score"] = phases.get("score", 0.0) + st["score_seconds"]
+            phases["update"] = phases.get("update", 0.0) + st["update_seconds"]
+            t = time.time()
             backend.wake()
             if backend_name == "vllm":
                 backend.load_weights(student.state_dict().items())
+            lap("weight_sync", t)
             rec = dict(step=step + 1, reward=float(rb.reward.mean()), success=100.0 * float(rb.won.float().mean()),
                        turns=float(rb.length.float().mean()),
                        valid_actions=float(rb.action_valid.float().mean()),
@@ -385,10 +403,14 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                           f"reward {rec['reward']:.2f} gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} "
                           f"kl {rec['kl']:.4f} {rec['step_seconds']:.1f}s")
 
+    t = time.time()
     after = evaluate(backend, builder, eval_games, cfg, seed=12345)
+    lap("eval_after", t)
     console.print(f"[pcsd] success after RL: {after['overall']:.1f}% {after['per_task']}")
     backend.close()
     student.save_pretrained(run_dir / "final-model")
     summary.update(success_after=after["overall"], success_after_per_task=after["per_task"],
-                   steps=cfg.optim.steps, wall_seconds=time.time() - t_start)
+                   steps=cfg.optim.steps, wall_seconds=time.time() - t_start,
+                   phase_seconds={k: round(v, 2) for k, v in phases.items()})
+    summary["sft_seconds"] = phases.get("sft", 0.0)
     return summary
