@@ -149,9 +149,9 @@ def sft_warmup(model, builder, games: list[str], cfg: DictConfig, steps: int, lr
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if progress:
-            progress(step + 1, steps, float(loss))
+            progress(step + 1, steps, losses[-1])
     model.eval()
     return losses
 

@@ -202,6 +202,10 @@ class VLLMBackend(GenerationBackend):
             kwargs["enable_sleep_mode"] = self.sleep_enabled
         else:
             kwargs["kv_cache_memory_bytes"] = kv_cache_bytes or (256 << 20)
+            # No chunked prefill on CPU: a partly prefilled seeded request makes vLLM rewind its
+            # CPU torch.Generator ("CPU Generator does not use offset"); whole prompts only.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(max_model_len, 16384)
             self.sleep_enabled = False
         try:
             self.llm = LLM(**kwargs)
