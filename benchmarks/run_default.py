@@ -11,7 +11,14 @@ Noise of the fixed evaluation set: every game is played once, in a fixed order w
 so the number is a binomial proportion over ``eval_episodes`` games; the standard error printed
 beside the rise is that of a difference of two independent proportions,
 ``sqrt(p1 (1 - p1) / n + p2 (1 - p2) / n)`` (conservative: before and after play the same games).
-Arguments after ``--`` are passed to ``pcsd.train`` as dotted overrides for both runs.
+Arguments after ``--`` are passed to ``pcsd.train`` as dotted overrides for both runs (e.g.
+``-- model.path=RUN/sft-model optim.sft_steps=0`` starts RL from a finished run's warm-up).
+
+Last measured (2-core VM shared with five other jobs, load average 5-16; not a clean timing):
+SFT 60 steps 14.6 min wall with two runs side by side (loss 6.97 -> 0.70); vLLM start + evaluation
+of the 48 games ~1.5 min; one RL step 313 s = rollout 37 s (12 %), scoring 175 s (56 %), update
+101 s (32 %) for 160 turn rows. success_before 0 % after 60, 120 and 160 SFT steps, so the full
+default was not run to the end: see the notes in pcsd/configs/tiny-cpu.yaml.
 """
 
 from __future__ import annotations
