@@ -55,6 +55,9 @@ class EnvConfig:
     max_steps: int = 50
     history_length: int = 2
     num_threads: int = 0  # env pool threads; 0 = all cores
+    # difficulty of procedural games (source=procedural); None = drawn as typical of the room
+    receptacles: Optional[int] = None  # total receptacles, at least the room's minimum
+    distractors: Optional[int] = None  # objects besides the task's own
 
 
 @dataclass

@@ -446,7 +446,9 @@ def _parser() -> argparse.ArgumentParser:
                          "eval.episodes, else 48); with a tiny-preset run the list is the trainer's own")
     ap.add_argument("--games-dir", default=None, help="where split=procedural writes its games")
     ap.add_argument("--distractors", type=int, default=None,
-                    help="split=procedural: distractor objects (default: 0 for tiny-preset runs, else drawn)")
+                    help="split=procedural: distractor objects (default: the run's env.distractors, else drawn)")
+    ap.add_argument("--receptacles", type=int, default=None,
+                    help="split=procedural: receptacles per game (default: the run's env.receptacles, else drawn)")
     ap.add_argument("--temperature", type=float, default=0.4)
     ap.add_argument("--greedy", action="store_true", help="temperature 0")
     ap.add_argument("--skills", action="store_true", help="skills in the student prompt (starred rows)")
@@ -467,12 +469,14 @@ def _resolve_games(split: str, args: argparse.Namespace, out_dir: Path, run_cfg:
     if args.games_file:
         games = read_games_file(args.games_file)
     elif split == "procedural":
-        # defaults from the run: the trainer's own evaluation list (tiny presets: no distractors)
-        distractors = args.distractors
-        if distractors is None and str(run_cfg.get("preset", "")).startswith("tiny"):
-            distractors = 0
+        # defaults from the run: the trainer's own evaluation list (its env.receptacles / env.distractors)
+        run_env = run_cfg.get("env", {}) or {}
+        knobs = {}
+        for k in ("receptacles", "distractors"):
+            v = getattr(args, k) if getattr(args, k) is not None else run_env.get(k)
+            if v is not None:
+                knobs[k] = int(v)
         n = args.procedural_games or run_cfg.get("eval", {}).get("episodes") or 48
-        knobs = {} if distractors is None else dict(distractors=distractors)
         games = procedural_eval_games(Path(args.games_dir) if args.games_dir else out_dir / "games", n, **knobs)
     else:
         games = split_games(split)

@@ -60,6 +60,11 @@ def procedural_games(out_dir: Path, count: int, seed: int, task_types=TASK_TYPES
     return paths
 
 
+def procedural_knobs(cfg: DictConfig) -> dict[str, int]:
+    """The generator's difficulty knobs set in the config (``env.receptacles``, ``env.distractors``)."""
+    return {k: int(cfg.env[k]) for k in ("receptacles", "distractors") if cfg.env.get(k) is not None}
+
+
 def split_games(split: str) -> list[str]:
     root = os.environ.get("ALFWORLD_DATA")
     if not root:
@@ -121,7 +126,10 @@ def expert_episodes(games: list[str], max_steps: int) -> list[tuple[str, list[tu
 
 
 def think_for(task: str, action: str) -> str:
-    return f"My task is to {task.rstrip('.')}. The next step is to {action}."
+    """The reasoning text of the SFT targets: the kind of the next step (``go``, ``take``, ...).
+    Kept short on purpose: every token is generated at every turn of every rollout, and on a CPU
+    generation is the larger part of the default's time (the task is in the prompt already)."""
+    return f"Next: {action.split(' ', 1)[0]}."
 
 
 def sft_warmup(model, builder, games: list[str], cfg: DictConfig, steps: int, lr: float, seed: int,
@@ -151,9 +159,9 @@ def sft_warmup(model, builder, games: list[str], cfg: DictConfig, steps: int, lr
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if progress:
-            progress(step + 1, steps, float(loss))
+            progress(step + 1, steps, losses[-1])
     model.eval()
     return losses
 
@@ -373,7 +381,7 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
         dist_utils.barrier(ctx)
         return procedural_games(out_dir, count, seed, **kw)
 
-    knobs = dict(distractors=0) if cfg.preset.startswith("tiny") else {}
+    knobs = procedural_knobs(cfg)
     if cfg.env.source == "procedural":
         pool_n = max(64, cfg.rollout.tasks_per_step * max(cfg.optim.steps, 1))
         train_games = games_at(run_dir / "games" / "train", pool_n, seed=1000, **knobs)
@@ -385,7 +393,8 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
         if cfg.eval.episodes:
             eval_games = eval_games[: cfg.eval.episodes]
     summary: dict[str, Any] = {"preset": cfg.preset, "method": cfg.method, "rule": cfg.rule,
-                               "run_dir": str(run_dir), "world_size": ctx.world_size}
+                               "run_dir": str(run_dir), "world_size": ctx.world_size,
+                               "eval_episodes": len(eval_games)}
 
     # SFT warm-up for the generated model (so that RL has signal); rank 0 trains it, a resumed
     # run reuses the saved one
@@ -501,6 +510,7 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
     if ckpt is not None:  # every RNG exactly as the uninterrupted run had it after step `start`
         restore_rng(ckpt.rng, {"games": rng})
     stopped_at = None
+    phases: dict[str, float] = {"sft": float(summary.get("sft_seconds", 0.0))}  # wall seconds per phase
     with (MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard) if ctx.is_main
           else contextlib.nullcontext(None)) as metrics:
         if metrics is not None and ckpt is None:
@@ -533,6 +543,9 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
                            turns=len_sum / max(n_traj, 1), valid_actions=valid_sum / max(n_rows, 1))
             if metrics is not None:
                 metrics.log(rec)
+            for ph, key in (("rollout", "rollout_seconds"), ("score", "score_seconds"),
+                            ("update", "update_seconds"), ("weight_sync", "sync_seconds")):
+                phases[ph] = phases.get(ph, 0.0) + float(rec.get(key, 0.0))
             console.print(f"[pcsd] step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% "
                           f"reward {rec['reward']:.2f} gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} "
                           f"kl {rec['kl']:.4f} {rec['tokens_per_s']:.0f} tok/s {rec['step_seconds']:.1f}s")
@@ -571,5 +584,6 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
     if ctx.is_main:
         m = gen_model if ctx.distributed else student
         m.save_pretrained(run_dir / "final-model", **({"state_dict": final_state} if ctx.distributed else {}))
-    summary.update(steps=cfg.optim.steps, wall_seconds=time.time() - t_start)
+    summary.update(steps=cfg.optim.steps, wall_seconds=time.time() - t_start,
+                   phase_seconds={k: round(v, 2) for k, v in phases.items()})
     return dist_utils.broadcast_object(summary, ctx)
