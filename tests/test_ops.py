@@ -146,14 +146,16 @@ def test_float_mask_and_bool_mask_agree_and_out_is_written_in_place():
 
 
 @needs_c
-def test_multithreaded_equals_single_threaded():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_multithreaded_equals_single_threaded(impl):
     gap, cu, mask = make_batch([257] * 300, 11, mask_p=0.1)
     old = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        one = pcsd_weights(gap, cu, mask)
-        torch.set_num_threads(max(2, old))
-        many = pcsd_weights(gap, cu, mask)
+        with cpu_impl(impl):
+            torch.set_num_threads(1)
+            one = pcsd_weights(gap, cu, mask)
+            torch.set_num_threads(max(2, old))
+            many = pcsd_weights(gap, cu, mask)
     finally:
         torch.set_num_threads(old)
     torch.testing.assert_close(one, many, rtol=0, atol=0)
@@ -457,7 +459,8 @@ def test_empty_input():
 
 
 @needs_c
-def test_long_segment_has_no_drift():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_long_segment_has_no_drift(impl):
     # One 200k-token turn: large gaps first, then a constant tail. The kernel slides its window
     # sums; rounding must not accumulate across the turn.
     g = torch.Generator().manual_seed(0)
@@ -465,7 +468,8 @@ def test_long_segment_has_no_drift():
     gap[150_000:] = 0.25
     mask = torch.rand(200_000, generator=g) > 0.1
     cu = torch.tensor([0, 200_000])
-    got = pcsd_weights(gap, cu, mask, return_stats=True)
+    with cpu_impl(impl):
+        got = pcsd_weights(gap, cu, mask, return_stats=True)
     assert_close_to_ref(got, gap, cu, mask)
     tail = slice(150_000, 199_990)
     assert bool((got.slope[tail][mask[tail]].abs() < 1e-6).all())
