@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 
 import torch
 
@@ -33,14 +34,21 @@ from pcsd.reference import pcsd_weights_reference  # noqa: E402
 
 def round_robin(fns: dict, repeats: int, sync) -> dict[str, dict]:
     """One warm-up call of each, then ``repeats`` rounds of one timed call of each
-    (:func:`pcsd.bench.measure` per call). Returns name -> {median_s, spread_s}."""
+    (:func:`pcsd.bench.measure` per call). Returns name -> {median_s, spread_s, cpu_s}: wall-clock
+    median and spread, and the median CPU time of the process per call (``time.process_time``:
+    all threads together; on a machine shared with other jobs it is not inflated by waiting for a
+    core, so with one thread it is the fairer speed figure)."""
     for fn in fns.values():
         measure(fn, 1, warmup=0, sync=sync)
     times: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            c0 = time.process_time()
             times[name].append(measure(fn, 1, warmup=0, sync=sync)["median_s"])
-    return {k: dict(median_s=statistics.median(v), spread_s=max(v) - min(v)) for k, v in times.items()}
+            cpu[name].append(time.process_time() - c0)
+    return {k: dict(median_s=statistics.median(v), spread_s=max(v) - min(v),
+                    cpu_s=statistics.median(cpu[k])) for k, v in times.items()}
 
 
 def forced(impl: str, fn):
@@ -141,6 +149,12 @@ def run(tokens: list[int], repeats: int, device: str, threads: list[int], compil
                        speedup_vs_eager=m["eager"]["median_s"] / t_nat,
                        native_GBps=nbytes / t_nat / 1e9, copy_GBps=nbytes / m["copy"]["median_s"] / 1e9,
                        bandwidth_vs_copy=m["copy"]["median_s"] / t_nat, max_abs_err_vs_ref=max_err)
+            if device == "cpu" and nt == 1:  # CPU-time ratios (see round_robin)
+                row["native_cpu_ms"] = m["native"]["cpu_s"] * 1e3
+                row["eager_ref_cpu_ms"] = m["eager"]["cpu_s"] * 1e3
+                row["cpu_time_speedup_vs_eager"] = m["eager"]["cpu_s"] / max(m["native"]["cpu_s"], 1e-9)
+                if "compiled" in m:
+                    row["cpu_time_speedup_vs_compiled"] = m["compiled"]["cpu_s"] / max(m["native"]["cpu_s"], 1e-9)
             if "scalar" in m:
                 row["scalar_ms"] = m["scalar"]["median_s"] * 1e3
                 row["speedup_vs_scalar"] = m["scalar"]["median_s"] / t_nat
@@ -157,7 +171,8 @@ def run(tokens: list[int], repeats: int, device: str, threads: list[int], compil
 
 COLS = ["device", "kernel", "tokens", "threads", "native_ms", "native_spread_ms", "ns_per_token",
         "scalar_ms", "eager_ref_ms", "compiled_ref_ms", "speedup_vs_scalar", "speedup_vs_eager",
-        "speedup_vs_compiled", "native_GBps", "copy_GBps", "bandwidth_vs_copy",
+        "speedup_vs_compiled", "native_cpu_ms", "eager_ref_cpu_ms", "cpu_time_speedup_vs_eager",
+        "cpu_time_speedup_vs_compiled", "native_GBps", "copy_GBps", "bandwidth_vs_copy",
         "extra_B_per_token_native", "extra_B_per_token_scalar", "extra_B_per_token_eager",
         "max_abs_err_vs_ref"]
 
