@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "pcsd_kernels.h"
@@ -34,14 +35,36 @@ pcsd::PcsdParams make_params(int64_t n_min, int64_t n_max, double alpha, double 
   return p;
 }
 
+// The CPU implementation to run: the `impl` argument, else the PCSD_CPU_KERNEL environment
+// variable (read on every call), else "auto". Values: auto | scalar | avx2.
+pcsd::CpuImpl parse_impl(const std::string& arg) {
+  std::string v = arg;
+  const char* from = "impl";
+  if (v.empty()) {
+    const char* env = std::getenv("PCSD_CPU_KERNEL");
+    v = env != nullptr ? env : "";
+    from = "PCSD_CPU_KERNEL";
+  }
+  if (v.empty() || v == "auto") return pcsd::kCpuAuto;
+  if (v == "scalar") return pcsd::kCpuScalar;
+  if (v == "avx2") {
+    if (!pcsd::cpu_has_avx2()) {
+      throw py::value_error(std::string(from) + "=avx2 but this CPU lacks AVX2/FMA; use auto or scalar");
+    }
+    return pcsd::kCpuAvx2;
+  }
+  throw py::value_error(std::string(from) + " must be one of auto, scalar, avx2, got '" + v + "'");
+}
+
 py::tuple weights_cpu(std::uintptr_t gap, std::uintptr_t cu, int64_t num_segments, int64_t total,
                       std::uintptr_t mask, int64_t n_min, int64_t n_max, double alpha,
                       double tau_low, double tau_high, double gamma, double beta_gate,
                       double eps_slope, double eps_scale, bool adaptive, bool trend,
                       std::uintptr_t w, std::uintptr_t ad, std::uintptr_t r, std::uintptr_t slope,
-                      std::uintptr_t eta, int num_threads) {
+                      std::uintptr_t eta, int num_threads, const std::string& impl) {
   const auto p = make_params(n_min, n_max, alpha, tau_low, tau_high, gamma, beta_gate, eps_slope,
                              eps_scale, adaptive, trend);
+  const pcsd::CpuImpl which = parse_impl(impl);
   int64_t err_index = -1;
   int status;
   {
@@ -50,7 +73,7 @@ py::tuple weights_cpu(std::uintptr_t gap, std::uintptr_t cu, int64_t num_segment
                                     num_segments, total, as_ptr<const uint8_t>(mask), p,
                                     as_ptr<float>(w), as_ptr<float>(ad), as_ptr<float>(r),
                                     as_ptr<float>(slope), as_ptr<float>(eta), num_threads,
-                                    &err_index);
+                                    &err_index, which);
   }
   return py::make_tuple(status, err_index);
 }
@@ -80,10 +103,24 @@ void weights_cuda(std::uintptr_t gap, std::uintptr_t cu, int64_t num_segments, i
 }
 #endif
 
+// Which CPU implementation pcsd_weights_cpu runs for these window parameters ("avx2"/"scalar").
+std::string cpu_kernel(int64_t n_min, int64_t n_max, double alpha, const std::string& impl) {
+  pcsd::PcsdParams p;
+  p.n_min = n_min;
+  p.n_max = n_max;
+  p.alpha = alpha;
+  return pcsd::cpu_kernel_name(p, parse_impl(impl));
+}
+
+bool vexp_nonpositive(std::uintptr_t x, std::uintptr_t y, int64_t n) {
+  return pcsd::cpu_vexp_nonpositive(as_ptr<const float>(x), as_ptr<float>(y), n);
+}
+
 py::dict build_info() {
   py::dict d;
   d["version"] = PCSD_VERSION;
   d["cpu_kernels"] = true;
+  d["cpu_avx2"] = pcsd::cpu_has_avx2();
 #ifdef PCSD_WITH_CUDA
   d["cuda_kernels"] = true;
   d["cuda_archs"] = PCSD_CUDA_ARCHS;
@@ -103,7 +140,23 @@ PYBIND11_MODULE(_C, m) {
   m.attr("__version__") = PCSD_VERSION;
   m.def("build_info", &build_info, "What this module was compiled with.");
   m.def("echo", [](int64_t x) { return x; }, "Round-trips an integer (smoke test).");
-  m.def("pcsd_weights_cpu", &weights_cpu, "Segmented PCSD weights on CPU buffers (raw addresses).");
+  m.def("pcsd_weights_cpu", &weights_cpu,
+        "Segmented PCSD weights on CPU buffers (raw addresses). impl: auto | scalar | avx2; empty "
+        "reads the PCSD_CPU_KERNEL environment variable (default auto).",
+        py::arg("gap"), py::arg("cu"), py::arg("num_segments"), py::arg("total"), py::arg("mask"),
+        py::arg("n_min"), py::arg("n_max"), py::arg("alpha"), py::arg("tau_low"),
+        py::arg("tau_high"), py::arg("gamma"), py::arg("beta_gate"), py::arg("eps_slope"),
+        py::arg("eps_scale"), py::arg("adaptive"), py::arg("trend"), py::arg("w"), py::arg("ad"),
+        py::arg("r"), py::arg("slope"), py::arg("eta"), py::arg("num_threads"),
+        py::arg("impl") = "");
+  m.def("cpu_kernel", &cpu_kernel,
+        "The CPU implementation ('avx2' or 'scalar') that pcsd_weights_cpu runs for these window "
+        "parameters and impl (empty: PCSD_CPU_KERNEL, default auto).",
+        py::arg("n_min"), py::arg("n_max"), py::arg("alpha"), py::arg("impl") = "");
+  m.def("vexp_nonpositive", &vexp_nonpositive,
+        "exp(x) for x <= 0 with the AVX2 kernel's polynomial, float32 buffers (raw addresses); "
+        "False without AVX2. For the accuracy test.",
+        py::arg("x"), py::arg("y"), py::arg("n"));
 #ifdef PCSD_WITH_CUDA
   m.def("pcsd_weights_cuda", &weights_cuda,
         "Segmented PCSD weights on CUDA buffers (raw device addresses, stream).");

@@ -1,13 +1,33 @@
-// CPU kernel for the segmented PCSD weights. See pcsd_kernels.h for the contract.
+// CPU kernels for the segmented PCSD weights. See pcsd_kernels.h for the contract.
+//
+// Two implementations of the same math:
+//   * segment_weights (portable scalar): a backward sweep with O(1) sliding fp64 window sums;
+//     the fallback on every CPU and the second reference of the tests;
+//   * simd::segment_weights_avx2: 8 consecutive tokens per vector, direct windowed sums, built
+//     with target attributes and chosen at run time when the CPU has AVX2 and FMA.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
 #include <thread>
 #include <vector>
 
 #include "pcsd_kernels.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PCSD_X86 1
+#include <immintrin.h>
+#else
+#define PCSD_X86 0
+#endif
+
 namespace pcsd {
 namespace {
+
+// Longest window the AVX2 kernel takes; its cost grows with n_max (direct sums), while the scalar
+// kernel's sliding sums cost O(1) per token, so very long windows stay with the scalar kernel.
+constexpr int kSimdMaxWindow = 32;
 
 inline double sigmoid(double x) {
   if (x >= 0) {
@@ -135,11 +155,459 @@ int segment_weights(const float* __restrict g, const uint8_t* __restrict mk, int
   return kOk;
 }
 
+
+// =================================================================================================
+// AVX2 + FMA kernel. Compiled with function-level target attributes and entered only after a run
+// time CPU check, so the module needs no -march flag and stays portable.
+//
+// Layout: every segment is cut into chunks of kChunk tokens. A chunk (plus the n_max - 1 tokens
+// its windows reach into, never past the segment end) is copied once into a per-thread scratch:
+// masked gaps as doubles (0 at masked positions, selected, so NaN/Inf there never enter a sum) and
+// the mask as floats, zero-padded. Lane l of a vector is token i + l; window offset j reads the
+// scratch at i + j, so the 8 windows of a vector slide through registers with one unaligned load
+// per offset, and padding zeros truncate windows at the segment end. The sums are direct
+// windowed sums (no running sums, hence no drift along long segments):
+//   float  (exact or positive terms): count c, sum j, sum j^2, decayed denominators;
+//   double (data, where cancellation lives): sum x, sum x^2, sum j x, decayed numerators;
+// the short window's decayed sums are the long window's after n_min offsets (same weights).
+// The cancelling differences (variance, centred cross sum, sxx) are formed in double, rounded
+// once to float, and the rest (divisions, clips, exp, sigmoid) runs on 8 float lanes.
+// Why double for the data sums: with float sums the kernel misses the tests' accuracy bound
+// (|kernel - ref64| <= 2 |ref32 - ref64| + 1e-6 (1 + |ref64|)) on gaps of magnitude ~1e3, where
+// random-sign sums cancel; the mask-only sums have no cancellation and stay in float.
+// Full windows (n valid tokens inside the segment, found from a bit per token) skip the mask sums
+// and the divisions by count, sxx and the decay denominators: those are per-call constants.
+// (Measured: with a random 5 % mask about half the vectors are full, and the mispredicted
+// full/partial branch then costs about what the full path saves; without holes it is ~1.5x.)
+// =================================================================================================
+#if PCSD_X86
+namespace simd {
+
+#define PCSD_AVX2_FN __attribute__((target("avx2,fma")))
+
+constexpr int64_t kChunk = 2048;  // tokens per chunk (multiple of 8)
+
+struct Consts {
+  int n, ns;
+  float dec_f[kSimdMaxWindow];
+  double dec_d[kSimdMaxWindow];
+  float tau_low, inv_tau, gamma, beta, eps_slope;
+  double eps_scale;
+  bool adaptive, trend;
+  // Constants of a full window (n valid tokens, all inside the segment): the common case.
+  double full_inv_c, full_sj;
+  float full_inv_sxx, full_inv_den_l, full_inv_den_s;
+};
+
+Consts make_consts(const PcsdParams& p) {
+  Consts k{};
+  k.n = static_cast<int>(p.n_max);
+  k.ns = static_cast<int>(std::min(p.n_min, p.n_max));
+  double a = 1.0;
+  for (int j = 0; j < k.n; ++j) {
+    k.dec_d[j] = a;
+    k.dec_f[j] = static_cast<float>(a);
+    a *= p.alpha;
+  }
+  k.tau_low = static_cast<float>(p.tau_low);
+  k.inv_tau = static_cast<float>(1.0 / (p.tau_high - p.tau_low));
+  k.gamma = static_cast<float>(p.gamma);
+  k.beta = static_cast<float>(p.beta_gate);
+  k.eps_slope = static_cast<float>(p.eps_slope);
+  k.eps_scale = p.eps_scale;
+  k.adaptive = p.adaptive;
+  k.trend = p.trend;
+  double sj = 0.0, sjj = 0.0, den_l = 0.0, den_s = 0.0;
+  for (int j = 0; j < k.n; ++j) {
+    sj += j;
+    sjj += static_cast<double>(j) * j;
+    den_l += k.dec_f[j];
+    if (j < k.ns) den_s += k.dec_f[j];
+  }
+  k.full_inv_c = 1.0 / k.n;
+  k.full_sj = sj;
+  k.full_inv_sxx = static_cast<float>(1.0 / ((sjj - sj * sj / k.n) + static_cast<double>(k.eps_slope)));
+  k.full_inv_den_l = static_cast<float>(1.0 / den_l);
+  k.full_inv_den_s = static_cast<float>(1.0 / den_s);
+  return k;
+}
+
+// exp(x) for x <= 0 (x below ln(FLT_MIN) returns FLT_MIN-sized values instead of denormals,
+// an absolute error < 1.2e-38). Range reduction x = n ln2 + r with ln2 split in two parts and a
+// degree-6 polynomial for exp(r) on |r| <= ln2/2 (the classic Cephes expf coefficients); 2^n is
+// built in the exponent bits. Error measured by tests/test_ops.py (a few ulp at most).
+PCSD_AVX2_FN inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
+  x = _mm256_min_ps(x, _mm256_setzero_ps());
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// 8 mask bytes -> all-ones float lanes where the byte is non-zero.
+PCSD_AVX2_FN inline __m256 load_mask8(const uint8_t* p) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(
+      _mm256_xor_si256(_mm256_cmpeq_epi32(b, _mm256_setzero_si256()), _mm256_set1_epi32(-1)));
+}
+
+// Pass over one segment: sum |g| and count over valid tokens (fp64), and the finiteness check.
+// Returns kOk or kNonFiniteGap with *err_index at the first offending position.
+template <bool kMask>
+PCSD_AVX2_FN int segment_scale(const float* __restrict g, const uint8_t* __restrict mk,
+                               int64_t begin, int64_t end, double* scale_out, int64_t* err_index) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
+  int64_t valid = 0;
+  int64_t t = begin;
+  for (; t + 8 <= end; t += 8) {
+    const __m256 v = _mm256_loadu_ps(g + t);
+    const __m256 vm = kMask ? load_mask8(mk + t) : _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    const __m256 av = _mm256_and_ps(v, abs_mask);
+    // not (|v| < inf) is true for +-Inf and NaN
+    const int bad = _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(av, inf, _CMP_NLT_UQ), vm));
+    if (bad) {
+      *err_index = t + __builtin_ctz(static_cast<unsigned>(bad));
+      return kNonFiniteGap;
+    }
+    const __m256 a = _mm256_and_ps(av, vm);
+    acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(a)));
+    acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)));
+    if (kMask) valid += __builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(vm)));
+  }
+  if (!kMask) valid = t - begin;
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(acc0, acc1));
+  double abs_sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (; t < end; ++t) {
+    if (kMask && mk[t] == 0) continue;
+    const float v = g[t];
+    if (!std::isfinite(v)) {
+      *err_index = t;
+      return kNonFiniteGap;
+    }
+    abs_sum += std::fabs(static_cast<double>(v));
+    ++valid;
+  }
+  *scale_out = (valid > 0 ? abs_sum / static_cast<double>(valid) : 0.0);
+  return kOk;
+}
+
+// Per-thread scratch, allocated once per call and thread (never per token).
+struct Scratch {
+  std::vector<double> x;  // masked gaps of the chunk and its window reach, zero padded
+  std::vector<float> m;   // 1.0f at valid tokens, zero padded
+  std::vector<uint8_t> bits;  // bit l of bits[q] = token 8 q + l is valid (zero padded)
+  explicit Scratch(int n)
+      : x(static_cast<size_t>(kChunk + n + 16)), m(x.size()), bits(x.size() / 8 + 16) {}
+  // True when the n-token windows of the 8 tokens at offset k (a multiple of 8) are all full:
+  // tokens k .. k + n + 6 valid and inside the segment.
+  bool full(int64_t k, int n) const {
+    uint64_t b;
+    std::memcpy(&b, bits.data() + k / 8, sizeof(b));
+    const uint64_t want = (uint64_t{1} << (n + 7)) - 1;  // n + 7 <= 39 bits
+    return (b & want) == want;
+  }
+};
+
+// Copies tokens [t0, t0 + need) into the scratch and zeroes the scratch up to `upto`.
+template <bool kMask>
+PCSD_AVX2_FN void fill_chunk(const float* __restrict g, const uint8_t* __restrict mk, int64_t t0,
+                             int64_t need, int64_t upto, Scratch& sc) {
+  double* __restrict xd = sc.x.data();
+  float* __restrict mf = sc.m.data();
+  uint8_t* __restrict vb = sc.bits.data();
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t q = 0;
+  for (; q + 8 <= need; q += 8) {
+    const __m256 v = _mm256_loadu_ps(g + t0 + q);
+    const __m256 vm = kMask ? load_mask8(mk + t0 + q) : _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    const __m256 xv = _mm256_and_ps(v, vm);
+    vb[q / 8] = static_cast<uint8_t>(_mm256_movemask_ps(vm));
+    _mm256_storeu_ps(mf + q, _mm256_and_ps(one, vm));
+    _mm256_storeu_pd(xd + q, _mm256_cvtps_pd(_mm256_castps256_ps128(xv)));
+    _mm256_storeu_pd(xd + q + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(xv, 1)));
+  }
+  // Bit bytes from q / 8 on are rebuilt: the tail's valid bits, then zeros.
+  std::memset(vb + q / 8, 0, static_cast<size_t>((upto + 7) / 8 + 8 - q / 8));
+  for (; q < need; ++q) {
+    const bool ok = !kMask || mk[t0 + q] != 0;
+    xd[q] = ok ? static_cast<double>(g[t0 + q]) : 0.0;
+    mf[q] = ok ? 1.0f : 0.0f;
+    vb[q / 8] = static_cast<uint8_t>(vb[q / 8] | (ok ? 1u << (q % 8) : 0u));
+  }
+  for (; q < upto; ++q) {
+    xd[q] = 0.0;
+    mf[q] = 0.0f;
+  }
+}
+
+PCSD_AVX2_FN inline __m256 to_ps(__m256d lo, __m256d hi) {
+  return _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
+}
+
+// Weights of the 8 tokens whose windows start at scratch offset k. kN > 0: the window length
+// is the compile-time constant kN (== K.n), so the offset loops unroll completely. kFull: every
+// window is full (n valid tokens inside the segment), so the mask-only sums are the constants of
+// Consts and only the data sums remain.
+template <int kN, bool kFull>
+PCSD_AVX2_FN inline void window8(const Consts& K, const double* __restrict xd,
+                                 const float* __restrict mf, __m256 inv_scale_neg, __m256* out_w,
+                                 __m256* out_ad, __m256* out_r, __m256* out_sl, __m256* out_eta) {
+  const int n = kN > 0 ? kN : K.n;
+  const int ns = K.ns;
+  __m256 c = _mm256_setzero_ps(), sj = c, sjj = c, den_l = c, den_s = c;
+  __m256d s1a = _mm256_setzero_pd(), s1b = s1a, s2a = s1a, s2b = s1a, sjxa = s1a, sjxb = s1a,
+          numa = s1a, numb = s1a, nsa = s1a, nsb = s1a;
+#define PCSD_WINDOW_STEP(j)                                             \
+  {                                                                     \
+    const __m256d xa = _mm256_loadu_pd(xd + (j));                       \
+    const __m256d xb = _mm256_loadu_pd(xd + (j) + 4);                   \
+    const __m256d Jd = _mm256_set1_pd(static_cast<double>(j));         \
+    const __m256d Ad = _mm256_set1_pd(K.dec_d[j]);                      \
+    if (!kFull) {                                                       \
+      const __m256 m = _mm256_loadu_ps(mf + (j));                       \
+      const float jf = static_cast<float>(j);                           \
+      c = _mm256_add_ps(c, m);                                          \
+      sj = _mm256_fmadd_ps(_mm256_set1_ps(jf), m, sj);                  \
+      sjj = _mm256_fmadd_ps(_mm256_set1_ps(jf * jf), m, sjj);           \
+      den_l = _mm256_fmadd_ps(_mm256_set1_ps(K.dec_f[j]), m, den_l);    \
+    }                                                                   \
+    s1a = _mm256_add_pd(s1a, xa);                                       \
+    s1b = _mm256_add_pd(s1b, xb);                                       \
+    s2a = _mm256_fmadd_pd(xa, xa, s2a);                                 \
+    s2b = _mm256_fmadd_pd(xb, xb, s2b);                                 \
+    sjxa = _mm256_fmadd_pd(Jd, xa, sjxa);                               \
+    sjxb = _mm256_fmadd_pd(Jd, xb, sjxb);                               \
+    numa = _mm256_fmadd_pd(Ad, xa, numa);                               \
+    numb = _mm256_fmadd_pd(Ad, xb, numb);                               \
+  }
+  int j = 0;
+#pragma GCC unroll 32
+  for (; j < ns; ++j) PCSD_WINDOW_STEP(j)
+  den_s = den_l;
+  nsa = numa;
+  nsb = numb;
+#pragma GCC unroll 32
+  for (; j < n; ++j) PCSD_WINDOW_STEP(j)
+#undef PCSD_WINDOW_STEP
+
+  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+  // fp64: 1/c, mean, variance, centred cross sum, sxx
+  __m256d inva, invb, sja, sjb;
+  if (kFull) {
+    inva = invb = _mm256_set1_pd(K.full_inv_c);
+    sja = sjb = _mm256_set1_pd(K.full_sj);
+  } else {
+    const __m256d oned = _mm256_set1_pd(1.0);
+    const __m256d ca = _mm256_cvtps_pd(_mm256_castps256_ps128(c));
+    const __m256d cb = _mm256_cvtps_pd(_mm256_extractf128_ps(c, 1));
+    inva = _mm256_div_pd(oned, _mm256_max_pd(ca, oned));
+    invb = _mm256_div_pd(oned, _mm256_max_pd(cb, oned));
+    sja = _mm256_cvtps_pd(_mm256_castps256_ps128(sj));
+    sjb = _mm256_cvtps_pd(_mm256_extractf128_ps(sj, 1));
+  }
+  const __m256d meana = _mm256_mul_pd(s1a, inva), meanb = _mm256_mul_pd(s1b, invb);
+  const __m256d sxya = _mm256_fnmadd_pd(sja, meana, sjxa);
+  const __m256d sxyb = _mm256_fnmadd_pd(sjb, meanb, sjxb);
+
+  // r = clip((var - tau_low) / (tau_high - tau_low), 0, 1), 0 without a valid token
+  const __m256 has1 = kFull ? _mm256_castsi256_ps(_mm256_set1_epi32(-1))
+                            : _mm256_cmp_ps(c, zero, _CMP_GT_OQ);
+  __m256 r = zero;
+  if (K.adaptive) {
+    const __m256d vara = _mm256_fmsub_pd(s2a, inva, _mm256_mul_pd(meana, meana));
+    const __m256d varb = _mm256_fmsub_pd(s2b, invb, _mm256_mul_pd(meanb, meanb));
+    const __m256 var = _mm256_max_ps(to_ps(vara, varb), zero);
+    r = _mm256_mul_ps(_mm256_sub_ps(var, _mm256_set1_ps(K.tau_low)), _mm256_set1_ps(K.inv_tau));
+    r = _mm256_and_ps(_mm256_min_ps(_mm256_max_ps(r, zero), one), has1);
+  }
+  // decayed means (0 where the denominator is 0) and the slope (0 with < 2 valid tokens)
+  __m256 dbl, dbs, slope;
+  if (kFull) {
+    dbl = _mm256_mul_ps(to_ps(numa, numb), _mm256_set1_ps(K.full_inv_den_l));
+    dbs = _mm256_mul_ps(to_ps(nsa, nsb), _mm256_set1_ps(K.full_inv_den_s));
+    slope = _mm256_mul_ps(to_ps(sxya, sxyb), _mm256_set1_ps(K.full_inv_sxx));
+    if (n < 2) slope = zero;
+  } else {
+    dbl = _mm256_and_ps(_mm256_div_ps(to_ps(numa, numb), den_l),
+                        _mm256_cmp_ps(den_l, zero, _CMP_GT_OQ));
+    dbs = _mm256_and_ps(_mm256_div_ps(to_ps(nsa, nsb), den_s),
+                        _mm256_cmp_ps(den_s, zero, _CMP_GT_OQ));
+    const __m256d sjja = _mm256_cvtps_pd(_mm256_castps256_ps128(sjj));
+    const __m256d sjjb = _mm256_cvtps_pd(_mm256_extractf128_ps(sjj, 1));
+    const __m256d sxxa = _mm256_fnmadd_pd(_mm256_mul_pd(sja, inva), sja, sjja);
+    const __m256d sxxb = _mm256_fnmadd_pd(_mm256_mul_pd(sjb, invb), sjb, sjjb);
+    const __m256 has2 = _mm256_cmp_ps(c, _mm256_set1_ps(1.5f), _CMP_GT_OQ);
+    slope = _mm256_and_ps(_mm256_div_ps(to_ps(sxya, sxyb),
+                                        _mm256_add_ps(to_ps(sxxa, sxxb), _mm256_set1_ps(K.eps_slope))),
+                          has2);
+  }
+  const __m256 ad = _mm256_fmadd_ps(r, dbl, _mm256_mul_ps(_mm256_sub_ps(one, r), dbs));
+  __m256 eta = one;
+  if (K.trend) {
+    const __m256 t = _mm256_max_ps(_mm256_mul_ps(slope, inv_scale_neg), zero);
+    eta = _mm256_fnmadd_ps(_mm256_set1_ps(K.gamma), t, one);
+    eta = _mm256_min_ps(_mm256_max_ps(eta, zero), one);
+  }
+  // sigmoid(z) = 1 / (1 + e) for z >= 0 and e / (1 + e) for z < 0, with e = exp(-|z|)
+  const __m256 z = _mm256_mul_ps(_mm256_set1_ps(K.beta), ad);
+  const __m256 e = exp_nonpositive(
+      _mm256_or_ps(z, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)))));
+  const __m256 q = _mm256_div_ps(one, _mm256_add_ps(one, e));
+  const __m256 sig = _mm256_blendv_ps(q, _mm256_mul_ps(e, q), _mm256_cmp_ps(z, zero, _CMP_LT_OQ));
+  __m256 wv = _mm256_mul_ps(sig, eta);
+  if (!kFull) wv = _mm256_and_ps(wv, _mm256_cmp_ps(_mm256_loadu_ps(mf), zero, _CMP_GT_OQ));
+  *out_w = wv;
+  *out_ad = ad;
+  *out_r = r;
+  *out_sl = slope;
+  *out_eta = eta;
+}
+
+template <bool kMask, bool kStats, int kN>
+PCSD_AVX2_FN int segment_weights_avx2(const float* __restrict g, const uint8_t* __restrict mk,
+                                      int64_t begin, int64_t end, const Consts& K, Scratch& sc,
+                                      float* __restrict w, float* __restrict ad,
+                                      float* __restrict rr, float* __restrict sl,
+                                      float* __restrict et, int64_t* err_index) {
+  if (end == begin) return kOk;
+  double mean_abs = 0.0;
+  const int st = segment_scale<kMask>(g, mk, begin, end, &mean_abs, err_index);
+  if (st != kOk) return st;
+  const double scale = mean_abs + K.eps_scale;
+  const __m256 inv_scale_neg = _mm256_set1_ps(static_cast<float>(-1.0 / scale));
+  const int n = kN > 0 ? kN : K.n;
+  for (int64_t c0 = begin; c0 < end; c0 += kChunk) {
+    const int64_t clen = std::min<int64_t>(kChunk, end - c0);
+    const int64_t need = std::min<int64_t>(clen + n - 1, end - c0);
+    const int64_t upto = ((clen + 7) / 8) * 8 + n;
+    fill_chunk<kMask>(g, mk, c0, need, upto, sc);
+    for (int64_t k = 0; k < clen; k += 8) {
+      __m256 vw, va, vr, vs, ve;
+      if (sc.full(k, n)) {
+        window8<kN, true>(K, sc.x.data() + k, sc.m.data() + k, inv_scale_neg, &vw, &va, &vr, &vs, &ve);
+      } else {
+        window8<kN, false>(K, sc.x.data() + k, sc.m.data() + k, inv_scale_neg, &vw, &va, &vr, &vs, &ve);
+      }
+      const int64_t t = c0 + k;
+      if (k + 8 <= clen) {
+        _mm256_storeu_ps(w + t, vw);
+        if (kStats) {
+          _mm256_storeu_ps(ad + t, va);
+          _mm256_storeu_ps(rr + t, vr);
+          _mm256_storeu_ps(sl + t, vs);
+          _mm256_storeu_ps(et + t, ve);
+        }
+      } else {
+        const size_t rem = static_cast<size_t>(clen - k) * sizeof(float);
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, vw);
+        std::memcpy(w + t, tmp, rem);
+        if (kStats) {
+          _mm256_store_ps(tmp, va);
+          std::memcpy(ad + t, tmp, rem);
+          _mm256_store_ps(tmp, vr);
+          std::memcpy(rr + t, tmp, rem);
+          _mm256_store_ps(tmp, vs);
+          std::memcpy(sl + t, tmp, rem);
+          _mm256_store_ps(tmp, ve);
+          std::memcpy(et + t, tmp, rem);
+        }
+      }
+    }
+  }
+  return kOk;
+}
+
+using SegFn = int (*)(const float*, const uint8_t*, int64_t, int64_t, const Consts&, Scratch&,
+                      float*, float*, float*, float*, float*, int64_t*);
+
+template <int kN>
+SegFn pick3(bool mask, bool stats) {
+  if (mask) return stats ? segment_weights_avx2<true, true, kN> : segment_weights_avx2<true, false, kN>;
+  return stats ? segment_weights_avx2<false, true, kN> : segment_weights_avx2<false, false, kN>;
+}
+
+// Exact-length instantiations for the common windows (the paper's n_max = 8, the fixed-n1/-n4
+// ablations, 16), a runtime-length loop for the other n_max <= kSimdMaxWindow.
+SegFn pick(int n, bool mask, bool stats) {
+  switch (n) {
+    case 1: return pick3<1>(mask, stats);
+    case 4: return pick3<4>(mask, stats);
+    case 8: return pick3<8>(mask, stats);
+    case 16: return pick3<16>(mask, stats);
+    default: return pick3<0>(mask, stats);
+  }
+}
+
+PCSD_AVX2_FN void vexp(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp_nonpositive(_mm256_loadu_ps(x + i)));
+  if (i < n) {
+    alignas(32) float tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::memcpy(tmp, x + i, static_cast<size_t>(n - i) * sizeof(float));
+    _mm256_store_ps(tmp, exp_nonpositive(_mm256_load_ps(tmp)));
+    std::memcpy(y + i, tmp, static_cast<size_t>(n - i) * sizeof(float));
+  }
+}
+
+#undef PCSD_AVX2_FN
+}  // namespace simd
+#endif  // PCSD_X86
+
 }  // namespace
+
+bool cpu_has_avx2() {
+#if PCSD_X86
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+bool cpu_simd_applies(const PcsdParams& p) {
+  if (p.n_max < 1 || p.n_max > kSimdMaxWindow || p.n_min < 1) return false;
+  // The float decay weights alpha^j (j < n_max) must stay comfortably normal.
+  return std::pow(p.alpha, static_cast<double>(p.n_max - 1)) >= 1e-30;
+}
+
+const char* cpu_kernel_name(const PcsdParams& p, CpuImpl impl) {
+  if (impl == kCpuScalar) return "scalar";
+  return (cpu_has_avx2() && cpu_simd_applies(p)) ? "avx2" : "scalar";
+}
+
+bool cpu_vexp_nonpositive(const float* x, float* y, int64_t n) {
+#if PCSD_X86
+  if (!cpu_has_avx2()) return false;
+  simd::vexp(x, y, n);
+  return true;
+#else
+  (void)x, (void)y, (void)n;
+  return false;
+#endif
+}
 
 int pcsd_weights_cpu(const float* gap, const int64_t* cu, int64_t num_segments, int64_t total,
                      const uint8_t* mask, const PcsdParams& p, float* w, float* adaptive,
-                     float* r, float* slope, float* eta, int num_threads, int64_t* err_index) {
+                     float* r, float* slope, float* eta, int num_threads, int64_t* err_index,
+                     CpuImpl impl) {
   *err_index = -1;
   if (cu[0] != 0) {
     *err_index = 0;
@@ -171,19 +639,45 @@ int pcsd_weights_cpu(const float* gap, const int64_t* cu, int64_t num_segments, 
 
   // Statistics are all-or-nothing (pcsd/ops.py passes four buffers or none).
   const bool stats = adaptive != nullptr && r != nullptr && slope != nullptr && eta != nullptr;
-  const auto seg_fn = mask != nullptr ? (stats ? segment_weights<true, true> : segment_weights<true, false>)
-                                      : (stats ? segment_weights<false, true> : segment_weights<false, false>);
+  const bool use_simd = std::strcmp(cpu_kernel_name(p, impl), "avx2") == 0;
   std::vector<int> status(static_cast<size_t>(threads), kOk);
   std::vector<int64_t> where(static_cast<size_t>(threads), -1);
-  auto work = [&](int k) {
-    for (int64_t s = seg_start[k]; s < seg_start[k + 1]; ++s) {
-      const int st = seg_fn(gap, mask, cu[s], cu[s + 1], p, w, adaptive, r, slope, eta, &where[k]);
-      if (st != kOk) {
-        status[k] = st;
-        return;
+  std::function<void(int)> work;
+#if PCSD_X86
+  simd::Consts consts{};
+  simd::SegFn simd_fn = nullptr;
+  if (use_simd) {
+    consts = simd::make_consts(p);
+    simd_fn = simd::pick(consts.n, mask != nullptr, stats);
+  }
+  if (use_simd) {
+    work = [&](int k) {
+      simd::Scratch scratch(consts.n);  // once per thread and call
+      for (int64_t s = seg_start[k]; s < seg_start[k + 1]; ++s) {
+        const int st = simd_fn(gap, mask, cu[s], cu[s + 1], consts, scratch, w, adaptive, r,
+                               slope, eta, &where[k]);
+        if (st != kOk) {
+          status[k] = st;
+          return;
+        }
       }
-    }
-  };
+    };
+  }
+#endif
+  if (!use_simd) {
+    const auto seg_fn = mask != nullptr
+                            ? (stats ? segment_weights<true, true> : segment_weights<true, false>)
+                            : (stats ? segment_weights<false, true> : segment_weights<false, false>);
+    work = [&, seg_fn](int k) {
+      for (int64_t s = seg_start[k]; s < seg_start[k + 1]; ++s) {
+        const int st = seg_fn(gap, mask, cu[s], cu[s + 1], p, w, adaptive, r, slope, eta, &where[k]);
+        if (st != kOk) {
+          status[k] = st;
+          return;
+        }
+      }
+    };
+  }
   if (threads == 1) {
     work(0);
   } else {

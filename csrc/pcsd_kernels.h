@@ -46,12 +46,31 @@ enum Status : int {
   kNonFiniteGap = 4,   // gap not finite at valid position *err_index
 };
 
-// CPU kernel: parallel over contiguous ranges of segments, fp64 accumulation, no allocation per
-// token. num_threads <= 0 means one thread per hardware thread.
+// Which CPU implementation runs (see pcsd_cpu.cpp):
+//   kCpuAuto   the AVX2+FMA kernel when the CPU has AVX2 and FMA and the parameters suit it
+//              (cpu_simd_applies), else the portable scalar kernel;
+//   kCpuScalar the portable scalar kernel (fp64 sliding sums; also the second reference);
+//   kCpuAvx2   the AVX2+FMA kernel; falls back to the scalar kernel where it does not apply.
+enum CpuImpl : int { kCpuAuto = 0, kCpuScalar = 1, kCpuAvx2 = 2 };
+
+// CPU kernel: parallel over contiguous ranges of segments, no allocation per token.
+// num_threads <= 0 means one thread per hardware thread.
 int pcsd_weights_cpu(const float* gap, const int64_t* cu_seqlens, int64_t num_segments,
                      int64_t total, const uint8_t* mask, const PcsdParams& p, float* w,
                      float* adaptive, float* r, float* slope, float* eta, int num_threads,
-                     int64_t* err_index);
+                     int64_t* err_index, CpuImpl impl = kCpuAuto);
+
+// True when this CPU can run the AVX2+FMA kernel (checked at run time; the module is built
+// without -march flags so that it stays portable).
+bool cpu_has_avx2();
+// True when the AVX2 kernel handles these parameters (n_max <= kSimdMaxWindow, and the decay
+// weights alpha^j stay normal floats); the scalar kernel handles everything else.
+bool cpu_simd_applies(const PcsdParams& p);
+// The implementation that `impl` resolves to for `p` on this CPU: "avx2" or "scalar".
+const char* cpu_kernel_name(const PcsdParams& p, CpuImpl impl);
+// exp(x) for x <= 0 on 8 lanes at a time with the AVX2 kernel's polynomial (exposed so that the
+// tests measure its error). Returns false (and writes nothing) without AVX2.
+bool cpu_vexp_nonpositive(const float* x, float* y, int64_t n);
 
 #ifdef PCSD_WITH_CUDA
 // CUDA kernel: all pointers are device pointers; stream is a cudaStream_t. Inputs are assumed

@@ -3,7 +3,9 @@ appendix facts, custom-op plumbing (opcheck, torch.compile), the loss, and bad i
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 
 import pytest
 import torch
@@ -18,6 +20,29 @@ from pcsd.reference import pcsd_weights_loop, pcsd_weights_reference
 HAVE_C = _native.kernels() is not None
 needs_c = pytest.mark.skipif(not HAVE_C, reason="pcsd._C not built (run tools/build_inplace.sh)")
 FIELDS = ("w", "adaptive", "r", "slope", "eta")
+HAVE_AVX2 = HAVE_C and bool(_native.kernels().build_info().get("cpu_avx2"))
+# Every CPU implementation this machine can run: the portable scalar kernel always, the AVX2+FMA
+# kernel where the CPU has it. Tests parametrised over IMPLS check each one against the reference.
+IMPLS = ["scalar"] + (["avx2"] if HAVE_AVX2 else [])
+
+
+@contextlib.contextmanager
+def cpu_impl(name):
+    """Force the CPU implementation (the binding reads PCSD_CPU_KERNEL on every call)."""
+    old = os.environ.get("PCSD_CPU_KERNEL")
+    os.environ["PCSD_CPU_KERNEL"] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PCSD_CPU_KERNEL", None)
+        else:
+            os.environ["PCSD_CPU_KERNEL"] = old
+
+
+def ran_kernel(n_min=1, n_max=8, alpha=0.8):
+    """The CPU implementation a call with these window parameters runs now."""
+    return _native.kernels().cpu_kernel(n_min, n_max, alpha)
 
 
 def make_batch(lengths, seed, mask_p=0.2, log_mag=0.0, const_runs=False, device="cpu"):
@@ -50,6 +75,7 @@ def assert_close_to_ref(got, gap, cu, mask, **kw):
 
 # ----------------------------------------------------------------------------- equivalences
 @needs_c
+@pytest.mark.parametrize("impl", IMPLS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     lengths=st.lists(st.integers(0, 600), min_size=1, max_size=6),
@@ -62,12 +88,23 @@ def assert_close_to_ref(got, gap, cu, mask, **kw):
     alpha=st.sampled_from([0.5, 0.8, 1.0]),
     flags=st.sampled_from([(True, True), (False, True), (True, False)]),
 )
-def test_kernel_matches_reference(lengths, seed, mask_p, log_mag, const_runs, n_min, extra, alpha, flags):
+def test_kernel_matches_reference(impl, lengths, seed, mask_p, log_mag, const_runs, n_min, extra, alpha,
+                                  flags):
     gap, cu, mask = make_batch(lengths, seed, mask_p, log_mag, const_runs)
     kw = dict(n_min=n_min, n_max=n_min + extra, alpha=alpha, adaptive=flags[0], trend=flags[1])
-    got = pcsd_weights(gap, cu, mask, return_stats=True, **kw)
+    with cpu_impl(impl):
+        assert ran_kernel(n_min, n_min + extra, alpha) == impl
+        got = pcsd_weights(gap, cu, mask, return_stats=True, **kw)
+        # the w-only and out= entry points run the kernel without statistics: same weights
+        w_only = pcsd_weights(gap, cu, mask, **kw)
+        out = torch.full_like(gap, float("nan"))
+        pcsd_weights(gap, cu, mask, out=out, **kw)
+        no_mask = pcsd_weights(gap, cu, None, return_stats=True, **kw)
     assert kernel_for(gap.device) == "cpu"
     assert_close_to_ref(got, gap, cu, mask, **kw)
+    assert_close_to_ref(no_mask, gap, cu, None, **kw)
+    torch.testing.assert_close(w_only, got.w, rtol=0, atol=0)
+    torch.testing.assert_close(out, got.w, rtol=0, atol=0)
 
 
 def test_reference_matches_literal_loop():
@@ -109,14 +146,16 @@ def test_float_mask_and_bool_mask_agree_and_out_is_written_in_place():
 
 
 @needs_c
-def test_multithreaded_equals_single_threaded():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_multithreaded_equals_single_threaded(impl):
     gap, cu, mask = make_batch([257] * 300, 11, mask_p=0.1)
     old = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        one = pcsd_weights(gap, cu, mask)
-        torch.set_num_threads(max(2, old))
-        many = pcsd_weights(gap, cu, mask)
+        with cpu_impl(impl):
+            torch.set_num_threads(1)
+            one = pcsd_weights(gap, cu, mask)
+            torch.set_num_threads(max(2, old))
+            many = pcsd_weights(gap, cu, mask)
     finally:
         torch.set_num_threads(old)
     torch.testing.assert_close(one, many, rtol=0, atol=0)
@@ -130,6 +169,103 @@ def test_reference_fallback_when_native_missing(monkeypatch):
     assert_close_to_ref(got, gap, cu, mask)
     with pytest.raises(ValueError, match="cu_seqlens"):
         pcsd_weights(gap, cu.flip(0), mask)
+
+
+@needs_c
+@pytest.mark.skipif(not HAVE_AVX2, reason="CPU without AVX2/FMA: only the scalar kernel runs")
+def test_auto_dispatch_picks_avx2_and_falls_back_for_long_windows():
+    with cpu_impl("auto"):
+        assert ran_kernel(1, 8, 0.8) == "avx2"
+        assert ran_kernel(4, 32, 0.8) == "avx2"
+        assert ran_kernel(1, 33, 0.8) == "scalar"  # long windows: the O(1) sliding scalar kernel
+        assert ran_kernel(1, 8, 1e-5) == "scalar"  # alpha^j would leave the normal float range
+    with cpu_impl("avx2"):  # forcing avx2 still takes the scalar kernel where avx2 does not apply
+        assert ran_kernel(1, 40, 0.8) == "scalar"
+    with cpu_impl("scalar"):
+        assert ran_kernel(1, 8, 0.8) == "scalar"
+    os.environ.pop("PCSD_CPU_KERNEL", None)
+    assert ran_kernel(1, 8, 0.8) == "avx2"  # the default is auto
+
+
+@needs_c
+def test_unknown_cpu_kernel_name_raises_value_error():
+    gap, cu, mask = make_batch([10], 0)
+    with cpu_impl("sse9"), pytest.raises(ValueError, match="PCSD_CPU_KERNEL must be one of auto, scalar, avx2"):
+        pcsd_weights(gap, cu, mask)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        _native.kernels().cpu_kernel(1, 8, 0.8, "fast")
+
+
+# Segment lengths around the AVX2 kernel's vector width (8), its chunk (2048 tokens) and window
+# reach, empty segments, and every window combination of the weighting rules.
+EDGE_LENGTHS = [0, 1, 2, 7, 8, 9, 15, 16, 17, 23, 0, 31, 33, 2040, 2047, 2048, 2049, 2055, 2056,
+                2057, 4096 + 13, 3, 0]
+WINDOWS = [dict(), dict(n_min=1, n_max=1), dict(n_min=4, n_max=4), dict(n_min=2, n_max=16),
+           dict(n_min=3, n_max=11, alpha=0.5), dict(n_min=1, n_max=32, alpha=0.9),
+           dict(n_min=5, n_max=45), dict(adaptive=False, n_min=1), dict(adaptive=False, n_min=4),
+           dict(trend=False), dict(alpha=1.0), dict(beta_gate=0.0), dict(gamma=5.0, eps_slope=1e-9)]
+
+
+@needs_c
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kw", WINDOWS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "default")
+def test_kernel_matches_reference_on_edge_lengths(impl, kw):
+    for seed, (mask_p, log_mag, const_runs) in enumerate(
+            [(0.0, 0.0, False), (0.3, 0.0, True), (0.05, 3.0, False), (0.5, -3.0, True), (1.0, 0.0, False)]):
+        gap, cu, mask = make_batch(EDGE_LENGTHS, seed, mask_p, log_mag, const_runs)
+        if const_runs:  # whole constant segments, one with a large offset
+            gap[cu[13]:cu[14]] = 1234.5
+            gap[cu[3]:cu[4]] = -0.25
+        with cpu_impl(impl):
+            got = pcsd_weights(gap, cu, mask, return_stats=True, **kw)
+        assert_close_to_ref(got, gap, cu, mask, **kw)
+
+
+@needs_c
+@pytest.mark.skipif(not HAVE_AVX2, reason="CPU without AVX2/FMA")
+def test_avx2_and_scalar_kernels_agree_on_a_large_batch():
+    from pcsd.bench import make_segments
+    gap, cu, mask = make_segments(300_000, seed=4)
+    with cpu_impl("scalar"):
+        ref = pcsd_weights(gap, cu, mask, return_stats=True)
+    with cpu_impl("avx2"):
+        got = pcsd_weights(gap, cu, mask, return_stats=True)
+    # both are within float32 rounding of the exact values: compare with a forward-error tolerance
+    for name, a, b in zip(FIELDS, got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@needs_c
+@pytest.mark.parametrize("impl", IMPLS)
+def test_first_nonfinite_gap_is_reported(impl):
+    # positions in a vector body, in a segment tail, and a masked NaN before the valid one
+    for pos in (0, 5, 8, 17, 2050, 2060):
+        gap = torch.randn(2061)
+        mask = torch.ones(2061, dtype=torch.bool)
+        gap[pos] = float("nan") if pos % 2 else float("-inf")
+        if pos > 3:
+            gap[pos - 3] = float("inf")
+            mask[pos - 3] = False
+        cu = torch.tensor([0, 9, 2049, 2061])
+        with cpu_impl(impl), pytest.raises(ValueError, match=rf"gap must be finite .*gap\[{pos}\]"):
+            pcsd_weights(gap, cu, mask)
+
+
+@pytest.mark.skipif(not HAVE_AVX2, reason="CPU without AVX2/FMA")
+def test_vectorised_exp_error_is_a_few_ulp():
+    c = _native.kernels()
+    x = torch.cat([torch.linspace(-87.3, 0.0, 2_000_001), -torch.rand(100_000) * 88,
+                   -torch.rand(100_000) * 1e-3, torch.tensor([0.0, -0.0, -1e-30, -87.33, -1e4, -1e30])])
+    y = torch.empty_like(x)
+    assert c.vexp_nonpositive(x.data_ptr(), y.data_ptr(), x.numel())
+    exact = torch.exp(x.double())
+    normal = exact >= torch.finfo(torch.float32).tiny
+    ulp = (exact.float().nextafter(torch.tensor(math.inf)) - exact.float()).double()
+    err_ulp = ((y.double() - exact).abs() / ulp)[normal]
+    assert float(err_ulp.max()) <= 2.0, float(err_ulp.max())
+    # below ln(FLT_MIN) the result is FLT_MIN-sized, never negative, NaN or a denormal
+    assert bool(((y[~normal] >= 0) & (y[~normal] <= 1.2e-38)).all())
+    assert float(y[x == 0][0]) == 1.0
 
 
 # ----------------------------------------------------------------------------- the paper's facts
@@ -323,7 +459,8 @@ def test_empty_input():
 
 
 @needs_c
-def test_long_segment_has_no_drift():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_long_segment_has_no_drift(impl):
     # One 200k-token turn: large gaps first, then a constant tail. The kernel slides its window
     # sums; rounding must not accumulate across the turn.
     g = torch.Generator().manual_seed(0)
@@ -331,7 +468,8 @@ def test_long_segment_has_no_drift():
     gap[150_000:] = 0.25
     mask = torch.rand(200_000, generator=g) > 0.1
     cu = torch.tensor([0, 200_000])
-    got = pcsd_weights(gap, cu, mask, return_stats=True)
+    with cpu_impl(impl):
+        got = pcsd_weights(gap, cu, mask, return_stats=True)
     assert_close_to_ref(got, gap, cu, mask)
     tail = slice(150_000, 199_990)
     assert bool((got.slope[tail][mask[tail]].abs() < 1e-6).all())
