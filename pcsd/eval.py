@@ -148,21 +148,11 @@ def procedural_eval_games(out_dir: str | os.PathLike[str], count: int, seed: int
                           **knobs: Any) -> list[str]:
     """``count`` generated games in a fixed list (task types in the paper's column order, in rotation;
     game ``i`` has seed ``seed + i``), written to ``out_dir`` once and reused."""
-    from pcsd.envs.procedural import write_game
+    from pcsd.envs.procedural import write_games
 
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise EvalError(f"count={count!r}: expected a positive int for split=procedural")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    types = list(CATEGORIES)
-    paths = []
-    for i in range(count):
-        tt = types[i % len(types)]
-        p = out / f"{i:05d}-{tt}.tw-pddl"
-        if not p.exists():
-            write_game(p, tt, seed + i, **knobs)
-        paths.append(str(p))
-    return paths
+    return write_games(out_dir, count, seed, list(CATEGORIES), **knobs)
 
 
 def game_task_type(path: str | os.PathLike[str]) -> str:

@@ -47,17 +47,9 @@ TASK_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_
 # ----------------------------------------------------------------------------- games
 def procedural_games(out_dir: Path, count: int, seed: int, task_types=TASK_TYPES, **knobs) -> list[str]:
     """Writes ``count`` procedural games (task types in rotation, seeds from ``seed``)."""
-    from pcsd.envs.procedural import write_game
+    from pcsd.envs.procedural import write_games
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for i in range(count):
-        tt = task_types[i % len(task_types)]
-        p = out_dir / f"{i:05d}-{tt}.tw-pddl"
-        if not p.exists():
-            write_game(p, tt, seed + i, **knobs)
-        paths.append(str(p))
-    return paths
+    return write_games(out_dir, count, seed, task_types, **knobs)
 
 
 def procedural_knobs(cfg: DictConfig) -> dict[str, int]:

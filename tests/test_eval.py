@@ -258,12 +258,15 @@ def test_vllm_evaluation_repeats_on_many_games(tiny, vllm_available, tmp_path):
 
 
 def test_procedural_list_of_a_tiny_run_is_the_trainers_eval_list(tmp_path):
-    """``--split procedural`` on a tiny-preset run rebuilds the trainer's own evaluation games."""
+    """``--split procedural`` on a run rebuilds the trainer's own evaluation games (the run's
+    env.receptacles / env.distractors knobs, eval.episodes games)."""
     from pcsd.trainer import procedural_games
 
     args = ev._parser().parse_args(["--model", "x", "--split", "procedural"])
-    run_cfg = {"preset": "tiny-cpu", "eval": {"episodes": 7}}
+    run_cfg = {"preset": "tiny-cpu", "eval": {"episodes": 7}, "env": {"receptacles": 11, "distractors": 0}}
     mine = ev._resolve_games("procedural", args, tmp_path / "eval", run_cfg)
-    theirs = procedural_games(tmp_path / "train-run", 7, seed=900_000, distractors=0)
+    theirs = procedural_games(tmp_path / "train-run", 7, seed=900_000, receptacles=11, distractors=0)
     assert [Path(g).read_bytes() for g in mine] == [Path(g).read_bytes() for g in theirs]
+    other = procedural_games(tmp_path / "other-knobs", 7, seed=900_000, distractors=2)
+    assert [Path(g).read_bytes() for g in mine] != [Path(g).read_bytes() for g in other]
     assert len(ev._resolve_games("procedural", args, tmp_path / "other", {})) == 48

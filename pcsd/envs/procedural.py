@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Sequence
 
 from pcsd import _native
 
@@ -130,3 +131,20 @@ def write_game(path: str | os.PathLike[str], task_type: str, seed: int, **knobs:
     tmp.write_text(text, encoding="ascii")
     tmp.replace(out)
     return out
+
+
+def write_games(out_dir: str | os.PathLike[str], count: int, seed: int,
+                task_types: Sequence[str] = TASK_TYPES, **knobs: object) -> list[str]:
+    """A fixed list of ``count`` games in ``out_dir``: game ``i`` is ``NNNNN-<task type>.tw-pddl`` with
+    task type ``task_types[i % len(task_types)]`` and seed ``seed + i``; files already there are
+    reused (the list is the same on every call with the same arguments)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(count):
+        tt = task_types[i % len(task_types)]
+        p = out / f"{i:05d}-{tt}.tw-pddl"
+        if not p.exists():
+            write_game(p, tt, seed + i, **knobs)
+        paths.append(str(p))
+    return paths
