@@ -48,3 +48,16 @@ def real_alfworld() -> None:
 @pytest.fixture(scope="session")
 def vllm_available() -> None:
     _need_module("vllm", "vLLM backend test")
+
+
+@pytest.fixture(scope="session")
+def child_env() -> dict[str, str]:
+    """Environment for child Python processes (``python -m pcsd.…``) that must import the same pcsd
+    as this test process: the installed, compiled one under CI, the source tree after an in-place
+    build. Run them with ``cwd`` outside the repository, or ``-m`` puts the source tree first."""
+    import pcsd
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(pcsd.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return env

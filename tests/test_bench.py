@@ -175,10 +175,10 @@ def test_rollout(tmp_path):
     assert gen["episodes"] == 2 and gen["gen_tokens"] > 0 and gen["gen_tokens_per_s"] > 0
 
 
-def test_rollout_vllm_column(tmp_path, vllm_available):
+def test_rollout_vllm_column(tmp_path, vllm_available, child_env):
     """The vLLM backend runs beside HF (CLI entry point: vLLM's CPU build wants OMP_NUM_THREADS=1)."""
     res = subprocess.run([sys.executable, "-m", "pcsd.bench", "rollout", "--tiny", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path, env=child_env)
     assert res.returncode == 0, res.stderr[-3000:]
     data = _load(tmp_path, "rollout")
     assert not [n for n in data["notes"] if "skipped" in n], data["notes"]
@@ -202,11 +202,12 @@ def test_model_path_needs_a_checkpoint_and_a_gpu(tmp_path, capsys):
     assert not (tmp_path / "op.json").exists()
 
 
-def test_cli_entry_point(tmp_path):
+def test_cli_entry_point(tmp_path, child_env):
     res = subprocess.run([sys.executable, "-m", "pcsd.bench", "op", "--tiny", "--no-compile", "--threads", "1",
-                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env=child_env)
     assert res.returncode == 0, res.stderr
     assert "machine:" in res.stdout and (tmp_path / "op.json").is_file()
     res = subprocess.run([sys.executable, "-m", "pcsd.bench", "logprobs", "--tokens", "x"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=child_env)
     assert res.returncode == 2 and "--tokens" in res.stderr

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import sys
@@ -100,7 +99,7 @@ def test_failure_mid_write_leaves_previous_checkpoint(tmp_path, monkeypatch):
     assert ck.load_checkpoint(tmp_path).step == 1
 
 
-def test_hard_crash_mid_write_never_loads(tmp_path):
+def test_hard_crash_mid_write_never_loads(tmp_path, child_env):
     """A process killed mid-write (no exception handler runs) leaves a .tmp directory that is never
     loaded and is cleaned by the next save."""
     model = _model()
@@ -121,7 +120,8 @@ def test_hard_crash_mid_write_never_loads(tmp_path):
         m = Qwen2ForCausalLM(cfg)
         ck.save_checkpoint({str(tmp_path)!r}, 2, m, {{}}, ck.capture_rng(), config_yaml="x: 1\\n")
     """)
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, env=child_env)
     assert r.returncode == 9, r.stderr[-2000:]
     leftovers = list((tmp_path / "checkpoints").glob(".tmp-*"))
     assert len(leftovers) == 1 and (leftovers[0] / "optimizer.pt").is_file()
