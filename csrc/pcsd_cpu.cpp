@@ -39,6 +39,25 @@ inline double sigmoid(double x) {
 
 inline double clip01(double x) { return x < 0.0 ? 0.0 : (x > 1.0 ? 1.0 : x); }
 
+// Adds |g| of the valid tokens of [t, end) to *abs_sum (fp64, in order) and counts them into
+// *valid; returns kNonFiniteGap with *err_index at the first non-finite valid gap, else kOk.
+// The scalar kernel's scale pass, and the AVX2 scale pass's tail.
+template <bool kMask>
+inline int masked_abs_sum(const float* __restrict g, const uint8_t* __restrict mk, int64_t t,
+                          int64_t end, double* abs_sum, int64_t* valid, int64_t* err_index) {
+  for (; t < end; ++t) {
+    if (kMask && mk[t] == 0) continue;
+    const float v = g[t];
+    if (!std::isfinite(v)) {
+      *err_index = t;
+      return kNonFiniteGap;
+    }
+    *abs_sum += std::fabs(static_cast<double>(v));
+    ++*valid;
+  }
+  return kOk;
+}
+
 // One segment, swept backwards so that every window sum is updated in O(1) per token:
 // moving from window [i+1, i+1+N) to [i, i+N) adds token i at offset 0, shifts every other offset
 // by one and drops the token at offset N. Offsets stay small (< N), counts and offset sums are
@@ -55,16 +74,7 @@ int segment_weights(const float* __restrict g, const uint8_t* __restrict mk, int
   // Response-level scale, and the finiteness check of valid gaps.
   double abs_sum = 0.0;
   int64_t valid = 0;
-  for (int64_t t = begin; t < end; ++t) {
-    if (kMask && mk[t] == 0) continue;
-    const float v = g[t];
-    if (!std::isfinite(v)) {
-      *err_index = t;
-      return kNonFiniteGap;
-    }
-    abs_sum += std::fabs(static_cast<double>(v));
-    ++valid;
-  }
+  if (masked_abs_sum<kMask>(g, mk, begin, end, &abs_sum, &valid, err_index) != kOk) return kNonFiniteGap;
   const double scale = (valid > 0 ? abs_sum / static_cast<double>(valid) : 0.0) + p.eps_scale;
   const double inv_scale = 1.0 / scale;
   const double inv_tau = 1.0 / (p.tau_high - p.tau_low);
@@ -291,16 +301,7 @@ PCSD_AVX2_FN int segment_scale(const float* __restrict g, const uint8_t* __restr
   alignas(32) double lanes[4];
   _mm256_store_pd(lanes, _mm256_add_pd(acc0, acc1));
   double abs_sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
-  for (; t < end; ++t) {
-    if (kMask && mk[t] == 0) continue;
-    const float v = g[t];
-    if (!std::isfinite(v)) {
-      *err_index = t;
-      return kNonFiniteGap;
-    }
-    abs_sum += std::fabs(static_cast<double>(v));
-    ++valid;
-  }
+  if (masked_abs_sum<kMask>(g, mk, t, end, &abs_sum, &valid, err_index) != kOk) return kNonFiniteGap;
   *scale_out = (valid > 0 ? abs_sum / static_cast<double>(valid) : 0.0);
   return kOk;
 }
