@@ -480,7 +480,7 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
 
     from pcsd.progress import ProgressReporter
     from pcsd.prompts import PromptBuilder
-    from pcsd.rollout.backends import make_backend
+    from pcsd.rollout.backends import make_backend, usable_backend
     from pcsd.trainer import eos_id, load_model, resolve_device
 
     splits = [s.strip() for s in args.split.split(",") if s.strip()]
@@ -529,13 +529,7 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
             hist = env_c.get("history_length", 2) if args.history_length is None else args.history_length
             builder = PromptBuilder("alfworld", history_length=hist, max_prompt_tokens=max_prompt,
                                     tokenizer_dir=tok_dir)
-            backend_name = args.backend
-            if backend_name == "vllm":
-                try:
-                    import vllm  # noqa: F401
-                except ImportError:
-                    reporter.print("[pcsd] vLLM is not installed: using the hf backend")
-                    backend_name = "hf"
+            backend_name = usable_backend(args.backend, reporter.print)
             if backend_name == "vllm":
                 backend = make_backend("vllm", model_path=model_dir, seed=args.seed,
                                        dtype="float32" if device.type == "cpu" else "bfloat16",

@@ -33,7 +33,7 @@ from pcsd.grpo import group_advantages, grpo_token_terms, token_coefficients
 from pcsd.losses import pcsd_loss
 from pcsd.metrics import MetricsLogger, step_record
 from pcsd.progress import ProgressReporter
-from pcsd.rollout.backends import make_backend
+from pcsd.rollout.backends import make_backend, usable_backend
 from pcsd.rollout.loop import RolloutBatch, collect_rollouts
 from pcsd.scoring import score_packed
 from pcsd.weighting import get_rule
@@ -419,13 +419,7 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
     frozen = copy.deepcopy(student).eval()
     for p in frozen.parameters():
         p.requires_grad_(False)
-    backend_name = cfg.rollout.backend
-    if backend_name == "vllm":
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
-            console.print("[pcsd] vLLM is not installed: using the hf backend")
-            backend_name = "hf"
+    backend_name = usable_backend(cfg.rollout.backend, console.print)
     # sharded training: the hf backend generates with a full copy refreshed after every update;
     # with vLLM a CPU copy only carries the HF config for save_pretrained of gathered weights
     gen_model = student

@@ -83,6 +83,18 @@ def make_backend(name: str, **kwargs: Any) -> GenerationBackend:
     return cls(**kwargs)
 
 
+def usable_backend(name: str, say: Callable[[str], Any] = print) -> str:
+    """``name``, or ``"hf"`` when ``name`` is ``"vllm"`` and vLLM is not installed (said through
+    ``say``): the fallback the trainer and ``pcsd.eval`` share."""
+    if name == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            say("[pcsd] vLLM is not installed: using the hf backend")
+            return "hf"
+    return name
+
+
 def _check_gen_args(prompts, n, max_tokens, temperature, top_p):
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
