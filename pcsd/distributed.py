@@ -112,10 +112,12 @@ def _decoder_layers(model: nn.Module) -> Sequence[nn.Module]:
     return list(layers)
 
 
-def _packed_hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    """Final hidden states ``[1, N, H]`` of a packed row (what :func:`pcsd.scoring.score_packed`
-    needs), as an FSDP forward method of the causal LM."""
-    return self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+def _packed_hidden(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor],
+                   attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Final hidden states ``[B, N, H]`` of a packed row or a padded batch (what
+    :func:`pcsd.scoring.score_packed` needs), as an FSDP forward method of the causal LM."""
+    return self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                      use_cache=False).last_hidden_state
 
 
 def shard_model(model: nn.Module, ctx: DistContext, *, reshard_after_forward: bool = True) -> nn.Module:

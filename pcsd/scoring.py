@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["selective_logprobs", "selective_logprobs_naive", "PackedBatch", "pack_sequences",
-           "score_packed"]
+           "pad_sequences", "score_packed", "uses_varlen_attention"]
 
 
 def _acc_dtype(t: Tensor) -> torch.dtype:
@@ -171,6 +171,29 @@ def pack_sequences(seqs: Sequence[Sequence[int]], device: torch.device | str = "
     return PackedBatch(ids[None], pos[None], cu)
 
 
+def pad_sequences(seqs: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+    """Right-padded ``[B, L]`` ids (pad id 0, never attended to) and the ``[B, L]`` attention mask."""
+    if not seqs:
+        raise ValueError("seqs must hold at least one sequence")
+    width = max(len(s) for s in seqs)
+    if min(len(s) for s in seqs) == 0:
+        raise ValueError("seqs must not contain empty sequences")
+    ids = torch.zeros(len(seqs), width, dtype=torch.int64)
+    attn = torch.zeros(len(seqs), width, dtype=torch.int64)
+    for k, s in enumerate(seqs):
+        ids[k, : len(s)] = torch.as_tensor(list(s), dtype=torch.int64)
+        attn[k, : len(s)] = 1
+    return ids.to(device), attn.to(device)
+
+
+def uses_varlen_attention(model: nn.Module) -> bool:
+    """Whether the model's attention is flash-attention, which attends within each sequence of a
+    packed row (position ids restarting). Other implementations (sdpa, eager) would attend over the
+    whole packed row under a block mask, quadratic in the row's length: they get padded batches."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or ""
+    return impl.startswith("flash_attention")
+
+
 def _lm_head(model: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
     head = model.get_output_embeddings()
     return head.weight, getattr(head, "bias", None)
@@ -180,8 +203,10 @@ def score_packed(model: nn.Module, prompts: Sequence[Sequence[int]], responses: 
                  *, max_tokens_per_pass: int = 8192, token_chunk: int = 1024, vocab_chunk: int = 16384,
                  temperature: float = 1.0) -> list[Tensor]:
     """Log-probs of each response's tokens given its prompt (teacher forcing), one ``[len]`` float32
-    tensor per response. Sequences are packed greedily into passes of at most
-    ``max_tokens_per_pass`` tokens; gradients flow when the model requires them.
+    tensor per response. Sequences are grouped greedily into passes of at most
+    ``max_tokens_per_pass`` tokens (padding not counted); gradients flow when the model requires
+    them. A pass is one packed row with flash-attention (varlen) and a right-padded batch otherwise
+    (see :func:`uses_varlen_attention`); both give the same log-probs.
     """
     if len(prompts) != len(responses):
         raise ValueError(f"prompts and responses differ in length ({len(prompts)} vs {len(responses)})")
@@ -191,20 +216,33 @@ def score_packed(model: nn.Module, prompts: Sequence[Sequence[int]], responses: 
     batch: list[int] = []
     size = 0
 
+    packed = uses_varlen_attention(model)
+    fwd = getattr(model, "pcsd_packed_hidden", None)  # FSDP2-sharded models (pcsd.distributed)
+
     def flush(idx: list[int]) -> None:
         seqs = [list(prompts[i]) + list(responses[i]) for i in idx]
-        pb = pack_sequences(seqs, device)
-        fwd = getattr(model, "pcsd_packed_hidden", None)  # FSDP2-sharded models (pcsd.distributed)
-        if fwd is not None:
-            hidden = fwd(pb.input_ids, pb.position_ids)[0]
-        else:
-            hidden = model.model(input_ids=pb.input_ids, position_ids=pb.position_ids,
-                                 use_cache=False).last_hidden_state[0]
+        if packed:  # one row, position ids restarting per sequence (varlen attention)
+            pb = pack_sequences(seqs, device)
+            if fwd is not None:
+                hidden = fwd(pb.input_ids, pb.position_ids)[0]
+            else:
+                hidden = model.model(input_ids=pb.input_ids, position_ids=pb.position_ids,
+                                     use_cache=False).last_hidden_state[0]
+            starts = pb.cu_seqlens[:-1].tolist()
+        else:  # right-padded [B, L] batch: attention costs sum(B L^2), not (sum L)^2 of a packed row
+            ids, attn = pad_sequences(seqs, device)
+            if fwd is not None:
+                hidden = fwd(ids, None, attn)
+            else:
+                hidden = model.model(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+            width = ids.shape[1]
+            hidden = hidden.reshape(-1, hidden.shape[-1])
+            starts = [k * width for k in range(len(seqs))]
         weight, bias = _lm_head(model)  # after the forward: unsharded there under FSDP
         # Positions whose *next* token is a response token.
         rows, tgts, spans = [], [], []
         for k, i in enumerate(idx):
-            start = int(pb.cu_seqlens[k]) + len(prompts[i])
+            start = int(starts[k]) + len(prompts[i])
             n = len(responses[i])
             rows.append(torch.arange(start - 1, start - 1 + n, device=device))
             tgts.append(torch.as_tensor(list(responses[i]), dtype=torch.int64, device=device))

@@ -67,7 +67,13 @@ def test_bad_targets_are_reported():
         selective_logprobs(torch.zeros(2, 4), torch.zeros(10, 3), torch.tensor([0, 1]))
 
 
-def test_packed_scoring_equals_one_sequence_at_a_time():
+@pytest.mark.parametrize("packed_row", [False, True], ids=["padded-batch", "packed-row"])
+def test_packed_scoring_equals_one_sequence_at_a_time(monkeypatch, packed_row):
+    """Both pass layouts: the right-padded batch (sdpa/eager attention) and the packed row with
+    restarting position ids (flash-attention's layout; here transformers' block mask does it)."""
+    import pcsd.scoring
+
+    monkeypatch.setattr(pcsd.scoring, "uses_varlen_attention", lambda model: packed_row)
     model = tiny_qwen2()
     prompts = [[1, 2, 3, 4], [5, 6], [7, 8, 9], [20] * 30]
     responses = [[10, 11, 12], [13], [14, 15], [21, 22, 23, 24]]
@@ -82,7 +88,10 @@ def test_packed_scoring_equals_one_sequence_at_a_time():
 
 
 def test_packed_scoring_gradients_reach_the_model():
+    from pcsd.scoring import uses_varlen_attention
+
     model = tiny_qwen2().train()
+    assert not uses_varlen_attention(model)  # sdpa/eager on CPU: padded batches
     lp = score_packed(model, [[1, 2, 3], [4, 5]], [[6, 7], [8]])
     torch.cat(lp).sum().backward()
     assert model.lm_head.weight.grad is not None and model.model.embed_tokens.weight.grad is not None
