@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
@@ -58,6 +58,8 @@ class EnvConfig:
     # difficulty of procedural games (source=procedural); None = drawn as typical of the room
     receptacles: Optional[int] = None  # total receptacles, at least the room's minimum
     distractors: Optional[int] = None  # objects besides the task's own
+    task_types: Optional[List[str]] = None  # procedural task types (None = all six, in rotation)
+    rooms: Optional[List[str]] = None  # procedural rooms (None = any room the task type allows)
 
 
 @dataclass
@@ -107,6 +109,8 @@ class OptimConfig:
     ppo_epochs: int = 1
     tokens_per_microbatch: int = 8192
     sft_steps: int = 0  # supervised warm-up on expert trajectories of procedural games
+    sft_games: int = 96  # procedural games played by the observation-only expert for the warm-up
+    sft_prompt_weight: float = 0.0  # weight of the prompt tokens' next-token loss in the warm-up
     sft_lr: float = 3e-3
 
 
@@ -288,6 +292,21 @@ def _validate(cfg: DictConfig) -> None:
         val = OmegaConf.select(cfg, key)
         if val not in choices:
             raise ConfigError(f"{key}={val!r} is not valid; choose one of {', '.join(choices)}")
+    from pcsd.envs.procedural import ROOMS, TASK_TYPES, task_rooms
+
+    for key, valid in (("env.task_types", TASK_TYPES), ("env.rooms", ROOMS)):
+        vals = OmegaConf.select(cfg, key)
+        if vals is not None:
+            if not len(vals):
+                raise ConfigError(f"{key} is empty; give null (all) or some of {', '.join(valid)}")
+            for v in vals:
+                if v not in valid:
+                    raise ConfigError(f"{key} has {v!r}, not valid; choose from {', '.join(valid)}")
+    if cfg.env.rooms is not None:
+        for tt in cfg.env.task_types or TASK_TYPES:
+            if not set(task_rooms(tt)) & set(cfg.env.rooms):
+                raise ConfigError(f"env.rooms={list(cfg.env.rooms)} has no room for task type {tt} "
+                                  f"(it can be set in {', '.join(task_rooms(tt))}); add one or set env.task_types")
     if cfg.rule not in available_rules():
         raise ConfigError(f"rule={cfg.rule!r} is not valid; choose one of {', '.join(available_rules())}")
     # an ablation rule is defined by a parameter the trainer would otherwise take from algo.pcsd
@@ -307,14 +326,16 @@ def _validate(cfg: DictConfig) -> None:
     for key in positive:
         if OmegaConf.select(cfg, key) <= 0:
             raise ConfigError(f"{key} must be > 0, got {OmegaConf.select(cfg, key)}")
-    for key in ["run.save_every", "run.keep_last", "run.stop_after"]:
+    for key in ["run.save_every", "run.keep_last", "run.stop_after", "optim.sft_games"]:
         if OmegaConf.select(cfg, key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {OmegaConf.select(cfg, key)}")
     for key in ["optim.steps", "env.history_length", "algo.lambda_distill", "algo.kl_beta",
-                "optim.lr", "optim.grad_clip", "rollout.temperature", "eval.episodes",
+                "optim.lr", "optim.grad_clip", "rollout.temperature", "eval.episodes", "optim.sft_prompt_weight",
                 "eval.batch_size"]:
         if OmegaConf.select(cfg, key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {OmegaConf.select(cfg, key)}")
+    if cfg.optim.sft_steps > 0 and cfg.optim.sft_games < 1:
+        raise ConfigError(f"optim.sft_games must be >= 1 when optim.sft_steps > 0, got {cfg.optim.sft_games}")
     if not 0 < cfg.algo.clip_eps < 1:
         raise ConfigError(f"algo.clip_eps must be in (0, 1), got {cfg.algo.clip_eps}")
     if not (cfg.algo.grpo or cfg.algo.distill or cfg.optim.steps == 0):

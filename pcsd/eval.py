@@ -152,7 +152,9 @@ def procedural_eval_games(out_dir: str | os.PathLike[str], count: int, seed: int
 
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise EvalError(f"count={count!r}: expected a positive int for split=procedural")
-    return write_games(out_dir, count, seed, list(CATEGORIES), **knobs)
+    wanted = knobs.pop("task_types", None)  # a subset keeps the column order
+    task_types = [tt for tt in CATEGORIES if wanted is None or tt in wanted]
+    return write_games(out_dir, count, seed, task_types, **knobs)
 
 
 def game_task_type(path: str | os.PathLike[str]) -> str:
@@ -459,13 +461,17 @@ def _resolve_games(split: str, args: argparse.Namespace, out_dir: Path, run_cfg:
     if args.games_file:
         games = read_games_file(args.games_file)
     elif split == "procedural":
-        # defaults from the run: the trainer's own evaluation list (its env.receptacles / env.distractors)
+        # defaults from the run: the trainer's own evaluation list (its env.receptacles / env.distractors /
+        # env.task_types / env.rooms)
         run_env = run_cfg.get("env", {}) or {}
         knobs = {}
         for k in ("receptacles", "distractors"):
             v = getattr(args, k) if getattr(args, k) is not None else run_env.get(k)
             if v is not None:
                 knobs[k] = int(v)
+        for k in ("task_types", "rooms"):  # the run's procedural task types and rooms
+            if run_env.get(k) is not None:
+                knobs[k] = list(run_env[k])
         n = args.procedural_games or run_cfg.get("eval", {}).get("episodes") or 48
         games = procedural_eval_games(Path(args.games_dir) if args.games_dir else out_dir / "games", n, **knobs)
     else:

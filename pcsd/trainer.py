@@ -45,16 +45,23 @@ TASK_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_
 
 
 # ----------------------------------------------------------------------------- games
-def procedural_games(out_dir: Path, count: int, seed: int, task_types=TASK_TYPES, **knobs) -> list[str]:
-    """Writes ``count`` procedural games (task types in rotation, seeds from ``seed``)."""
+def procedural_games(out_dir: Path, count: int, seed: int, task_types=None, **knobs) -> list[str]:
+    """Writes ``count`` procedural games (task types in rotation, seeds from ``seed``; ``None``:
+    all six in the paper's column order)."""
     from pcsd.envs.procedural import write_games
 
-    return write_games(out_dir, count, seed, task_types, **knobs)
+    return write_games(out_dir, count, seed, tuple(task_types or TASK_TYPES), **knobs)
 
 
-def procedural_knobs(cfg: DictConfig) -> dict[str, int]:
-    """The generator's difficulty knobs set in the config (``env.receptacles``, ``env.distractors``)."""
-    return {k: int(cfg.env[k]) for k in ("receptacles", "distractors") if cfg.env.get(k) is not None}
+def procedural_knobs(cfg: DictConfig) -> dict[str, Any]:
+    """The generator's knobs set in the config (``env.receptacles``, ``env.distractors``,
+    ``env.task_types``, ``env.rooms``) as keyword arguments of :func:`procedural_games`."""
+    kw: dict[str, Any] = {k: int(cfg.env[k]) for k in ("receptacles", "distractors") if cfg.env.get(k) is not None}
+    if cfg.env.get("task_types") is not None:
+        kw["task_types"] = tuple(cfg.env.task_types)
+    if cfg.env.get("rooms") is not None:
+        kw["rooms"] = tuple(cfg.env.rooms)
+    return kw
 
 
 def split_games(split: str) -> list[str]:
@@ -99,21 +106,14 @@ def load_model(path: str | Path, device: torch.device, dtype: str = "auto"):
 # ----------------------------------------------------------------------------- SFT warm-up
 def expert_episodes(games: list[str], max_steps: int) -> list[tuple[str, list[tuple[str, list[str], str]]]]:
     """(task, [(observation, admissible, expert action), ...]) for each game, played by the
-    native engine's expert."""
-    from pcsd.envs.alfworld import AlfworldGame
+    observation-only expert (:class:`pcsd.experts.ObservationExpert`: it searches for objects it
+    has not seen instead of using the planner's knowledge of where they are hidden)."""
+    from pcsd.experts import play_expert
 
     out = []
     for path in games:
-        g = AlfworldGame.from_file(path, max_steps=max_steps)
-        obs, info = g.reset()
-        plan = g.expert_plan() or []
-        steps = []
-        for action in plan[:max_steps]:
-            steps.append((obs, list(info["admissible_commands"]), action))
-            obs, _, done, info = g.step(action)
-            if done:
-                break
-        out.append((g.task, steps))
+        ep = play_expert(path, max_steps)
+        out.append((ep.task, ep.steps))
     return out
 
 
@@ -125,8 +125,14 @@ def think_for(task: str, action: str) -> str:
 
 
 def sft_warmup(model, builder, games: list[str], cfg: DictConfig, steps: int, lr: float, seed: int,
-               progress=None) -> list[float]:
-    """Short supervised warm-up on expert trajectories so that RL starts with signal."""
+               progress=None, prompt_weight: float = 0.0) -> list[float]:
+    """Short supervised warm-up on the observation-only expert's trajectories so that RL starts
+    with signal. Loss: mean NLL of the expert's response tokens plus ``prompt_weight`` x the mean
+    next-token NLL of the prompt tokens (language modelling on the prompts themselves: they repeat
+    the names of the room - observation, history, admissible list - which teaches a small model to
+    copy names from its context far sooner than the ~15 response tokens per example alone)."""
+    if prompt_weight < 0:
+        raise ValueError(f"prompt_weight: expected >= 0, got {prompt_weight}")
     rng = random.Random(seed)
     examples = []
     for task, steps_ in expert_episodes(games, cfg.env.max_steps):
@@ -138,15 +144,24 @@ def sft_warmup(model, builder, games: list[str], cfg: DictConfig, steps: int, lr
             resp = builder.tokenizer.encode(text) + [eos_id(builder)]
             examples.append((ids, resp))
             hist = hist + [(obs, action)]
+    if not examples:
+        raise ValueError("the expert produced no SFT examples (no game or env.max_steps too small)")
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     losses = []
     batch = 16
     for step in range(steps):
         chunk = [examples[rng.randrange(len(examples))] for _ in range(batch)]
-        lps = score_packed(model, [c[0] for c in chunk], [c[1] for c in chunk],
-                           max_tokens_per_pass=cfg.optim.tokens_per_microbatch)
-        loss = -torch.cat(lps).mean()
+        if prompt_weight > 0:  # score every token after the first; split prompt | response
+            lps = score_packed(model, [c[0][:1] for c in chunk], [list(c[0][1:]) + list(c[1]) for c in chunk],
+                               max_tokens_per_pass=cfg.optim.tokens_per_microbatch)
+            resp = torch.cat([lp[len(c[0]) - 1:] for lp, c in zip(lps, chunk)])
+            prompt = torch.cat([lp[: len(c[0]) - 1] for lp, c in zip(lps, chunk)])
+            loss = -resp.mean() - prompt_weight * prompt.mean()
+        else:
+            lps = score_packed(model, [c[0] for c in chunk], [c[1] for c in chunk],
+                               max_tokens_per_pass=cfg.optim.tokens_per_microbatch)
+            loss = -torch.cat(lps).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -238,33 +253,32 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
     student.eval()
     need_ref = algo.grpo and algo.kl_beta > 0
     use_teacher = algo.distill or rule.kind == "advantage"
-    n_score = 1 + int(need_ref) + int(use_teacher)
-    score_cb = progress("scoring", n_score) if progress else None
-    old = scores(student, rb.prompt_ids, rb.response_ids, mbs, n_passes, T)  # log pi_old, student prompt
-    score_cb and score_cb(1, n_score)
+    # one PPO epoch: the parameters do not change before the update's own forward pass, so that
+    # pass gives log pi_old exactly (ratio 1) and a separate scoring pass of the student is skipped
+    reuse_old = cfg.optim.ppo_epochs == 1
+    n_score = int(not reuse_old) + int(need_ref) + int(use_teacher)
+    score_cb = progress("scoring", n_score) if progress and n_score else None
+    done_passes = 0
+    old = None
+    if not reuse_old:
+        old = scores(student, rb.prompt_ids, rb.response_ids, mbs, n_passes, T)  # log pi_old, student prompt
+        done_passes += 1
+        score_cb and score_cb(done_passes, n_score)
     ref = scores(frozen, rb.prompt_ids, rb.response_ids, mbs, n_passes, T) if need_ref else None
-    score_cb and score_cb(1 + int(need_ref), n_score)
+    done_passes += int(need_ref)
+    score_cb and need_ref and score_cb(done_passes, n_score)
     teacher_model = student if algo.teacher == "current" else frozen
     teacher = (scores(teacher_model, rb.teacher_prompt_ids, rb.response_ids, mbs, n_passes, T)
                if use_teacher else None)
-    score_cb and score_cb(n_score, n_score)
+    score_cb and use_teacher and score_cb(n_score, n_score)
     t_score = time.perf_counter() - t0
 
-    dev = old.device  # every per-token tensor lives beside the model
-    mask = torch.ones(T, dtype=torch.bool, device=dev)
+    dev = _device(student)  # every per-token tensor lives beside the model
     tok_traj = rb.token_traj_ids().to(dev)
-    cu = rb.cu_seqlens().to(dev)
     adv_traj = group_advantages(rb.reward.to(dev), rb.traj_group.to(dev), eps=algo.adv_eps)
-    tok_adv = adv_traj[tok_traj].float()
-    gap = (teacher - old) if teacher is not None else torch.zeros(T, device=dev)
-    weights = torch.zeros(T, device=dev)
-    if rule.kind == "advantage":
-        tok_adv = rule(tok_adv, gap, mask, step)
-    elif algo.distill:
-        p = OmegaConf.to_container(algo.pcsd)
-        params = {k: v for k, v in p.items() if k in rule.defaults}
-        weights = rule(gap, cu, mask, **params)
-    coef = token_coefficients(mask, tok_traj, rb.num_trajectories, algo.loss_agg)
+    tok_adv_all = adv_traj[tok_traj].float()
+    mask_all = torch.ones(T, dtype=torch.bool, device=dev)
+    coef = token_coefficients(mask_all, tok_traj, rb.num_trajectories, algo.loss_agg)
     # global normalisers: the aggregation's denominator (trajectories with tokens, or tokens) and
     # PCSD's M are counts over the whole batch, i.e. over every rank
     n_seq = int((torch.bincount(tok_traj, minlength=rb.num_trajectories) > 0).sum()) if T else 0
@@ -272,14 +286,34 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
     g_norm, T_all = dist_utils.global_sum([local_norm, T], ctx)
     coef = (coef * (local_norm / max(g_norm, 1.0))).float()
     T_all = max(T_all, 1.0)
+    pcsd_params = {k: v for k, v in OmegaConf.to_container(algo.pcsd).items() if k in rule.defaults}
+    lengths = [len(r) for r in rb.response_ids]
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + n)
 
-    offsets = cu.tolist()
+    def token_terms(rows: list[int], idx: torch.Tensor, old_mb: torch.Tensor):
+        """Advantages, PCSD weights and gaps of a micro-batch's tokens. Its rows are whole response
+        turns and the weights' windows never cross a turn, so per micro-batch equals the whole batch."""
+        mask = mask_all[idx]
+        gap = (teacher[idx] - old_mb) if teacher is not None else torch.zeros_like(old_mb)
+        tok_adv = tok_adv_all[idx]
+        weights = torch.zeros_like(old_mb)
+        if rule.kind == "advantage":
+            tok_adv = rule(tok_adv, gap, mask, step)
+        elif algo.distill:
+            cu = torch.tensor([0] + [lengths[i] for i in rows], device=dev).cumsum(0)
+            weights = rule(gap, cu, mask, **pcsd_params)
+        return tok_adv, weights, gap, mask
+
     gscale = dist_utils.grad_scale(ctx)
     student.train()
     stats = dict(loss=0.0, pg=0.0, kl=0.0, pcsd=0.0, clip_frac=0.0, grad_norm=0.0)
+    tok_sums = dict(gap=0.0, w=0.0, gate=0.0, nll=0.0)  # over the batch's tokens (first epoch)
     t0 = time.perf_counter()
     n_mb = len(mbs) * cfg.optim.ppo_epochs
     update_cb = progress("update", n_mb) if progress else None
+    cached: dict[int, tuple] = {}  # micro-batch -> its token terms (computed once)
     for _epoch in range(cfg.optim.ppo_epochs):
         opt.zero_grad(set_to_none=True)
         for k in range(n_passes):
@@ -289,10 +323,19 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
                 (lp.sum() * 0.0).backward()
                 continue
             idx = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows]).to(dev)
+            if k not in cached:
+                old_mb = lp.detach().float() if old is None else old[idx]
+                cached[k] = (old_mb, *token_terms(rows, idx, old_mb))
+                _, _, w_mb, gap_mb, _ = cached[k]
+                tok_sums["gap"] += float(gap_mb.sum())
+                tok_sums["w"] += float(w_mb.sum())
+                tok_sums["gate"] += float((w_mb > 0.5).float().sum())
+                tok_sums["nll"] += float(-old_mb.sum())
+            old_mb, tok_adv, w_mb, _gap, mask = cached[k]
             loss = lp.sum() * 0.0
             if algo.grpo:
-                pg, kl, clipped = grpo_token_terms(lp, old[idx], None if ref is None else ref[idx],
-                                                   tok_adv[idx], algo.clip_eps)
+                pg, kl, clipped = grpo_token_terms(lp, old_mb, None if ref is None else ref[idx],
+                                                   tok_adv, algo.clip_eps)
                 c = coef[idx]
                 pg_l, kl_l = (c * pg).sum(), (c * kl).sum()
                 loss = loss + pg_l + algo.kl_beta * kl_l
@@ -301,7 +344,7 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
                 stats["clip_frac"] += float(clipped.float().sum()) / T_all
             if algo.distill and rule.kind == "weights":
                 # sum over this micro-batch of m w (T - S) / M, M = all valid tokens of the batch
-                d = pcsd_loss(lp, teacher[idx], weights[idx], mask[idx]) * (len(idx) / T_all)
+                d = pcsd_loss(lp, teacher[idx], w_mb, mask) * (len(idx) / T_all)
                 loss = loss + algo.lambda_distill * d
                 stats["pcsd"] += float(d.detach())
             (loss * gscale).backward()  # FSDP averages over ranks; the global loss is their sum
@@ -312,8 +355,8 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
         opt.step()
     student.eval()
     sums = dist_utils.global_sum(
-        [stats["loss"], stats["pg"], stats["kl"], stats["pcsd"], stats["clip_frac"], float(gap.sum()),
-         float(weights.sum()), float((weights > 0.5).float().sum()), float(-old.sum())], ctx)
+        [stats["loss"], stats["pg"], stats["kl"], stats["pcsd"], stats["clip_frac"], tok_sums["gap"],
+         tok_sums["w"], tok_sums["gate"], tok_sums["nll"]], ctx)
     for key, v in zip(("loss", "pg", "kl", "pcsd", "clip_frac"), sums[:5]):
         stats[key] = v
     stats.update(
@@ -392,10 +435,10 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
     # run reuses the saved one
     policy_dir = run_dir / "sft-model"
     if cfg.optim.sft_steps > 0 and ckpt is None and ctx.is_main:
-        sft_games = procedural_games(run_dir / "games" / "sft", 96, seed=500_000, **knobs)
+        sft_games = procedural_games(run_dir / "games" / "sft", cfg.optim.sft_games, seed=500_000, **knobs)
         t0 = time.time()
         losses = sft_warmup(student, builder, sft_games, cfg, steps=cfg.optim.sft_steps,
-                            lr=cfg.optim.sft_lr, seed=cfg.run.seed,
+                            lr=cfg.optim.sft_lr, seed=cfg.run.seed, prompt_weight=cfg.optim.sft_prompt_weight,
                             progress=lambda s, n, l: console.print(f"[pcsd] sft {s}/{n} loss {l:.3f}")
                             if s % 25 == 0 else None)
         summary["sft_loss_first_last"] = [losses[0], losses[-1]]

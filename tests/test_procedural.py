@@ -139,3 +139,21 @@ def test_real_engine_plays_generated_games(engine, tmp_path, task_type):
             assert "Nothing happens" not in state.feedback, (where, cmd)
         assert state["won"] and done, (where, game["walkthrough"])
         env.close()
+
+
+def test_write_games_rooms_rotate_within_what_each_task_allows(tmp_path):
+    import json
+
+    from pcsd.envs.procedural import write_games
+
+    paths = write_games(tmp_path, 8, 70, ("pick_and_place_simple", "pick_heat_then_place_in_recep"),
+                        rooms=("bedroom", "kitchen"), receptacles=12, distractors=0)
+    rooms = [json.loads(open(p).read())["pcsd_gen"]["room"] for p in paths]
+    assert rooms[0::2] == ["bedroom", "kitchen", "bedroom", "kitchen"]  # pick: both rooms in turn
+    assert rooms[1::2] == ["kitchen"] * 4  # heat: only the kitchen
+    with pytest.raises(ValueError, match="rooms=.*pick_heat_then_place_in_recep can only be set in kitchen"):
+        write_games(tmp_path / "x", 2, 0, ("pick_heat_then_place_in_recep",), rooms=("bedroom",))
+    with pytest.raises(ValueError, match="room='attic' is unknown"):
+        write_games(tmp_path / "y", 2, 0, rooms=("attic",))
+    with pytest.raises(ValueError, match="task_types: expected at least one"):
+        write_games(tmp_path / "z", 2, 0, ())

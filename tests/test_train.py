@@ -65,11 +65,14 @@ def _plain_logprobs(model, prompts, responses) -> torch.Tensor:
     return torch.cat(out)
 
 
-@pytest.mark.parametrize("extra", [[], ["algo.loss_agg=token-mean", "rule=sdar"], ["rule=rlsd"]],
-                         ids=["pcsd", "sdar-token-mean", "rlsd"])
+@pytest.mark.parametrize("extra", [[], ["algo.loss_agg=token-mean", "rule=sdar"], ["rule=rlsd"],
+                                   ["optim.ppo_epochs=2"]],
+                         ids=["pcsd", "sdar-token-mean", "rlsd", "pcsd-old-pass"])
 def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
     """update_step's accumulated micro-batch gradients == autograd of L_GRPO + lambda L_PCSD computed
-    plainly (unpacked full-logit log-probs, pcsd.grpo.grpo_loss, pcsd.losses.pcsd_loss)."""
+    plainly (unpacked full-logit log-probs, pcsd.grpo.grpo_loss, pcsd.losses.pcsd_loss). One PPO
+    epoch takes log pi_old from the update's own forward; two epochs score it in a separate pass
+    (with lr 0 the second epoch's gradient is the first's)."""
     from pcsd.grpo import group_advantages, grpo_loss
     from pcsd.losses import pcsd_loss
     from pcsd.testing import synthetic_rollout_batch
@@ -129,6 +132,21 @@ def test_bad_value_lists_choices():
         load_config(["optim.steps=many"])
     with pytest.raises(ConfigError, match="run.keep_last must be >= 0"):
         load_config(["run.keep_last=-1"])
+    with pytest.raises(ConfigError, match="optim.sft_games must be >= 1"):
+        load_config(["optim.sft_steps=5", "optim.sft_games=0"])
+
+
+def test_procedural_task_types_and_rooms_are_checked():
+    cfg = load_config(["env.task_types=[pick_and_place_simple,look_at_obj_in_light]", "env.rooms=[bedroom]"])
+    assert list(cfg.env.task_types) == ["pick_and_place_simple", "look_at_obj_in_light"]
+    with pytest.raises(ConfigError, match="env.task_types has 'pick_up'.*pick_and_place_simple"):
+        load_config(["env.task_types=[pick_up]"])
+    with pytest.raises(ConfigError, match="env.rooms has 'garage'.*kitchen"):
+        load_config(["env.rooms=[garage]"])
+    with pytest.raises(ConfigError, match="no room for task type pick_clean_then_place_in_recep"):
+        load_config(["env.rooms=[bedroom]"])  # all six types; clean needs a kitchen or bathroom
+    with pytest.raises(ConfigError, match="env.task_types is empty"):
+        load_config(["env.task_types=[]"])
 
 
 def test_ablation_rule_needs_its_parameter():
@@ -255,3 +273,44 @@ def test_smoke_run_then_stop_and_resume_is_bit_exact(tmp_path, tiny_dir, child_e
     resumed = json.loads((part / "summary.json").read_text())
     assert resumed["success_before"] == summary["success_before"]
     assert resumed["success_after"] == summary["success_after"] and resumed["steps"] == 2
+
+
+@pytest.mark.parametrize("prompt_weight", [0.0, 0.5])
+def test_sft_loss_is_response_nll_plus_weighted_prompt_nll(tmp_path, tiny_dir, prompt_weight):
+    """sft_warmup's first loss == the plain full-logit computation on the same sampled examples:
+    mean NLL of the expert's response tokens + prompt_weight x mean next-token NLL of the prompt."""
+    import random
+
+    from pcsd.prompts import PromptBuilder
+    from pcsd.trainer import eos_id, expert_episodes, procedural_games, sft_warmup, think_for
+
+    cfg = load_config(["env.max_steps=6", "optim.tokens_per_microbatch=1024"])
+    builder = PromptBuilder("alfworld", history_length=2, max_prompt_tokens=1024, tokenizer_dir=tiny_dir)
+    games = procedural_games(tmp_path / "g", 2, 77, ("pick_and_place_simple",), rooms=("bedroom",),
+                             receptacles=6, distractors=0)
+    model, _ = _models(tiny_dir)
+    plain = copy.deepcopy(model)
+    losses = sft_warmup(model, builder, games, cfg, steps=1, lr=0.0, seed=4, prompt_weight=prompt_weight)
+    examples = []
+    for task, steps_ in expert_episodes(games, cfg.env.max_steps):
+        hist = []
+        for obs, adm, action in steps_:
+            (_, ids), = builder.build_batch([dict(task=task, observation=obs, admissible=adm, history=hist,
+                                                  step=len(hist))])
+            text = f"<think>{think_for(task, action)}</think><action>{action}</action>"
+            examples.append((ids, builder.tokenizer.encode(text) + [eos_id(builder)]))
+            hist = hist + [(obs, action)]
+    rng = random.Random(4)
+    chunk = [examples[rng.randrange(len(examples))] for _ in range(16)]
+    resp_nll, prompt_nll = [], []
+    with torch.no_grad():
+        for p, r in chunk:
+            seq = torch.tensor([list(p) + list(r)])
+            lp = plain(input_ids=seq).logits[0].float().log_softmax(-1)
+            tok = lp[:-1].gather(1, seq[0, 1:, None]).squeeze(1)
+            prompt_nll.append(-tok[: len(p) - 1])
+            resp_nll.append(-tok[len(p) - 1:])
+    want = torch.cat(resp_nll).mean() + prompt_weight * torch.cat(prompt_nll).mean()
+    assert losses[0] == pytest.approx(float(want), rel=1e-4)
+    with pytest.raises(ValueError, match="prompt_weight"):
+        sft_warmup(model, builder, games, cfg, steps=1, lr=0.0, seed=4, prompt_weight=-1.0)

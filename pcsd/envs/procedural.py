@@ -134,10 +134,27 @@ def write_game(path: str | os.PathLike[str], task_type: str, seed: int, **knobs:
 
 
 def write_games(out_dir: str | os.PathLike[str], count: int, seed: int,
-                task_types: Sequence[str] = TASK_TYPES, **knobs: object) -> list[str]:
+                task_types: Sequence[str] = TASK_TYPES, rooms: Sequence[str] | None = None,
+                **knobs: object) -> list[str]:
     """A fixed list of ``count`` games in ``out_dir``: game ``i`` is ``NNNNN-<task type>.tw-pddl`` with
     task type ``task_types[i % len(task_types)]`` and seed ``seed + i``; files already there are
-    reused (the list is the same on every call with the same arguments)."""
+    reused (the list is the same on every call with the same arguments).
+
+    ``rooms`` (optional) restricts the rooms: game ``i`` is set in the rooms of ``rooms`` its task
+    type allows, in rotation; a task type that none of them allows is a ValueError."""
+    if not task_types:
+        raise ValueError("task_types: expected at least one task type")
+    for tt in task_types:
+        _check_task(tt)
+    allowed: dict[str, list[str]] = {}
+    if rooms is not None:
+        for r in rooms:
+            _check_room(r)
+        for tt in task_types:
+            allowed[tt] = [r for r in rooms if r in task_rooms(tt)]
+            if not allowed[tt]:
+                raise ValueError(f"rooms={list(rooms)}: task type {tt} can only be set in "
+                                 f"{', '.join(task_rooms(tt))}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -145,6 +162,9 @@ def write_games(out_dir: str | os.PathLike[str], count: int, seed: int,
         tt = task_types[i % len(task_types)]
         p = out / f"{i:05d}-{tt}.tw-pddl"
         if not p.exists():
-            write_game(p, tt, seed + i, **knobs)
+            kw = dict(knobs)
+            if rooms is not None:
+                kw["room"] = allowed[tt][(i // len(task_types)) % len(allowed[tt])]
+            write_game(p, tt, seed + i, **kw)
         paths.append(str(p))
     return paths

@@ -1,0 +1,118 @@
+"""Experts that play ALFWorld games: demonstrations for the SFT warm-up and baselines.
+
+The native engine's planner (:meth:`pcsd.envs.alfworld.AlfworldGame.expert_plan`) knows the whole
+state, hidden objects included: from the start of a game it walks straight to the drawer that holds
+the hidden plate. A policy that sees only the prompt cannot learn that move; trained on it, a model
+learns a prior over receptacles and has never seen what to do when the object is not there.
+
+:class:`ObservationExpert` plays only on what the agent has observed. It follows the planner while
+the planner's next move is justified by what was seen, and searches otherwise:
+
+* a ``go to R`` whose purpose at R is to take or use an object that no observation has shown yet
+  (the planner's privileged knowledge) is replaced by a search move: the first receptacle of the
+  admissible ``go to`` list (sorted, as the game lists it) not visited in this episode;
+* arriving at a closed receptacle during a search, it opens it (its contents become visible);
+* everything else (taking a visible object, going to the task's target receptacle or to an
+  appliance that is in plain sight, heating, cleaning, putting) comes from the planner, replanned
+  from the current state after every step.
+
+So its actions depend only on the task text and the observations so far: two games that differ
+only in where the hidden objects lie get the same moves until an object is seen (tested).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from pcsd.envs.alfworld import AlfworldGame
+
+__all__ = ["ObservationExpert", "ExpertEpisode", "play_expert"]
+
+_GO = "go to "
+_NAME = re.compile(r"[a-z]+ \d+")
+# the object a planner action needs at its receptacle (take X from R, use X)
+_NEEDS = (re.compile(r"^take ([a-z]+ \d+) from "), re.compile(r"^use ([a-z]+ \d+)$"))
+
+
+@dataclass
+class ExpertEpisode:
+    """One episode of an expert: the (observation, admissible, action) triples and the outcome."""
+
+    task: str
+    task_type: str
+    steps: list[tuple[str, list[str], str]] = field(default_factory=list)
+    won: bool = False
+
+
+class ObservationExpert:
+    """An expert restricted to observed information (see the module docstring). One instance plays
+    one episode: call :meth:`act` with each new observation."""
+
+    def __init__(self, game: AlfworldGame):
+        self.game = game
+        self.seen: set[str] = set()  # names ("plate 1") that appeared in an observation
+        self.visited: set[str] = set()  # receptacles arrived at
+        self.opened: set[str] = set()
+        self.location: Optional[str] = None
+
+    def observe(self, obs: str, action: Optional[str] = None) -> None:
+        """Records an observation (and the action that produced it)."""
+        self.seen.update(_NAME.findall(obs))
+        if action and action.startswith(_GO) and not obs.startswith("Nothing happens"):
+            self.location = action[len(_GO):]
+            self.visited.add(self.location)
+        elif action and action.startswith("open ") and not obs.startswith("Nothing happens"):
+            self.opened.add(action[len("open "):])
+
+    def _needs_unseen(self, plan: list[str]) -> bool:
+        """Whether the planner's leading ``go to R`` is for an object not observed yet."""
+        for a in plan[1:]:
+            if a.startswith(_GO):
+                return False
+            for pat in _NEEDS:
+                m = pat.match(a)
+                if m and m.group(1) not in self.seen:
+                    return True
+        return False
+
+    def act(self, admissible: list[str]) -> Optional[str]:
+        """The next action, or None when the planner finds no plan from this state."""
+        plan = self.game.expert_plan()
+        if not plan:
+            return None
+        first = plan[0]
+        if not (first.startswith(_GO) and self._needs_unseen(plan)):
+            return first
+        # search: open the closed receptacle we stand at, else the next unvisited receptacle
+        here = self.location
+        if here is not None and f"open {here}" in admissible and here not in self.opened:
+            return f"open {here}"
+        for a in admissible:
+            if a.startswith(_GO) and a[len(_GO):] not in self.visited:
+                return a
+        return first  # everything visited: the object must be somewhere seen; follow the plan
+
+
+def play_expert(path: str, max_steps: int) -> ExpertEpisode:
+    """Plays the game at ``path`` with an :class:`ObservationExpert` for at most ``max_steps``."""
+    if max_steps < 1:
+        raise ValueError(f"max_steps: expected at least 1, got {max_steps}")
+    g = AlfworldGame.from_file(path, max_steps=max_steps)
+    obs, info = g.reset()
+    ep = ExpertEpisode(task=g.task, task_type=g.task_type)
+    expert = ObservationExpert(g)
+    expert.observe(obs)
+    for _ in range(max_steps):
+        adm = list(info["admissible_commands"])
+        action = expert.act(adm)
+        if action is None:
+            break
+        ep.steps.append((obs, adm, action))
+        obs, _, done, info = g.step(action)
+        expert.observe(obs, action)
+        if done:
+            ep.won = bool(info["won"])
+            break
+    return ep
