@@ -401,8 +401,9 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
 
         model_dir = run_dir / "base-model"
         if ctx.is_main and not (model_dir / "config.json").exists():
+            # heads of 32 dimensions (the smallest vLLM's CPU attention takes): more heads to copy with
             make_tiny_model(model_dir, hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_layers,
-                            seed=cfg.run.seed)
+                            num_heads=max(1, cfg.model.tiny_hidden_size // 32), seed=cfg.run.seed)
         dist_utils.barrier(ctx)
         console.print(f"[pcsd] tiny model written to {model_dir}")
     student = load_model(model_dir, device, cfg.model.dtype)
