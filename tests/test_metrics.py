@@ -155,8 +155,11 @@ def test_progress_bars_draw_on_a_terminal():
     assert "update" in out and "1/2" in out
 
 
-def test_update_step_reports_scoring_and_micro_batches(monkeypatch):
-    """The trainer's update calls the progress callbacks: scoring passes, then each micro-batch."""
+@pytest.mark.parametrize("ppo_epochs", [1, 2])
+def test_update_step_reports_scoring_and_micro_batches(ppo_epochs):
+    """The trainer's update calls the progress callbacks: scoring passes, then each micro-batch.
+    One PPO epoch takes log pi_old from the update's own forward (reference + teacher passes
+    only); more epochs score the old policy first."""
     from omegaconf import OmegaConf
 
     from pcsd import trainer
@@ -165,6 +168,7 @@ def test_update_step_reports_scoring_and_micro_batches(monkeypatch):
 
     cfg = OmegaConf.structured(TrainConfig)
     cfg.optim.tokens_per_microbatch = 8
+    cfg.optim.ppo_epochs = ppo_epochs
     calls = []
 
     def progress(name, total):
@@ -183,6 +187,8 @@ def test_update_step_reports_scoring_and_micro_batches(monkeypatch):
     rb.teacher_prompt_ids = [[9, 5, 6, 7]] * 4
     opt = torch.optim.AdamW(student.parameters(), lr=1e-4)
     trainer.update_step(student, frozen, opt, rb, cfg, 0, progress=progress)
-    assert [c for c in calls if c[0] == "scoring"] == [("scoring", 1, 3), ("scoring", 2, 3), ("scoring", 3, 3)]
+    n = 2 + (ppo_epochs > 1)
+    assert [c for c in calls if c[0] == "scoring"] == [("scoring", i, n) for i in range(1, n + 1)]
     ups = [c for c in calls if c[0] == "update"]
-    assert [c[1] for c in ups] == [1, 2, 3, 4] and all(c[2] == 4 for c in ups)  # rows of 6, 5, 4, 7 tokens
+    n_up = 4 * ppo_epochs  # rows of 6, 5, 4, 7 tokens: one micro-batch each, per epoch
+    assert [c[1] for c in ups] == list(range(1, n_up + 1)) and all(c[2] == n_up for c in ups)
