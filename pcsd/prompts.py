@@ -346,8 +346,18 @@ def parse_action(text: str, admissible: Sequence[str] | None = None) -> ParsedAc
     """
     if not isinstance(text, str):
         raise ValueError(f"text: expected str, got {type(text).__name__}")
-    adm = None if admissible is None else _str_list("admissible", admissible)
-    return ParsedAction(**_mod().parse_action(text, adm))
+    adm = None if admissible is None else [_lossy(a) for a in _str_list("admissible", admissible)]
+    return ParsedAction(**_mod().parse_action(_lossy(text), adm))
+
+
+def _lossy(s: str) -> str:
+    """``s`` with lone surrogates (not encodable as UTF-8) replaced by U+FFFD, as the engine reads
+    a command: such text can never be an admissible action."""
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 def retrieve_skills(task: str, env: EnvName = "alfworld") -> str:

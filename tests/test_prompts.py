@@ -369,6 +369,12 @@ def test_parse_action_round_trip(think, action):
     assert p.action == action and p.is_valid
 
 
+def test_parse_action_reads_lone_surrogates_as_replacement_characters():
+    """A lone surrogate (a str that is not UTF-8) is read as U+FFFD, like the engine reads a command."""
+    p = P.parse_action("<think>\ud800</think>\n<action>go \udfff</action>", ["go \udfff"])
+    assert p.think == "\ufffd" * 3 and p.action == "go " + "\ufffd" * 3 and not p.missing_think
+
+
 # ------------------------------------------------------------------------------------------------
 # Skills
 # ------------------------------------------------------------------------------------------------
