@@ -220,7 +220,7 @@ struct Consts {
   // (0 from j = n_min on), in double for the data sums and in float for the mask sums.
   V4d jd[kSimdMaxWindow], dec[kSimdMaxWindow], dec_s[kSimdMaxWindow];
   V8f jf[kSimdMaxWindow], jjf[kSimdMaxWindow], dec_f[kSimdMaxWindow], dec_sf[kSimdMaxWindow];
-  V8f inv_tau, tau_low_inv_tau, gamma, beta, eps_slope;
+  V8f inv_tau, tau_low_inv_tau, gamma, neg_beta, eps_slope;
   // Constants of a full window (n valid tokens, all inside the segment): the common case.
   V4d full_n, full_sj;
   V8f full_var_scale;  // inv_tau / n^2
@@ -255,7 +255,7 @@ Consts make_consts(const PcsdParams& p) {
   k.inv_tau.set(static_cast<float>(inv_tau));
   k.tau_low_inv_tau.set(static_cast<float>(p.tau_low * inv_tau));
   k.gamma.set(static_cast<float>(p.gamma));
-  k.beta.set(static_cast<float>(p.beta_gate));
+  k.neg_beta.set(static_cast<float>(-p.beta_gate));
   k.eps_slope.set(eps_slope);
   k.full_n.set(k.n);
   k.full_sj.set(sj);
@@ -270,13 +270,11 @@ Consts make_consts(const PcsdParams& p) {
 PCSD_AVX2_FN inline __m256 ld(const V8f& c) { return _mm256_load_ps(c.v); }
 PCSD_AVX2_FN inline __m256d ld(const V4d& c) { return _mm256_load_pd(c.v); }
 
-// exp(x) for x <= 0 (x below ln(FLT_MIN) returns FLT_MIN-sized values instead of denormals,
-// an absolute error < 1.2e-38). Range reduction x = n ln2 + r with ln2 split in two parts and a
-// degree-6 polynomial for exp(r) on |r| <= ln2/2 (the classic Cephes expf coefficients); 2^n is
-// built in the exponent bits. Error measured by tests/test_ops.py (a few ulp at most).
-PCSD_AVX2_FN inline __m256 exp_nonpositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
-  x = _mm256_min_ps(x, _mm256_setzero_ps());
+// exp(x) for x in [-87.33654, 87], the caller's clamp (ln(FLT_MIN) ~ -87.3365: no denormals).
+// Range reduction x = n ln2 + r with ln2 split in two parts and a degree-6 polynomial for exp(r)
+// on |r| <= ln2/2 (the classic Cephes expf coefficients); 2^n is built in the exponent bits.
+// Error measured by tests/test_ops.py (a few ulp at most).
+PCSD_AVX2_FN inline __m256 exp_in_range(__m256 x) {
   const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
@@ -293,64 +291,69 @@ PCSD_AVX2_FN inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-// 8 mask bytes -> all-ones float lanes where the byte is non-zero.
-PCSD_AVX2_FN inline __m256 load_mask8(const uint8_t* p) {
-  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(
-      _mm256_xor_si256(_mm256_cmpeq_epi32(b, _mm256_setzero_si256()), _mm256_set1_epi32(-1)));
+constexpr float kExpMin = -87.33654f, kExpMax = 87.0f;
+
+// exp(x) for x <= 0 (x below ln(FLT_MIN) returns FLT_MIN-sized values instead of denormals,
+// an absolute error < 1.2e-38).
+PCSD_AVX2_FN inline __m256 exp_nonpositive(__m256 x) {
+  return exp_in_range(_mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpMin)), _mm256_setzero_ps()));
 }
 
-// Running fp64 sum of |g| and count of the valid tokens of a segment, 8 tokens at a time: the
-// response-level scale. Shared by the separate scale pass and the one fused into fill_chunk.
-struct AbsSum {
-  __m256d lo, hi;
-  int64_t valid;
-};
-
-PCSD_AVX2_FN inline void abs_sum_init(AbsSum* a) {
-  a->lo = a->hi = _mm256_setzero_pd();
-  a->valid = 0;
-}
-
-// Adds the 8 tokens at t (gaps v, all-ones lanes vm where valid) to *a. Returns false, with
-// *err_index at the first one, when a valid gap is not finite.
-template <bool kMask>
-PCSD_AVX2_FN inline bool abs_sum8(__m256 v, __m256 vm, int64_t t, AbsSum* a, int64_t* err_index) {
-  const __m256 av = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
-  // not (|v| < inf) is true for +-Inf and NaN
-  const __m256 nonfinite =
-      _mm256_cmp_ps(av, _mm256_set1_ps(std::numeric_limits<float>::infinity()), _CMP_NLT_UQ);
-  const int bad = _mm256_movemask_ps(kMask ? _mm256_and_ps(nonfinite, vm) : nonfinite);
-  if (bad) {
-    *err_index = t + __builtin_ctz(static_cast<unsigned>(bad));
-    return false;
-  }
-  const __m256 m = kMask ? _mm256_and_ps(av, vm) : av;
-  a->lo = _mm256_add_pd(a->lo, _mm256_cvtps_pd(_mm256_castps256_ps128(m)));
-  a->hi = _mm256_add_pd(a->hi, _mm256_cvtps_pd(_mm256_extractf128_ps(m, 1)));
-  a->valid += kMask ? __builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(vm))) : 8;
-  return true;
-}
-
-// Adds the scalar tail [t, end) of the segment and returns the mean |g| over its valid tokens
-// (0 without any), or kNonFiniteGap as status.
-template <bool kMask>
-PCSD_AVX2_FN inline int abs_sum_finish(AbsSum* a, const float* __restrict g,
-                                       const uint8_t* __restrict mk, int64_t t, int64_t end,
-                                       double* mean_abs, int64_t* err_index) {
-  alignas(32) double lanes[4];
-  _mm256_store_pd(lanes, _mm256_add_pd(a->lo, a->hi));
-  double abs_sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
-  if (masked_abs_sum<kMask>(g, mk, t, end, &abs_sum, &a->valid, err_index) != kOk) return kNonFiniteGap;
-  *mean_abs = a->valid > 0 ? abs_sum / static_cast<double>(a->valid) : 0.0;
-  return kOk;
+// sigmoid(z) = 1 / (1 + exp(-z)), from neg_z = -z: exp(-z) is clamped to [FLT_MIN, e^87], so
+// the result stays a normal float (>= 1.6e-38, an absolute error < 1.7e-38 for z < -87) and the
+// relative error is that of exp plus two roundings.
+PCSD_AVX2_FN inline __m256 sigmoid_of_neg(__m256 neg_z) {
+  const __m256 x = _mm256_min_ps(_mm256_max_ps(neg_z, _mm256_set1_ps(kExpMin)), _mm256_set1_ps(kExpMax));
+  const __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, exp_in_range(x)));
 }
 
 // 8 mask bytes at p as all-ones float lanes (all ones without a mask).
 template <bool kMask>
 PCSD_AVX2_FN inline __m256 valid8(const uint8_t* p) {
-  return kMask ? load_mask8(p) : _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  if (!kMask) return _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(b, _mm256_setzero_si256()));
 }
+
+// Running fp64 sum of |g| over the valid tokens of a segment, 8 masked gaps (0 where invalid)
+// at a time: the response-level scale. A non-finite valid gap makes the sum non-finite, so the
+// finiteness check costs nothing per token (abs_sum_finish rescans to name the position).
+struct AbsSum {
+  __m256d lo, hi;
+};
+
+PCSD_AVX2_FN inline AbsSum abs_sum_init() { return {_mm256_setzero_pd(), _mm256_setzero_pd()}; }
+
+PCSD_AVX2_FN inline void abs_sum_add(AbsSum* a, __m256d x_lo, __m256d x_hi) {
+  const __m256d abs_mask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffLL));
+  a->lo = _mm256_add_pd(a->lo, _mm256_and_pd(x_lo, abs_mask));
+  a->hi = _mm256_add_pd(a->hi, _mm256_and_pd(x_hi, abs_mask));
+}
+
+// The segment [begin, end) went through abs_sum_add up to t, with `valid` valid tokens there.
+// Adds the scalar tail and stores the mean |g| over the valid tokens (0 without any), or returns
+// kNonFiniteGap with *err_index at the first non-finite valid gap.
+template <bool kMask>
+PCSD_AVX2_FN int abs_sum_finish(const AbsSum& a, const float* __restrict g,
+                                const uint8_t* __restrict mk, int64_t begin, int64_t t,
+                                int64_t end, int64_t valid, double* mean_abs, int64_t* err_index) {
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(a.lo, a.hi));
+  double abs_sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  if (!std::isfinite(abs_sum)) {  // a non-finite valid gap in [begin, t): find the first
+    double unused = 0.0;
+    int64_t unused_valid = 0;
+    masked_abs_sum<kMask>(g, mk, begin, t, &unused, &unused_valid, err_index);
+    return kNonFiniteGap;
+  }
+  if (masked_abs_sum<kMask>(g, mk, t, end, &abs_sum, &valid, err_index) != kOk) return kNonFiniteGap;
+  *mean_abs = valid > 0 ? abs_sum / static_cast<double>(valid) : 0.0;
+  return kOk;
+}
+
+PCSD_AVX2_FN inline __m256d lo_pd(__m256 v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
+PCSD_AVX2_FN inline __m256d hi_pd(__m256 v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
 
 // Pass over one segment: mean |g| over its valid tokens, and the finiteness check. Returns kOk
 // or kNonFiniteGap with *err_index at the first offending position. Used for segments longer
@@ -358,15 +361,15 @@ PCSD_AVX2_FN inline __m256 valid8(const uint8_t* p) {
 template <bool kMask>
 PCSD_AVX2_FN int segment_scale(const float* __restrict g, const uint8_t* __restrict mk,
                                int64_t begin, int64_t end, double* mean_abs, int64_t* err_index) {
-  AbsSum acc;
-  abs_sum_init(&acc);
-  int64_t t = begin;
+  AbsSum acc = abs_sum_init();
+  int64_t valid = 0, t = begin;
   for (; t + 8 <= end; t += 8) {
-    if (!abs_sum8<kMask>(_mm256_loadu_ps(g + t), valid8<kMask>(mk + t), t, &acc, err_index)) {
-      return kNonFiniteGap;
-    }
+    const __m256 vm = valid8<kMask>(mk + t);
+    const __m256 x = _mm256_and_ps(_mm256_loadu_ps(g + t), vm);
+    abs_sum_add(&acc, lo_pd(x), hi_pd(x));
+    valid += __builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(vm)));
   }
-  return abs_sum_finish<kMask>(&acc, g, mk, t, end, mean_abs, err_index);
+  return abs_sum_finish<kMask>(acc, g, mk, begin, t, end, valid, mean_abs, err_index);
 }
 
 // Per-thread scratch, allocated once per call and thread (never per token).
@@ -399,22 +402,29 @@ PCSD_AVX2_FN int fill_chunk(const float* __restrict g, const uint8_t* __restrict
   float* __restrict mf = sc.m.data();
   uint8_t* __restrict vb = sc.bits.data();
   const __m256 one = _mm256_set1_ps(1.0f);
-  AbsSum acc;
-  abs_sum_init(&acc);
+  AbsSum acc = abs_sum_init();
   int64_t q = 0;
   for (; q + 8 <= need; q += 8) {
-    const __m256 v = _mm256_loadu_ps(g + t0 + q);
     const __m256 vm = valid8<kMask>(mk + t0 + q);
-    if (kScale && !abs_sum8<kMask>(v, vm, t0 + q, &acc, err_index)) return kNonFiniteGap;
-    const __m256 xv = _mm256_and_ps(v, vm);
+    const __m256 xv = _mm256_and_ps(_mm256_loadu_ps(g + t0 + q), vm);
+    const __m256d x_lo = lo_pd(xv), x_hi = hi_pd(xv);
+    if (kScale) abs_sum_add(&acc, x_lo, x_hi);
     vb[q / 8] = static_cast<uint8_t>(_mm256_movemask_ps(vm));
     _mm256_storeu_ps(mf + q, _mm256_and_ps(one, vm));
     _mm256_storeu_ps(xf + q, xv);
-    _mm256_storeu_pd(xd + q, _mm256_cvtps_pd(_mm256_castps256_ps128(xv)));
-    _mm256_storeu_pd(xd + q + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(xv, 1)));
+    _mm256_storeu_pd(xd + q, x_lo);
+    _mm256_storeu_pd(xd + q + 4, x_hi);
   }
-  if (kScale && abs_sum_finish<kMask>(&acc, g, mk, t0 + q, t0 + need, mean_abs, err_index) != kOk) {
-    return kNonFiniteGap;
+  if (kScale) {
+    int64_t valid = 0, b = 0;
+    for (; b + 8 <= q / 8; b += 8) {
+      uint64_t word;
+      std::memcpy(&word, vb + b, sizeof(word));
+      valid += __builtin_popcountll(word);
+    }
+    for (; b < q / 8; ++b) valid += __builtin_popcount(vb[b]);
+    const int st = abs_sum_finish<kMask>(acc, g, mk, t0, t0 + q, t0 + need, valid, mean_abs, err_index);
+    if (st != kOk) return st;
   }
   // Bit bytes from q / 8 on are rebuilt: the tail's valid bits, then zeros.
   std::memset(vb + q / 8, 0, static_cast<size_t>((upto + 7) / 8 + 8 - q / 8));
@@ -573,13 +583,7 @@ PCSD_AVX2_FN inline void window8(const Consts& K, const Sums& s, const float* __
     eta = _mm256_fnmadd_ps(ld(K.gamma), t, one);
     eta = _mm256_min_ps(_mm256_max_ps(eta, zero), one);
   }
-  // sigmoid(z) = 1 / (1 + e) for z >= 0 and e / (1 + e) for z < 0, with e = exp(-|z|)
-  const __m256 z = _mm256_mul_ps(ld(K.beta), ad);
-  const __m256 e = exp_nonpositive(
-      _mm256_or_ps(z, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)))));
-  const __m256 q = _mm256_div_ps(one, _mm256_add_ps(one, e));
-  const __m256 sig = _mm256_blendv_ps(q, _mm256_mul_ps(e, q), _mm256_cmp_ps(z, zero, _CMP_LT_OQ));
-  __m256 wv = _mm256_mul_ps(sig, eta);
+  __m256 wv = _mm256_mul_ps(sigmoid_of_neg(_mm256_mul_ps(ld(K.neg_beta), ad)), eta);
   if (!kFull) wv = _mm256_and_ps(wv, _mm256_cmp_ps(m0, zero, _CMP_GT_OQ));
   o->w = wv;
   o->ad = ad;

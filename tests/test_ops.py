@@ -249,6 +249,17 @@ def test_first_nonfinite_gap_is_reported(impl):
         cu = torch.tensor([0, 9, 2049, 2061])
         with cpu_impl(impl), pytest.raises(ValueError, match=rf"gap must be finite .*gap\[{pos}\]"):
             pcsd_weights(gap, cu, mask)
+    # a segment longer than the AVX2 kernel's chunk (2048 tokens) has a scale pass of its own:
+    # in its vector body, in its last chunk, in its scalar tail
+    for pos in (20, 2100, 4100, 5003):
+        gap = torch.randn(5010)
+        mask = torch.ones(5010, dtype=torch.bool)
+        gap[pos] = float("inf")
+        gap[pos - 5] = float("nan")
+        mask[pos - 5] = False
+        cu = torch.tensor([0, 5, 5005, 5010])
+        with cpu_impl(impl), pytest.raises(ValueError, match=rf"gap must be finite .*gap\[{pos}\]"):
+            pcsd_weights(gap, cu, mask)
 
 
 @pytest.mark.skipif(not HAVE_AVX2, reason="CPU without AVX2/FMA")
