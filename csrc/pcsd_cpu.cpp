@@ -188,11 +188,12 @@ int segment_weights(const float* __restrict g, const uint8_t* __restrict mk, int
 // Why double for the data sums: with float sums the kernel misses the tests' accuracy bound
 // (|kernel - ref64| <= 2 |ref32 - ref64| + 1e-6 (1 + |ref64|)) on gaps of magnitude ~1e3, where
 // random-sign sums cancel; the mask-only sums have no cancellation and stay in float.
-// Full windows (n valid tokens inside the segment, found from a bit per token) skip the mask sums
-// and the divisions by them: those are per-call constants. With a random 5 % mask about half the
-// vectors are full; the full/partial branch is then often mispredicted, but taking the partial
-// path always was measured slower, and so was sorting a chunk's vectors into a full and a
-// partial list first.
+// Vectors whose windows read at most one hole (an invalid token, or the segment end: found from a
+// bit per token) skip the mask sums and the divisions by them: per-lane constants for each hole
+// position (and none) are made once per call. With a random 5 % mask that is about 80 % of the
+// vectors; the rest (two holes or more, segment ends) form the mask sums. (Measured before the
+// one-hole constants: taking the mask-sum path always, or sorting a chunk's vectors into a
+// full and a partial list first, were both slower than the mispredicted branch.)
 // =================================================================================================
 #if PCSD_X86
 namespace simd {
@@ -212,6 +213,15 @@ struct alignas(32) V4d {
   void set(double x) { std::fill(v, v + 4, x); }
 };
 
+// Constants of the 8 windows of a vector with at most one hole (see Consts::lanes).
+struct alignas(32) LaneConsts {
+  double c[8], sj[8];  // count and sum of offsets of the valid tokens (lanes 0-3, 4-7)
+  float var_scale[8];  // inv_tau / c^2
+  float inv_sxxc[8];   // 1 / (c sxx + c eps_slope), 0 with fewer than two valid tokens
+  float inv_den_l[8], inv_den_s[8];  // 1 / decayed denominators (0 for an empty one)
+  uint32_t valid0[8];  // all ones where the lane's own token is valid
+};
+
 struct Consts {
   int n, ns;
   bool adaptive, trend;
@@ -221,10 +231,10 @@ struct Consts {
   V4d jd[kSimdMaxWindow], dec[kSimdMaxWindow], dec_s[kSimdMaxWindow];
   V8f jf[kSimdMaxWindow], jjf[kSimdMaxWindow], dec_f[kSimdMaxWindow], dec_sf[kSimdMaxWindow];
   V8f inv_tau, tau_low_inv_tau, gamma, neg_beta, eps_slope;
-  // Constants of a full window (n valid tokens, all inside the segment): the common case.
-  V4d full_n, full_sj;
-  V8f full_var_scale;  // inv_tau / n^2
-  V8f full_inv_sxxc, full_inv_den_l, full_inv_den_s;
+  // Per-lane constants of the 8 windows of a vector whose n + 7 tokens hold at most one hole
+  // (an invalid token, or one past the segment end) at position d: lanes[d], and lanes[n + 7]
+  // for none. The common case (about 80 % of the vectors with a random 5 % mask).
+  LaneConsts lanes[kSimdMaxWindow + 8];
 };
 
 Consts make_consts(const PcsdParams& p) {
@@ -251,19 +261,30 @@ Consts make_consts(const PcsdParams& p) {
     a *= p.alpha;
   }
   const double inv_tau = 1.0 / (p.tau_high - p.tau_low);
-  const float eps_slope = static_cast<float>(p.eps_slope);
+  const double eps_slope = static_cast<float>(p.eps_slope);  // the float the partial path uses
   k.inv_tau.set(static_cast<float>(inv_tau));
   k.tau_low_inv_tau.set(static_cast<float>(p.tau_low * inv_tau));
   k.gamma.set(static_cast<float>(p.gamma));
   k.neg_beta.set(static_cast<float>(-p.beta_gate));
-  k.eps_slope.set(eps_slope);
-  k.full_n.set(k.n);
-  k.full_sj.set(sj);
-  k.full_var_scale.set(static_cast<float>(inv_tau / (static_cast<double>(k.n) * k.n)));
-  // c sxx = c sum j^2 - (sum j)^2 (exact integers) and c eps_slope, as in the partial path
-  k.full_inv_sxxc.set(static_cast<float>(1.0 / ((sjj * k.n - sj * sj) + static_cast<double>(eps_slope) * k.n)));
-  k.full_inv_den_l.set(static_cast<float>(1.0 / den_l));
-  k.full_inv_den_s.set(static_cast<float>(1.0 / den_s));
+  k.eps_slope.set(static_cast<float>(eps_slope));
+  for (int d = 0; d <= k.n + 7; ++d) {
+    LaneConsts& L = k.lanes[d];
+    for (int l = 0; l < 8; ++l) {
+      const int j = d - l;  // offset of the hole in lane l's window
+      const bool hole = j >= 0 && j < k.n;
+      const double c = k.n - hole, lsj = sj - (hole ? j : 0), lsjj = sjj - (hole ? j * j : 0);
+      const double dl = den_l - (hole ? k.dec_f[j].v[0] : 0.0f);
+      const double ds = den_s - (hole ? k.dec_sf[j].v[0] : 0.0f);
+      L.c[l] = c;
+      L.sj[l] = lsj;
+      L.var_scale[l] = c > 0 ? static_cast<float>(inv_tau / (c * c)) : 0.0f;
+      // c sxx = c sum j^2 - (sum j)^2 (exact integers) and c eps_slope, as in the partial path
+      L.inv_sxxc[l] = c >= 2 ? static_cast<float>(1.0 / ((c * lsjj - lsj * lsj) + eps_slope * c)) : 0.0f;
+      L.inv_den_l[l] = dl > 0 ? static_cast<float>(1.0 / dl) : 0.0f;
+      L.inv_den_s[l] = ds > 0 ? static_cast<float>(1.0 / ds) : 0.0f;
+      L.valid0[l] = d == l ? 0u : ~0u;
+    }
+  }
   return k;
 }
 
@@ -380,13 +401,12 @@ struct Scratch {
   std::vector<uint8_t> bits;  // bit l of bits[q] = token 8 q + l is valid (zero padded)
   explicit Scratch(int n)
       : x(static_cast<size_t>(kChunk + n + 16)), xf(x.size()), m(x.size()), bits(x.size() / 8 + 16) {}
-  // True when the n-token windows of the 8 tokens at offset k (a multiple of 8) are all full:
-  // tokens k .. k + n + 6 valid and inside the segment.
-  bool full(int64_t k, int n) const {
+  // The holes (invalid tokens, or past the segment end) among the n + 7 tokens that the windows
+  // of the 8 tokens at offset k (a multiple of 8) read: bit i for token k + i.
+  uint64_t holes(int64_t k, int n) const {
     uint64_t b;
     std::memcpy(&b, bits.data() + k / 8, sizeof(b));
-    const uint64_t want = (uint64_t{1} << (n + 7)) - 1;  // n + 7 <= 39 bits
-    return (b & want) == want;
+    return ~b & ((uint64_t{1} << (n + 7)) - 1);  // n + 7 <= 39 bits
   }
 };
 
@@ -517,33 +537,37 @@ struct Out8 {
 
 // Weights of the 8 tokens whose windows start at scratch offset k (xf, mf point there; s holds
 // their data sums). kNs1: n_min == 1, so the short window's decayed mean is the (masked, hence 0
-// where invalid) gap at offset 0. kFull: every window is full (n valid tokens inside the
-// segment), so the mask-only sums are the constants of Consts and no division by them is left.
+// where invalid) gap at offset 0. kTable: the windows' n + 7 tokens hold at most one hole, and L
+// (from Consts::lanes) has the per-lane constants that the mask-only sums would give, so no
+// division by them is left; otherwise the mask-only sums are formed here.
 // The cancelling differences are formed in fp64 as multiples of the count c, which keeps every
 // division in float: c^2 var = c s2 - s1^2, c sxy = c sjx - sj s1, c sxx = c sjj - sj^2 (exact
 // small integers in float), so var = (c^2 var) / c^2 and slope = (c sxy) / (c sxx + c eps_slope).
-template <int kN, bool kNs1, bool kFull>
-PCSD_AVX2_FN inline void window8(const Consts& K, const Sums& s, const float* __restrict xf,
-                                 const float* __restrict mf, __m256 inv_scale_neg, Out8* o) {
+template <int kN, bool kNs1, bool kTable>
+PCSD_AVX2_FN inline void window8(const Consts& K, const LaneConsts& L, const Sums& s,
+                                 const float* __restrict xf, const float* __restrict mf,
+                                 __m256 inv_scale_neg, Out8* o) {
   const int n = kN > 0 ? kN : K.n;
   const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
-  __m256 r = zero, slope, dbl, dbs;
-  const __m256 m0 = kFull ? one : _mm256_loadu_ps(mf);
-  if (kFull) {
-    const __m256d nd = ld(K.full_n), sjd = ld(K.full_sj);
+  __m256 r = zero, slope, dbl, dbs, valid0;
+  if (kTable) {  // n >= 2 here, so every window has a valid token
+    const __m256d ca = _mm256_load_pd(L.c), cb = _mm256_load_pd(L.c + 4);
     if (K.adaptive) {
-      const __m256d va = _mm256_fmsub_pd(s.s2a, nd, _mm256_mul_pd(s.s1a, s.s1a));
-      const __m256d vb = _mm256_fmsub_pd(s.s2b, nd, _mm256_mul_pd(s.s1b, s.s1b));
-      r = _mm256_fmsub_ps(to_ps(va, vb), ld(K.full_var_scale), ld(K.tau_low_inv_tau));
+      const __m256d va = _mm256_fmsub_pd(s.s2a, ca, _mm256_mul_pd(s.s1a, s.s1a));
+      const __m256d vb = _mm256_fmsub_pd(s.s2b, cb, _mm256_mul_pd(s.s1b, s.s1b));
+      r = _mm256_fmsub_ps(to_ps(va, vb), _mm256_load_ps(L.var_scale), ld(K.tau_low_inv_tau));
       r = _mm256_min_ps(_mm256_max_ps(r, zero), one);
     }
-    const __m256d xya = _mm256_fmsub_pd(s.sjxa, nd, _mm256_mul_pd(sjd, s.s1a));
-    const __m256d xyb = _mm256_fmsub_pd(s.sjxb, nd, _mm256_mul_pd(sjd, s.s1b));
-    slope = n < 2 ? zero : _mm256_mul_ps(to_ps(xya, xyb), ld(K.full_inv_sxxc));
-    dbl = _mm256_mul_ps(to_ps(s.nla, s.nlb), ld(K.full_inv_den_l));
-    dbs = kNs1 ? _mm256_loadu_ps(xf) : _mm256_mul_ps(to_ps(s.nsa, s.nsb), ld(K.full_inv_den_s));
+    const __m256d xya = _mm256_fmsub_pd(s.sjxa, ca, _mm256_mul_pd(_mm256_load_pd(L.sj), s.s1a));
+    const __m256d xyb = _mm256_fmsub_pd(s.sjxb, cb, _mm256_mul_pd(_mm256_load_pd(L.sj + 4), s.s1b));
+    slope = _mm256_mul_ps(to_ps(xya, xyb), _mm256_load_ps(L.inv_sxxc));
+    dbl = _mm256_mul_ps(to_ps(s.nla, s.nlb), _mm256_load_ps(L.inv_den_l));
+    dbs = kNs1 ? _mm256_loadu_ps(xf) : _mm256_mul_ps(to_ps(s.nsa, s.nsb), _mm256_load_ps(L.inv_den_s));
+    valid0 = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L.valid0)));
   } else {
     // mask-only sums: count, sum j, sum j^2, decayed denominators (exact or positive: float)
+    const __m256 m0 = _mm256_loadu_ps(mf);
+    valid0 = _mm256_cmp_ps(m0, zero, _CMP_GT_OQ);
     __m256 c = m0, sj = zero, sjj = zero, dl = m0, ds = m0;
 #pragma GCC unroll 32
     for (int j = 1; j < n; ++j) {
@@ -583,9 +607,8 @@ PCSD_AVX2_FN inline void window8(const Consts& K, const Sums& s, const float* __
     eta = _mm256_fnmadd_ps(ld(K.gamma), t, one);
     eta = _mm256_min_ps(_mm256_max_ps(eta, zero), one);
   }
-  __m256 wv = _mm256_mul_ps(sigmoid_of_neg(_mm256_mul_ps(ld(K.neg_beta), ad)), eta);
-  if (!kFull) wv = _mm256_and_ps(wv, _mm256_cmp_ps(m0, zero, _CMP_GT_OQ));
-  o->w = wv;
+  const __m256 wv = _mm256_mul_ps(sigmoid_of_neg(_mm256_mul_ps(ld(K.neg_beta), ad)), eta);
+  o->w = _mm256_and_ps(wv, valid0);
   o->ad = ad;
   o->r = r;
   o->slope = slope;
@@ -646,10 +669,12 @@ PCSD_AVX2_FN void chunk_weights(const Consts& K, const Scratch& sc, int64_t c0, 
       s = direct_sums<kN, kNs1>(K, xd + k);
     }
     Out8 o;
-    if (sc.full(k, n)) {
-      window8<kN, kNs1, true>(K, s, sc.xf.data() + k, sc.m.data() + k, inv_scale_neg, &o);
+    const uint64_t h = sc.holes(k, n);
+    if (h == 0 || (n >= 2 && (h & (h - 1)) == 0)) {  // at most one hole (none with n == 1)
+      const LaneConsts& L = K.lanes[__builtin_ctzll(h | uint64_t{1} << (n + 7))];
+      window8<kN, kNs1, true>(K, L, s, sc.xf.data() + k, sc.m.data() + k, inv_scale_neg, &o);
     } else {
-      window8<kN, kNs1, false>(K, s, sc.xf.data() + k, sc.m.data() + k, inv_scale_neg, &o);
+      window8<kN, kNs1, false>(K, K.lanes[0], s, sc.xf.data() + k, sc.m.data() + k, inv_scale_neg, &o);
     }
     store8<kStats>(o, c0 + k, std::min<int64_t>(8, clen - k), w, ad, rr, sl, et);
   }
