@@ -199,6 +199,9 @@ int segment_weights(const float* __restrict g, const uint8_t* __restrict mk, int
 namespace simd {
 
 #define PCSD_AVX2_FN __attribute__((target("avx2,fma")))
+// Per-segment steps inlined into the segment function (saves calls and stack realignment).
+#define PCSD_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
+#define PCSD_AVX2_INLINE_LAMBDA __attribute__((target("avx2,fma"), always_inline))
 
 constexpr int64_t kChunk = 2048;  // tokens per chunk (multiple of 8)
 
@@ -357,7 +360,7 @@ PCSD_AVX2_FN inline void abs_sum_add(AbsSum* a, __m256d x_lo, __m256d x_hi) {
 // Adds the scalar tail and stores the mean |g| over the valid tokens (0 without any), or returns
 // kNonFiniteGap with *err_index at the first non-finite valid gap.
 template <bool kMask>
-PCSD_AVX2_FN int abs_sum_finish(const AbsSum& a, const float* __restrict g,
+PCSD_AVX2_INLINE int abs_sum_finish(const AbsSum& a, const float* __restrict g,
                                 const uint8_t* __restrict mk, int64_t begin, int64_t t,
                                 int64_t end, int64_t valid, double* mean_abs, int64_t* err_index) {
   alignas(32) double lanes[4];
@@ -415,19 +418,18 @@ struct Scratch {
 // kScale: [t0, t0 + need) is a whole segment, whose mean |g| is computed on the way into
 // *mean_abs (with the finiteness check: returns kNonFiniteGap, else kOk).
 template <bool kMask, bool kScale>
-PCSD_AVX2_FN int fill_chunk(const float* __restrict g, const uint8_t* __restrict mk, int64_t t0,
-                            int64_t need, int64_t upto, Scratch& sc, double* mean_abs,
-                            int64_t* err_index) {
+PCSD_AVX2_INLINE int fill_chunk(const float* __restrict g, const uint8_t* __restrict mk, int64_t t0,
+                                int64_t need, int64_t upto, Scratch& sc, double* mean_abs,
+                                int64_t* err_index) {
   double* __restrict xd = sc.x.data();
   float* __restrict xf = sc.xf.data();
   float* __restrict mf = sc.m.data();
   uint8_t* __restrict vb = sc.bits.data();
   const __m256 one = _mm256_set1_ps(1.0f);
   AbsSum acc = abs_sum_init();
-  int64_t q = 0;
-  for (; q + 8 <= need; q += 8) {
-    const __m256 vm = valid8<kMask>(mk + t0 + q);
-    const __m256 xv = _mm256_and_ps(_mm256_loadu_ps(g + t0 + q), vm);
+  // Tokens q .. q + 7 with gaps v and all-ones lanes vm where valid (and before `need`).
+  auto put8 = [&](int64_t q, __m256 v, __m256 vm) PCSD_AVX2_INLINE_LAMBDA {
+    const __m256 xv = _mm256_and_ps(v, vm);
     const __m256d x_lo = lo_pd(xv), x_hi = hi_pd(xv);
     if (kScale) abs_sum_add(&acc, x_lo, x_hi);
     vb[q / 8] = static_cast<uint8_t>(_mm256_movemask_ps(vm));
@@ -435,6 +437,27 @@ PCSD_AVX2_FN int fill_chunk(const float* __restrict g, const uint8_t* __restrict
     _mm256_storeu_ps(xf + q, xv);
     _mm256_storeu_pd(xd + q, x_lo);
     _mm256_storeu_pd(xd + q + 4, x_hi);
+  };
+  int64_t q = 0;
+  for (; q + 8 <= need; q += 8) put8(q, _mm256_loadu_ps(g + t0 + q), valid8<kMask>(mk + t0 + q));
+  if (q < need) {  // the last 1..7 tokens as one vector; nothing at or past `need` is read
+    const int rem = static_cast<int>(need - q);
+    const __m256i in = _mm256_cmpgt_epi32(_mm256_set1_epi32(rem), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256 vm = _mm256_castsi256_ps(in);
+    if (kMask) {
+      uint64_t bytes = 0;
+      if (need >= 8) {  // the 8 bytes ending at `need`, shifted down to the tail's
+        std::memcpy(&bytes, mk + t0 + need - 8, sizeof(bytes));
+        bytes >>= 8 * (8 - rem);
+      } else {
+        for (int i = 0; i < rem; ++i) bytes |= static_cast<uint64_t>(mk[t0 + q + i]) << (8 * i);
+      }
+      uint8_t b8[8];
+      std::memcpy(b8, &bytes, sizeof(b8));
+      vm = _mm256_and_ps(vm, valid8<true>(b8));
+    }
+    put8(q, _mm256_maskload_ps(g + t0 + q, in), vm);
+    q += 8;
   }
   if (kScale) {
     int64_t valid = 0, b = 0;
@@ -444,22 +467,17 @@ PCSD_AVX2_FN int fill_chunk(const float* __restrict g, const uint8_t* __restrict
       valid += __builtin_popcountll(word);
     }
     for (; b < q / 8; ++b) valid += __builtin_popcount(vb[b]);
-    const int st = abs_sum_finish<kMask>(acc, g, mk, t0, t0 + q, t0 + need, valid, mean_abs, err_index);
+    const int st = abs_sum_finish<kMask>(acc, g, mk, t0, t0 + need, t0 + need, valid, mean_abs, err_index);
     if (st != kOk) return st;
   }
-  // Bit bytes from q / 8 on are rebuilt: the tail's valid bits, then zeros.
+  // Zeros from q (a multiple of 8 past `need`) to `upto`, and the bit bytes some beyond.
   std::memset(vb + q / 8, 0, static_cast<size_t>((upto + 7) / 8 + 8 - q / 8));
-  for (; q < need; ++q) {
-    const bool ok = !kMask || mk[t0 + q] != 0;
-    xd[q] = ok ? static_cast<double>(g[t0 + q]) : 0.0;
-    xf[q] = ok ? g[t0 + q] : 0.0f;
-    mf[q] = ok ? 1.0f : 0.0f;
-    vb[q / 8] = static_cast<uint8_t>(vb[q / 8] | (ok ? 1u << (q % 8) : 0u));
-  }
-  for (; q < upto; ++q) {
-    xd[q] = 0.0;
-    xf[q] = 0.0f;
-    mf[q] = 0.0f;
+  const __m256 zero = _mm256_setzero_ps();
+  for (; q < upto; q += 8) {
+    _mm256_storeu_pd(xd + q, _mm256_setzero_pd());
+    _mm256_storeu_pd(xd + q + 4, _mm256_setzero_pd());
+    _mm256_storeu_ps(xf + q, zero);
+    _mm256_storeu_ps(mf + q, zero);
   }
   return kOk;
 }
@@ -651,7 +669,7 @@ PCSD_AVX2_FN inline void store8(const Out8& o, int64_t t, int64_t count, float* 
 // The paper's window (n_max = 8, n_min = 1) takes its data sums from quads shared between
 // consecutive vectors; every other window sums directly.
 template <bool kStats, int kN, bool kNs1>
-PCSD_AVX2_FN void chunk_weights(const Consts& K, const Scratch& sc, int64_t c0, int64_t clen,
+PCSD_AVX2_INLINE void chunk_weights(const Consts& K, const Scratch& sc, int64_t c0, int64_t clen,
                                 __m256 inv_scale_neg, float* __restrict w, float* __restrict ad,
                                 float* __restrict rr, float* __restrict sl, float* __restrict et) {
   constexpr bool kQuads = kN == 8 && kNs1;
@@ -751,6 +769,8 @@ PCSD_AVX2_FN void vexp(const float* x, float* y, int64_t n) {
 }
 
 #undef PCSD_AVX2_FN
+#undef PCSD_AVX2_INLINE
+#undef PCSD_AVX2_INLINE_LAMBDA
 }  // namespace simd
 #endif  // PCSD_X86
 
