@@ -233,7 +233,8 @@ struct Consts {
   // (0 from j = n_min on), in double for the data sums and in float for the mask sums.
   V4d jd[kSimdMaxWindow], dec[kSimdMaxWindow], dec_s[kSimdMaxWindow];
   V8f jf[kSimdMaxWindow], jjf[kSimdMaxWindow], dec_f[kSimdMaxWindow], dec_sf[kSimdMaxWindow];
-  V8f inv_tau, tau_low_inv_tau, gamma, neg_beta, eps_slope;
+  V8f inv_tau, tau_low_inv_tau, neg_beta, eps_slope;
+  double gamma;
   // Per-lane constants of the 8 windows of a vector whose n + 7 tokens hold at most one hole
   // (an invalid token, or one past the segment end) at position d: lanes[d], and lanes[n + 7]
   // for none. The common case (about 80 % of the vectors with a random 5 % mask).
@@ -267,7 +268,7 @@ Consts make_consts(const PcsdParams& p) {
   const double eps_slope = static_cast<float>(p.eps_slope);  // the float the partial path uses
   k.inv_tau.set(static_cast<float>(inv_tau));
   k.tau_low_inv_tau.set(static_cast<float>(p.tau_low * inv_tau));
-  k.gamma.set(static_cast<float>(p.gamma));
+  k.gamma = p.gamma;
   k.neg_beta.set(static_cast<float>(-p.beta_gate));
   k.eps_slope.set(static_cast<float>(eps_slope));
   for (int d = 0; d <= k.n + 7; ++d) {
@@ -565,7 +566,7 @@ struct Out8 {
 template <int kN, bool kNs1, bool kTable>
 PCSD_AVX2_FN inline void window8(const Consts& K, const LaneConsts& L, const Sums& s,
                                  const float* __restrict xf, const float* __restrict mf,
-                                 __m256 inv_scale_neg, Out8* o) {
+                                 __m256 gamma_over_scale, Out8* o) {
   const int n = kN > 0 ? kN : K.n;
   const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
   __m256 r = zero, slope, dbl, dbs, valid0;
@@ -621,10 +622,8 @@ PCSD_AVX2_FN inline void window8(const Consts& K, const LaneConsts& L, const Sum
   // (1 - r) dbs + r dbl, in this form: r (dbl - dbs) + dbs loses dbl when |dbs| >> |dbl|
   const __m256 ad = _mm256_fmadd_ps(r, dbl, _mm256_mul_ps(_mm256_sub_ps(one, r), dbs));
   __m256 eta = one;
-  if (K.trend) {
-    const __m256 t = _mm256_max_ps(_mm256_mul_ps(slope, inv_scale_neg), zero);
-    eta = _mm256_fnmadd_ps(ld(K.gamma), t, one);
-    eta = _mm256_min_ps(_mm256_max_ps(eta, zero), one);
+  if (K.trend) {  // clip(1 - gamma relu(-slope / scale), 0, 1) = max(min(1 + slope gamma / scale, 1), 0)
+    eta = _mm256_max_ps(_mm256_min_ps(_mm256_fmadd_ps(slope, gamma_over_scale, one), one), zero);
   }
   const __m256 wv = _mm256_mul_ps(sigmoid_of_neg(_mm256_mul_ps(ld(K.neg_beta), ad)), eta);
   o->w = _mm256_and_ps(wv, valid0);
@@ -670,7 +669,7 @@ PCSD_AVX2_FN inline void store8(const Out8& o, int64_t t, int64_t count, float* 
 // consecutive vectors; every other window sums directly.
 template <bool kStats, int kN, bool kNs1>
 PCSD_AVX2_INLINE void chunk_weights(const Consts& K, const Scratch& sc, int64_t c0, int64_t clen,
-                                __m256 inv_scale_neg, float* __restrict w, float* __restrict ad,
+                                __m256 gamma_over_scale, float* __restrict w, float* __restrict ad,
                                 float* __restrict rr, float* __restrict sl, float* __restrict et) {
   constexpr bool kQuads = kN == 8 && kNs1;
   const int n = kN > 0 ? kN : K.n;
@@ -691,9 +690,9 @@ PCSD_AVX2_INLINE void chunk_weights(const Consts& K, const Scratch& sc, int64_t 
     const uint64_t h = sc.holes(k, n);
     if (h == 0 || (n >= 2 && (h & (h - 1)) == 0)) {  // at most one hole (none with n == 1)
       const LaneConsts& L = K.lanes[__builtin_ctzll(h | uint64_t{1} << (n + 7))];
-      window8<kN, kNs1, true>(K, L, s, sc.xf.data() + k, sc.m.data() + k, inv_scale_neg, &o);
+      window8<kN, kNs1, true>(K, L, s, sc.xf.data() + k, sc.m.data() + k, gamma_over_scale, &o);
     } else {
-      window8<kN, kNs1, false>(K, K.lanes[0], s, sc.xf.data() + k, sc.m.data() + k, inv_scale_neg, &o);
+      window8<kN, kNs1, false>(K, K.lanes[0], s, sc.xf.data() + k, sc.m.data() + k, gamma_over_scale, &o);
     }
     store8<kStats>(o, c0 + k, std::min<int64_t>(8, clen - k), w, ad, rr, sl, et);
   }
@@ -721,8 +720,11 @@ PCSD_AVX2_FN int segment_weights_avx2(const float* __restrict g, const uint8_t* 
     const int st = one_chunk ? fill_chunk<kMask, true>(g, mk, c0, need, upto, sc, &mean_abs, err_index)
                              : fill_chunk<kMask, false>(g, mk, c0, need, upto, sc, nullptr, err_index);
     if (st != kOk) return st;
-    const __m256 inv_scale_neg = _mm256_set1_ps(static_cast<float>(-1.0 / (mean_abs + K.eps_scale)));
-    chunk_weights<kStats, kN, kNs1>(K, sc, c0, clen, inv_scale_neg, w, ad, rr, sl, et);
+    // gamma / scale, capped: gamma is only asked to be finite, and gamma = 0 must leave eta = 1
+    const double gs = std::min(K.gamma / (mean_abs + K.eps_scale),
+                               static_cast<double>(std::numeric_limits<float>::max()));
+    chunk_weights<kStats, kN, kNs1>(K, sc, c0, clen, _mm256_set1_ps(static_cast<float>(gs)), w, ad,
+                                    rr, sl, et);
   }
   return kOk;
 }
