@@ -202,7 +202,6 @@ namespace simd {
 #define PCSD_AVX2_FN __attribute__((target("avx2,fma")))
 // Per-segment steps inlined into the segment function (saves calls and stack realignment).
 #define PCSD_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
-#define PCSD_AVX2_INLINE_LAMBDA __attribute__((target("avx2,fma"), always_inline))
 
 constexpr int64_t kChunk = 2048;  // tokens per chunk (multiple of 8)
 
@@ -417,6 +416,28 @@ struct Scratch {
   }
 };
 
+// The scratch's buffers, for the copy (which writes them through these alone).
+struct ScratchOut {
+  double* __restrict xd;
+  float* __restrict xf;
+  float* __restrict mf;
+  uint8_t* __restrict vb;
+};
+
+// Puts tokens q .. q + 7 (gaps v, all-ones lanes vm where valid) into the scratch; kScale: adds
+// them to the segment's |gap| sum.
+template <bool kScale>
+PCSD_AVX2_INLINE void put8(const ScratchOut& o, int64_t q, __m256 v, __m256 vm, AbsSum* acc) {
+  const __m256 xv = _mm256_and_ps(v, vm);
+  const __m256d x_lo = lo_pd(xv), x_hi = hi_pd(xv);
+  if (kScale) abs_sum_add(acc, x_lo, x_hi);
+  o.vb[q / 8] = static_cast<uint8_t>(_mm256_movemask_ps(vm));
+  _mm256_storeu_ps(o.mf + q, _mm256_and_ps(_mm256_set1_ps(1.0f), vm));
+  _mm256_storeu_ps(o.xf + q, xv);
+  _mm256_storeu_pd(o.xd + q, x_lo);
+  _mm256_storeu_pd(o.xd + q + 4, x_hi);
+}
+
 // Copies tokens [t0, t0 + need) into the scratch and zeroes the scratch up to `upto`.
 // kScale: [t0, t0 + need) is a whole segment, whose mean |g| is computed on the way into
 // *mean_abs (with the finiteness check: returns kNonFiniteGap, else kOk).
@@ -424,28 +445,16 @@ template <bool kMask, bool kScale>
 PCSD_AVX2_INLINE int fill_chunk(const float* __restrict g, const uint8_t* __restrict mk, int64_t t0,
                                 int64_t need, int64_t upto, Scratch& sc, double* mean_abs,
                                 int64_t* err_index) {
-  double* __restrict xd = sc.x.data();
-  float* __restrict xf = sc.xf.data();
-  float* __restrict mf = sc.m.data();
-  uint8_t* __restrict vb = sc.bits.data();
-  const __m256 one = _mm256_set1_ps(1.0f);
+  const ScratchOut o{sc.x.data(), sc.xf.data(), sc.m.data(), sc.bits.data()};
   AbsSum acc = abs_sum_init();
-  // Tokens q .. q + 7 with gaps v and all-ones lanes vm where valid (and before `need`).
-  auto put8 = [&](int64_t q, __m256 v, __m256 vm) PCSD_AVX2_INLINE_LAMBDA {
-    const __m256 xv = _mm256_and_ps(v, vm);
-    const __m256d x_lo = lo_pd(xv), x_hi = hi_pd(xv);
-    if (kScale) abs_sum_add(&acc, x_lo, x_hi);
-    vb[q / 8] = static_cast<uint8_t>(_mm256_movemask_ps(vm));
-    _mm256_storeu_ps(mf + q, _mm256_and_ps(one, vm));
-    _mm256_storeu_ps(xf + q, xv);
-    _mm256_storeu_pd(xd + q, x_lo);
-    _mm256_storeu_pd(xd + q + 4, x_hi);
-  };
   int64_t q = 0;
-  for (; q + 8 <= need; q += 8) put8(q, _mm256_loadu_ps(g + t0 + q), valid8<kMask>(mk + t0 + q));
+  for (; q + 8 <= need; q += 8) {
+    put8<kScale>(o, q, _mm256_loadu_ps(g + t0 + q), valid8<kMask>(mk + t0 + q), &acc);
+  }
   if (q < need) {  // the last 1..7 tokens as one vector; nothing at or past `need` is read
     const int rem = static_cast<int>(need - q);
-    const __m256i in = _mm256_cmpgt_epi32(_mm256_set1_epi32(rem), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i in =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(rem), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     __m256 vm = _mm256_castsi256_ps(in);
     if (kMask) {
       uint64_t bytes = 0;
@@ -459,29 +468,23 @@ PCSD_AVX2_INLINE int fill_chunk(const float* __restrict g, const uint8_t* __rest
       std::memcpy(b8, &bytes, sizeof(b8));
       vm = _mm256_and_ps(vm, valid8<true>(b8));
     }
-    put8(q, _mm256_maskload_ps(g + t0 + q, in), vm);
+    put8<kScale>(o, q, _mm256_maskload_ps(g + t0 + q, in), vm, &acc);
     q += 8;
   }
   if (kScale) {
     int64_t valid = 0, b = 0;
     for (; b + 8 <= q / 8; b += 8) {
       uint64_t word;
-      std::memcpy(&word, vb + b, sizeof(word));
+      std::memcpy(&word, o.vb + b, sizeof(word));
       valid += __builtin_popcountll(word);
     }
-    for (; b < q / 8; ++b) valid += __builtin_popcount(vb[b]);
+    for (; b < q / 8; ++b) valid += __builtin_popcount(o.vb[b]);
     const int st = abs_sum_finish<kMask>(acc, g, mk, t0, t0 + need, t0 + need, valid, mean_abs, err_index);
     if (st != kOk) return st;
   }
   // Zeros from q (a multiple of 8 past `need`) to `upto`, and the bit bytes some beyond.
-  std::memset(vb + q / 8, 0, static_cast<size_t>((upto + 7) / 8 + 8 - q / 8));
-  const __m256 zero = _mm256_setzero_ps();
-  for (; q < upto; q += 8) {
-    _mm256_storeu_pd(xd + q, _mm256_setzero_pd());
-    _mm256_storeu_pd(xd + q + 4, _mm256_setzero_pd());
-    _mm256_storeu_ps(xf + q, zero);
-    _mm256_storeu_ps(mf + q, zero);
-  }
+  std::memset(o.vb + q / 8, 0, static_cast<size_t>((upto + 7) / 8 + 8 - q / 8));
+  for (; q < upto; q += 8) put8<false>(o, q, _mm256_setzero_ps(), _mm256_setzero_ps(), &acc);
   return kOk;
 }
 
@@ -798,7 +801,6 @@ PCSD_AVX2_FN void vexp(const float* x, float* y, int64_t n) {
 
 #undef PCSD_AVX2_FN
 #undef PCSD_AVX2_INLINE
-#undef PCSD_AVX2_INLINE_LAMBDA
 }  // namespace simd
 #endif  // PCSD_X86
 
