@@ -283,7 +283,8 @@ Consts make_consts(const PcsdParams& p) {
       L.sj[l] = lsj;
       L.var_scale[l] = c > 0 ? static_cast<float>(inv_tau / (c * c)) : 0.0f;
       // c sxx = c sum j^2 - (sum j)^2 (exact integers) and c eps_slope, as in the partial path
-      L.inv_sxxc[l] = c >= 2 ? static_cast<float>(1.0 / ((c * lsjj - lsj * lsj) + eps_slope * c)) : 0.0f;
+      const double sxxc = c * lsjj - lsj * lsj;
+      L.inv_sxxc[l] = c >= 2 ? static_cast<float>(1.0 / (sxxc + eps_slope * c)) : 0.0f;
       L.inv_den_l[l] = dl > 0 ? static_cast<float>(1.0 / dl) : 0.0f;
       L.inv_den_s[l] = ds > 0 ? static_cast<float>(1.0 / ds) : 0.0f;
       L.valid0[l] = d == l ? 0u : ~0u;
