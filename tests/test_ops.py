@@ -221,6 +221,40 @@ def test_kernel_matches_reference_on_edge_lengths(impl, kw):
         assert_close_to_ref(got, gap, cu, mask, **kw)
 
 
+# The AVX2 kernel takes the 8 windows of a vector from per-call constants when their n_max + 7
+# tokens hold at most one hole (a masked token, or the segment end) and forms the mask sums
+# otherwise. A single masked token at every position of segments whose ends fall on every lane
+# puts each hole position through each path. n_max = 2 leaves a window with one valid token
+# (slope 0), n_max = 1 none; a negative tau_low makes r > 0 for any window with a valid token.
+ONE_HOLE_WINDOWS = [dict(), dict(n_min=1, n_max=2), dict(n_min=3, n_max=8), dict(n_min=1, n_max=4),
+                    dict(n_min=2, n_max=11, alpha=0.5), dict(n_min=1, n_max=16),
+                    dict(tau_low=-0.2, tau_high=0.3), dict(n_min=1, n_max=1, tau_low=-0.2, tau_high=0.3),
+                    dict(adaptive=False, n_min=4)]
+
+
+@needs_c
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kw", ONE_HOLE_WINDOWS,
+                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "default")
+def test_kernel_matches_reference_with_one_hole_anywhere(impl, kw):
+    n = kw.get("n_max", 8)
+    lengths, masks = [], []
+    for length in range(n + 16, n + 24):
+        for hole in range(-1, length):  # -1: no hole
+            lengths.append(length)
+            m = torch.ones(length, dtype=torch.bool)
+            if hole >= 0:
+                m[hole] = False
+            masks.append(m)
+    g = torch.Generator().manual_seed(n)
+    gap = torch.randn(sum(lengths), generator=g) * 0.5 - 0.2  # variances around tau
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int64)
+    mask = torch.cat(masks)
+    with cpu_impl(impl):
+        got = pcsd_weights(gap, cu, mask, return_stats=True, **kw)
+    assert_close_to_ref(got, gap, cu, mask, **kw)
+
+
 @needs_c
 @pytest.mark.skipif(not HAVE_AVX2, reason="CPU without AVX2/FMA")
 def test_avx2_and_scalar_kernels_agree_on_a_large_batch():
@@ -247,6 +281,17 @@ def test_first_nonfinite_gap_is_reported(impl):
             gap[pos - 3] = float("inf")
             mask[pos - 3] = False
         cu = torch.tensor([0, 9, 2049, 2061])
+        with cpu_impl(impl), pytest.raises(ValueError, match=rf"gap must be finite .*gap\[{pos}\]"):
+            pcsd_weights(gap, cu, mask)
+    # a segment longer than the AVX2 kernel's chunk (2048 tokens) has a scale pass of its own:
+    # in its vector body, in its last chunk, in its scalar tail
+    for pos in (20, 2100, 4100, 5003):
+        gap = torch.randn(5010)
+        mask = torch.ones(5010, dtype=torch.bool)
+        gap[pos] = float("inf")
+        gap[pos - 5] = float("nan")
+        mask[pos - 5] = False
+        cu = torch.tensor([0, 5, 5005, 5010])
         with cpu_impl(impl), pytest.raises(ValueError, match=rf"gap must be finite .*gap\[{pos}\]"):
             pcsd_weights(gap, cu, mask)
 
