@@ -3,15 +3,11 @@ repeats, weight sync makes the engine match the trainer, bad input is reported."
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from pcsd.rollout.backends import available_backends, make_backend
 from pcsd.scoring import score_packed
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="module")

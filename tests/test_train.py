@@ -238,14 +238,14 @@ def test_smoke_run_then_stop_and_resume_is_bit_exact(tmp_path, tiny_dir, child_e
     stopped after step 1 and resumed computes step 2's loss bit for bit like the uninterrupted one."""
     from safetensors.torch import load_file
 
-    from pcsd.train import main
+    def train(*args: str) -> None:  # each run in its own process, all with the same environment
+        r = subprocess.run([sys.executable, "-m", "pcsd.train", *args], cwd=tmp_path, env=child_env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
     common = _TINY + [f"model.path={tiny_dir}"]
     full = tmp_path / "full"
-    r = subprocess.run([sys.executable, "-m", "pcsd.train", *common, f"run.dir={full}"], cwd=tmp_path,
-                       env=child_env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    train(*common, f"run.dir={full}")
     assert (full / "config.yaml").is_file()
     summary = json.loads((full / "summary.json").read_text())
     for key in ("success_before", "success_after", "steps", "wall_seconds"):
@@ -254,11 +254,11 @@ def test_smoke_run_then_stop_and_resume_is_bit_exact(tmp_path, tiny_dir, child_e
     assert (full / "checkpoints" / "step-00000002" / "COMPLETE").is_file()
 
     part = tmp_path / "part"
-    assert main(common + [f"run.dir={part}", "run.stop_after=1"]) == 0
+    train(*common, f"run.dir={part}", "run.stop_after=1")
     stopped = json.loads((part / "summary.json").read_text())
     assert stopped["stopped_after"] == 1 and stopped["success_after"] is None
     assert [r["step"] for r in _records(part)] == [1]
-    assert main(["--resume", str(part)]) == 0
+    train("--resume", str(part))
 
     a, b = _records(full), _records(part)
     assert [r["step"] for r in b] == [1, 2]  # metrics appended, not restarted
