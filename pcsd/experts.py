@@ -18,6 +18,14 @@ the planner's next move is justified by what was seen, and searches otherwise:
 
 So its actions depend only on the task text and the observations so far: two games that differ
 only in where the hidden objects lie get the same moves until an object is seen (tested).
+
+``navigation="sweep"`` makes every move the same simple rule, which a small model imitates far
+sooner: *do what can be done here, else go to the next receptacle*. Each ``go to`` (search, the
+goal, an appliance) is replaced by the receptacle that follows the current one in the game's
+sorted receptacle order (cyclic; the first one from the starting point), and a closed receptacle
+is opened on arrival. The planner still decides what to do at a receptacle (take, heat, put, use
+the lamp, ...). It wins the same games given more steps; RL can then find the shortcuts (going to
+the goal named in the task directly).
 """
 
 from __future__ import annotations
@@ -28,7 +36,10 @@ from typing import Optional
 
 from pcsd.envs.alfworld import AlfworldGame
 
-__all__ = ["ObservationExpert", "ExpertEpisode", "play_expert"]
+__all__ = ["ObservationExpert", "ExpertEpisode", "play_expert", "NAVIGATIONS"]
+
+#: how the expert moves between receptacles (see the module docstring)
+NAVIGATIONS = ("plan", "sweep")
 
 _GO = "go to "
 _NAME = re.compile(r"[a-z]+ \d+")
@@ -50,19 +61,25 @@ class ObservationExpert:
     """An expert restricted to observed information (see the module docstring). One instance plays
     one episode: call :meth:`act` with each new observation."""
 
-    def __init__(self, game: AlfworldGame):
+    def __init__(self, game: AlfworldGame, navigation: str = "plan"):
+        if navigation not in NAVIGATIONS:
+            raise ValueError(f"navigation={navigation!r}: expected one of {', '.join(NAVIGATIONS)}")
         self.game = game
+        self.navigation = navigation
         self.seen: set[str] = set()  # names ("plate 1") that appeared in an observation
         self.visited: set[str] = set()  # receptacles arrived at
         self.opened: set[str] = set()
         self.location: Optional[str] = None
+        self.arrived = False  # the last action was a go to that got there
 
     def observe(self, obs: str, action: Optional[str] = None) -> None:
         """Records an observation (and the action that produced it)."""
         self.seen.update(_NAME.findall(obs))
+        self.arrived = False
         if action and action.startswith(_GO) and not obs.startswith("Nothing happens"):
             self.location = action[len(_GO):]
             self.visited.add(self.location)
+            self.arrived = True
         elif action and action.startswith("open ") and not obs.startswith("Nothing happens"):
             self.opened.add(action[len("open "):])
 
@@ -83,6 +100,8 @@ class ObservationExpert:
         if not plan:
             return None
         first = plan[0]
+        if self.navigation == "sweep":
+            return self._sweep(admissible) if first.startswith(_GO) else first
         if not (first.startswith(_GO) and self._needs_unseen(plan)):
             return first
         # search: open the closed receptacle we stand at, else the next unvisited receptacle
@@ -95,14 +114,28 @@ class ObservationExpert:
         return first  # everything visited: the object must be somewhere seen; follow the plan
 
 
-def play_expert(path: str, max_steps: int) -> ExpertEpisode:
+    def _sweep(self, admissible: list[str]) -> str:
+        """Open the closed receptacle just arrived at, else go to the receptacle after this one in
+        the sorted order (cyclic). The admissible ``go to`` list is that order without the current
+        receptacle (or receptacles sharing its location)."""
+        here = self.location
+        if self.arrived and f"open {here}" in admissible:
+            return f"open {here}"
+        gos = [a for a in admissible if a.startswith(_GO)]
+        if here is None:
+            return gos[0]
+        here_cmd = _GO + here
+        return next((a for a in gos if a > here_cmd), gos[0])
+
+
+def play_expert(path: str, max_steps: int, navigation: str = "plan") -> ExpertEpisode:
     """Plays the game at ``path`` with an :class:`ObservationExpert` for at most ``max_steps``."""
     if max_steps < 1:
         raise ValueError(f"max_steps: expected at least 1, got {max_steps}")
     g = AlfworldGame.from_file(path, max_steps=max_steps)
     obs, info = g.reset()
     ep = ExpertEpisode(task=g.task, task_type=g.task_type)
-    expert = ObservationExpert(g)
+    expert = ObservationExpert(g, navigation)
     expert.observe(obs)
     for _ in range(max_steps):
         adm = list(info["admissible_commands"])

@@ -129,3 +129,34 @@ def test_wins_shared_games_in_valid_seen():
 def test_bad_max_steps():
     with pytest.raises(ValueError, match="max_steps"):
         play_expert("unused.tw-pddl", 0)
+
+
+@pytest.mark.parametrize("task_type", TASK_TYPES)
+def test_sweep_wins_and_every_move_is_the_next_receptacle(tmp_path, task_type):
+    """navigation="sweep": every ``go to`` is the receptacle after the current one in the sorted
+    order (cyclic; the first from the start), a closed receptacle is opened on arrival, and it wins
+    every game given the steps of a few rounds."""
+    games = write_games(tmp_path, 8, 7000, (task_type,), receptacles=12, distractors=4)
+    for p in games:
+        ep = play_expert(p, 80, navigation="sweep")
+        assert ep.won, (p, [s[2] for s in ep.steps])
+        here, prev = None, None
+        for obs, adm, action in ep.steps:
+            assert action in adm
+            if action.startswith("go to "):
+                order = sorted({c[6:] for c in adm if c.startswith("go to ")} | ({here} if here else set()),
+                               key=lambda r: "go to " + r)
+                want = order[0] if here is None else order[(order.index(here) + 1) % len(order)]
+                assert action == f"go to {want}", (p, action, want)
+                here = want
+            if prev == f"go to {here}" and "is closed" in obs:
+                assert not action.startswith("go to "), (p, obs, action)  # opened (or used) on arrival
+            prev = action
+
+
+def test_sweep_and_plan_differ_and_bad_navigation_is_named(tmp_path):
+    p = write_games(tmp_path, 1, 11, ("pick_and_place_simple",), receptacles=12, distractors=0)[0]
+    plan, sweep = play_expert(p, 80), play_expert(p, 80, navigation="sweep")
+    assert plan.won and sweep.won and [s[2] for s in plan.steps] != [s[2] for s in sweep.steps]
+    with pytest.raises(ValueError, match="navigation"):
+        play_expert(p, 10, navigation="teleport")
