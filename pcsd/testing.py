@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Sequence
 
 __all__ = [
     "QWEN25_CHAT_TEMPLATE",
@@ -126,17 +127,28 @@ def tiny_corpus(seed: int = 0, n_episodes: int = 60) -> list[str]:
     return lines
 
 
-def _train_tokenizer(vocab_size: int, seed: int):
+# Pieces the BPE merges are *learned* within: Qwen's split with punctuation cut off the words
+# (``'take``, ``>go`` -> ``'`` ``take``, ``>`` ``go``). Encoding uses Qwen's own split (the merges
+# simply never join punctuation to a word), so an action reads the same tokens in the admissible
+# list (``'take apple 1 ...'``) as in the response (``<action>take apple 1 ...``): a small model
+# then copies it by matching tokens.
+_TRAIN_SPLIT_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)| ?\p{L}+|\p{N}|\s*[\r\n]+|\s+(?!\S)|\s+|[^\s\p{L}\p{N}]+"
+
+
+def _train_tokenizer(vocab_size: int, seed: int, corpus: Sequence[str] = ()):
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    def split(pattern: str):
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+            ]
+        )
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(_QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-        ]
-    )
+    tok.pre_tokenizer = split(_TRAIN_SPLIT_PATTERN)
     tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -145,7 +157,8 @@ def _train_tokenizer(vocab_size: int, seed: int):
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(tiny_corpus(seed), trainer=trainer)
+    tok.train_from_iterator([*tiny_corpus(seed), *corpus], trainer=trainer)
+    tok.pre_tokenizer = split(_QWEN_SPLIT_PATTERN)  # what a Qwen tokenizer.json declares
     return tok
 
 
@@ -158,6 +171,7 @@ def make_tiny_model(
     num_heads: int = 2,
     seed: int = 0,
     template: str = "qwen2.5",
+    corpus: Sequence[str] = (),
 ) -> Path:
     """Write a tiny Qwen2-architecture causal LM with its tokenizer to ``path``.
 
@@ -171,6 +185,10 @@ def make_tiny_model(
         num_heads: attention heads (also used as key/value heads).
         seed: seeds the corpus and the weight initialisation; same seed, same files.
         template: ``"qwen2.5"``, ``"qwen3"`` or the path of a ``.jinja`` chat template file.
+        corpus: more tokenizer training text, after :func:`tiny_corpus` (e.g. the observations and
+            commands of the games the model will play, so that their object and receptacle names
+            become single tokens: a small model copies a name from its prompt far more easily
+            when the name is one token).
 
     Returns:
         The model directory, loadable with ``AutoTokenizer`` / ``AutoModelForCausalLM``.
@@ -203,7 +221,9 @@ def make_tiny_model(
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
 
-    tok = _train_tokenizer(vocab_size, seed)
+    if isinstance(corpus, str):
+        raise TypeError("corpus: expected a sequence of strings, got one str")
+    tok = _train_tokenizer(vocab_size, seed, corpus)
     if tok.get_vocab_size() > vocab_size:
         raise ValueError(f"vocab_size: trained {tok.get_vocab_size()} tokens > {vocab_size}")
     tok.save(str(out / "tokenizer.json"))
