@@ -111,7 +111,10 @@ class OptimConfig:
     sft_steps: int = 0  # supervised warm-up on expert trajectories of procedural games
     sft_games: int = 96  # procedural games played by the observation-only expert for the warm-up
     sft_prompt_weight: float = 0.0  # weight of the prompt tokens' next-token loss in the warm-up
-    sft_lr: float = 3e-3
+    sft_lr: float = 3e-3  # peak learning rate of the warm-up
+    sft_batch_size: int = 16  # examples per warm-up step
+    sft_schedule: str = "cosine"  # cosine (linear warm-up, cosine decay) | constant
+    sft_navigation: str = "plan"  # how the SFT expert moves: plan (the planner's go-tos) | sweep (next receptacle)
 
 
 @dataclass
@@ -161,6 +164,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algo.teacher": ("frozen", "current"),
     "eval.split": ("valid_seen", "valid_unseen", "train"),
     "model.dtype": ("auto", "float32", "bfloat16"),
+    "optim.sft_schedule": ("cosine", "constant"),
+    "optim.sft_navigation": ("plan", "sweep"),
     "run.device": ("auto", "cpu", "cuda"),
 }
 
@@ -322,7 +327,7 @@ def _validate(cfg: DictConfig) -> None:
                                   f"or set algo.pcsd.{k}={v}")
     positive = ["rollout.tasks_per_step", "rollout.group_size", "rollout.max_prompt_tokens",
                 "rollout.max_response_tokens", "env.max_steps", "optim.tokens_per_microbatch",
-                "optim.ppo_epochs"]
+                "optim.ppo_epochs", "optim.sft_batch_size"]
     for key in positive:
         if OmegaConf.select(cfg, key) <= 0:
             raise ConfigError(f"{key} must be > 0, got {OmegaConf.select(cfg, key)}")

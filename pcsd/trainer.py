@@ -36,6 +36,7 @@ from pcsd.progress import ProgressReporter
 from pcsd.rollout.backends import make_backend, usable_backend
 from pcsd.rollout.loop import RolloutBatch, collect_rollouts
 from pcsd.scoring import score_packed
+from pcsd.sft import expert_episodes, game_corpus, sft_examples, sft_warmup
 from pcsd.weighting import get_rule
 
 log = logging.getLogger("pcsd.train")
@@ -104,75 +105,6 @@ def load_model(path: str | Path, device: torch.device, dtype: str = "auto"):
 
 
 # ----------------------------------------------------------------------------- SFT warm-up
-def expert_episodes(games: list[str], max_steps: int) -> list[tuple[str, list[tuple[str, list[str], str]]]]:
-    """(task, [(observation, admissible, expert action), ...]) for each game, played by the
-    observation-only expert (:class:`pcsd.experts.ObservationExpert`: it searches for objects it
-    has not seen instead of using the planner's knowledge of where they are hidden)."""
-    from pcsd.experts import play_expert
-
-    out = []
-    for path in games:
-        ep = play_expert(path, max_steps)
-        out.append((ep.task, ep.steps))
-    return out
-
-
-def think_for(task: str, action: str) -> str:
-    """The reasoning text of the SFT targets: the kind of the next step (``go``, ``take``, ...).
-    Kept short on purpose: every token is generated at every turn of every rollout, and on a CPU
-    generation is the larger part of the default's time (the task is in the prompt already)."""
-    return f"Next: {action.split(' ', 1)[0]}."
-
-
-def sft_warmup(model, builder, games: list[str], cfg: DictConfig, steps: int, lr: float, seed: int,
-               progress=None, prompt_weight: float = 0.0) -> list[float]:
-    """Short supervised warm-up on the observation-only expert's trajectories so that RL starts
-    with signal. Loss: mean NLL of the expert's response tokens plus ``prompt_weight`` x the mean
-    next-token NLL of the prompt tokens (language modelling on the prompts themselves: they repeat
-    the names of the room - observation, history, admissible list - which teaches a small model to
-    copy names from its context far sooner than the ~15 response tokens per example alone)."""
-    if prompt_weight < 0:
-        raise ValueError(f"prompt_weight: expected >= 0, got {prompt_weight}")
-    rng = random.Random(seed)
-    examples = []
-    for task, steps_ in expert_episodes(games, cfg.env.max_steps):
-        hist: list[tuple[str, str]] = []
-        for obs, adm, action in steps_:
-            reqs = [dict(task=task, observation=obs, admissible=adm, history=hist, step=len(hist))]
-            (_, ids), = builder.build_batch(reqs)
-            text = f"<think>{think_for(task, action)}</think><action>{action}</action>"
-            resp = builder.tokenizer.encode(text) + [eos_id(builder)]
-            examples.append((ids, resp))
-            hist = hist + [(obs, action)]
-    if not examples:
-        raise ValueError("the expert produced no SFT examples (no game or env.max_steps too small)")
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    losses = []
-    batch = 16
-    for step in range(steps):
-        chunk = [examples[rng.randrange(len(examples))] for _ in range(batch)]
-        if prompt_weight > 0:  # score every token after the first; split prompt | response
-            lps = score_packed(model, [c[0][:1] for c in chunk], [list(c[0][1:]) + list(c[1]) for c in chunk],
-                               max_tokens_per_pass=cfg.optim.tokens_per_microbatch)
-            resp = torch.cat([lp[len(c[0]) - 1:] for lp, c in zip(lps, chunk)])
-            prompt = torch.cat([lp[: len(c[0]) - 1] for lp, c in zip(lps, chunk)])
-            loss = -resp.mean() - prompt_weight * prompt.mean()
-        else:
-            lps = score_packed(model, [c[0] for c in chunk], [c[1] for c in chunk],
-                               max_tokens_per_pass=cfg.optim.tokens_per_microbatch)
-            loss = -torch.cat(lps).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(float(loss.detach()))
-        if progress:
-            progress(step + 1, steps, losses[-1])
-    model.eval()
-    return losses
-
-
 def eos_id(builder) -> int:
     ids = builder.tokenizer.encode("<|im_end|>")
     if len(ids) != 1:
@@ -393,23 +325,6 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
     if ckpt is not None:
         console.print(f"[pcsd] resuming from {ckpt.path} (step {ckpt.step})")
 
-    # model (the tiny generated model when no path is given)
-    if cfg.model.path:
-        model_dir = Path(cfg.model.path)
-    else:
-        from pcsd.testing import make_tiny_model
-
-        model_dir = run_dir / "base-model"
-        if ctx.is_main and not (model_dir / "config.json").exists():
-            # heads of 32 dimensions (the smallest vLLM's CPU attention takes): more heads to copy with
-            make_tiny_model(model_dir, hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_layers,
-                            num_heads=max(1, cfg.model.tiny_hidden_size // 32), seed=cfg.run.seed)
-        dist_utils.barrier(ctx)
-        console.print(f"[pcsd] tiny model written to {model_dir}")
-    student = load_model(model_dir, device, cfg.model.dtype)
-    builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
-                            max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=model_dir)
-
     # games (rank 0 writes the files, the others read the same paths)
     def games_at(out_dir: Path, count: int, seed: int, **kw) -> list[str]:
         if ctx.is_main:
@@ -432,16 +347,47 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
                                "run_dir": str(run_dir), "world_size": ctx.world_size,
                                "eval_episodes": len(eval_games)}
 
+    # the warm-up's expert episodes (rank 0, new runs): SFT data, and the generated model's
+    # tokenizer is trained on their text so that every name of the games is one token
+    policy_dir = run_dir / "sft-model"
+    episodes = []
+    if cfg.optim.sft_steps > 0 and ckpt is None and ctx.is_main:
+        t0 = time.time()
+        sft_games = procedural_games(run_dir / "games" / "sft", cfg.optim.sft_games, seed=500_000, **knobs)
+        episodes = expert_episodes(sft_games, cfg.env.max_steps, cfg.optim.sft_navigation)
+        summary["sft_expert_success"] = 100.0 * sum(ep.won for ep in episodes) / len(episodes)
+        summary["sft_expert_seconds"] = time.time() - t0
+
+    # model (the tiny generated model when no path is given)
+    if cfg.model.path:
+        model_dir = Path(cfg.model.path)
+    else:
+        from pcsd.testing import make_tiny_model
+
+        model_dir = run_dir / "base-model"
+        if ctx.is_main and not (model_dir / "config.json").exists():
+            # heads of 32 dimensions (the smallest vLLM's CPU attention takes): more heads to copy with
+            make_tiny_model(model_dir, hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_layers,
+                            num_heads=max(1, cfg.model.tiny_hidden_size // 32), seed=cfg.run.seed,
+                            corpus=game_corpus(episodes))
+        dist_utils.barrier(ctx)
+        console.print(f"[pcsd] tiny model written to {model_dir}")
+    student = load_model(model_dir, device, cfg.model.dtype)
+    builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
+                            max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=model_dir)
+
     # SFT warm-up for the generated model (so that RL has signal); rank 0 trains it, a resumed
     # run reuses the saved one
-    policy_dir = run_dir / "sft-model"
     if cfg.optim.sft_steps > 0 and ckpt is None and ctx.is_main:
-        sft_games = procedural_games(run_dir / "games" / "sft", cfg.optim.sft_games, seed=500_000, **knobs)
         t0 = time.time()
-        losses = sft_warmup(student, builder, sft_games, cfg, steps=cfg.optim.sft_steps,
-                            lr=cfg.optim.sft_lr, seed=cfg.run.seed, prompt_weight=cfg.optim.sft_prompt_weight,
+        examples = sft_examples(builder, episodes, eos_id(builder))
+        losses = sft_warmup(student, examples, steps=cfg.optim.sft_steps, lr=cfg.optim.sft_lr,
+                            batch_size=cfg.optim.sft_batch_size, seed=cfg.run.seed,
+                            prompt_weight=cfg.optim.sft_prompt_weight, schedule=cfg.optim.sft_schedule,
+                            tokens_per_pass=cfg.optim.tokens_per_microbatch,
                             progress=lambda s, n, l: console.print(f"[pcsd] sft {s}/{n} loss {l:.3f}")
                             if s % 25 == 0 else None)
+        summary["sft_examples"] = len(examples)
         summary["sft_loss_first_last"] = [losses[0], losses[-1]]
         summary["sft_seconds"] = time.time() - t0
         student.save_pretrained(policy_dir)

@@ -198,6 +198,16 @@ def test_methods_set_what_the_paper_says():
     assert load_config(["preset=tiny-cpu-grpo"]).algo.distill is False
 
 
+def test_grpo_comparison_preset_differs_from_the_default_only_in_the_method():
+    """tiny-cpu-grpo is the default's comparison run: same model, games, seeds, rollout, optimiser
+    and evaluation; only the preset name, the method and the distillation switch differ."""
+    from pcsd.config import config_diff
+
+    default, grpo = load_config([]), load_config(["preset=tiny-cpu-grpo"])
+    assert config_diff(default, grpo) == ["algo.distill", "method", "preset"]
+    assert default.algo.distill and not grpo.algo.distill and grpo.method == "grpo"
+
+
 def test_resume_refuses_changes_of_meaning(tmp_path):
     from omegaconf import OmegaConf
 
@@ -278,28 +288,34 @@ def test_smoke_run_then_stop_and_resume_is_bit_exact(tmp_path, tiny_dir, child_e
 @pytest.mark.parametrize("prompt_weight", [0.0, 0.5])
 def test_sft_loss_is_response_nll_plus_weighted_prompt_nll(tmp_path, tiny_dir, prompt_weight):
     """sft_warmup's first loss == the plain full-logit computation on the same sampled examples:
-    mean NLL of the expert's response tokens + prompt_weight x mean next-token NLL of the prompt."""
+    mean NLL of the expert's response tokens + prompt_weight x mean next-token NLL of the prompt;
+    the examples are the student's rollout prompts with the expert's think/action response."""
     import random
 
     from pcsd.prompts import PromptBuilder
-    from pcsd.trainer import eos_id, expert_episodes, procedural_games, sft_warmup, think_for
+    from pcsd.sft import expert_episodes, sft_examples, sft_warmup, think_for
+    from pcsd.trainer import eos_id, procedural_games
 
-    cfg = load_config(["env.max_steps=6", "optim.tokens_per_microbatch=1024"])
     builder = PromptBuilder("alfworld", history_length=2, max_prompt_tokens=1024, tokenizer_dir=tiny_dir)
     games = procedural_games(tmp_path / "g", 2, 77, ("pick_and_place_simple",), rooms=("bedroom",),
                              receptacles=6, distractors=0)
     model, _ = _models(tiny_dir)
     plain = copy.deepcopy(model)
-    losses = sft_warmup(model, builder, games, cfg, steps=1, lr=0.0, seed=4, prompt_weight=prompt_weight)
-    examples = []
-    for task, steps_ in expert_episodes(games, cfg.env.max_steps):
+    episodes = expert_episodes(games, 6)
+    examples = sft_examples(builder, episodes, eos_id(builder))
+    assert len(examples) == sum(len(ep.steps) for ep in episodes) > 0
+    # the plain construction of the same examples
+    want_examples = []
+    for ep in episodes:
         hist = []
-        for obs, adm, action in steps_:
-            (_, ids), = builder.build_batch([dict(task=task, observation=obs, admissible=adm, history=hist,
+        for obs, adm, action in ep.steps:
+            (_, ids), = builder.build_batch([dict(task=ep.task, observation=obs, admissible=adm, history=hist,
                                                   step=len(hist))])
-            text = f"<think>{think_for(task, action)}</think><action>{action}</action>"
-            examples.append((ids, builder.tokenizer.encode(text) + [eos_id(builder)]))
+            text = f"<think>{think_for(ep.task, action)}</think><action>{action}</action>"
+            want_examples.append((list(ids), builder.tokenizer.encode(text) + [eos_id(builder)]))
             hist = hist + [(obs, action)]
+    assert examples == want_examples
+    losses = sft_warmup(model, examples, steps=1, lr=0.0, seed=4, prompt_weight=prompt_weight, batch_size=16)
     rng = random.Random(4)
     chunk = [examples[rng.randrange(len(examples))] for _ in range(16)]
     resp_nll, prompt_nll = [], []
@@ -312,5 +328,88 @@ def test_sft_loss_is_response_nll_plus_weighted_prompt_nll(tmp_path, tiny_dir, p
             resp_nll.append(-tok[len(p) - 1:])
     want = torch.cat(resp_nll).mean() + prompt_weight * torch.cat(prompt_nll).mean()
     assert losses[0] == pytest.approx(float(want), rel=1e-4)
-    with pytest.raises(ValueError, match="prompt_weight"):
-        sft_warmup(model, builder, games, cfg, steps=1, lr=0.0, seed=4, prompt_weight=-1.0)
+
+
+def test_sft_bad_arguments_name_themselves(tiny_dir):
+    from pcsd.sft import sft_warmup
+
+    model, _ = _models(tiny_dir)
+    ex = [([5, 6, 7], [8, 2])]
+    for kw, name in ((dict(prompt_weight=-1.0), "prompt_weight"), (dict(batch_size=0), "batch_size"),
+                     (dict(schedule="linear"), "schedule")):
+        with pytest.raises(ValueError, match=name):
+            sft_warmup(model, ex, steps=1, lr=0.0, **kw)
+    with pytest.raises(ValueError, match="examples is empty"):
+        sft_warmup(model, [], steps=1, lr=0.0)
+
+
+def test_sft_schedule_warms_up_then_decays():
+    from pcsd.sft import lr_factor
+
+    f = [lr_factor(s, 100) for s in range(100)]
+    assert f[0] == pytest.approx(0.2) and f[4] == pytest.approx(1.0)  # 5 warm-up steps
+    assert all(a >= b for a, b in zip(f[4:], f[5:])) and 0 < f[-1] < 0.01
+    assert [lr_factor(s, 10, "constant") for s in range(10)] == [1.0] * 10
+
+
+def test_game_corpus_makes_every_name_one_token(tmp_path):
+    """The tokenizer trained with the games' text holds each object/receptacle name whole."""
+    from pcsd.sft import expert_episodes, game_corpus
+    from pcsd.testing import make_tiny_model
+    from pcsd.trainer import procedural_games
+    from tokenizers import Tokenizer
+
+    games = procedural_games(tmp_path / "g", 12, 5, None, distractors=4)
+    episodes = expert_episodes(games, 8)
+    corpus = game_corpus(episodes)
+    assert any(line.startswith("Your task is to: ") for line in corpus)
+    d = make_tiny_model(tmp_path / "m", corpus=corpus)
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    import re
+
+    names = {n for ep in episodes for obs, _, _ in ep.steps for n in re.findall(r"\b([a-z]+) \d+", obs)}
+    assert len(names) > 10
+    split = [n for n in names if len(tok.encode(" " + n).ids) != 1]
+    assert not split, split
+    with pytest.raises(TypeError, match="corpus"):
+        make_tiny_model(tmp_path / "bad", corpus="one string")
+
+
+@pytest.mark.parametrize("task, parts", [
+    ("put a plate in cabinet.", ("plate", "cabinet")),
+    ("put some spraybottle on toilet.", ("spraybottle", "toilet")),
+    ("put a clean plate in microwave.", ("plate", "microwave")),
+    ("put a hot mug in sidetable.", ("mug", "sidetable")),
+    ("put a cool tomato in countertop.", ("tomato", "countertop")),
+    ("clean some lettuce and put it in fridge.", ("lettuce", "fridge")),
+    ("heat some egg and put it in garbagecan.", ("egg", "garbagecan")),
+    ("cool some mug and put it on shelf.", ("mug", "shelf")),
+    ("put two cellphone in bed.", ("cellphone", "bed")),
+    ("find two book and put them in sidetable.", ("book", "sidetable")),
+    ("look at bowl under the desklamp.", ("bowl", "desklamp")),
+    ("examine the book with the desklamp.", ("book", "desklamp")),
+    ("go to the kitchen.", None),
+    ("", None),
+])
+def test_task_parts_reads_every_alfworld_template(task, parts):
+    from pcsd.sft import task_parts, think_for
+
+    assert task_parts(task) == parts
+    think = think_for(task, "take plate 1 from cabinet 2")
+    assert think == (f"{parts[0]} to {parts[1]}. Next: take." if parts else "Next: take.")
+
+
+def test_task_parts_reads_every_shared_and_generated_task(alfworld_data):
+    """Every task sentence of the shared games and of generated games of the six types yields its
+    object and target, both words of the sentence."""
+    from pcsd.envs.alfworld import TASK_TYPES, AlfworldGame
+    from pcsd.sft import task_parts
+
+    tasks = [AlfworldGame.from_file(p).task for p in sorted((alfworld_data / "json_2.1.1").rglob("game.tw-pddl"))]
+    tasks += [AlfworldGame.generate(t, seed).task for t in TASK_TYPES for seed in range(20)]
+    assert len(tasks) > 120
+    unread = [t for t in tasks if task_parts(t) is None]
+    assert not unread, unread[:5]
+    for t in tasks:
+        obj, target = task_parts(t)
+        assert obj in t.split() and target.rstrip(".") in t.replace(".", " ").split(), t

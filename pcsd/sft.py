@@ -1,0 +1,169 @@
+"""Supervised warm-up on expert trajectories: what makes RL start with signal on the tiny presets.
+
+A randomly initialised model never wins a game, so GRPO would see only zero rewards. The tiny
+presets therefore first imitate :class:`pcsd.experts.ObservationExpert` (an expert that acts only
+on what the agent has observed) on procedural games the run never evaluates on:
+
+1. :func:`expert_episodes` plays the warm-up games with the expert;
+2. :func:`game_corpus` turns those episodes into tokenizer training text, so that the generated
+   model's BPE vocabulary holds every object and receptacle name as one token (a small model
+   copies a one-token name from its prompt far sooner than a name split into letters);
+3. :func:`sft_examples` renders every expert step as the student would see it (the appendix
+   prompt with history, chat template, token ids) with the target response
+   ``<think>...</think><action>...</action><|im_end|>``;
+4. :func:`sft_warmup` minimises the response NLL (plus optionally ``prompt_weight`` x the prompt
+   tokens' next-token NLL) with AdamW, a linear warm-up and a cosine decay of the learning rate.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from pcsd.experts import ExpertEpisode, play_expert
+from pcsd.scoring import score_packed
+
+__all__ = ["expert_episodes", "game_corpus", "task_parts", "think_for", "sft_examples", "lr_factor",
+           "sft_warmup", "SCHEDULES"]
+
+#: learning-rate schedules of the warm-up
+SCHEDULES = ("cosine", "constant")
+
+
+def expert_episodes(games: Sequence[str], max_steps: int, navigation: str = "plan") -> list[ExpertEpisode]:
+    """One :class:`pcsd.experts.ObservationExpert` episode per game file, in order
+    (``navigation``: ``plan`` or ``sweep``, see :mod:`pcsd.experts`)."""
+    return [play_expert(path, max_steps, navigation) for path in games]
+
+
+def game_corpus(episodes: Sequence[ExpertEpisode]) -> list[str]:
+    r"""Tokenizer training text from played episodes: each task, observation and action, each
+    admissible list written the way the prompts list them (``'go to cabinet 1'\n 'look'``), and
+    the skills the teacher prompts prepend for each task type (so they cost fewer tokens)."""
+    from pcsd.prompts import retrieve_skills
+
+    lines: list[str] = []
+    skills_of: dict[str, str] = {}
+    for ep in episodes:
+        skills_of.setdefault(ep.task_type, retrieve_skills(ep.task))
+    lines += list(skills_of.values())
+    for ep in episodes:
+        lines.append(f"Your task is to: {ep.task}")
+        for obs, adm, action in ep.steps:
+            lines.append(obs)
+            lines.append("[" + "\n ".join(f"'{c}'" for c in adm) + "]")
+            lines.append(f"<action>{action}</action>")
+    return lines
+
+
+# ALFWorld's task sentences (the 12 templates of the six task types): object, then target
+_TASK_PATTERNS = tuple(re.compile(p) for p in (
+    r"^look at (\w+) under the (\w+)",
+    r"^examine the (\w+) with the (\w+)",
+    r"^(?:clean|heat|cool) some (\w+) and put it (?:in|on) (\w+)",
+    r"^find two (\w+) and put them (?:in|on) (\w+)",
+    r"^put (?:a|some|two) (?:(?:clean|hot|cool) )?(\w+) (?:in|on) (\w+)",
+))
+
+
+def task_parts(task: str) -> Optional[tuple[str, str]]:
+    """``(object, target)`` of an ALFWorld task sentence (``"put a hot apple in fridge."`` ->
+    ``("apple", "fridge")``; look tasks: the lamp is the target), None for other text."""
+    for pat in _TASK_PATTERNS:
+        m = pat.match(task.strip())
+        if m:
+            return m.group(1), m.group(2)
+    return None
+
+
+def think_for(task: str, action: str) -> str:
+    """The reasoning text of the SFT targets: the task's object and target, then the kind of the
+    next step (``"apple to fridge. Next: take."``). Short on purpose: every token is generated at
+    every turn of every rollout, and on a CPU generation is the larger part of the default's time.
+    Naming the object and target at every step is what a small model needs: the action then copies
+    them from a few tokens back instead of from the task line far up the prompt."""
+    verb = action.split(" ", 1)[0]
+    parts = task_parts(task)
+    return f"{parts[0]} to {parts[1]}. Next: {verb}." if parts else f"Next: {verb}."
+
+
+def sft_examples(builder, episodes: Sequence[ExpertEpisode], eos_id: int) -> list[tuple[list[int], list[int]]]:
+    """``(prompt ids, response ids)`` for every expert step, the prompt built exactly as in a
+    rollout (``builder``: :class:`pcsd.prompts.PromptBuilder`; history = the episode's earlier
+    observation-action pairs), the response ``<think>…</think><action>…</action>`` + ``eos_id``."""
+    out = []
+    for ep in episodes:
+        hist: list[tuple[str, str]] = []
+        for obs, adm, action in ep.steps:
+            req = dict(task=ep.task, observation=obs, admissible=adm, history=hist, step=len(hist))
+            (_, ids), = builder.build_batch([req])
+            text = f"<think>{think_for(ep.task, action)}</think><action>{action}</action>"
+            out.append((list(ids), builder.tokenizer.encode(text) + [eos_id]))
+            hist = hist + [(obs, action)]
+    return out
+
+
+def lr_factor(step: int, steps: int, schedule: str = "cosine", warmup_frac: float = 0.05) -> float:
+    """Multiplier of the peak learning rate at ``step`` (0-based) of ``steps``: ``cosine`` = linear
+    warm-up over the first ``warmup_frac`` of the steps, then a cosine decay towards 0 (the last
+    step gets a small positive rate); ``constant`` = 1."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}: expected one of {', '.join(SCHEDULES)}")
+    if schedule == "constant":
+        return 1.0
+    warm = max(1, int(round(warmup_frac * steps)))
+    if step < warm:
+        return (step + 1) / warm
+    return 0.5 * (1.0 + math.cos(math.pi * (step - warm + 1) / (steps - warm + 1)))
+
+
+def sft_warmup(model, examples: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int, lr: float,
+               batch_size: int = 16, seed: int = 0, prompt_weight: float = 0.0, schedule: str = "cosine",
+               tokens_per_pass: int = 8192,
+               progress: Optional[Callable[[int, int, float], object]] = None) -> list[float]:
+    """``steps`` AdamW steps on batches of ``batch_size`` examples drawn with replacement (seeded).
+
+    Loss: mean NLL of the response tokens + ``prompt_weight`` x mean next-token NLL of the prompt
+    tokens (language modelling on the prompts themselves: they repeat the room's names -
+    observation, history, admissible list - which teaches a small model to copy names from its
+    context far sooner than the ~15 response tokens per example alone). Gradients clipped to 1.
+    Returns the loss of every step; the model is left in eval mode."""
+    if prompt_weight < 0:
+        raise ValueError(f"prompt_weight: expected >= 0, got {prompt_weight}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size: expected >= 1, got {batch_size}")
+    if not examples:
+        raise ValueError("examples is empty: the expert produced no SFT examples (no game, or "
+                         "env.max_steps too small)")
+    lr_factor(0, max(steps, 1), schedule)  # validates the schedule name
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    losses = []
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = lr * lr_factor(step, steps, schedule)
+        chunk = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
+        if prompt_weight > 0:  # score every token after the first; split prompt | response
+            lps = score_packed(model, [c[0][:1] for c in chunk], [list(c[0][1:]) + list(c[1]) for c in chunk],
+                               max_tokens_per_pass=tokens_per_pass)
+            resp = torch.cat([lp[len(c[0]) - 1:] for lp, c in zip(lps, chunk)])
+            prompt = torch.cat([lp[: len(c[0]) - 1] for lp, c in zip(lps, chunk)])
+            loss = -resp.mean() - prompt_weight * prompt.mean()
+        else:
+            lps = score_packed(model, [c[0] for c in chunk], [c[1] for c in chunk],
+                               max_tokens_per_pass=tokens_per_pass)
+            loss = -torch.cat(lps).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+        if progress:
+            progress(step + 1, steps, losses[-1])
+    model.eval()
+    return losses
