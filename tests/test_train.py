@@ -144,7 +144,7 @@ def test_procedural_task_types_and_rooms_are_checked():
     with pytest.raises(ConfigError, match="env.rooms has 'garage'.*kitchen"):
         load_config(["env.rooms=[garage]"])
     with pytest.raises(ConfigError, match="no room for task type pick_clean_then_place_in_recep"):
-        load_config(["env.rooms=[bedroom]"])  # all six types; clean needs a kitchen or bathroom
+        load_config(["env.rooms=[bedroom]", "env.task_types=null"])  # all six; clean needs a kitchen or bathroom
     with pytest.raises(ConfigError, match="env.task_types is empty"):
         load_config(["env.task_types=[]"])
 
@@ -413,3 +413,19 @@ def test_task_parts_reads_every_shared_and_generated_task(alfworld_data):
     for t in tasks:
         obj, target = task_parts(t)
         assert obj in t.split() and target.rstrip(".") in t.replace(".", " ").split(), t
+
+
+def test_smoke_of_the_default_path_with_its_warm_up(tmp_path):
+    """The default's own path, shortened: no model.path (the tiny model is generated with a
+    tokenizer trained on the warm-up games), the expert's SFT, one RL step, both evaluations."""
+    from pcsd.train import main
+
+    run = tmp_path / "run"
+    assert main([f"run.dir={run}", "rollout.backend=hf", "optim.sft_steps=3", "optim.sft_games=6",
+                 "optim.steps=1", "rollout.tasks_per_step=1", "rollout.group_size=2",
+                 "rollout.max_response_tokens=8", "env.max_steps=2", "eval.episodes=2"]) == 0
+    s = json.loads((run / "summary.json").read_text())
+    assert s["preset"] == "tiny-cpu" and s["steps"] == 1
+    assert s["sft_examples"] > 0 and s["sft_expert_success"] >= 0 and len(s["sft_loss_first_last"]) == 2
+    assert (run / "sft-model" / "config.json").is_file() and (run / "base-model" / "tokenizer.json").is_file()
+    assert s["success_before"] is not None and s["success_after"] is not None
