@@ -8,7 +8,9 @@
 //!   completion order, each tagged with its env id. `step` is `send` + waiting for exactly those
 //!   envs; the synchronous mode is `recv(num_envs)` after sending to all envs.
 //! * Workers write each result into the env's preallocated output slot and then post the env id
-//!   on a completion channel; the calling thread only moves ids between queues ([`queue::Tracker`]).
+//!   on the completion board ([`completions::Completions`]), which wakes the calling thread only
+//!   once as many ids are in as it waits for; the calling thread only moves ids between queues
+//!   ([`queue::Tracker`]).
 //! * Each env has at most one outstanding request (sent and not yet received).
 //!
 //! Groups: the pool is built from one env factory per game and a `group_size` G; env `i` is built
@@ -22,6 +24,7 @@
 //! duplicate ids in one call, an env that already has a request outstanding, `recv` with too few
 //! requests outstanding) returns `Err` naming the argument and changes nothing.
 
+pub mod completions;
 pub mod queue;
 pub mod reference;
 pub mod slot;
@@ -29,13 +32,13 @@ pub mod slot;
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
 use crate::env::TextEnv;
+pub use completions::Completions;
 pub use queue::{Entry, Outstanding, Tracker};
 pub use slot::{EnvSlot, Op, SlotRules, StepResult};
 
@@ -104,7 +107,8 @@ struct Shared {
     cells: Vec<Mutex<Cell>>,
     rules: SlotRules,
     closing: AtomicBool,
-    done_tx: Sender<usize>,
+    /// Where workers post finished env ids.
+    done: Completions,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -132,11 +136,22 @@ impl Poll {
     }
 }
 
+/// Drops values on a pool's worker threads, so that freeing what a call handed out (results
+/// hold ~20 strings per env) is not serial work of the calling thread. Keeps the threads alive
+/// while it lives.
+#[derive(Clone)]
+pub struct Recycler(Arc<rayon::ThreadPool>);
+
+impl Recycler {
+    pub fn drop_later<T: Send + 'static>(&self, value: T) {
+        self.0.spawn(move || drop(value));
+    }
+}
+
 /// The threaded pool (see the module docs).
 pub struct EnvPool {
     shared: Arc<Shared>,
-    threads: rayon::ThreadPool,
-    done_rx: Receiver<usize>,
+    threads: Arc<rayon::ThreadPool>,
     tracker: Tracker,
     config: PoolConfig,
     num_games: usize,
@@ -251,7 +266,6 @@ impl EnvPool {
                 output: None,
             }));
         }
-        let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             cells,
             rules: SlotRules {
@@ -259,12 +273,11 @@ impl EnvPool {
                 auto_reset: config.auto_reset,
             },
             closing: AtomicBool::new(false),
-            done_tx: tx,
+            done: Completions::default(),
         });
         Ok(Self {
             shared,
-            threads,
-            done_rx: rx,
+            threads: Arc::new(threads),
             tracker: Tracker::new(num_envs),
             config,
             num_games: factories.len(),
@@ -292,6 +305,11 @@ impl EnvPool {
         self.threads.current_num_threads()
     }
 
+    /// A handle that drops values on this pool's worker threads.
+    pub fn recycler(&self) -> Recycler {
+        Recycler(Arc::clone(&self.threads))
+    }
+
     /// Requests sent and not yet received.
     pub fn outstanding(&self) -> usize {
         self.tracker.outstanding()
@@ -313,7 +331,6 @@ impl EnvPool {
     fn dispatch(&mut self, env: usize, op: Op) {
         self.tracker.start(env);
         let shared = Arc::clone(&self.shared);
-        let tx = self.shared.done_tx.clone();
         self.threads.spawn(move || {
             if shared.closing.load(Ordering::Relaxed) {
                 return;
@@ -333,8 +350,7 @@ impl EnvPool {
                     });
                 cell.output = Some(result);
             }
-            // The receiver is gone only when the pool was dropped; nothing to report then.
-            let _ = tx.send(env);
+            shared.done.post(env);
         });
     }
 
@@ -353,19 +369,10 @@ impl EnvPool {
             })
     }
 
-    /// Moves finished env ids from the channel to the tracker, waiting at most `timeout` for the
-    /// first one. Returns the ids moved.
-    fn pump(&mut self, timeout: Duration, moved: &mut Vec<usize>) {
-        moved.clear();
-        match self.done_rx.recv_timeout(timeout) {
-            Ok(i) => moved.push(i),
-            Err(RecvTimeoutError::Timeout) => return,
-            // We hold a sender in `shared`, so the channel cannot disconnect.
-            Err(RecvTimeoutError::Disconnected) => return,
-        }
-        while let Ok(i) = self.done_rx.try_recv() {
-            moved.push(i);
-        }
+    /// Moves finished env ids from the completion board to the tracker, waiting at most `timeout`
+    /// for `want` of them (the caller can make no progress with fewer). Returns the ids moved.
+    fn pump(&mut self, want: usize, timeout: Duration, moved: &mut Vec<usize>) {
+        self.shared.done.wait(want, timeout, moved);
         for &i in moved.iter() {
             self.tracker.complete(i);
         }
@@ -434,7 +441,8 @@ impl EnvPool {
         let mut moved = Vec::new();
         let mut poll = Poll::new();
         while self.tracker.ready_len() < batch_size {
-            self.pump(INTERRUPT_POLL, &mut moved);
+            let want = batch_size - self.tracker.ready_len();
+            self.pump(want, INTERRUPT_POLL, &mut moved);
             if self.tracker.ready_len() < batch_size && poll.due() && interrupted() {
                 return Err(PoolError::Interrupted);
             }
@@ -514,7 +522,7 @@ impl EnvPool {
         let mut moved = Vec::new();
         let mut poll = Poll::new();
         while remaining > 0 {
-            self.pump(INTERRUPT_POLL, &mut moved);
+            self.pump(remaining, INTERRUPT_POLL, &mut moved);
             remaining -= moved.iter().filter(|&&i| wanted[i]).count();
             if remaining > 0 && poll.due() && interrupted() {
                 return Err(PoolError::Interrupted);
