@@ -67,19 +67,21 @@ class StepBatch:
 
     @classmethod
     def _from_columns(cls, cols: tuple[Any, ...]) -> StepBatch:
+        """From the native columns: lists of str, and numeric columns as ``bytearray``s in native
+        byte order (viewed, not copied; a bytearray keeps the arrays writable)."""
         (env_id, obs, adm, reward, score, done, won, trunc, task_type, steps, error) = cols
         return cls(
-            env_id=np.asarray(env_id, dtype=np.int64),
-            obs=list(obs),
-            admissible=list(adm),
-            reward=np.asarray(reward, dtype=np.float64),
-            score=np.asarray(score, dtype=np.float64),
-            done=np.asarray(done, dtype=bool),
-            won=np.asarray(won, dtype=bool),
-            truncated=np.asarray(trunc, dtype=bool),
-            task_type=list(task_type),
-            step_count=np.asarray(steps, dtype=np.int64),
-            error=list(error),
+            env_id=np.frombuffer(env_id, dtype=np.int64),
+            obs=obs,
+            admissible=adm,
+            reward=np.frombuffer(reward, dtype=np.float64),
+            score=np.frombuffer(score, dtype=np.float64),
+            done=np.frombuffer(done, dtype=np.bool_),
+            won=np.frombuffer(won, dtype=np.bool_),
+            truncated=np.frombuffer(trunc, dtype=np.bool_),
+            task_type=task_type,
+            step_count=np.frombuffer(steps, dtype=np.uint32).astype(np.int64),
+            error=error,
         )
 
     def __len__(self) -> int:
