@@ -28,6 +28,7 @@ pub mod completions;
 pub mod queue;
 pub mod reference;
 pub mod slot;
+pub mod strings;
 
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -41,9 +42,14 @@ use crate::env::TextEnv;
 pub use completions::Completions;
 pub use queue::{Entry, Outstanding, Tracker};
 pub use slot::{EnvSlot, Op, SlotRules, StepResult};
+pub use strings::{StringTable, NO_ID};
 
 /// Builds one env. The pool calls each factory once per env of its group, on worker threads.
 pub type EnvFactory = Box<dyn Fn() -> Box<dyn TextEnv> + Send + Sync>;
+
+/// Most distinct strings a pool's [`StringTable`] gives ids to (far more than the commands of
+/// the games a pool plays; later ones get [`NO_ID`]).
+pub const STRING_TABLE_LIMIT: usize = 1 << 18;
 
 /// How often a blocked `recv`/`step` calls its interrupt check.
 pub const INTERRUPT_POLL: Duration = Duration::from_millis(50);
@@ -59,6 +65,9 @@ pub struct PoolConfig {
     pub max_steps: u32,
     /// The auto-reset rule of [`slot::EnvSlot::run`]; off: finished envs wait for a `reset`.
     pub auto_reset: bool,
+    /// Give admissible commands and task types ids in a [`StringTable`] on the worker threads
+    /// (`StepResult::string_ids`), for callers that share one object per distinct string.
+    pub string_ids: bool,
 }
 
 impl Default for PoolConfig {
@@ -68,6 +77,7 @@ impl Default for PoolConfig {
             group_size: 1,
             max_steps: 0,
             auto_reset: false,
+            string_ids: false,
         }
     }
 }
@@ -109,6 +119,8 @@ struct Shared {
     closing: AtomicBool,
     /// Where workers post finished env ids.
     done: Completions,
+    /// With `PoolConfig::string_ids`.
+    strings: Option<StringTable>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -274,6 +286,7 @@ impl EnvPool {
             },
             closing: AtomicBool::new(false),
             done: Completions::default(),
+            strings: config.string_ids.then(|| StringTable::new(STRING_TABLE_LIMIT)),
         });
         Ok(Self {
             shared,
@@ -303,6 +316,11 @@ impl EnvPool {
     /// Worker threads actually running.
     pub fn num_threads(&self) -> usize {
         self.threads.current_num_threads()
+    }
+
+    /// The table behind `StepResult::string_ids` (with `PoolConfig::string_ids`).
+    pub fn string_table(&self) -> Option<&StringTable> {
+        self.shared.strings.as_ref()
     }
 
     /// A handle that drops values on this pool's worker threads.
@@ -338,7 +356,7 @@ impl EnvPool {
             {
                 let mut cell = lock(&shared.cells[env]);
                 let rules = shared.rules;
-                let result = catch_unwind(AssertUnwindSafe(|| cell.slot.run(&op, rules)))
+                let mut result = catch_unwind(AssertUnwindSafe(|| cell.slot.run(&op, rules)))
                     .unwrap_or_else(|_| {
                         StepResult::failed(
                             env as i64,
@@ -348,6 +366,10 @@ impl EnvPool {
                             0,
                         )
                     });
+                if let Some(table) = &shared.strings {
+                    let texts = result.admissible.iter().chain([&result.task_type]);
+                    result.string_ids = Some(table.ids(texts.map(String::as_str)));
+                }
                 cell.output = Some(result);
             }
             shared.done.post(env);

@@ -3,9 +3,9 @@
 //! small:
 //!
 //! * Admissible commands and task types repeat from step to step and across the envs of a group;
-//!   their `str` objects are built once and then shared from a per-pool [`StrCache`] (keyed by
-//!   content, so the lists hold exactly the same text as building every string anew, which is the
-//!   plain path [`StrCache::disabled`] takes).
+//!   the workers give them ids in the pool's string table (`crate::pool::strings`) and their `str`
+//!   objects are built once per id and then shared ([`SharedStrs`]). A pool built without ids
+//!   (the plain path) builds every string anew; the texts are the same either way.
 //! * Numeric and boolean columns go out as one `bytearray` each (native byte order), which
 //!   `pcsd.envs.pool` views with `np.frombuffer` instead of building a Python number per env.
 //! * Observations and errors are new every step: built as usual.
@@ -14,49 +14,36 @@
 //! admissible, reward (f64), score (f64), done (u8), won (u8), truncated (u8), task_type,
 //! step_count (u32), error ("" when none).
 
-use std::collections::HashMap;
-
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyList, PyString, PyTuple};
 
-use crate::pool::StepResult;
+use crate::pool::{StepResult, NO_ID};
 
-/// `str` objects of strings that repeat, keyed by content. Bounded: when full it starts over.
-pub struct StrCache {
-    map: HashMap<String, Py<PyString>, ahash::RandomState>,
-    limit: usize,
+/// The `str` object of each string id of a pool's results, built on first sight.
+#[derive(Default)]
+pub struct SharedStrs {
+    by_id: Vec<Option<Py<PyString>>>,
 }
 
-impl StrCache {
-    /// Distinct strings kept before the cache starts over: far more than the commands of the
-    /// games a pool plays, small enough (tens of MB at most) to never matter.
-    pub const LIMIT: usize = 1 << 18;
-
-    pub fn new(limit: usize) -> Self {
-        Self {
-            map: HashMap::default(),
-            limit,
+impl SharedStrs {
+    /// The `str` of `text`, whose id is `id` ([`NO_ID`]: none, built anew).
+    pub fn get<'py>(&mut self, py: Python<'py>, id: u32, text: &str) -> Bound<'py, PyString> {
+        if id == NO_ID {
+            return PyString::new(py, text);
         }
-    }
-
-    /// The plain path: every string is built anew (the reference the cache is tested against).
-    pub fn disabled() -> Self {
-        Self::new(0)
-    }
-
-    /// The `str` object for `s`, from the cache when it holds it.
-    pub fn get<'py>(&mut self, py: Python<'py>, s: &str) -> Bound<'py, PyString> {
-        if let Some(p) = self.map.get(s) {
-            return p.bind(py).clone();
+        let i = id as usize;
+        if i >= self.by_id.len() {
+            self.by_id.resize_with(i + 1, || None);
         }
-        let p = PyString::new(py, s);
-        if self.limit > 0 {
-            if self.map.len() >= self.limit {
-                self.map.clear();
+        let slot = &mut self.by_id[i];
+        match slot {
+            Some(p) => p.bind(py).clone(),
+            None => {
+                let p = PyString::new(py, text);
+                *slot = Some(p.clone().unbind());
+                p
             }
-            self.map.insert(s.to_owned(), p.clone().unbind());
         }
-        p
     }
 }
 
@@ -73,7 +60,7 @@ fn bytes_of<T, const N: usize>(items: impl Iterator<Item = T>, to: fn(T) -> [u8;
 pub fn to_python<'py>(
     py: Python<'py>,
     results: &[StepResult],
-    cache: &mut StrCache,
+    strs: &mut SharedStrs,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let n = results.len();
     let mut obs = Vec::with_capacity(n);
@@ -82,10 +69,12 @@ pub fn to_python<'py>(
     let mut error = Vec::with_capacity(n);
     for r in results {
         obs.push(PyString::new(py, &r.obs));
+        let n_adm = r.admissible.len();
+        let id = |k: usize| r.string_ids.as_ref().map_or(NO_ID, |ids| ids[k]);
         let adm: Vec<Bound<'py, PyString>> =
-            r.admissible.iter().map(|a| cache.get(py, a)).collect();
+            r.admissible.iter().enumerate().map(|(k, a)| strs.get(py, id(k), a)).collect();
         admissible.push(PyList::new(py, adm)?);
-        task_type.push(cache.get(py, &r.task_type));
+        task_type.push(strs.get(py, id(n_adm), &r.task_type));
         error.push(PyString::new(py, r.error.as_deref().unwrap_or("")));
     }
     let col = |b: Vec<u8>| PyByteArray::new(py, &b);

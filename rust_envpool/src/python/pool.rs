@@ -13,7 +13,7 @@ use crate::dummy::{DummyConfig, DummyEnv};
 use crate::env::TextEnv;
 use crate::pool::{EnvFactory, EnvPool, PoolConfig, PoolError, Recycler, StepResult};
 
-use super::columns::{self, StrCache};
+use super::columns::{self, SharedStrs};
 
 fn pool_err(e: PoolError) -> PyErr {
     match e {
@@ -124,8 +124,7 @@ pub struct PyEnvPool {
     pid: u32,
     /// `str` objects of admissible commands and task types (see [`columns`]). Both locks below
     /// are only taken with the GIL held and never held across Python code.
-    strings: Mutex<StrCache>,
-    use_str_cache: bool,
+    strings: Mutex<SharedStrs>,
     /// Frees the Rust results on the worker threads once they are converted; None once closed.
     recycler: Mutex<Option<Recycler>>,
 }
@@ -157,15 +156,12 @@ impl PyEnvPool {
         py: Python<'py>,
         results: Vec<StepResult>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        // The cache is taken out for the conversion, which may run Python code (a garbage
-        // collection): nothing stays locked, and a call that re-enters meanwhile converts with an
-        // empty cache (same strings, built anew).
-        let mut cache = std::mem::replace(&mut *lock(&self.strings), StrCache::disabled());
-        if !self.use_str_cache {
-            cache = StrCache::disabled();
-        }
-        let out = columns::to_python(py, &results, &mut cache);
-        *lock(&self.strings) = cache;
+        // The objects are taken out for the conversion, which may run Python code (a garbage
+        // collection): nothing stays locked, and a call that re-enters meanwhile starts from none
+        // (same strings, built anew).
+        let mut strs = std::mem::take(&mut *lock(&self.strings));
+        let out = columns::to_python(py, &results, &mut strs);
+        *lock(&self.strings) = strs;
         match lock(&self.recycler).as_ref() {
             Some(r) => r.drop_later(results),
             None => drop(results),
@@ -202,7 +198,8 @@ impl PyEnvPool {
     /// kind: "dummy" (options: episode_len, busy_iters, panic_at_step); games: one entry per group
     /// for kinds that load game files. num_envs = number of groups * group_size.
     #[new]
-    /// str_cache=False builds every string anew (the plain path the cache is tested against).
+    /// str_cache=False: no string ids, every string is built anew (the plain path the shared
+    /// strings are tested against).
     #[pyo3(signature = (kind, num_envs, *, group_size=1, games=None, max_steps=0, num_threads=0, auto_reset=false, seed=0, options=None, str_cache=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -282,6 +279,7 @@ impl PyEnvPool {
             group_size,
             max_steps,
             auto_reset,
+            string_ids: str_cache,
         };
         let pool = detached(py, move |_| EnvPool::new(factories, config))?;
         let recycler = pool.recycler();
@@ -289,8 +287,7 @@ impl PyEnvPool {
             inner: Mutex::new(Some(pool)),
             kind: kind.to_owned(),
             pid: std::process::id(),
-            strings: Mutex::new(StrCache::new(StrCache::LIMIT)),
-            use_str_cache: str_cache,
+            strings: Mutex::new(SharedStrs::default()),
             recycler: Mutex::new(Some(recycler)),
         })
     }
@@ -361,7 +358,7 @@ impl PyEnvPool {
         self.check_process()?;
         let pool = py.detach(|| self.inner.lock().unwrap_or_else(|e| e.into_inner()).take());
         let recycler = lock(&self.recycler).take();
-        *lock(&self.strings) = StrCache::disabled();
+        *lock(&self.strings) = SharedStrs::default();
         py.detach(move || drop((pool, recycler)));
         Ok(())
     }
