@@ -425,19 +425,13 @@ impl Drop for PyEnvPool {
     fn drop(&mut self) {
         if std::process::id() != self.pid {
             // A fork child's copy: its worker threads (and any lock they held) do not exist here,
-            // so tearing the pool down could block forever. Leak it instead.
-            let inner = self
-                .inner
-                .get_mut()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
-            std::mem::forget(inner);
-            let recycler = self
-                .recycler
-                .get_mut()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
-            std::mem::forget(recycler);
+            // so tearing the pool (or the recycler's handle on its threads) down could block
+            // forever. Leak them instead.
+            fn leak<T>(m: &mut Mutex<Option<T>>) {
+                std::mem::forget(m.get_mut().unwrap_or_else(|e| e.into_inner()).take());
+            }
+            leak(&mut self.inner);
+            leak(&mut self.recycler);
         }
     }
 }
