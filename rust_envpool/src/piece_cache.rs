@@ -41,7 +41,7 @@
 //!   special tokens are not added.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 /// The Qwen2 / Qwen2.5 / Qwen3 pre-tokenizer split regex, as `tokenizer.json` spells it.
 pub const QWEN2_SPLIT_PATTERN: &str =
@@ -50,7 +50,7 @@ pub const QWEN2_SPLIT_PATTERN: &str =
 const SHARDS: usize = 64;
 
 /// Piece text -> its token ids.
-type Shard = HashMap<Box<str>, Arc<[u32]>>;
+type Shard = HashMap<Box<str>, Box<[u32]>>;
 
 /// Whether word cuts are safe as well as line cuts for a supported setup: no added token holds
 /// a `' '`, and each starts with an ASCII character other than a letter, digit or space.
@@ -183,10 +183,11 @@ impl Shards {
         &self.shards[(self.hasher.hash_one(piece) as usize) % SHARDS]
     }
 
-    /// Appends the cached ids of `piece` to `out`; false when the piece is not cached.
+    /// Appends the cached ids of `piece` to `out` (copied under the lock: no reference count
+    /// for threads to contend on); false when the piece is not cached.
     fn extend(&self, piece: &str, out: &mut Vec<u32>) -> bool {
-        let hit = self.shard(piece).lock().ok().and_then(|m| m.get(piece).cloned());
-        hit.map(|ids| out.extend_from_slice(&ids)).is_some()
+        let Ok(m) = self.shard(piece).lock() else { return false };
+        m.get(piece).map(|ids| out.extend_from_slice(ids)).is_some()
     }
 
     fn insert(&self, piece: &str, ids: &[u32]) {
