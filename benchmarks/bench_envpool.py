@@ -12,8 +12,9 @@ the measured ratio does not: compare the ratio with the bound, and mind the load
 Engines (``--engines``):
   dummy       the native deterministic test game; ``--busy-iters`` sets its CPU work per step
               (a list: 0 measures the pool's own overhead).
-  alfworld    the native ALFWorld engine on ALFWORLD_DATA games (once merged; skipped until the
-              pool is built with it).
+  alfworld    the native ALFWorld engine on ALFWORLD_DATA games, 8 envs per game; each game
+              plays a recorded stream of admissible commands (go to / examine / look /
+              inventory) for STREAM_LEN steps, then the auto-reset step.
   reference   the original Python alfworld/TextWorld engine stepped one env after another
               (the baseline the native engine is compared with; needs alfworld and ALFWORLD_DATA).
 
@@ -80,29 +81,42 @@ def _timed(run_once: Callable[[], int], seconds: float, min_rounds: int = 3) -> 
     return steps / wall, main / steps, worker
 
 
-def bench_sync(pool: EnvPool, seconds: float) -> tuple[float, float, float]:
-    actions = [ACTION] * pool.num_envs
+@dataclass
+class Script:
+    """What the envs are told: at its k-th step env e gets ``per_step[k % len(per_step)][e]``."""
+
+    per_step: list[list[str]]
+
+
+def bench_sync(pool: EnvPool, script: Script, seconds: float) -> tuple[float, float, float]:
     pool.reset()
+    k = [0]
 
     def once() -> int:
-        pool.step(actions)
+        pool.step(script.per_step[k[0] % len(script.per_step)])
+        k[0] += 1
         return pool.num_envs
 
     return _timed(once, seconds)
 
 
-def bench_async(pool: EnvPool, seconds: float) -> tuple[float, float, float]:
+def bench_async(pool: EnvPool, script: Script, seconds: float) -> tuple[float, float, float]:
     n = pool.num_envs
     batch = max(1, n // 2)
     pool.send_reset(range(n))
+    k, m = [0] * n, len(script.per_step)
 
     def once() -> int:
         # One round: as many recv/send cycles as it takes to step every env once on average.
         done = 0
         while done < n:
-            b = pool.recv(batch)
-            pool.send([ACTION] * len(b), b.env_id)
-            done += len(b)
+            ids = pool.recv(batch).env_id.tolist()
+            acts = []
+            for e in ids:
+                acts.append(script.per_step[k[e] % m][e])
+                k[e] += 1
+            pool.send(acts, ids)
+            done += len(ids)
         return done
 
     rate = _timed(once, seconds)
@@ -110,18 +124,12 @@ def bench_async(pool: EnvPool, seconds: float) -> tuple[float, float, float]:
     return rate
 
 
-def dummy_pool(busy_iters: int) -> Callable[[int, int], EnvPool]:
-    def make(num_envs: int, threads: int) -> EnvPool:
+def dummy_pool(busy_iters: int) -> Callable[[int, int], tuple[EnvPool, Script]]:
+    def make(num_envs: int, threads: int) -> tuple[EnvPool, Script]:
         # auto_reset keeps every env playing for as long as the benchmark runs.
-        return EnvPool(
-            "dummy",
-            num_envs,
-            num_threads=threads,
-            auto_reset=True,
-            max_steps=None,
-            episode_len=20,
-            busy_iters=busy_iters,
-        )
+        pool = EnvPool("dummy", num_envs, num_threads=threads, auto_reset=True, max_steps=None, episode_len=20,
+                       busy_iters=busy_iters)
+        return pool, Script([[ACTION] * num_envs])
 
     return make
 
@@ -137,15 +145,23 @@ def alfworld_games(limit: int) -> list[str]:
 
 
 ALFWORLD_GROUP = 8  # GRPO-style: 8 envs play each game
+STREAM_LEN = 10  # commands per episode, then the auto-reset step
 
 
-def alfworld_pool(num_envs: int, threads: int) -> EnvPool:
+def alfworld_pool(num_envs: int, threads: int) -> tuple[EnvPool, Script]:
+    from pcsd.bench import command_streams
+
     group = min(ALFWORLD_GROUP, num_envs)
     num_groups = num_envs // group
     games = alfworld_games(num_groups)
-    games = [games[g % len(games)] for g in range(num_groups)]
-    return EnvPool("alfworld", num_groups * group, group_size=group, games=games, num_threads=threads,
-                   auto_reset=True, max_steps=None)
+    streams = command_streams(games, STREAM_LEN)
+    gi = [g % len(games) for g in range(num_groups)]
+    pool = EnvPool("alfworld", num_groups * group, group_size=group, games=[games[i] for i in gi],
+                   num_threads=threads, auto_reset=True, max_steps=STREAM_LEN)
+    # step j of an episode: command j of the group's stream; step STREAM_LEN resets (action ignored)
+    per_step = [[streams[gi[e // group]][min(j, STREAM_LEN - 1)] for e in range(pool.num_envs)]
+                for j in range(STREAM_LEN + 1)]
+    return pool, Script(per_step)
 
 
 def bench_reference(num_envs: int, seconds: float) -> float:
@@ -192,7 +208,7 @@ def main() -> None:
                     "--threads", *map(str, args.threads), "--out", args.out])
         return
 
-    makers: list[tuple[str, Callable[[int, int], EnvPool]]] = []
+    makers: list[tuple[str, Callable[[int, int], tuple[EnvPool, Script]]]] = []
     for e in args.engines:
         if e == "dummy":
             makers += [(f"dummy(busy={b})", dummy_pool(b)) for b in args.busy_iters]
@@ -205,12 +221,12 @@ def main() -> None:
         for n in args.sizes:
             for t in args.threads:
                 try:
-                    pool = make(n, t)
+                    pool, script = make(n, t)
                 except (ValueError, RuntimeError) as exc:
                     print(f"skip {name} n={n} t={t}: {exc}", flush=True)
                     continue
                 for mode, fn in (("sync", bench_sync), ("async", bench_async)):
-                    row = Row(name, n, t, mode, *fn(pool, args.seconds))
+                    row = Row(name, n, t, mode, *fn(pool, script, args.seconds))
                     rows.append(row)
                     print(f"  {name:18s} envs={n:5d} threads={t} {mode:5s} {row.steps_per_s:12,.0f} steps/s  "
                           f"CPU per step: serial {row.serial_ns:7,.0f} ns, workers {row.worker_ns:7,.0f} ns  "

@@ -196,10 +196,10 @@ impl PyEnvPool {
 #[pymethods]
 impl PyEnvPool {
     /// kind: "dummy" (options: episode_len, busy_iters, panic_at_step); games: one entry per group
-    /// for kinds that load game files. num_envs = number of groups * group_size.
+    /// for kinds that load game files. num_envs = number of groups * group_size. str_cache=False:
+    /// no string ids, every string is built anew (the plain path the shared strings are tested
+    /// against).
     #[new]
-    /// str_cache=False: no string ids, every string is built anew (the plain path the shared
-    /// strings are tested against).
     #[pyo3(signature = (kind, num_envs, *, group_size=1, games=None, max_steps=0, num_threads=0, auto_reset=false, seed=0, options=None, str_cache=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
