@@ -148,6 +148,8 @@ def _env_ids(env_ids: Iterable[Any], arg: str = "env_ids") -> list[int]:
         if env_ids.dtype.kind == "u" and env_ids.size and env_ids.max() > np.iinfo(np.int64).max:
             raise ValueError(f"{arg}: env ids must fit in int64")
         return env_ids.astype(np.int64).tolist()
+    if type(env_ids) is list and set(map(type, env_ids)) <= {int}:
+        return env_ids  # plain ints (the common case, checked in C): the native call takes them as they are
     if isinstance(env_ids, (str, bytes)):
         raise ValueError(f"{arg}: expected a sequence of ints, got {type(env_ids).__name__}")
     try:
@@ -166,6 +168,8 @@ def _env_ids(env_ids: Iterable[Any], arg: str = "env_ids") -> list[int]:
 
 
 def _actions(actions: Iterable[Any]) -> list[str]:
+    if type(actions) is list and set(map(type, actions)) <= {str}:
+        return actions  # plain strs (the common case, checked in C)
     if isinstance(actions, (str, bytes)):
         raise ValueError("actions: expected a sequence of str (one per env), got a single str")
     try:
