@@ -1592,17 +1592,29 @@ impl AlfworldEnv {
         }
         let valid = self.spec.applicable(&self.facts);
         // `valid` is sorted by (action, arguments): a merge with the previous state's list finds
-        // the commands that can be kept (static templates).
+        // the commands that can be kept (static templates). Kept commands are moved, not cloned:
+        // the texts are shared by the envs of a game, and their reference counts would otherwise
+        // bounce between the threads that step those envs at the same time.
         let mut commands = Vec::with_capacity(valid.len());
-        let mut j = 0;
+        let old_valid = std::mem::take(&mut self.valid);
+        let mut old = std::mem::take(&mut self.commands).into_iter().zip(old_valid).peekable();
+        let mut same = true; // the same texts in the same order (the admissible list stands)
         for (ai, args) in &valid {
-            while j < self.valid.len() && (self.valid[j].0, &self.valid[j].1) < (*ai, args) {
-                j += 1;
+            while old.next_if(|(_, (a, x))| (*a, x) < (*ai, args)).is_some() {
+                same = false;
             }
-            let keep = j < self.valid.len() && self.valid[j].0 == *ai && &self.valid[j].1 == args && self.spec.static_template[*ai];
-            commands.push(if keep { self.commands[j].clone() } else { self.spec.command_text(*ai, args, &self.facts) });
+            let matched = old.next_if(|(_, (a, x))| a == ai && x == args).map(|(text, _)| text);
+            let text = match matched {
+                Some(text) if self.spec.static_template[*ai] => text,
+                matched => {
+                    let text = self.spec.command_text(*ai, args, &self.facts);
+                    same &= matched.is_some_and(|m| m == text);
+                    text
+                }
+            };
+            commands.push(text);
         }
-        let same = commands.len() == self.commands.len() && commands.iter().zip(&self.commands).all(|(a, b)| a == b);
+        same &= old.next().is_none();
         self.valid = valid;
         self.commands = commands;
         if !same {
@@ -1658,7 +1670,9 @@ impl TextEnv for AlfworldEnv {
         self.steps = 0;
         self.last = None;
         if !self.reference {
-            let spec = self.spec.clone();
+            // Borrowed, not cloned: an `Arc` clone is a write to the count that every env of the
+            // game shares.
+            let spec = &self.spec;
             let init = spec.initial.get_or_init(|| {
                 let mut fresh = AlfworldEnv::new(spec.clone(), 0);
                 fresh.refresh();
