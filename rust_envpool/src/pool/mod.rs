@@ -7,6 +7,9 @@
 //!   once; [`EnvPool::recv`]`(n)` waits for the first `n` requests to *finish* and returns them in
 //!   completion order, each tagged with its env id. `step` is `send` + waiting for exactly those
 //!   envs; the synchronous mode is `recv(num_envs)` after sending to all envs.
+//! * Each call's requests go out as one [`batch::Batch`]: env `i` is stepped by its home thread
+//!   (envs are split into contiguous blocks, one per thread), which keeps an env's memory with one
+//!   thread; a thread that runs out of its own requests helps with the others'.
 //! * Workers write each result into the env's preallocated output slot and then post the env id
 //!   on the completion board ([`completions::Completions`]), which wakes the calling thread only
 //!   once as many ids are in as it waits for; the calling thread only moves ids between queues
@@ -24,6 +27,7 @@
 //! duplicate ids in one call, an env that already has a request outstanding, `recv` with too few
 //! requests outstanding) returns `Err` naming the argument and changes nothing.
 
+pub mod batch;
 pub mod completions;
 pub mod queue;
 pub mod reference;
@@ -39,6 +43,7 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 
 use crate::env::TextEnv;
+pub use batch::Batch;
 pub use completions::Completions;
 pub use queue::{Entry, Outstanding, Tracker};
 pub use slot::{EnvSlot, Op, SlotRules, StepResult};
@@ -123,6 +128,35 @@ struct Shared {
     strings: Option<StringTable>,
 }
 
+impl Shared {
+    /// Applies `op` to env `env` on a worker thread: the result goes to the env's output slot
+    /// and the env id to the completion board.
+    fn run(&self, env: usize, op: &Op) {
+        if self.closing.load(Ordering::Relaxed) {
+            return;
+        }
+        {
+            let mut cell = lock(&self.cells[env]);
+            let rules = self.rules;
+            let mut result = catch_unwind(AssertUnwindSafe(|| cell.slot.run(op, rules))).unwrap_or_else(|_| {
+                StepResult::failed(
+                    env as i64,
+                    format!("env {env}: internal panic while reporting its result"),
+                    0.0,
+                    String::new(),
+                    0,
+                )
+            });
+            if let Some(table) = &self.strings {
+                let texts = result.admissible.iter().chain([&result.task_type]);
+                result.string_ids = Some(table.ids(texts.map(String::as_str)));
+            }
+            cell.output = Some(result);
+        }
+        self.done.post(env);
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Env panics are caught inside the lock, so poisoning means a bug elsewhere; the data is
     // still consistent (the slot records the panic), so carry on.
@@ -148,15 +182,31 @@ impl Poll {
     }
 }
 
-/// Drops values on a pool's worker threads, so that freeing what a call handed out (results
-/// hold ~20 strings per env) is not serial work of the calling thread. Keeps the threads alive
-/// while it lives.
+/// The worker thread an env calls home: envs are split into one contiguous block per thread
+/// (the envs of a group, which share their game, mostly on one thread).
+fn home(env: usize, num_envs: usize, threads: usize) -> usize {
+    env * threads / num_envs.max(1)
+}
+
+/// Drops results on a pool's worker threads, each on its env's home thread (where its memory
+/// came from), so that freeing what a call handed out (~20 strings per env) is not serial work
+/// of the calling thread. Keeps the threads alive while it lives.
 #[derive(Clone)]
-pub struct Recycler(Arc<rayon::ThreadPool>);
+pub struct Recycler {
+    threads: Arc<rayon::ThreadPool>,
+    num_envs: usize,
+}
 
 impl Recycler {
-    pub fn drop_later<T: Send + 'static>(&self, value: T) {
-        self.0.spawn(move || drop(value));
+    pub fn drop_results(&self, results: Vec<StepResult>) {
+        let (n, k) = (self.num_envs, self.threads.current_num_threads());
+        let homes = |r: &StepResult| usize::try_from(r.env_id).map_or(0, |e| home(e.min(n), n, k));
+        let mut parts: Vec<Vec<StepResult>> = (0..k).map(|_| Vec::new()).collect();
+        for r in results {
+            parts[homes(&r).min(k - 1)].push(r);
+        }
+        let parts: Arc<Vec<Mutex<Vec<StepResult>>>> = Arc::new(parts.into_iter().map(Mutex::new).collect());
+        self.threads.spawn_broadcast(move |ctx| drop(std::mem::take(&mut *lock(&parts[ctx.index()]))));
     }
 }
 
@@ -323,9 +373,9 @@ impl EnvPool {
         self.shared.strings.as_ref()
     }
 
-    /// A handle that drops values on this pool's worker threads.
+    /// A handle that drops results on this pool's worker threads.
     pub fn recycler(&self) -> Recycler {
-        Recycler(Arc::clone(&self.threads))
+        Recycler { threads: Arc::clone(&self.threads), num_envs: self.num_envs() }
     }
 
     /// Requests sent and not yet received.
@@ -346,33 +396,19 @@ impl EnvPool {
         })
     }
 
-    fn dispatch(&mut self, env: usize, op: Op) {
-        self.tracker.start(env);
+    /// Sends `requests` (env index, op) to the workers as one batch (see [`batch`]).
+    fn dispatch(&mut self, requests: Vec<(usize, Op)>) {
+        if requests.is_empty() {
+            return;
+        }
+        for (env, _) in &requests {
+            self.tracker.start(*env);
+        }
+        let (n, k) = (self.num_envs(), self.threads.current_num_threads());
+        let batch = Arc::new(Batch::new(requests, k, |(env, _)| home(*env, n, k)));
         let shared = Arc::clone(&self.shared);
-        self.threads.spawn(move || {
-            if shared.closing.load(Ordering::Relaxed) {
-                return;
-            }
-            {
-                let mut cell = lock(&shared.cells[env]);
-                let rules = shared.rules;
-                let mut result = catch_unwind(AssertUnwindSafe(|| cell.slot.run(&op, rules)))
-                    .unwrap_or_else(|_| {
-                        StepResult::failed(
-                            env as i64,
-                            format!("env {env}: internal panic while reporting its result"),
-                            0.0,
-                            String::new(),
-                            0,
-                        )
-                    });
-                if let Some(table) = &shared.strings {
-                    let texts = result.admissible.iter().chain([&result.task_type]);
-                    result.string_ids = Some(table.ids(texts.map(String::as_str)));
-                }
-                cell.output = Some(result);
-            }
-            shared.done.post(env);
+        self.threads.spawn_broadcast(move |ctx| {
+            batch.run(ctx.index(), |(env, op)| shared.run(*env, op));
         });
     }
 
@@ -423,12 +459,14 @@ impl EnvPool {
     ) -> Result<(), PoolError> {
         let n = self.num_envs();
         let idx = check_call(arg, ops.len(), env_ids, n, &self.tracker)?;
+        let mut requests = Vec::with_capacity(ops.len());
         for ((op, id), i) in ops.into_iter().zip(env_ids).zip(idx) {
             match i {
-                Some(i) => self.dispatch(i, op),
+                Some(i) => requests.push((i, op)),
                 None => self.tracker.push_rejected(out_of_range(*id, n)),
             }
         }
+        self.dispatch(requests);
         Ok(())
     }
 
@@ -533,14 +571,15 @@ impl EnvPool {
         let n = self.num_envs();
         let idx = check_call(arg, ops.len(), env_ids, n, &self.tracker)?;
         let mut wanted = vec![false; n];
-        let mut remaining = 0usize;
+        let mut requests = Vec::with_capacity(ops.len());
         for (op, i) in ops.into_iter().zip(&idx) {
             if let Some(i) = *i {
                 wanted[i] = true;
-                remaining += 1;
-                self.dispatch(i, op);
+                requests.push((i, op));
             }
         }
+        let mut remaining = requests.len();
+        self.dispatch(requests);
         let mut moved = Vec::new();
         let mut poll = Poll::new();
         while remaining > 0 {

@@ -163,7 +163,7 @@ impl PyEnvPool {
         let out = columns::to_python(py, &results, &mut strs);
         *lock(&self.strings) = strs;
         match lock(&self.recycler).as_ref() {
-            Some(r) => r.drop_later(results),
+            Some(r) => r.drop_results(results),
             None => drop(results),
         }
         out
