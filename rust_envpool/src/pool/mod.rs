@@ -126,6 +126,8 @@ struct Shared {
     done: Completions,
     /// With `PoolConfig::string_ids`.
     strings: Option<StringTable>,
+    /// Per worker thread: results handed back by a [`Recycler`], freed by that thread.
+    husks: Vec<Mutex<Vec<StepResult>>>,
 }
 
 impl Shared {
@@ -188,25 +190,27 @@ fn home(env: usize, num_envs: usize, threads: usize) -> usize {
     env * threads / num_envs.max(1)
 }
 
-/// Drops results on a pool's worker threads, each on its env's home thread (where its memory
-/// came from), so that freeing what a call handed out (~20 strings per env) is not serial work
-/// of the calling thread. Keeps the threads alive while it lives.
+/// Hands results back to a pool to be freed on its worker threads, each on its env's home
+/// thread (where its memory came from), when they start on the next call's requests: freeing
+/// what a call handed out (~20 strings per env) is then neither serial work of the calling
+/// thread nor a wake-up of the workers while it converts the results.
 #[derive(Clone)]
 pub struct Recycler {
-    threads: Arc<rayon::ThreadPool>,
+    shared: Arc<Shared>,
     num_envs: usize,
 }
 
 impl Recycler {
     pub fn drop_results(&self, results: Vec<StepResult>) {
-        let (n, k) = (self.num_envs, self.threads.current_num_threads());
-        let homes = |r: &StepResult| usize::try_from(r.env_id).map_or(0, |e| home(e.min(n), n, k));
+        let k = self.shared.husks.len();
         let mut parts: Vec<Vec<StepResult>> = (0..k).map(|_| Vec::new()).collect();
         for r in results {
-            parts[homes(&r).min(k - 1)].push(r);
+            let env = usize::try_from(r.env_id).unwrap_or(0).min(self.num_envs - 1);
+            parts[home(env, self.num_envs, k)].push(r);
         }
-        let parts: Arc<Vec<Mutex<Vec<StepResult>>>> = Arc::new(parts.into_iter().map(Mutex::new).collect());
-        self.threads.spawn_broadcast(move |ctx| drop(std::mem::take(&mut *lock(&parts[ctx.index()]))));
+        for (husks, part) in self.shared.husks.iter().zip(parts) {
+            lock(husks).extend(part);
+        }
     }
 }
 
@@ -337,6 +341,7 @@ impl EnvPool {
             closing: AtomicBool::new(false),
             done: Completions::default(),
             strings: config.string_ids.then(|| StringTable::new(STRING_TABLE_LIMIT)),
+            husks: (0..threads.current_num_threads()).map(|_| Mutex::default()).collect(),
         });
         Ok(Self {
             shared,
@@ -373,9 +378,9 @@ impl EnvPool {
         self.shared.strings.as_ref()
     }
 
-    /// A handle that drops results on this pool's worker threads.
+    /// A handle that hands results back to be freed on this pool's worker threads.
     pub fn recycler(&self) -> Recycler {
-        Recycler { threads: Arc::clone(&self.threads), num_envs: self.num_envs() }
+        Recycler { shared: Arc::clone(&self.shared), num_envs: self.num_envs() }
     }
 
     /// Requests sent and not yet received.
@@ -408,6 +413,7 @@ impl EnvPool {
         let batch = Arc::new(Batch::new(requests, k, |(env, _)| home(*env, n, k)));
         let shared = Arc::clone(&self.shared);
         self.threads.spawn_broadcast(move |ctx| {
+            drop(std::mem::take(&mut *lock(&shared.husks[ctx.index()])));
             batch.run(ctx.index(), |(env, op)| shared.run(*env, op));
         });
     }

@@ -125,7 +125,8 @@ pub struct PyEnvPool {
     /// `str` objects of admissible commands and task types (see [`columns`]). Both locks below
     /// are only taken with the GIL held and never held across Python code.
     strings: Mutex<SharedStrs>,
-    /// Frees the Rust results on the worker threads once they are converted; None once closed.
+    /// Hands the Rust results back to be freed on the worker threads once they are converted;
+    /// None once closed.
     recycler: Mutex<Option<Recycler>>,
 }
 
@@ -425,8 +426,8 @@ impl Drop for PyEnvPool {
     fn drop(&mut self) {
         if std::process::id() != self.pid {
             // A fork child's copy: its worker threads (and any lock they held) do not exist here,
-            // so tearing the pool (or the recycler's handle on its threads) down could block
-            // forever. Leak them instead.
+            // so tearing the pool (or the recycler's share of it) down could block forever. Leak
+            // them instead.
             fn leak<T>(m: &mut Mutex<Option<T>>) {
                 std::mem::forget(m.get_mut().unwrap_or_else(|e| e.into_inner()).take());
             }
