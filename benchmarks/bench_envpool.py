@@ -3,27 +3,32 @@
 For each engine, pool size and thread count it measures the synchronous mode (``step`` on all
 envs) and the asynchronous mode (envpool style: ``recv`` the first half of the envs to finish,
 ``send`` them their next action), and prints one table with the ratios measured in the same run:
-2 threads vs 1, async vs sync.
+2 threads vs 1, async vs sync. Beside steps/s it reports where the CPU time went (``serial``: the
+calling thread — Python, argument and result conversion with the GIL held, dispatch — which never
+runs in parallel; the rest: the pool's worker threads) and the speed-up of 2 threads over 1 that
+this split allows (Amdahl). CPU time stays meaningful on a machine shared with other jobs, where
+the measured ratio does not: compare the ratio with the bound, and mind the load average printed.
 
 Engines (``--engines``):
   dummy       the native deterministic test game; ``--busy-iters`` sets its CPU work per step
               (a list: 0 measures the pool's own overhead).
-  alfworld    the native ALFWorld engine on ALFWORLD_DATA games (once merged; skipped until the
-              pool is built with it).
+  alfworld    the native ALFWorld engine on ALFWORLD_DATA games, 8 envs per game; each game
+              plays a recorded stream of admissible commands (go to / examine / look /
+              inventory) for STREAM_LEN steps, then the auto-reset step.
   reference   the original Python alfworld/TextWorld engine stepped one env after another
               (the baseline the native engine is compared with; needs alfworld and ALFWORLD_DATA).
 
 ``--prompts`` instead measures prompt building (ALFWorld student prompt + chat template +
-token ids) on real observations of procedural games: the Rust ``build_batch`` with a cold piece
-cache (a new builder per batch: every line of text is new to it), with a warm one (the batch seen
-before, as in ``python -m pcsd.bench prompts``), and Python ``str.format`` +
-``apply_chat_template(tokenize=True)``; ids are checked equal first.
+token ids) on a live rollout stream, Rust ``build_batch`` vs Python ``str.format`` +
+``apply_chat_template(tokenize=True)``: the first turn (cold token-id cache) and the later turns
+(steady state) apart, 1 thread against 1 process and N threads against N processes; it runs
+``python -m pcsd.bench prompts`` (see there).
 
 Usage::
 
     python benchmarks/bench_envpool.py                          # 128/1024/4096 envs, 1 and 2 threads
     python benchmarks/bench_envpool.py --sizes 128 --threads 1 2 4 --seconds 2
-    python benchmarks/bench_envpool.py --prompts --batch 256
+    python benchmarks/bench_envpool.py --prompts --envs 256 --turns 8
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from pcsd.bench import amdahl, pool_worker_cpu_ns  # noqa: E402
 from pcsd.envs.pool import EnvPool  # noqa: E402
 
 ACTION = "go north"
@@ -50,43 +56,67 @@ class Row:
     threads: int
     mode: str
     steps_per_s: float
+    serial_ns: float  # calling-thread CPU per env step
+    worker_ns: float  # pool worker CPU per env step
+
+    @property
+    def serial_share(self) -> float:
+        return self.serial_ns / (self.serial_ns + self.worker_ns)
 
 
-def _timed(run_once: Callable[[], int], seconds: float, min_rounds: int = 3) -> float:
+def _timed(run_once: Callable[[], int], seconds: float, min_rounds: int = 3) -> tuple[float, float, float]:
     """Env steps per second of `run_once` (which returns the env steps it made), repeated for at
-    least `seconds` and `min_rounds` rounds, after one warm-up round."""
+    least `seconds` and `min_rounds` rounds, after one warm-up round; and the CPU ns per env step of
+    the calling thread and of the pool's workers (nan where /proc is not available)."""
     run_once()
     steps, rounds = 0, 0
-    t0 = time.perf_counter()
+    w0 = pool_worker_cpu_ns()
+    m0, t0 = time.thread_time_ns(), time.perf_counter()
     while rounds < min_rounds or time.perf_counter() - t0 < seconds:
         steps += run_once()
         rounds += 1
-    return steps / (time.perf_counter() - t0)
+    wall, main = time.perf_counter() - t0, time.thread_time_ns() - m0
+    w1 = pool_worker_cpu_ns()
+    worker = (w1 - w0) / steps if w0 is not None and w1 is not None else float("nan")
+    return steps / wall, main / steps, worker
 
 
-def bench_sync(pool: EnvPool, seconds: float) -> float:
-    actions = [ACTION] * pool.num_envs
+@dataclass
+class Script:
+    """What the envs are told: at its k-th step env e gets ``per_step[k % len(per_step)][e]``."""
+
+    per_step: list[list[str]]
+
+
+def bench_sync(pool: EnvPool, script: Script, seconds: float) -> tuple[float, float, float]:
     pool.reset()
+    k = [0]
 
     def once() -> int:
-        pool.step(actions)
+        pool.step(script.per_step[k[0] % len(script.per_step)])
+        k[0] += 1
         return pool.num_envs
 
     return _timed(once, seconds)
 
 
-def bench_async(pool: EnvPool, seconds: float) -> float:
+def bench_async(pool: EnvPool, script: Script, seconds: float) -> tuple[float, float, float]:
     n = pool.num_envs
     batch = max(1, n // 2)
     pool.send_reset(range(n))
+    k, m = [0] * n, len(script.per_step)
 
     def once() -> int:
         # One round: as many recv/send cycles as it takes to step every env once on average.
         done = 0
         while done < n:
-            b = pool.recv(batch)
-            pool.send([ACTION] * len(b), b.env_id)
-            done += len(b)
+            ids = pool.recv(batch).env_id.tolist()
+            acts = []
+            for e in ids:
+                acts.append(script.per_step[k[e] % m][e])
+                k[e] += 1
+            pool.send(acts, ids)
+            done += len(ids)
         return done
 
     rate = _timed(once, seconds)
@@ -94,18 +124,12 @@ def bench_async(pool: EnvPool, seconds: float) -> float:
     return rate
 
 
-def dummy_pool(busy_iters: int) -> Callable[[int, int], EnvPool]:
-    def make(num_envs: int, threads: int) -> EnvPool:
+def dummy_pool(busy_iters: int) -> Callable[[int, int], tuple[EnvPool, Script]]:
+    def make(num_envs: int, threads: int) -> tuple[EnvPool, Script]:
         # auto_reset keeps every env playing for as long as the benchmark runs.
-        return EnvPool(
-            "dummy",
-            num_envs,
-            num_threads=threads,
-            auto_reset=True,
-            max_steps=None,
-            episode_len=20,
-            busy_iters=busy_iters,
-        )
+        pool = EnvPool("dummy", num_envs, num_threads=threads, auto_reset=True, max_steps=None, episode_len=20,
+                       busy_iters=busy_iters)
+        return pool, Script([[ACTION] * num_envs])
 
     return make
 
@@ -121,15 +145,23 @@ def alfworld_games(limit: int) -> list[str]:
 
 
 ALFWORLD_GROUP = 8  # GRPO-style: 8 envs play each game
+STREAM_LEN = 10  # commands per episode, then the auto-reset step
 
 
-def alfworld_pool(num_envs: int, threads: int) -> EnvPool:
+def alfworld_pool(num_envs: int, threads: int) -> tuple[EnvPool, Script]:
+    from pcsd.bench import command_streams
+
     group = min(ALFWORLD_GROUP, num_envs)
     num_groups = num_envs // group
     games = alfworld_games(num_groups)
-    games = [games[g % len(games)] for g in range(num_groups)]
-    return EnvPool("alfworld", num_groups * group, group_size=group, games=games, num_threads=threads,
-                   auto_reset=True, max_steps=None)
+    streams = command_streams(games, STREAM_LEN)
+    gi = [g % len(games) for g in range(num_groups)]
+    pool = EnvPool("alfworld", num_groups * group, group_size=group, games=[games[i] for i in gi],
+                   num_threads=threads, auto_reset=True, max_steps=STREAM_LEN)
+    # step j of an episode: command j of the group's stream; step STREAM_LEN resets (action ignored)
+    per_step = [[streams[gi[e // group]][min(j, STREAM_LEN - 1)] for e in range(pool.num_envs)]
+                for j in range(STREAM_LEN + 1)]
+    return pool, Script(per_step)
 
 
 def bench_reference(num_envs: int, seconds: float) -> float:
@@ -153,60 +185,7 @@ def bench_reference(num_envs: int, seconds: float) -> float:
             env.reset()
         return 1
 
-    return _timed(once, seconds)
-
-
-def bench_prompts(batch: int, games: int, seconds: float) -> None:
-    """Prompts per second: Rust cold / warm piece cache vs Python, same requests, same run."""
-    import tempfile
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-
-    from pcsd.bench import make_games, prompt_requests, python_prompt
-    from pcsd.prompts import PromptBuilder
-    from pcsd.testing import make_tiny_model
-
-    with tempfile.TemporaryDirectory(prefix="pcsd-bench-prompts-") as tmp:
-        model = make_tiny_model(Path(tmp) / "model")
-        paths = make_games(Path(tmp) / "games", games)
-        reqs = prompt_requests(paths, max(1, batch // games + 1))[:batch]
-        tok = AutoTokenizer.from_pretrained(model)
-
-        def py_batch() -> list[list[int]]:
-            out = []
-            for r in reqs:
-                ids = tok.apply_chat_template([{"role": "user", "content": python_prompt(r, 2)}],
-                                              add_generation_prompt=True, tokenize=True)
-                out.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
-            return out
-
-        def builder() -> PromptBuilder:
-            return PromptBuilder("alfworld", history_length=2, max_prompt_tokens=None, tokenizer_dir=model)
-
-        warm = builder()
-        rust_ids = [list(ids) for _, ids in warm.build_batch(reqs)]
-        assert rust_ids == py_batch(), "Rust and Python token ids differ"
-
-        def timed(fn, fresh: bool) -> float:
-            total, n = 0.0, 0
-            while n < 3 or total < seconds:
-                b = builder() if fresh else warm
-                t0 = time.perf_counter()
-                fn(b)
-                total += time.perf_counter() - t0
-                n += 1
-            return n * len(reqs) / total
-
-        cold_r = timed(lambda b: b.build_batch(reqs), fresh=True)
-        warm_r = timed(lambda b: b.build_batch(reqs), fresh=False)
-        py_r = timed(lambda b: py_batch(), fresh=False)
-        ntok = sum(map(len, rust_ids)) / len(rust_ids)
-        print(f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f} batch={len(reqs)} games={games} "
-              f"mean prompt tokens={ntok:.0f} (ids equal: yes)")
-        print(f"{'rust cold cache':>18s} {cold_r:12,.0f} prompts/s  {cold_r / py_r:6.1f}x python")
-        print(f"{'rust warm cache':>18s} {warm_r:12,.0f} prompts/s  {warm_r / py_r:6.1f}x python")
-        print(f"{'python':>18s} {py_r:12,.0f} prompts/s")
+    return _timed(once, seconds)[0]
 
 
 def main() -> None:
@@ -217,14 +196,19 @@ def main() -> None:
     ap.add_argument("--busy-iters", nargs="+", type=int, default=[0, 5000], help="dummy env CPU work per step")
     ap.add_argument("--seconds", type=float, default=1.0, help="time per measurement")
     ap.add_argument("--prompts", action="store_true", help="measure prompt building instead of env steps")
-    ap.add_argument("--batch", type=int, default=256, help="--prompts: prompts per batch")
-    ap.add_argument("--games", type=int, default=8, help="--prompts: procedural games the observations come from")
+    ap.add_argument("--envs", type=int, default=256, help="--prompts: envs in the stream (one prompt each per turn)")
+    ap.add_argument("--turns", type=int, default=8, help="--prompts: turns of the stream (the first is cold)")
+    ap.add_argument("--repeats", type=int, default=3, help="--prompts: passes over the stream")
+    ap.add_argument("--out", default="bench-results", help="--prompts: folder for prompts.json / .png")
     args = ap.parse_args()
     if args.prompts:
-        bench_prompts(args.batch, args.games, args.seconds)
+        from pcsd.bench import main as bench_main
+
+        bench_main(["prompts", "--envs", str(args.envs), "--turns", str(args.turns), "--repeats", str(args.repeats),
+                    "--threads", *map(str, args.threads), "--out", args.out])
         return
 
-    makers: list[tuple[str, Callable[[int, int], EnvPool]]] = []
+    makers: list[tuple[str, Callable[[int, int], tuple[EnvPool, Script]]]] = []
     for e in args.engines:
         if e == "dummy":
             makers += [(f"dummy(busy={b})", dummy_pool(b)) for b in args.busy_iters]
@@ -237,40 +221,47 @@ def main() -> None:
         for n in args.sizes:
             for t in args.threads:
                 try:
-                    pool = make(n, t)
+                    pool, script = make(n, t)
                 except (ValueError, RuntimeError) as exc:
                     print(f"skip {name} n={n} t={t}: {exc}", flush=True)
                     continue
                 for mode, fn in (("sync", bench_sync), ("async", bench_async)):
-                    rate = fn(pool, args.seconds)
-                    rows.append(Row(name, n, t, mode, rate))
-                    print(f"  {name:18s} envs={n:5d} threads={t} {mode:5s} {rate:12,.0f} steps/s", flush=True)
+                    row = Row(name, n, t, mode, *fn(pool, script, args.seconds))
+                    rows.append(row)
+                    print(f"  {name:18s} envs={n:5d} threads={t} {mode:5s} {row.steps_per_s:12,.0f} steps/s  "
+                          f"CPU per step: serial {row.serial_ns:7,.0f} ns, workers {row.worker_ns:7,.0f} ns  "
+                          f"load {os.getloadavg()[0]:.1f}", flush=True)
                 pool.close()
     if "reference" in args.engines:
         for n in args.sizes[:1]:
             try:
                 rate = bench_reference(n, args.seconds)
-                rows.append(Row("alfworld-reference", n, 1, "seq", rate))
+                rows.append(Row("alfworld-reference", n, 1, "seq", rate, float("nan"), float("nan")))
             except Exception as exc:  # missing package / data: report and go on
                 print(f"skip reference: {type(exc).__name__}: {exc}", flush=True)
 
-    by = {(r.engine, r.num_envs, r.threads, r.mode): r.steps_per_s for r in rows}
+    by = {(r.engine, r.num_envs, r.threads, r.mode): r for r in rows}
     t_lo, t_hi = min(args.threads), max(args.threads)
-    print()
+    print(f"\nload average {os.getloadavg()[0]:.1f} (cpus={os.cpu_count()}); serial = share of the CPU time on the "
+          f"calling thread; bound = Amdahl's limit of {t_hi}t/{t_lo}t from the {t_lo}-thread serial share")
     hdr = f"{'engine':18s} {'envs':>5s} {'thr':>3s} {'sync steps/s':>14s} {'async steps/s':>14s} {'async/sync':>10s}"
-    hdr += f" {f'sync {t_hi}t/{t_lo}t':>12s} {f'async {t_hi}t/{t_lo}t':>13s}"
+    hdr += f" {'serial sync':>11s} {'serial async':>12s} {f'sync {t_hi}t/{t_lo}t':>12s} {f'async {t_hi}t/{t_lo}t':>13s}"
+    hdr += f" {'bound sync':>10s} {'bound async':>11s}"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         if r.mode != "sync":
             continue
-        a = by.get((r.engine, r.num_envs, r.threads, "async"), float("nan"))
-        line = f"{r.engine:18s} {r.num_envs:5d} {r.threads:3d} {r.steps_per_s:14,.0f} {a:14,.0f} {a / r.steps_per_s:10.2f}"
-        if r.threads == t_hi and t_hi != t_lo:
-            s1 = by.get((r.engine, r.num_envs, t_lo, "sync"))
-            a1 = by.get((r.engine, r.num_envs, t_lo, "async"))
-            if s1 and a1:
-                line += f" {r.steps_per_s / s1:12.2f} {a / a1:13.2f}"
+        a = by.get((r.engine, r.num_envs, r.threads, "async"))
+        if a is None:
+            continue
+        line = (f"{r.engine:18s} {r.num_envs:5d} {r.threads:3d} {r.steps_per_s:14,.0f} {a.steps_per_s:14,.0f} "
+                f"{a.steps_per_s / r.steps_per_s:10.2f} {r.serial_share:11.1%} {a.serial_share:12.1%}")
+        s1, a1 = by.get((r.engine, r.num_envs, t_lo, "sync")), by.get((r.engine, r.num_envs, t_lo, "async"))
+        if r.threads == t_hi and t_hi != t_lo and s1 and a1:
+            k = t_hi // t_lo
+            line += (f" {r.steps_per_s / s1.steps_per_s:12.2f} {a.steps_per_s / a1.steps_per_s:13.2f}"
+                     f" {amdahl(s1.serial_share, k):10.2f} {amdahl(a1.serial_share, k):11.2f}")
         print(line)
     for r in rows:
         if r.mode == "seq":

@@ -48,14 +48,17 @@ class PromptBuilder:
         history_length: int = 2,
         max_prompt_tokens: int | None = 2048,
         tokenizer: ChatTokenizer | None = None,
+        num_threads: int = 0,
     ) -> None: ...
     def budget_enforced(self) -> bool: ...
     def build_detailed(
         self, task: str, observation: str, admissible: list[str], history: list[tuple[str, str]], step: int
     ) -> tuple[str, str, int | None]: ...
     def build_teacher(
+        self, task: str, observation: str, admissible: list[str], history: list[tuple[str, str]], step: int
     ) -> str: ...
     def build_batch(
+        self,
         requests: list[tuple[str, str, list[str], list[tuple[str, str]], int]],
         teacher: bool = False,
         system: str | None = None,
@@ -69,15 +72,19 @@ def teacher_from_student(task: str, student_prompt: str, env: str = "alfworld") 
 # ---- env pool (rust_envpool/src/python/pool.rs); typed wrapper: pcsd.envs.pool ----
 from typing import Any
 
-# env_id, obs, admissible, reward, score, done, won, truncated, task_type, step_count, error ("" = none)
+# env_id (int64), obs, admissible, reward (float64), score (float64), done (uint8), won (uint8),
+# truncated (uint8), task_type, step_count (uint32), error ("" = none); numeric columns are
+# bytearrays in native byte order (rust_envpool/src/python/columns.rs)
 _Columns = tuple[
-    list[int], list[str], list[list[str]], list[float], list[float], list[bool], list[bool],
-    list[bool], list[str], list[int], list[str],
+    bytearray, list[str], list[list[str]], bytearray, bytearray, bytearray, bytearray,
+    bytearray, list[str], bytearray, list[str],
 ]
 
 ENV_POOL_KINDS: list[str]
 
 class EnvPool:
+    def __init__(
+        self,
         kind: str,
         num_envs: int,
         *,
@@ -88,6 +95,8 @@ class EnvPool:
         auto_reset: bool = False,
         seed: int = 0,
         options: dict[str, Any] | None = None,
+        str_cache: bool = True,
+    ) -> None: ...
     def reset(self, env_ids: list[int]) -> _Columns: ...
     def step(self, actions: list[str], env_ids: list[int]) -> _Columns: ...
     def send(self, actions: list[str], env_ids: list[int]) -> None: ...

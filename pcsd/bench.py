@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence  # noqa: E402
 
 import torch  # noqa: E402
 
-__all__ = ["machine_line", "measure", "make_segments", "main"]
+__all__ = ["amdahl", "machine_line", "measure", "measure_pool", "make_segments", "main", "pool_worker_cpu_ns"]
 
 SUBCOMMANDS = ("op", "env", "prompts", "logprobs", "rollout")
 FULL_VOCAB = 151_936  # Qwen2.5 / Qwen3 vocabulary
@@ -83,6 +83,64 @@ def measure(fn: Callable[[], Any], repeats: int, warmup: int = 1, sync: Callable
         times.append(time.perf_counter() - t0)
     return dict(median_s=statistics.median(times), min_s=min(times), max_s=max(times),
                 spread_s=max(times) - min(times), times_s=times)
+
+
+POOL_THREAD_PREFIX = "pcsd-envpool-"  # the native pool names its worker threads pcsd-envpool-<i>
+
+
+def pool_worker_cpu_ns() -> int | None:
+    """CPU time (ns) used so far by this process's env-pool worker threads, from Linux
+    ``/proc/self/task/*/schedstat``; None where that is not available."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if not f.read().startswith(POOL_THREAD_PREFIX):
+                    continue
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread exited meanwhile
+    return total
+
+
+def measure_pool(fn: Callable[[], Any], repeats: int, env_steps: int) -> dict:
+    """:func:`measure` of a pool benchmark round (``env_steps`` env steps per call of ``fn``),
+    plus where the CPU time went, per env step, over the timed repeats:
+
+    * ``serial_ns``: the calling thread (Python, argument and result conversion with the GIL held,
+      dispatch, waiting excluded). Nothing else runs on it, so it does not scale with threads.
+    * ``worker_ns``: the pool's worker threads (the parallel part).
+    * ``serial_share`` = serial / (serial + worker). CPU time, unlike wall time, stays meaningful
+      on a loaded machine: by Amdahl, 2 threads can reach at most ``1 / (s + (1 - s) / 2)``.
+    """
+    cpu = {}
+
+    def timed() -> None:
+        m0, w0 = time.thread_time_ns(), pool_worker_cpu_ns()
+        fn()
+        m1, w1 = time.thread_time_ns(), pool_worker_cpu_ns()
+        cpu["serial"] = cpu.get("serial", 0) + (m1 - m0)
+        if w0 is not None and w1 is not None:
+            cpu["worker"] = cpu.get("worker", 0) + (w1 - w0)
+
+    fn()  # warm-up, untimed and not counted
+    m = measure(timed, repeats, warmup=0)
+    steps = env_steps * repeats
+    m["serial_ns"] = cpu["serial"] / steps
+    m["worker_ns"] = cpu["worker"] / steps if "worker" in cpu else float("nan")
+    total = m["serial_ns"] + m["worker_ns"]
+    m["serial_share"] = m["serial_ns"] / total if total > 0 else float("nan")
+    return m
+
+
+def amdahl(serial_share: float, threads: int) -> float:
+    """Speed-up bound of ``threads`` threads over one for a serial share ``s``: 1 / (s + (1 - s) / t)."""
+    return 1.0 / (serial_share + (1.0 - serial_share) / threads)
 
 
 def _rel_spread(m: dict) -> float:
@@ -300,7 +358,7 @@ def _native_sync(games, streams, num_envs, group, threads, steps, repeats):
             if b.error[0]:
                 raise RuntimeError(f"native pool error: {b.error[0]}")
 
-    m = measure(once, repeats)
+    m = measure_pool(once, repeats, steps * num_envs)
     pool.close()
     return m
 
@@ -329,7 +387,7 @@ def _native_async(games, streams, num_envs, group, threads, steps, repeats):
             pool.send(acts, ids)
             done += len(ids)
 
-    m = measure(once, repeats)
+    m = measure_pool(once, repeats, steps * num_envs)
     pool.recv()
     pool.close()
     return m
@@ -546,7 +604,11 @@ def cmd_env(args) -> dict:
                                  sync_steps_per_s=total / ms["median_s"], sync_spread_rel=_rel_spread(ms),
                                  async_steps_per_s=total / ma["median_s"], async_spread_rel=_rel_spread(ma),
                                  sync_per_core=total / ms["median_s"] / t,
-                                 async_vs_sync=ms["median_s"] / ma["median_s"]))
+                                 async_vs_sync=ms["median_s"] / ma["median_s"],
+                                 sync_serial_ns=ms["serial_ns"], sync_worker_ns=ms["worker_ns"],
+                                 sync_serial_share=ms["serial_share"], async_serial_ns=ma["serial_ns"],
+                                 async_worker_ns=ma["worker_ns"], async_serial_share=ma["serial_share"],
+                                 load=os.getloadavg()[0]))
         missing = [p for p in ("alfworld", "textworld") if importlib.util.find_spec(p) is None]
         if args.no_real:
             notes.append("real alfworld engine columns skipped: --no-real")
@@ -592,11 +654,21 @@ def cmd_env(args) -> dict:
                     key=lambda x: x["threads"])
             r["sync_scaling_vs_1thr"] = r["sync_steps_per_s"] / b["sync_steps_per_s"]
             r["async_scaling_vs_1thr"] = r["async_steps_per_s"] / b["async_steps_per_s"]
+            if "sync_serial_share" in b and r["threads"] > b["threads"]:  # what the 1-thread CPU split allows
+                r["sync_amdahl_bound"] = amdahl(b["sync_serial_share"], r["threads"] // b["threads"])
+                r["async_amdahl_bound"] = amdahl(b["async_serial_share"], r["threads"] // b["threads"])
     notes.append(f"{len(games)} procedural games, groups of {args.group_size} envs, command streams of "
                  f"{args.stream_len} safe commands then a reset (in every engine); native: {steps} steps per "
                  "env per repeat; threads = pool threads (native) or worker processes (mp pool)")
+    notes.append("CPU split of the native pool, per env step: serial_ns = the calling thread (Python, argument and "
+                 "result conversion with the GIL held, dispatch; it never runs in parallel), worker_ns = the pool's "
+                 "worker threads; serial_share = serial / (serial + worker). CPU time stays meaningful on a loaded "
+                 "machine, where wall-time scaling does not (see `load`, the 1-minute load average); "
+                 "*_amdahl_bound = 1 / (s + (1 - s) / k) for k times the threads, s from the fewest-threads row")
     cols = ["engine", "envs", "threads", "sync_steps_per_s", "sync_spread_rel", "async_steps_per_s",
             "async_spread_rel", "async_vs_sync", "sync_per_core", "sync_scaling_vs_1thr", "async_scaling_vs_1thr",
+            "sync_serial_ns", "sync_worker_ns", "sync_serial_share", "async_serial_ns", "async_worker_ns",
+            "async_serial_share", "sync_amdahl_bound", "async_amdahl_bound", "load",
             "per_core_vs_real", "sync_vs_real", "sync_vs_mp", "async_vs_mp", "reset_s"]
 
     def plot(ax, rows):
@@ -660,88 +732,174 @@ def python_prompt(req: dict, history_length: int) -> str:
                                        instructions=_INSTR)
 
 
-def prompt_requests(games: Sequence[str], per_game: int, seed: int = 0) -> list[dict]:
-    """Real observations: play each game ``per_game`` steps with random admissible actions and
-    record one prompt request per step (task, observation, admissible, history, step)."""
+def prompt_stream(games: Sequence[str], group_size: int, turns: int, seed: int = 0) -> list[list[dict]]:
+    """The prompt requests of a live rollout, turn by turn: ``len(games) * group_size`` envs
+    (GRPO groups: the envs of a group play the same game) take seeded random admissible actions
+    (``help`` aside); turn ``k`` holds one request per env (task, observation, admissible,
+    history, step), so observations, admissible lists and histories are new every turn. An env
+    whose episode ends is reset and starts a new one (empty history)."""
     import random
 
     from pcsd.envs.pool import EnvPool
 
     rng = random.Random(seed)
-    reqs = []
-    with EnvPool("alfworld", len(games), games=list(games), max_steps=None, num_threads=1) as pool:
+    n = len(games) * group_size
+    stream = []
+    with EnvPool("alfworld", n, group_size=group_size, games=list(games), max_steps=None, num_threads=1) as pool:
         b = pool.reset()
-        tasks = [pool.task_of(e)[1] for e in range(len(games))]
-        obs, adm = list(b.obs), list(b.admissible)
-        hist: list[list[tuple[str, str]]] = [[] for _ in games]
-        for _ in range(per_game):
-            acts = []
-            for e in range(len(games)):
-                reqs.append(dict(task=tasks[e], observation=obs[e], admissible=list(adm[e]),
-                                 history=list(hist[e]), step=len(hist[e])))
-                safe = [a for a in adm[e] if a.startswith(_SAFE_PREFIXES)]
-                acts.append(rng.choice(safe))
+        tasks = [pool.task_of(e)[1] for e in range(n)]
+        obs, adm = list(b.obs), [list(a) for a in b.admissible]
+        hist: list[list[tuple[str, str]]] = [[] for _ in range(n)]
+        for _ in range(turns):
+            stream.append([dict(task=tasks[e], observation=obs[e], admissible=adm[e], history=list(hist[e]),
+                                step=len(hist[e])) for e in range(n)])
+            acts = [rng.choice([a for a in adm[e] if a != "help"]) for e in range(n)]
             b = pool.step(acts)
-            for e in range(len(games)):
+            for e in range(n):
                 hist[e].append((obs[e], acts[e]))
-            obs, adm = list(b.obs), list(b.admissible)
-    return reqs
+            obs, adm = list(b.obs), [list(a) for a in b.admissible]
+            ended = [e for e in range(n) if b.done[e]]
+            if ended:
+                r = pool.reset(ended)
+                for k, e in enumerate(ended):
+                    obs[e], adm[e], hist[e] = r.obs[k], list(r.admissible[k]), []
+    return stream
+
+
+_PY_TOKENIZER: Any = None
+
+
+def _py_prompt_init(model_dir: str) -> None:
+    global _PY_TOKENIZER
+    from transformers import AutoTokenizer
+
+    _PY_TOKENIZER = AutoTokenizer.from_pretrained(model_dir)
+
+
+def python_prompt_ids(reqs: Sequence[dict]) -> list[list[int]]:
+    """The Python side: ``str.format`` of the template + ``apply_chat_template(...,
+    add_generation_prompt=True, tokenize=True)``, one prompt after another (tokenizer set by
+    :func:`_py_prompt_init`)."""
+    out = []
+    for r in reqs:
+        ids = _PY_TOKENIZER.apply_chat_template([{"role": "user", "content": python_prompt(r, 2)}],
+                                                add_generation_prompt=True, tokenize=True)
+        out.append(list(ids if isinstance(ids, list) else ids["input_ids"]))  # transformers 5: BatchEncoding
+    return out
+
+
+def _stream_times(run_turn: Callable[[list[dict]], Any], stream: list[list[dict]], repeats: int,
+                  fresh: Callable[[], Any] = lambda: None) -> dict:
+    """Per repeat (``fresh()`` first): the first turn's time (cold) and the later turns' total
+    (steady state), wall and process CPU; medians over the repeats."""
+    cold, steady, cold_cpu, steady_cpu = [], [], [], []
+    for _ in range(repeats):
+        fresh()
+        turns = []  # (wall, CPU) seconds per turn
+        for reqs in stream:
+            w0, c0 = time.perf_counter(), time.process_time()
+            run_turn(reqs)
+            turns.append((time.perf_counter() - w0, time.process_time() - c0))
+        cold.append(turns[0][0])
+        cold_cpu.append(turns[0][1])
+        if len(turns) > 1:
+            steady.append(sum(w for w, _ in turns[1:]))
+            steady_cpu.append(sum(c for _, c in turns[1:]))
+    med = statistics.median
+    return dict(cold_s=med(cold), steady_s=med(steady) if steady else float("nan"), cold_cpu_s=med(cold_cpu),
+                steady_cpu_s=med(steady_cpu) if steady_cpu else float("nan"),
+                cold_spread_rel=(max(cold) - min(cold)) / med(cold))
 
 
 def cmd_prompts(args) -> dict:
-    from transformers import AutoTokenizer
+    import multiprocessing as mp
 
     from pcsd.prompts import PromptBuilder
     from pcsd.testing import make_tiny_model
 
     notes = []
     rows = []
+    ncpu = os.cpu_count() or 1
+    threads = args.threads or sorted({1, ncpu})
     with tempfile.TemporaryDirectory(prefix="pcsd-bench-prompts-") as tmp:
-        model_dir = make_tiny_model(Path(tmp) / "model")
-        games = make_games(Path(tmp) / "games", args.games)
-        reqs = prompt_requests(games, args.steps_per_game)
-        builder = PromptBuilder("alfworld", history_length=2, max_prompt_tokens=None, tokenizer_dir=model_dir)
-        tok = AutoTokenizer.from_pretrained(model_dir)
+        model_dir = str(make_tiny_model(Path(tmp) / "model"))
+        group = min(args.group_size, args.envs)
+        if args.envs % group:
+            raise SystemExit(f"error: --envs: {args.envs} is not a multiple of --group-size {group}")
+        games = make_games(Path(tmp) / "games", args.envs // group)
+        stream = prompt_stream(games, group, args.turns)
+        n = len(stream[0])
+        _py_prompt_init(model_dir)
 
-        def py_one(r):
-            ids = tok.apply_chat_template([{"role": "user", "content": python_prompt(r, 2)}],
-                                          add_generation_prompt=True, tokenize=True)
-            if not isinstance(ids, list):  # transformers 5 may return a BatchEncoding
-                ids = ids["input_ids"]
-            return ids
+        def builder(t: int) -> PromptBuilder:
+            return PromptBuilder("alfworld", history_length=2, max_prompt_tokens=None, tokenizer_dir=model_dir,
+                                 num_threads=t)
 
-        rust_out = builder.build_batch(reqs)
-        n_check = min(len(reqs), 64)
-        same_text = all(python_prompt(r, 2) == rust_out[i][0] for i, r in enumerate(reqs[:n_check]))
-        same_ids = all(list(py_one(r)) == list(rust_out[i][1]) for i, r in enumerate(reqs[:n_check]))
-        notes.append(f"outputs compared on {n_check} prompts: texts equal={same_text}, token ids equal={same_ids}")
-        for size in args.batch_sizes:
-            batch = [reqs[i % len(reqs)] for i in range(size)]
-            mr = measure(lambda: builder.build_batch(batch), args.repeats)
-            mp = measure(lambda: [py_one(r) for r in batch], args.repeats)
-            ntok = sum(len(x[1]) for x in builder.build_batch(batch))
-            rows.append(dict(batch=size, rust_prompts_per_s=size / mr["median_s"], rust_spread_rel=_rel_spread(mr),
-                             python_prompts_per_s=size / mp["median_s"], python_spread_rel=_rel_spread(mp),
-                             speedup=mp["median_s"] / mr["median_s"], rust_tokens_per_s=ntok / mr["median_s"],
-                             mean_prompt_tokens=ntok / size, texts_equal=same_text, ids_equal=same_ids))
-    notes.append(f"{len(reqs)} real observations from {args.games} procedural games x {args.steps_per_game} steps; "
-                 f"Rust side: build_batch (rayon, {os.cpu_count()} cores); Python side: str.format + "
-                 "apply_chat_template(tokenize=True), one prompt after another")
-    cols = ["batch", "rust_prompts_per_s", "rust_spread_rel", "python_prompts_per_s", "python_spread_rel", "speedup",
-            "rust_tokens_per_s", "mean_prompt_tokens", "texts_equal", "ids_equal"]
+        # same texts and ids on the first and the last turn (a fresh builder, then the one that saw the stream)
+        check = [stream[0], stream[-1]]
+        b = builder(1)
+        for reqs in stream:
+            out = b.build_batch(reqs)
+            if reqs is stream[0]:
+                first = out
+        rust_out = first + out
+        texts_equal = all(python_prompt(r, 2) == t for r, (t, _) in zip(check[0] + check[1], rust_out))
+        ids_equal = python_prompt_ids(check[0] + check[1]) == [list(i) for _, i in rust_out]
+        ntok = sum(len(i) for _, i in out) / n
+        for t in threads:
+            state: dict = {}
+            rust = _stream_times(lambda reqs: state["b"].build_batch(reqs), stream, args.repeats,
+                                 fresh=lambda: state.update(b=builder(t)))
+            if t == 1:
+                py = _stream_times(python_prompt_ids, stream, args.repeats)
+            else:  # the same cores for Python: t worker processes, each a contiguous share of the batch
+                with mp.get_context("spawn").Pool(t, initializer=_py_prompt_init, initargs=(model_dir,)) as procs:
+                    procs.map(python_prompt_ids, [stream[0][:1]] * t)  # start-up and imports, untimed
+
+                    def py_turn(reqs: list[dict]) -> list:
+                        k = -(-len(reqs) // t)
+                        return procs.map(python_prompt_ids, [reqs[i:i + k] for i in range(0, len(reqs), k)])
+
+                    py = _stream_times(py_turn, stream, args.repeats)
+            for phase, key, count in (("cold: turn 1", "cold", n), (f"steady: turns 2-{len(stream)}", "steady",
+                                                                     n * (len(stream) - 1))):
+                r, p = rust[f"{key}_s"], py[f"{key}_s"]
+                row = dict(threads=t, phase=phase, rust_prompts_per_s=count / r, python_prompts_per_s=count / p,
+                           speedup=p / r)
+                if t == 1:  # CPU time: the like-for-like figure on a loaded machine
+                    rc, pc = rust[f"{key}_cpu_s"], py[f"{key}_cpu_s"]
+                    row.update(rust_cpu_us_per_prompt=1e6 * rc / count, python_cpu_us_per_prompt=1e6 * pc / count,
+                               cpu_speedup=pc / rc)
+                row.update(mean_prompt_tokens=ntok, texts_equal=texts_equal, ids_equal=ids_equal,
+                           load=os.getloadavg()[0])
+                rows.append(row)
+    notes.append(f"a live stream: {n} envs ({len(games)} procedural games x groups of {group}) playing random "
+                 f"admissible actions for {len(stream)} turns, one prompt per env per turn (H = 2 history); "
+                 f"observations and histories are new every turn. Rust: one PromptBuilder for the whole stream "
+                 f"(as the trainer uses it), build_batch per turn on `threads` threads; cold = its first turn "
+                 f"(every piece new to its token-id cache), steady = the later turns. Python: str.format + "
+                 f"apply_chat_template(add_generation_prompt=True, tokenize=True), one prompt after another, in "
+                 f"`threads` processes (each a share of the turn's batch). Medians of {args.repeats} passes over "
+                 f"the stream (a new builder each pass)")
+    notes.append("cpu_*: process CPU time per prompt (1 thread, both sides in this process): comparable on a loaded "
+                 "machine; texts/ids compared on the first and the last turn")
+    cols = ["threads", "phase", "rust_prompts_per_s", "python_prompts_per_s", "speedup", "rust_cpu_us_per_prompt",
+            "python_cpu_us_per_prompt", "cpu_speedup", "mean_prompt_tokens", "texts_equal", "ids_equal", "load"]
 
     def plot(ax, rows):
-        x = [r["batch"] for r in rows]
-        ax.plot(x, [r["rust_prompts_per_s"] for r in rows], "o-", label="Rust build_batch")
-        ax.plot(x, [r["python_prompts_per_s"] for r in rows], "s--", label="Python format + apply_chat_template")
-        ax.set_xscale("log")
+        labels = [f"{r['threads']}t {r['phase'].split(':')[0]}" for r in rows]
+        x = range(len(rows))
+        ax.bar([i - 0.2 for i in x], [r["rust_prompts_per_s"] for r in rows], width=0.4, label="Rust build_batch")
+        ax.bar([i + 0.2 for i in x], [r["python_prompts_per_s"] for r in rows], width=0.4,
+               label="Python format + apply_chat_template")
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, fontsize=7)
         ax.set_yscale("log")
-        ax.set_xlabel("prompts per batch")
         ax.set_ylabel("prompts/s")
         ax.legend(fontsize=7)
 
-    return emit("prompts", "Prompt build + chat template + tokenise: Rust vs Python", rows, cols, Path(args.out),
-                args, notes, plot)
+    return emit("prompts", "Prompt build + chat template + tokenise on a live rollout stream: Rust vs Python", rows,
+                cols, Path(args.out), args, notes, plot)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1033,8 +1191,7 @@ DEFAULTS: dict[str, dict[str, tuple]] = {
     # per env, the reset included), so every timed repeat holds the same work
     "env": dict(sizes=([128, 1024, 4096], [128, 1024], [16]), repeats=(5, 3, 2), games=(64, 16, 2),
                 real_games=(4, 2, 1), stream_len=(10, 10, 3), mp_envs=(16, 4, 2)),
-    "prompts": dict(batch_sizes=([16, 128, 1024], [16, 256], [4]), games=(16, 8, 2), steps_per_game=(8, 6, 2),
-                    repeats=(5, 3, 2)),
+    "prompts": dict(envs=(256, 128, 8), turns=(8, 6, 3), repeats=(3, 2, 1)),
     "logprobs": dict(tokens=([512, 2048], [256, 1024], [16]), hidden=(64, 64, 32), repeats=(5, 3, 2)),
     "rollout": dict(games=(4, 2, 1), group_size=(4, 2, 2), max_steps=(8, 4, 2), max_tokens=(48, 24, 6),
                     repeats=(3, 2, 1)),
@@ -1075,11 +1232,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "cycle)")
     p.add_argument("--no-real", action="store_true", help="skip the real alfworld engine (alone and mp pool)")
     p.set_defaults(func=cmd_env)
-    p = sub.add_parser("prompts", help="prompt build + chat template + tokenise: Rust vs Python")
+    p = sub.add_parser("prompts", help="prompt build + chat template + tokenise on a live rollout stream: Rust vs "
+                       "Python")
     _add_common(p)
-    p.add_argument("--batch-sizes", type=_pos_int, nargs="+")
-    p.add_argument("--games", type=_pos_int)
-    p.add_argument("--steps-per-game", type=_pos_int)
+    p.add_argument("--envs", type=_pos_int, help="envs in the stream (one prompt per env per turn)")
+    p.add_argument("--group-size", type=_pos_int, default=8, help="envs per procedural game (GRPO group)")
+    p.add_argument("--turns", type=_pos_int, help="turns of the stream (the first is the cold one)")
+    p.add_argument("--threads", type=_pos_int, nargs="+",
+                   help="Rust build_batch threads and Python processes (default 1 and all cores)")
     p.set_defaults(func=cmd_prompts)
     p = sub.add_parser("logprobs", help="chunked vs naive selective log-probs, full vocabulary")
     _add_common(p)

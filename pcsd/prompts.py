@@ -173,6 +173,8 @@ class PromptBuilder:
         tokenizer_dir: model directory with ``tokenizer.json`` and a chat template
             (``tokenizer_config.json`` ``chat_template`` or ``chat_template.jinja``).
         enable_thinking: passed to the chat template when not None (see :class:`ChatTokenizer`).
+        num_threads: threads :meth:`build_batch` runs on; 0 (default) shares one pool of one
+            thread per core with the other native batch calls.
 
     Raises:
         ValueError: bad ``env``/``history_length``/``max_prompt_tokens``, or a chat template that
@@ -187,8 +189,11 @@ class PromptBuilder:
         max_prompt_tokens: int | None = 2048,
         tokenizer_dir: str | os.PathLike[str] | None = None,
         enable_thinking: bool | None = None,
+        num_threads: int = 0,
     ) -> None:
         self.env: str = _check_env(env)
+        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 0:
+            raise ValueError(f"num_threads: expected a non-negative int, got {num_threads!r}")
         if isinstance(history_length, bool) or not isinstance(history_length, int) or history_length < 0:
             raise ValueError(f"history_length: expected a non-negative int, got {history_length!r}")
         if max_prompt_tokens is not None and (
@@ -207,6 +212,7 @@ class PromptBuilder:
             history_length,
             max_prompt_tokens,
             self.tokenizer._inner if self.tokenizer is not None else None,
+            num_threads,
         )
 
     @property

@@ -75,6 +75,11 @@ def test_env(tmp_path):
     assert {r["threads"] for r in native} == {1, 2}
     for key in ("sync_steps_per_s", "async_steps_per_s", "async_vs_sync", "sync_per_core", "sync_scaling_vs_1thr"):
         assert all(key in r for r in native)
+    if bench.pool_worker_cpu_ns() is not None:  # the CPU split (Linux /proc)
+        for r in native:
+            assert r["sync_serial_ns"] > 0 and r["sync_worker_ns"] > 0 and 0 < r["async_serial_share"] < 1
+        two = next(r for r in native if r["threads"] == 2)
+        assert 1 < two["sync_amdahl_bound"] <= 2
     have_engine = all(importlib.util.find_spec(p) for p in ("alfworld", "textworld"))
     single = [r for r in data["rows"] if r["engine"] == "alfworld, 1 env at a time"]
     mp_pool = [r for r in data["rows"] if r["engine"] == "alfworld mp pool"]
@@ -136,7 +141,7 @@ def test_python_prompt_matches_rust(tmp_path):
     from pcsd.prompts import PromptBuilder
 
     games = bench.make_games(tmp_path, 2)
-    reqs = bench.prompt_requests(games, 4)
+    reqs = [r for turn in bench.prompt_stream(games, 2, 4) for r in turn]
     pb = PromptBuilder("alfworld", history_length=2, max_prompt_tokens=None)
     assert any(r["step"] >= 3 for r in reqs)  # history longer than H is exercised
     for r in reqs:
@@ -146,10 +151,13 @@ def test_python_prompt_matches_rust(tmp_path):
 
 def test_prompts(tmp_path):
     bench.main(["prompts", "--tiny", "--out", str(tmp_path)])
-    row = _load(tmp_path, "prompts")["rows"][0]
-    for key in ("rust_prompts_per_s", "python_prompts_per_s", "speedup", "mean_prompt_tokens"):
-        assert key in row
-    assert row["texts_equal"] and row["ids_equal"]
+    rows = _load(tmp_path, "prompts")["rows"]
+    assert [r["phase"].split(":")[0] for r in rows if r["threads"] == 1] == ["cold", "steady"]
+    for row in rows:
+        for key in ("rust_prompts_per_s", "python_prompts_per_s", "speedup", "mean_prompt_tokens"):
+            assert key in row
+        assert row["texts_equal"] and row["ids_equal"]
+    assert all(r["cpu_speedup"] > 0 for r in rows if r["threads"] == 1)
 
 
 def test_logprobs(tmp_path):

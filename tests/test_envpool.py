@@ -208,6 +208,55 @@ def test_alfworld_pool_plays_the_same_game_as_the_engine(tmp_path):
     assert all(g.step("look")[3]["won"] for g in refs)
 
 
+def test_str_cache_returns_what_building_every_string_returns(tmp_path):
+    """The native layer shares the str objects of admissible commands and task types between calls
+    (its fast path); str_cache=False builds every string anew (the plain path). Same columns,
+    sync and async, over whole episodes with auto-reset."""
+    import random
+
+    from pcsd.envs.procedural import write_game
+
+    games = [str(write_game(tmp_path / f"g{i}.tw-pddl", tt, 3 + i))
+             for i, tt in enumerate(["pick_and_place_simple", "pick_clean_then_place_in_recep",
+                                     "look_at_obj_in_light"])]
+    native = _native.require("_envpool")
+    kw = dict(group_size=2, games=games, max_steps=6, num_threads=2, auto_reset=True)
+    fast, plain = (native.EnvPool("alfworld", 6, str_cache=c, **kw) for c in (True, False))
+
+    def same(a: StepBatch, b: StepBatch) -> None:
+        for f in ("obs", "admissible", "task_type", "error"):
+            assert getattr(a, f) == getattr(b, f)
+        for f in ("env_id", "reward", "score", "done", "won", "truncated", "step_count"):
+            x, y = getattr(a, f), getattr(b, f)
+            assert x.dtype == y.dtype and x.flags.writeable and np.array_equal(x, y)
+        assert type(a.admissible) is list and all(type(x) is list for x in a.admissible)
+        assert all(type(x) is str for adm in a.admissible for x in adm)
+
+    rng = random.Random(0)
+    ids = list(range(6))
+    a, b = (StepBatch._from_columns(p.reset(ids)) for p in (fast, plain))
+    same(a, b)
+    assert a.env_id.dtype == np.int64 and a.done.dtype == bool and a.step_count.dtype == np.int64
+    # envs 0 and 1 play the same game: the fast path hands out the same objects, the plain one not
+    assert all(x is y for x, y in zip(a.admissible[0], a.admissible[1]))
+    assert not any(x is y for x, y in zip(b.admissible[0], b.admissible[1]))
+    for t in range(20):
+        acts = [rng.choice(adm) if adm else "look" for adm in a.admissible]
+        if t % 2:
+            a, b = (StepBatch._from_columns(p.step(acts, ids)) for p in (fast, plain))
+        else:
+            for p in (fast, plain):
+                p.send(acts, ids)
+            a, b = (StepBatch._from_columns(p.recv(6)) for p in (fast, plain))
+            order = [np.argsort(x.env_id) for x in (a, b)]
+            a, b = (StepBatch(**{f: ([getattr(x, f)[i] for i in o] if isinstance(getattr(x, f), list)
+                                     else getattr(x, f)[o]) for f in StepBatch.__dataclass_fields__})
+                    for x, o in zip((a, b), order))
+        same(a, b)
+    fast.close()
+    plain.close()
+
+
 def test_alfworld_corrupt_game_is_a_clear_error(tmp_path):
     bad = tmp_path / "game.tw-pddl"
     bad.write_text('{"pddl_domain": 3}')

@@ -249,8 +249,8 @@ def test_build_batch_matches_single_calls(model_dirs, hf_tokenizers):
          "history": [(f"o{j}", f"a{j}") for j in range(i % 4)], "step": i % 4}
         for i in range(30)
     ]
-    for budget in (None, 4096):
-        pb = P.PromptBuilder("alfworld", tokenizer_dir=d, max_prompt_tokens=budget)
+    for budget, threads in ((None, 0), (4096, 0), (None, 1), (4096, 3)):  # own pools of 1 and 3 threads too
+        pb = P.PromptBuilder("alfworld", tokenizer_dir=d, max_prompt_tokens=budget, num_threads=threads)
         for teacher in (False, True):
             for system in (None, "sys"):
                 got = pb.build_batch(reqs, teacher=teacher, system=system)
@@ -264,6 +264,8 @@ def test_build_batch_matches_single_calls(model_dirs, hf_tokenizers):
         pb.build_batch([{"task": TASK}])
     with pytest.raises(ValueError, match="tokenizer_dir"):
         P.PromptBuilder("alfworld").build_batch(reqs)
+    with pytest.raises(ValueError, match="num_threads"):
+        P.PromptBuilder("alfworld", num_threads=-1)
 
 
 def test_budget_fallback_and_error(model_dirs):

@@ -67,19 +67,21 @@ class StepBatch:
 
     @classmethod
     def _from_columns(cls, cols: tuple[Any, ...]) -> StepBatch:
+        """From the native columns: lists of str, and numeric columns as ``bytearray``s in native
+        byte order (viewed, not copied; a bytearray keeps the arrays writable)."""
         (env_id, obs, adm, reward, score, done, won, trunc, task_type, steps, error) = cols
         return cls(
-            env_id=np.asarray(env_id, dtype=np.int64),
-            obs=list(obs),
-            admissible=list(adm),
-            reward=np.asarray(reward, dtype=np.float64),
-            score=np.asarray(score, dtype=np.float64),
-            done=np.asarray(done, dtype=bool),
-            won=np.asarray(won, dtype=bool),
-            truncated=np.asarray(trunc, dtype=bool),
-            task_type=list(task_type),
-            step_count=np.asarray(steps, dtype=np.int64),
-            error=list(error),
+            env_id=np.frombuffer(env_id, dtype=np.int64),
+            obs=obs,
+            admissible=adm,
+            reward=np.frombuffer(reward, dtype=np.float64),
+            score=np.frombuffer(score, dtype=np.float64),
+            done=np.frombuffer(done, dtype=np.bool_),
+            won=np.frombuffer(won, dtype=np.bool_),
+            truncated=np.frombuffer(trunc, dtype=np.bool_),
+            task_type=task_type,
+            step_count=np.frombuffer(steps, dtype=np.uint32).astype(np.int64),
+            error=error,
         )
 
     def __len__(self) -> int:
@@ -146,6 +148,8 @@ def _env_ids(env_ids: Iterable[Any], arg: str = "env_ids") -> list[int]:
         if env_ids.dtype.kind == "u" and env_ids.size and env_ids.max() > np.iinfo(np.int64).max:
             raise ValueError(f"{arg}: env ids must fit in int64")
         return env_ids.astype(np.int64).tolist()
+    if type(env_ids) is list and set(map(type, env_ids)) <= {int}:
+        return env_ids  # plain ints (the common case, checked in C): the native call takes them as they are
     if isinstance(env_ids, (str, bytes)):
         raise ValueError(f"{arg}: expected a sequence of ints, got {type(env_ids).__name__}")
     try:
@@ -164,6 +168,8 @@ def _env_ids(env_ids: Iterable[Any], arg: str = "env_ids") -> list[int]:
 
 
 def _actions(actions: Iterable[Any]) -> list[str]:
+    if type(actions) is list and set(map(type, actions)) <= {str}:
+        return actions  # plain strs (the common case, checked in C)
     if isinstance(actions, (str, bytes)):
         raise ValueError("actions: expected a sequence of str (one per env), got a single str")
     try:

@@ -52,6 +52,7 @@ fn main() {
                 group_size: 1,
                 max_steps: 0,
                 auto_reset: true,
+                string_ids: false,
             };
             let mut seq = SequentialPool::new(factories(n, busy), cfg(1)).unwrap();
             let r_ref = rate(secs, || seq.step(acts.clone(), &ids).unwrap().len());

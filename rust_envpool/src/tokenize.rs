@@ -11,10 +11,10 @@ use rayon::prelude::*;
 use tokenizers::Tokenizer;
 
 use crate::chat::{user_messages, ChatTemplate, Message};
-use crate::piece_cache::{check_supported, PieceCache};
+use crate::piece_cache::{check_supported, word_cuts_supported, PieceCache};
 use crate::prompt::PromptError;
 
-/// Most pieces the encoder caches (a few MB of prompt lines).
+/// Most lines (and as many words) the encoder caches: a few MB.
 const PIECE_CACHE_ENTRIES: usize = 1 << 16;
 
 /// A model directory's tokenizer (`tokenizer.json`) and chat template.
@@ -53,7 +53,8 @@ impl ChatTokenizer {
             .and_then(|t| serde_json::from_str(&t).ok())
             .unwrap_or(serde_json::Value::Null);
         let unsupported = check_supported(&doc).err();
-        let pieces = unsupported.is_none().then(|| PieceCache::new(PIECE_CACHE_ENTRIES));
+        let pieces =
+            unsupported.is_none().then(|| PieceCache::new(PIECE_CACHE_ENTRIES, word_cuts_supported(&doc)));
         Ok(ChatTokenizer { tokenizer, template, dir: dir.to_path_buf(), pieces, unsupported })
     }
 
@@ -366,6 +367,24 @@ mod piece_cache_tests {
             let s = "a\nb <think>\n c\n\nd";
             assert_eq!(t.encode(s).unwrap(), t.encode_whole(s).unwrap(), "{name}");
         }
+    }
+
+    #[test]
+    fn an_added_token_with_a_space_turns_word_cuts_off() {
+        let mut spaced = bpe_doc(qwen_pre(), false);
+        spaced["added_tokens"][2]["content"] = json!("<x y>");
+        let t = tokenizer("spaced", &spaced);
+        assert_eq!(t.piece_cache_status(), Ok(()));
+        assert!(!t.pieces.as_ref().unwrap().cuts_words() && qwen().pieces.as_ref().unwrap().cuts_words());
+        for s in ["a <x y> b\n", "go <x y>\n <x y> to\n"] {
+            for _ in 0..2 {
+                assert_eq!(t.encode(s).unwrap(), t.encode_whole(s).unwrap(), "{s:?}");
+            }
+        }
+        // what word cuts would do: "<x" and " y>" encoded apart miss the added token
+        let whole = t.encode_whole("a <x y>").unwrap();
+        let cut: Vec<u32> = ["a", " <x", " y>"].iter().flat_map(|w| t.encode_whole(w).unwrap()).collect();
+        assert_ne!(whole, cut);
     }
 
     #[test]

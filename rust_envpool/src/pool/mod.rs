@@ -7,8 +7,13 @@
 //!   once; [`EnvPool::recv`]`(n)` waits for the first `n` requests to *finish* and returns them in
 //!   completion order, each tagged with its env id. `step` is `send` + waiting for exactly those
 //!   envs; the synchronous mode is `recv(num_envs)` after sending to all envs.
+//! * Each call's requests go out as one [`batch::Batch`]: env `i` is stepped by its home thread
+//!   (envs are split into contiguous blocks, one per thread), which keeps an env's memory with one
+//!   thread; a thread that runs out of its own requests helps with the others'.
 //! * Workers write each result into the env's preallocated output slot and then post the env id
-//!   on a completion channel; the calling thread only moves ids between queues ([`queue::Tracker`]).
+//!   on the completion board ([`completions::Completions`]), which wakes the calling thread only
+//!   once as many ids are in as it waits for; the calling thread only moves ids between queues
+//!   ([`queue::Tracker`]).
 //! * Each env has at most one outstanding request (sent and not yet received).
 //!
 //! Groups: the pool is built from one env factory per game and a `group_size` G; env `i` is built
@@ -22,25 +27,34 @@
 //! duplicate ids in one call, an env that already has a request outstanding, `recv` with too few
 //! requests outstanding) returns `Err` naming the argument and changes nothing.
 
+pub mod batch;
+pub mod completions;
 pub mod queue;
 pub mod reference;
 pub mod slot;
+pub mod strings;
 
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
 use crate::env::TextEnv;
+pub use batch::Batch;
+pub use completions::Completions;
 pub use queue::{Entry, Outstanding, Tracker};
 pub use slot::{EnvSlot, Op, SlotRules, StepResult};
+pub use strings::{StringTable, NO_ID};
 
 /// Builds one env. The pool calls each factory once per env of its group, on worker threads.
 pub type EnvFactory = Box<dyn Fn() -> Box<dyn TextEnv> + Send + Sync>;
+
+/// Most distinct strings a pool's [`StringTable`] gives ids to (far more than the commands of
+/// the games a pool plays; later ones get [`NO_ID`]).
+pub const STRING_TABLE_LIMIT: usize = 1 << 18;
 
 /// How often a blocked `recv`/`step` calls its interrupt check.
 pub const INTERRUPT_POLL: Duration = Duration::from_millis(50);
@@ -56,6 +70,9 @@ pub struct PoolConfig {
     pub max_steps: u32,
     /// The auto-reset rule of [`slot::EnvSlot::run`]; off: finished envs wait for a `reset`.
     pub auto_reset: bool,
+    /// Give admissible commands and task types ids in a [`StringTable`] on the worker threads
+    /// (`StepResult::string_ids`), for callers that share one object per distinct string.
+    pub string_ids: bool,
 }
 
 impl Default for PoolConfig {
@@ -65,6 +82,7 @@ impl Default for PoolConfig {
             group_size: 1,
             max_steps: 0,
             auto_reset: false,
+            string_ids: false,
         }
     }
 }
@@ -104,7 +122,41 @@ struct Shared {
     cells: Vec<Mutex<Cell>>,
     rules: SlotRules,
     closing: AtomicBool,
-    done_tx: Sender<usize>,
+    /// Where workers post finished env ids.
+    done: Completions,
+    /// With `PoolConfig::string_ids`.
+    strings: Option<StringTable>,
+    /// Per worker thread: results handed back by a [`Recycler`], freed by that thread.
+    husks: Vec<Mutex<Vec<StepResult>>>,
+}
+
+impl Shared {
+    /// Applies `op` to env `env` on a worker thread: the result goes to the env's output slot
+    /// and the env id to the completion board.
+    fn run(&self, env: usize, op: &Op) {
+        if self.closing.load(Ordering::Relaxed) {
+            return;
+        }
+        {
+            let mut cell = lock(&self.cells[env]);
+            let rules = self.rules;
+            let mut result = catch_unwind(AssertUnwindSafe(|| cell.slot.run(op, rules))).unwrap_or_else(|_| {
+                StepResult::failed(
+                    env as i64,
+                    format!("env {env}: internal panic while reporting its result"),
+                    0.0,
+                    String::new(),
+                    0,
+                )
+            });
+            if let Some(table) = &self.strings {
+                let texts = result.admissible.iter().chain([&result.task_type]);
+                result.string_ids = Some(table.ids(texts.map(String::as_str)));
+            }
+            cell.output = Some(result);
+        }
+        self.done.post(env);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -132,11 +184,40 @@ impl Poll {
     }
 }
 
+/// The worker thread an env calls home: envs are split into one contiguous block per thread
+/// (the envs of a group, which share their game, mostly on one thread).
+fn home(env: usize, num_envs: usize, threads: usize) -> usize {
+    env * threads / num_envs.max(1)
+}
+
+/// Hands results back to a pool to be freed on its worker threads, each on its env's home
+/// thread (where its memory came from), when they start on the next call's requests: freeing
+/// what a call handed out (~20 strings per env) is then neither serial work of the calling
+/// thread nor a wake-up of the workers while it converts the results.
+#[derive(Clone)]
+pub struct Recycler {
+    shared: Arc<Shared>,
+    num_envs: usize,
+}
+
+impl Recycler {
+    pub fn drop_results(&self, results: Vec<StepResult>) {
+        let k = self.shared.husks.len();
+        let mut parts: Vec<Vec<StepResult>> = (0..k).map(|_| Vec::new()).collect();
+        for r in results {
+            let env = usize::try_from(r.env_id).unwrap_or(0).min(self.num_envs - 1);
+            parts[home(env, self.num_envs, k)].push(r);
+        }
+        for (husks, part) in self.shared.husks.iter().zip(parts) {
+            lock(husks).extend(part);
+        }
+    }
+}
+
 /// The threaded pool (see the module docs).
 pub struct EnvPool {
     shared: Arc<Shared>,
-    threads: rayon::ThreadPool,
-    done_rx: Receiver<usize>,
+    threads: Arc<rayon::ThreadPool>,
     tracker: Tracker,
     config: PoolConfig,
     num_games: usize,
@@ -251,7 +332,6 @@ impl EnvPool {
                 output: None,
             }));
         }
-        let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             cells,
             rules: SlotRules {
@@ -259,12 +339,13 @@ impl EnvPool {
                 auto_reset: config.auto_reset,
             },
             closing: AtomicBool::new(false),
-            done_tx: tx,
+            done: Completions::default(),
+            strings: config.string_ids.then(|| StringTable::new(STRING_TABLE_LIMIT)),
+            husks: (0..threads.current_num_threads()).map(|_| Mutex::default()).collect(),
         });
         Ok(Self {
             shared,
-            threads,
-            done_rx: rx,
+            threads: Arc::new(threads),
             tracker: Tracker::new(num_envs),
             config,
             num_games: factories.len(),
@@ -292,6 +373,16 @@ impl EnvPool {
         self.threads.current_num_threads()
     }
 
+    /// The table behind `StepResult::string_ids` (with `PoolConfig::string_ids`).
+    pub fn string_table(&self) -> Option<&StringTable> {
+        self.shared.strings.as_ref()
+    }
+
+    /// A handle that hands results back to be freed on this pool's worker threads.
+    pub fn recycler(&self) -> Recycler {
+        Recycler { shared: Arc::clone(&self.shared), num_envs: self.num_envs() }
+    }
+
     /// Requests sent and not yet received.
     pub fn outstanding(&self) -> usize {
         self.tracker.outstanding()
@@ -310,31 +401,20 @@ impl EnvPool {
         })
     }
 
-    fn dispatch(&mut self, env: usize, op: Op) {
-        self.tracker.start(env);
+    /// Sends `requests` (env index, op) to the workers as one batch (see [`batch`]).
+    fn dispatch(&mut self, requests: Vec<(usize, Op)>) {
+        if requests.is_empty() {
+            return;
+        }
+        for (env, _) in &requests {
+            self.tracker.start(*env);
+        }
+        let (n, k) = (self.num_envs(), self.threads.current_num_threads());
+        let batch = Arc::new(Batch::new(requests, k, |(env, _)| home(*env, n, k)));
         let shared = Arc::clone(&self.shared);
-        let tx = self.shared.done_tx.clone();
-        self.threads.spawn(move || {
-            if shared.closing.load(Ordering::Relaxed) {
-                return;
-            }
-            {
-                let mut cell = lock(&shared.cells[env]);
-                let rules = shared.rules;
-                let result = catch_unwind(AssertUnwindSafe(|| cell.slot.run(&op, rules)))
-                    .unwrap_or_else(|_| {
-                        StepResult::failed(
-                            env as i64,
-                            format!("env {env}: internal panic while reporting its result"),
-                            0.0,
-                            String::new(),
-                            0,
-                        )
-                    });
-                cell.output = Some(result);
-            }
-            // The receiver is gone only when the pool was dropped; nothing to report then.
-            let _ = tx.send(env);
+        self.threads.spawn_broadcast(move |ctx| {
+            drop(std::mem::take(&mut *lock(&shared.husks[ctx.index()])));
+            batch.run(ctx.index(), |(env, op)| shared.run(*env, op));
         });
     }
 
@@ -353,19 +433,10 @@ impl EnvPool {
             })
     }
 
-    /// Moves finished env ids from the channel to the tracker, waiting at most `timeout` for the
-    /// first one. Returns the ids moved.
-    fn pump(&mut self, timeout: Duration, moved: &mut Vec<usize>) {
-        moved.clear();
-        match self.done_rx.recv_timeout(timeout) {
-            Ok(i) => moved.push(i),
-            Err(RecvTimeoutError::Timeout) => return,
-            // We hold a sender in `shared`, so the channel cannot disconnect.
-            Err(RecvTimeoutError::Disconnected) => return,
-        }
-        while let Ok(i) = self.done_rx.try_recv() {
-            moved.push(i);
-        }
+    /// Moves finished env ids from the completion board to the tracker, waiting at most `timeout`
+    /// for `want` of them (the caller can make no progress with fewer). Returns the ids moved.
+    fn pump(&mut self, want: usize, timeout: Duration, moved: &mut Vec<usize>) {
+        self.shared.done.wait(want, timeout, moved);
         for &i in moved.iter() {
             self.tracker.complete(i);
         }
@@ -394,12 +465,14 @@ impl EnvPool {
     ) -> Result<(), PoolError> {
         let n = self.num_envs();
         let idx = check_call(arg, ops.len(), env_ids, n, &self.tracker)?;
+        let mut requests = Vec::with_capacity(ops.len());
         for ((op, id), i) in ops.into_iter().zip(env_ids).zip(idx) {
             match i {
-                Some(i) => self.dispatch(i, op),
+                Some(i) => requests.push((i, op)),
                 None => self.tracker.push_rejected(out_of_range(*id, n)),
             }
         }
+        self.dispatch(requests);
         Ok(())
     }
 
@@ -434,7 +507,8 @@ impl EnvPool {
         let mut moved = Vec::new();
         let mut poll = Poll::new();
         while self.tracker.ready_len() < batch_size {
-            self.pump(INTERRUPT_POLL, &mut moved);
+            let want = batch_size - self.tracker.ready_len();
+            self.pump(want, INTERRUPT_POLL, &mut moved);
             if self.tracker.ready_len() < batch_size && poll.due() && interrupted() {
                 return Err(PoolError::Interrupted);
             }
@@ -503,18 +577,19 @@ impl EnvPool {
         let n = self.num_envs();
         let idx = check_call(arg, ops.len(), env_ids, n, &self.tracker)?;
         let mut wanted = vec![false; n];
-        let mut remaining = 0usize;
+        let mut requests = Vec::with_capacity(ops.len());
         for (op, i) in ops.into_iter().zip(&idx) {
             if let Some(i) = *i {
                 wanted[i] = true;
-                remaining += 1;
-                self.dispatch(i, op);
+                requests.push((i, op));
             }
         }
+        let mut remaining = requests.len();
+        self.dispatch(requests);
         let mut moved = Vec::new();
         let mut poll = Poll::new();
         while remaining > 0 {
-            self.pump(INTERRUPT_POLL, &mut moved);
+            self.pump(remaining, INTERRUPT_POLL, &mut moved);
             remaining -= moved.iter().filter(|&&i| wanted[i]).count();
             if remaining > 0 && poll.due() && interrupted() {
                 return Err(PoolError::Interrupted);

@@ -39,6 +39,9 @@ pub struct StepResult {
     /// empty `obs`/`admissible` and reward 0, and the env's state did not change (except that a
     /// panic marks the env broken).
     pub error: Option<String>,
+    /// Ids of `admissible` and then `task_type` in the pool's string table, when the pool keeps
+    /// one ([`super::PoolConfig::string_ids`]); None otherwise and for rejected requests.
+    pub string_ids: Option<Vec<u32>>,
 }
 
 impl StepResult {
@@ -62,6 +65,7 @@ impl StepResult {
             task_type,
             step_count,
             error: Some(error),
+            string_ids: None,
         }
     }
 }
@@ -150,6 +154,7 @@ impl EnvSlot {
             task_type: self.task_type(),
             step_count: self.step_count,
             error: None,
+            string_ids: None,
         }
     }
 

@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 
+mod columns;
 mod generate;
 mod prompts;
 mod pool;

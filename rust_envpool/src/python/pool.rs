@@ -2,64 +2,18 @@
 //! while the GIL is held; all waiting happens in [`detached`], which releases the GIL and turns a
 //! Ctrl-C into KeyboardInterrupt. The typed Python API is `pcsd.envs.pool.EnvPool`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
 use crate::alfworld::{AlfworldEnv, GameSpec};
 use crate::dummy::{DummyConfig, DummyEnv};
 use crate::env::TextEnv;
-use crate::pool::{EnvFactory, EnvPool, PoolConfig, PoolError, StepResult};
+use crate::pool::{EnvFactory, EnvPool, PoolConfig, PoolError, Recycler, StepResult};
 
-/// Columns of a batch of results, in the order `pcsd.envs.pool.StepBatch` lists its fields:
-/// env_id, obs, admissible, reward, score, done, won, truncated, task_type, step_count, error
-/// ("" when none).
-type Columns = (
-    Vec<i64>,
-    Vec<String>,
-    Vec<Vec<String>>,
-    Vec<f64>,
-    Vec<f64>,
-    Vec<bool>,
-    Vec<bool>,
-    Vec<bool>,
-    Vec<String>,
-    Vec<u32>,
-    Vec<String>,
-);
-
-fn columns(results: Vec<StepResult>) -> Columns {
-    let n = results.len();
-    let mut c: Columns = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for r in results {
-        c.0.push(r.env_id);
-        c.1.push(r.obs);
-        c.2.push(r.admissible);
-        c.3.push(r.reward);
-        c.4.push(r.score);
-        c.5.push(r.done);
-        c.6.push(r.won);
-        c.7.push(r.truncated);
-        c.8.push(r.task_type);
-        c.9.push(r.step_count);
-        c.10.push(r.error.unwrap_or_default());
-    }
-    c
-}
+use super::columns::{self, SharedStrs};
 
 fn pool_err(e: PoolError) -> PyErr {
     match e {
@@ -168,6 +122,16 @@ pub struct PyEnvPool {
     /// The process that built the pool. Its worker threads do not survive `fork`, so a child
     /// process must build its own pool.
     pid: u32,
+    /// `str` objects of admissible commands and task types (see [`columns`]). Both locks below
+    /// are only taken with the GIL held and never held across Python code.
+    strings: Mutex<SharedStrs>,
+    /// Hands the Rust results back to be freed on the worker threads once they are converted;
+    /// None once closed.
+    recycler: Mutex<Option<Recycler>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl PyEnvPool {
@@ -184,6 +148,26 @@ impl PyEnvPool {
                 None => Err(PoolError::Setup("this EnvPool is closed".into())),
             }
         })
+    }
+
+    /// The Python columns of `results` (see [`columns`]); the Rust results are then freed on
+    /// the worker threads.
+    fn to_python<'py>(
+        &self,
+        py: Python<'py>,
+        results: Vec<StepResult>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        // The objects are taken out for the conversion, which may run Python code (a garbage
+        // collection): nothing stays locked, and a call that re-enters meanwhile starts from none
+        // (same strings, built anew).
+        let mut strs = std::mem::take(&mut *lock(&self.strings));
+        let out = columns::to_python(py, &results, &mut strs);
+        *lock(&self.strings) = strs;
+        match lock(&self.recycler).as_ref() {
+            Some(r) => r.drop_results(results),
+            None => drop(results),
+        }
+        out
     }
 
     fn check_process(&self) -> PyResult<()> {
@@ -213,9 +197,11 @@ impl PyEnvPool {
 #[pymethods]
 impl PyEnvPool {
     /// kind: "dummy" (options: episode_len, busy_iters, panic_at_step); games: one entry per group
-    /// for kinds that load game files. num_envs = number of groups * group_size.
+    /// for kinds that load game files. num_envs = number of groups * group_size. str_cache=False:
+    /// no string ids, every string is built anew (the plain path the shared strings are tested
+    /// against).
     #[new]
-    #[pyo3(signature = (kind, num_envs, *, group_size=1, games=None, max_steps=0, num_threads=0, auto_reset=false, seed=0, options=None))]
+    #[pyo3(signature = (kind, num_envs, *, group_size=1, games=None, max_steps=0, num_threads=0, auto_reset=false, seed=0, options=None, str_cache=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -228,6 +214,7 @@ impl PyEnvPool {
         auto_reset: bool,
         seed: i64,
         options: Option<Bound<'_, PyDict>>,
+        str_cache: bool,
     ) -> PyResult<Self> {
         let num_envs = int_arg("num_envs", num_envs, 1)? as usize;
         let group_size = int_arg("group_size", group_size, 1)? as usize;
@@ -293,25 +280,34 @@ impl PyEnvPool {
             group_size,
             max_steps,
             auto_reset,
+            string_ids: str_cache,
         };
         let pool = detached(py, move |_| EnvPool::new(factories, config))?;
+        let recycler = pool.recycler();
         Ok(Self {
             inner: Mutex::new(Some(pool)),
             kind: kind.to_owned(),
             pid: std::process::id(),
+            strings: Mutex::new(SharedStrs::default()),
+            recycler: Mutex::new(Some(recycler)),
         })
     }
 
     /// Resets the given envs; results in the order of `env_ids`.
-    fn reset(&self, py: Python<'_>, env_ids: Vec<i64>) -> PyResult<Columns> {
-        self.with_pool(py, |p, i| p.reset_interruptible(&env_ids, i))
-            .map(columns)
+    fn reset<'py>(&self, py: Python<'py>, env_ids: Vec<i64>) -> PyResult<Bound<'py, PyTuple>> {
+        let r = self.with_pool(py, |p, i| p.reset_interruptible(&env_ids, i))?;
+        self.to_python(py, r)
     }
 
     /// Steps the given envs; results in the order of `env_ids`.
-    fn step(&self, py: Python<'_>, actions: Vec<String>, env_ids: Vec<i64>) -> PyResult<Columns> {
-        self.with_pool(py, |p, i| p.step_interruptible(actions, &env_ids, i))
-            .map(columns)
+    fn step<'py>(
+        &self,
+        py: Python<'py>,
+        actions: Vec<String>,
+        env_ids: Vec<i64>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let r = self.with_pool(py, |p, i| p.step_interruptible(actions, &env_ids, i))?;
+        self.to_python(py, r)
     }
 
     /// Queues steps and returns at once.
@@ -326,17 +322,21 @@ impl PyEnvPool {
 
     /// The first `batch_size` requests to finish, in completion order; None: all outstanding.
     #[pyo3(signature = (batch_size=None))]
-    fn recv(&self, py: Python<'_>, batch_size: Option<i64>) -> PyResult<Columns> {
+    fn recv<'py>(
+        &self,
+        py: Python<'py>,
+        batch_size: Option<i64>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
         let n = match batch_size {
             None => None,
             Some(b) => Some(int_arg("batch_size", b, 1)? as usize),
         };
-        self.with_pool(py, |p, i| {
+        let r = self.with_pool(py, |p, i| {
             // None with nothing outstanding asks for 1, so the error says "nothing is pending".
             let n = n.unwrap_or_else(|| p.outstanding().max(1));
             p.recv_interruptible(n, i)
-        })
-        .map(columns)
+        })?;
+        self.to_python(py, r)
     }
 
     /// (task_type, task) of one env.
@@ -358,7 +358,9 @@ impl PyEnvPool {
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         self.check_process()?;
         let pool = py.detach(|| self.inner.lock().unwrap_or_else(|e| e.into_inner()).take());
-        drop(pool);
+        let recycler = lock(&self.recycler).take();
+        *lock(&self.strings) = SharedStrs::default();
+        py.detach(move || drop((pool, recycler)));
         Ok(())
     }
 
@@ -424,13 +426,13 @@ impl Drop for PyEnvPool {
     fn drop(&mut self) {
         if std::process::id() != self.pid {
             // A fork child's copy: its worker threads (and any lock they held) do not exist here,
-            // so tearing the pool down could block forever. Leak it instead.
-            let inner = self
-                .inner
-                .get_mut()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
-            std::mem::forget(inner);
+            // so tearing the pool (or the recycler's share of it) down could block forever. Leak
+            // them instead.
+            fn leak<T>(m: &mut Mutex<Option<T>>) {
+                std::mem::forget(m.get_mut().unwrap_or_else(|e| e.into_inner()).take());
+            }
+            leak(&mut self.inner);
+            leak(&mut self.recycler);
         }
     }
 }

@@ -121,21 +121,35 @@ impl PyChatTokenizer {
 #[pyclass(name = "PromptBuilder", module = "pcsd._envpool", frozen)]
 pub struct PyPromptBuilder {
     inner: prompt::PromptBuilder,
+    /// `build_batch`'s own threads; None: rayon's global pool (one thread per core).
+    threads: Option<rayon::ThreadPool>,
 }
 
 #[pymethods]
 impl PyPromptBuilder {
     #[new]
-    #[pyo3(signature = (env, history_length=2, max_prompt_tokens=Some(2048), tokenizer=None))]
+    /// num_threads: threads of `build_batch`; 0 shares rayon's global pool (one per core).
+    #[pyo3(signature = (env, history_length=2, max_prompt_tokens=Some(2048), tokenizer=None, num_threads=0))]
     fn new(
         env: &str,
         history_length: usize,
         max_prompt_tokens: Option<usize>,
         tokenizer: Option<PyRef<'_, PyChatTokenizer>>,
+        num_threads: usize,
     ) -> PyResult<Self> {
         let tok = tokenizer.map(|t| t.inner.clone());
         let inner = prompt::PromptBuilder::new(env_kind(env)?, history_length, max_prompt_tokens, tok).map_err(to_py)?;
-        Ok(PyPromptBuilder { inner })
+        let threads = match num_threads {
+            0 => None,
+            n => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .thread_name(|i| format!("pcsd-prompts-{i}"))
+                    .build()
+                    .map_err(|e| PyOSError::new_err(format!("num_threads: could not start {n} threads: {e}")))?,
+            ),
+        };
+        Ok(PyPromptBuilder { inner, threads })
     }
 
     /// Returns (text, variant, tokens) with variant "history" or "no_history".
@@ -192,7 +206,12 @@ impl PyPromptBuilder {
                 step,
             })
             .collect();
-        py.detach(|| self.inner.build_batch_encoded(&reqs, teacher, system.as_deref())).map_err(to_py)
+        let build = || self.inner.build_batch_encoded(&reqs, teacher, system.as_deref());
+        py.detach(|| match &self.threads {
+            Some(pool) => pool.install(build),
+            None => build(),
+        })
+        .map_err(to_py)
     }
 
     #[getter]
