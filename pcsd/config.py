@@ -115,6 +115,7 @@ class OptimConfig:
     sft_batch_size: int = 16  # examples per warm-up step
     sft_schedule: str = "cosine"  # cosine (linear warm-up, cosine decay) | constant
     sft_navigation: str = "plan"  # how the SFT expert moves: plan (the planner's go-tos) | sweep (next receptacle)
+    sft_teacher_share: float = 0.0  # share of warm-up steps also shown with the teacher's prompt (skills)
 
 
 @dataclass
@@ -341,6 +342,8 @@ def _validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key} must be >= 0, got {OmegaConf.select(cfg, key)}")
     if cfg.optim.sft_steps > 0 and cfg.optim.sft_games < 1:
         raise ConfigError(f"optim.sft_games must be >= 1 when optim.sft_steps > 0, got {cfg.optim.sft_games}")
+    if not 0 <= cfg.optim.sft_teacher_share <= 1:
+        raise ConfigError(f"optim.sft_teacher_share must be in [0, 1], got {cfg.optim.sft_teacher_share}")
     if not 0 < cfg.algo.clip_eps < 1:
         raise ConfigError(f"algo.clip_eps must be in (0, 1), got {cfg.algo.clip_eps}")
     if not (cfg.algo.grpo or cfg.algo.distill or cfg.optim.steps == 0):

@@ -91,10 +91,19 @@ def think_for(task: str, action: str) -> str:
     return f"{parts[0]} to {parts[1]}. Next: {verb}." if parts else f"Next: {verb}."
 
 
-def sft_examples(builder, episodes: Sequence[ExpertEpisode], eos_id: int) -> list[tuple[list[int], list[int]]]:
+def sft_examples(builder, episodes: Sequence[ExpertEpisode], eos_id: int, teacher_share: float = 0.0,
+                 seed: int = 0) -> list[tuple[list[int], list[int]]]:
     """``(prompt ids, response ids)`` for every expert step, the prompt built exactly as in a
     rollout (``builder``: :class:`pcsd.prompts.PromptBuilder`; history = the episode's earlier
-    observation-action pairs), the response ``<think>…</think><action>…</action>`` + ``eos_id``."""
+    observation-action pairs), the response ``<think>…</think><action>…</action>`` + ``eos_id``.
+
+    ``teacher_share`` (0..1): for that share of the steps (drawn with ``seed``) one more example
+    with the teacher's prompt (skills prepended) and the same response, so that a generated model
+    also learns to act with the skills in its context - the frozen teacher of PCSD is this model
+    reading those prompts."""
+    if not 0.0 <= teacher_share <= 1.0:
+        raise ValueError(f"teacher_share: expected a number in [0, 1], got {teacher_share}")
+    rng = random.Random(seed)
     out = []
     for ep in episodes:
         hist: list[tuple[str, str]] = []
@@ -102,7 +111,11 @@ def sft_examples(builder, episodes: Sequence[ExpertEpisode], eos_id: int) -> lis
             req = dict(task=ep.task, observation=obs, admissible=adm, history=hist, step=len(hist))
             (_, ids), = builder.build_batch([req])
             text = f"<think>{think_for(ep.task, action)}</think><action>{action}</action>"
-            out.append((list(ids), builder.tokenizer.encode(text) + [eos_id]))
+            resp = builder.tokenizer.encode(text) + [eos_id]
+            out.append((list(ids), resp))
+            if teacher_share > 0 and rng.random() < teacher_share:
+                (_, tids), = builder.build_batch([req], teacher=True)
+                out.append((list(tids), resp))
             hist = hist + [(obs, action)]
     return out
 

@@ -380,7 +380,8 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
     # run reuses the saved one
     if cfg.optim.sft_steps > 0 and ckpt is None and ctx.is_main:
         t0 = time.time()
-        examples = sft_examples(builder, episodes, eos_id(builder))
+        examples = sft_examples(builder, episodes, eos_id(builder), teacher_share=cfg.optim.sft_teacher_share,
+                                seed=cfg.run.seed)
         losses = sft_warmup(student, examples, steps=cfg.optim.sft_steps, lr=cfg.optim.sft_lr,
                             batch_size=cfg.optim.sft_batch_size, seed=cfg.run.seed,
                             prompt_weight=cfg.optim.sft_prompt_weight, schedule=cfg.optim.sft_schedule,

@@ -343,6 +343,33 @@ def test_sft_bad_arguments_name_themselves(tiny_dir):
         sft_warmup(model, [], steps=1, lr=0.0)
 
 
+def test_sft_teacher_share_adds_skill_prompts_with_the_same_responses(tmp_path, tiny_dir):
+    """teacher_share=1: every step twice, the second time with the teacher's prompt (the skills
+    block prepended to the same student prompt) and the same response; 0: student prompts only."""
+    from pcsd.prompts import PromptBuilder
+    from pcsd.sft import expert_episodes, sft_examples
+    from pcsd.trainer import eos_id, procedural_games
+
+    builder = PromptBuilder("alfworld", history_length=2, max_prompt_tokens=None, tokenizer_dir=tiny_dir)
+    games = procedural_games(tmp_path / "g", 2, 78, ("pick_and_place_simple",), rooms=("bedroom",),
+                             receptacles=6, distractors=0)
+    episodes = expert_episodes(games, 6)
+    plain = sft_examples(builder, episodes, eos_id(builder))
+    both = sft_examples(builder, episodes, eos_id(builder), teacher_share=1.0)
+    assert len(both) == 2 * len(plain) and both[0::2] == plain
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tiny_dir / "tokenizer.json"))
+    assert "[Privileged Skill Information]" in tok.decode(both[1][0])
+    assert "[Privileged Skill Information]" not in tok.decode(both[0][0])
+    assert all(t[1] == p[1] for t, p in zip(both[1::2], plain))
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="teacher_share"):
+            sft_examples(builder, episodes, eos_id(builder), teacher_share=bad)
+    with pytest.raises(ConfigError, match="optim.sft_teacher_share must be in"):
+        load_config(["optim.sft_teacher_share=2"])
+
+
 def test_sft_schedule_warms_up_then_decays():
     from pcsd.sft import lr_factor
 
