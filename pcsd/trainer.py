@@ -350,8 +350,9 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
     # the warm-up's expert episodes (rank 0, new runs): SFT data, and the generated model's
     # tokenizer is trained on their text so that every name of the games is one token
     policy_dir = run_dir / "sft-model"
+    warm_up = cfg.optim.sft_steps > 0 and ckpt is None and ctx.is_main
     episodes = []
-    if cfg.optim.sft_steps > 0 and ckpt is None and ctx.is_main:
+    if warm_up:
         t0 = time.time()
         sft_games = procedural_games(run_dir / "games" / "sft", cfg.optim.sft_games, seed=500_000, **knobs)
         episodes = expert_episodes(sft_games, cfg.env.max_steps, cfg.optim.sft_navigation)
@@ -378,7 +379,7 @@ def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> 
 
     # SFT warm-up for the generated model (so that RL has signal); rank 0 trains it, a resumed
     # run reuses the saved one
-    if cfg.optim.sft_steps > 0 and ckpt is None and ctx.is_main:
+    if warm_up:
         t0 = time.time()
         examples = sft_examples(builder, episodes, eos_id(builder), teacher_share=cfg.optim.sft_teacher_share,
                                 seed=cfg.run.seed)
