@@ -848,7 +848,7 @@ def cmd_prompts(args) -> dict:
         ntok = sum(len(i) for _, i in out) / n
         for t in threads:
             state: dict = {}
-            rust = _stream_times(lambda reqs: state["b"].build_batch(reqs), stream, args.repeats,
+            rust = _stream_times(lambda reqs: state["b"].encode_batch(reqs), stream, args.repeats,
                                  fresh=lambda: state.update(b=builder(t)))
             if t == 1:
                 py = _stream_times(python_prompt_ids, stream, args.repeats)
@@ -876,7 +876,7 @@ def cmd_prompts(args) -> dict:
     notes.append(f"a live stream: {n} envs ({len(games)} procedural games x groups of {group}) playing random "
                  f"admissible actions for {len(stream)} turns, one prompt per env per turn (H = 2 history); "
                  f"observations and histories are new every turn. Rust: one PromptBuilder for the whole stream "
-                 f"(as the trainer uses it), build_batch per turn on `threads` threads; cold = its first turn "
+                 f"(as the trainer uses it), encode_batch (ids, as the rollout takes them) per turn on `threads` threads; cold = its first turn "
                  f"(every piece new to its token-id cache), steady = the later turns. Python: str.format + "
                  f"apply_chat_template(add_generation_prompt=True, tokenize=True), one prompt after another, in "
                  f"`threads` processes (each a share of the turn's batch). Medians of {args.repeats} passes over "
@@ -1035,7 +1035,7 @@ def _first_turn_prompts(builder, games: Sequence[str], group_size: int) -> list[
         b = pool.reset()
         reqs = [dict(task=pool.task_of(e)[1], observation=o, admissible=list(a), history=[], step=0)
                 for e, o, a in zip(b.env_id.tolist(), b.obs, b.admissible)]
-    return [ids for _, ids in builder.build_batch(reqs)]
+    return builder.encode_batch(reqs)
 
 
 def _check_model_path(args) -> None:

@@ -277,36 +277,37 @@ class PromptBuilder:
 
         Args:
             requests: mappings with keys ``task``, ``observation``, ``admissible`` and optionally
-                ``history`` (default empty) and ``step`` (default 0), as for :meth:`build`.
+                ``history`` (default empty) and ``step`` (default 0), as for :meth:`build`. Only
+                the last ``history_length`` history entries are read (the prompt shows no more);
+                the history's length is still checked against ``step``.
             teacher: build teacher prompts (skills prepended) instead of student prompts.
             system: optional system message for the chat template.
 
         Returns:
             ``[(prompt_text, token_ids), ...]`` in request order; ``token_ids`` equal
             :meth:`encode_chat` of the text.
+
+        Raises:
+            ValueError: no tokenizer, or a bad request (the message names the request and key).
         """
+        return self._batch(requests, teacher, system, True)
+
+    def encode_batch(
+        self,
+        requests: Sequence[Mapping[str, object]],
+        *,
+        teacher: bool = False,
+        system: str | None = None,
+    ) -> list[list[int]]:
+        """The token ids of :meth:`build_batch` without the texts (what the rollout needs)."""
+        return self._batch(requests, teacher, system, False)
+
+    def _batch(self, requests, teacher: bool, system: str | None, with_text: bool) -> list:
         if self.tokenizer is None:
             raise ValueError("tokenizer_dir: build_batch needs a PromptBuilder built with tokenizer_dir")
-        reqs = []
-        for i, r in enumerate(requests):
-            if not isinstance(r, Mapping):
-                raise ValueError(f"requests[{i}]: expected a mapping, got {type(r).__name__}")
-            try:
-                task, obs, adm = r["task"], r["observation"], r["admissible"]
-            except KeyError as exc:
-                raise ValueError(f"requests[{i}]: missing key {exc}") from None
-            if not isinstance(task, str) or not isinstance(obs, str):
-                raise ValueError(f"requests[{i}]: 'task' and 'observation' must be str")
-            reqs.append(
-                (
-                    task,
-                    obs,
-                    _str_list(f"requests[{i}]['admissible']", adm),  # type: ignore[arg-type]
-                    _history(r.get("history", ())),  # type: ignore[arg-type]
-                    _step(r.get("step", 0)),  # type: ignore[arg-type]
-                )
-            )
-        return self._inner.build_batch(reqs, teacher, system)
+        if system is not None and not isinstance(system, str):
+            raise ValueError(f"system: expected str or None, got {type(system).__name__}")
+        return self._inner.build_batch(requests, bool(teacher), system, with_text)
 
     def encode_chat(self, prompts: Sequence[str], system: str | None = None) -> list[list[int]]:
         """Chat-template and tokenise prompts in parallel (GIL released).

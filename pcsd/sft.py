@@ -104,19 +104,22 @@ def sft_examples(builder, episodes: Sequence[ExpertEpisode], eos_id: int, teache
     if not 0.0 <= teacher_share <= 1.0:
         raise ValueError(f"teacher_share: expected a number in [0, 1], got {teacher_share}")
     rng = random.Random(seed)
-    out = []
+    reqs, resps, with_teacher = [], [], []
     for ep in episodes:
         hist: list[tuple[str, str]] = []
         for obs, adm, action in ep.steps:
-            req = dict(task=ep.task, observation=obs, admissible=adm, history=hist, step=len(hist))
-            (_, ids), = builder.build_batch([req])
+            reqs.append(dict(task=ep.task, observation=obs, admissible=adm, history=hist, step=len(hist)))
             text = f"<think>{think_for(ep.task, action)}</think><action>{action}</action>"
-            resp = builder.tokenizer.encode(text) + [eos_id]
-            out.append((list(ids), resp))
-            if teacher_share > 0 and rng.random() < teacher_share:
-                (_, tids), = builder.build_batch([req], teacher=True)
-                out.append((list(tids), resp))
+            resps.append(builder.tokenizer.encode(text) + [eos_id])
+            with_teacher.append(teacher_share > 0 and rng.random() < teacher_share)
             hist = hist + [(obs, action)]
+    student = builder.encode_batch(reqs)
+    teacher = iter(builder.encode_batch([r for r, t in zip(reqs, with_teacher) if t], teacher=True))
+    out = []
+    for ids, resp, t in zip(student, resps, with_teacher):
+        out.append((ids, resp))
+        if t:
+            out.append((next(teacher), resp))
     return out
 
 

@@ -268,6 +268,81 @@ def test_build_batch_matches_single_calls(model_dirs, hf_tokenizers):
         P.PromptBuilder("alfworld", num_threads=-1)
 
 
+@pytest.fixture(scope="module")
+def batch_builder(model_dirs):
+    return P.PromptBuilder("alfworld", tokenizer_dir=model_dirs["qwen2.5"], max_prompt_tokens=None)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n_hist=st.integers(0, 9),
+    h=st.integers(0, 4),
+    extra_steps=st.integers(0, 3),
+    obs=st.text(max_size=30),
+    as_mappings=st.booleans(),
+    as_tuples=st.booleans(),
+)
+def test_encode_batch_reads_requests_like_single_calls(model_dirs, n_hist, h, extra_steps, obs, as_mappings,
+                                                        as_tuples):
+    """Requests are read in place (only the history tail the template shows) and ids go out as
+    lists of shared ints: same prompts and ids as one build + encode_chat per request, whatever
+    the history's length, H, the entries' form (pairs or mappings) and the containers."""
+    from types import MappingProxyType
+
+    pb = P.PromptBuilder("alfworld", history_length=h, tokenizer_dir=model_dirs["qwen2.5"], max_prompt_tokens=None)
+    hist = [(f"obs {j} {obs}", f"go to cabinet {j}") for j in range(n_hist)]
+    entries = [{"observation": o, "action": a} for o, a in hist] if as_mappings else hist
+    step = n_hist + extra_steps
+    reqs = [{"task": TASK, "observation": obs or "o", "admissible": tuple(ADM) if as_tuples else ADM,
+             "history": tuple(entries) if as_tuples else entries, "step": step},
+            MappingProxyType({"task": TASK, "observation": OBS0, "admissible": ADM})]
+    for teacher in (False, True):
+        build = pb.build_teacher if teacher else pb.build
+        texts = [build(TASK, obs or "o", ADM, hist, step), build(TASK, OBS0, ADM, [], 0)]
+        got = pb.build_batch(reqs, teacher=teacher)
+        assert [t for t, _ in got] == texts
+        ids = pb.encode_batch(reqs, teacher=teacher)
+        assert ids == [i for _, i in got] == pb.encode_chat(texts)
+        assert all(type(i) is list and all(type(x) is int for x in i) for i in ids)
+        ids[0].append(-1)  # each call hands out its own lists
+        assert pb.encode_batch(reqs, teacher=teacher)[0] == got[0][1]
+
+
+@pytest.mark.parametrize("requests, match", [
+    ("task", r"requests: expected a list of request mappings, got str"),
+    (7, r"requests: expected a list of request mappings, got int"),
+    ([["task", "obs"]], r"requests\[0\]: expected a mapping, got list"),
+    ([{"observation": "o", "admissible": []}], r"requests\[0\]: missing key 'task'"),
+    ([{"task": TASK, "observation": b"o", "admissible": []}], r"requests\[0\]\['observation'\]: expected str, got bytes"),
+    ([{"task": TASK, "observation": "o", "admissible": "look"}], r"\['admissible'\]: expected a list of strings, got str"),
+    ([{"task": TASK, "observation": "o", "admissible": ["look", 3]}], r"\['admissible'\]\[1\]: expected str, got int"),
+    ([{"task": TASK, "observation": "\ud800", "admissible": []}], r"\['observation'\]: not encodable as UTF-8"),
+    ([{"task": TASK, "observation": "o", "admissible": [], "step": -1}], r"\['step'\]: expected a non-negative int"),
+    ([{"task": TASK, "observation": "o", "admissible": [], "step": True}], r"\['step'\]: expected a non-negative int"),
+    ([{"task": TASK, "observation": "o", "admissible": [], "step": 1.0}], r"\['step'\]: expected a non-negative int"),
+    ([{"task": TASK, "observation": "o", "admissible": [], "history": "ab", "step": 1}],
+     r"\['history'\]: expected a list of \(observation, action\) pairs, got str"),
+    ([{"task": TASK, "observation": "o", "admissible": [], "history": [("a", "b")] * 3, "step": 2}],
+     r"requests\[0\]: .*at most `step` \(= 2\) entries.*got 3"),
+    ([{"task": TASK, "observation": "o", "admissible": [], "history": [("a", "b", "c")], "step": 1}],
+     r"\['history'\]\[0\]: expected an \(observation, action\) pair, got 3 items"),
+    ([{"task": TASK, "observation": "o", "admissible": [], "history": [("a", None)], "step": 1}],
+     r"\['history'\]\[0\]\[1\]: expected str, got NoneType"),
+    ([{"task": TASK, "observation": "o", "admissible": [], "history": [{"observation": "a"}], "step": 1}],
+     r"\['history'\]\[0\]: expected keys 'observation' and 'action', missing 'action'"),
+    ([{"task": "  ", "observation": "o", "admissible": []}], r"`task`"),
+])
+def test_encode_batch_bad_requests(batch_builder, requests, match):
+    for call in (batch_builder.build_batch, batch_builder.encode_batch):
+        with pytest.raises(ValueError, match=match):
+            call(requests)
+
+
+def test_encode_batch_bad_system(batch_builder):
+    with pytest.raises(ValueError, match="system: expected str or None, got int"):
+        batch_builder.encode_batch([{"task": TASK, "observation": "o", "admissible": []}], system=3)
+
+
 def test_budget_fallback_and_error(model_dirs):
     d = model_dirs["qwen2.5"]
     hist = [("You arrive at cabinet 1. " * 20, "go to cabinet 1")] * 2

@@ -146,12 +146,12 @@ def collect_rollouts(
             t0 = time.perf_counter()
             reqs = [dict(task=tasks[e][1], observation=obs[e], admissible=adm[e], history=history[e],
                          step=len(history[e])) for e in active]
-            student = builder.build_batch(reqs, teacher=student_skills)
-            teacher = builder.build_batch(reqs, teacher=True) if teacher_prompts else student
+            student = builder.encode_batch(reqs, teacher=student_skills)
+            teacher = builder.encode_batch(reqs, teacher=True) if teacher_prompts else student
             timings.prompts += time.perf_counter() - t0
 
             t0 = time.perf_counter()
-            out = backend.generate([ids for _, ids in student], n=1, max_tokens=max_response_tokens,
+            out = backend.generate(student, n=1, max_tokens=max_response_tokens,
                                    temperature=temperature, top_p=top_p,
                                    seed=seed * 1_000_003 + turn * 7919, stop_token_ids=stop_token_ids)
             timings.generation += time.perf_counter() - t0
@@ -163,8 +163,8 @@ def collect_rollouts(
                 text = builder.tokenizer.decode(s.token_ids)
                 parsed = parse_action(text, adm[e])
                 actions.append(parsed.action)
-                rows_prompt.append(student[k][1])
-                rows_teacher.append(teacher[k][1])
+                rows_prompt.append(student[k])
+                rows_teacher.append(teacher[k])
                 rows_resp.append(s.token_ids)
                 rows_lp.append(s.logprobs)
                 rows_traj.append(e)

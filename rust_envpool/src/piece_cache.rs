@@ -50,7 +50,7 @@ pub const QWEN2_SPLIT_PATTERN: &str =
 const SHARDS: usize = 64;
 
 /// Piece text -> its token ids.
-type Shard = HashMap<Box<str>, Box<[u32]>>;
+type Shard = HashMap<Box<str>, Box<[u32]>, ahash::RandomState>;
 
 /// Whether word cuts are safe as well as line cuts for a supported setup: no added token holds
 /// a `' '`, and each starts with an ASCII character other than a letter, digit or space.
@@ -127,13 +127,12 @@ pub fn cut_points(text: &str) -> impl Iterator<Item = usize> + '_ {
         // A non-whitespace character starts at byte i.
         text[i..].chars().next().is_some_and(|c| !c.is_whitespace())
     };
-    b.iter()
-        .enumerate()
-        .filter_map(move |(i, &c)| {
-            if c != b'\n' || i + 1 >= b.len() {
+    memchr::memchr_iter(b'\n', b)
+        .filter_map(move |i| {
+            let j = i + 1;
+            if j >= b.len() {
                 return None;
             }
-            let j = i + 1;
             (starts_text(j) || (b[j] == b' ' && j + 1 < b.len() && starts_text(j + 1))).then_some(j)
         })
         .chain(std::iter::once(b.len()))
@@ -169,7 +168,7 @@ struct Shards {
 impl Shards {
     fn new(max_entries: usize) -> Self {
         Shards {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::default())).collect(),
             per_shard: max_entries.div_ceil(SHARDS).max(1),
             hasher: ahash::RandomState::new(),
         }

@@ -107,6 +107,31 @@ impl HistoryEntry {
     }
 }
 
+/// A past step as the templates read it: owned ([`HistoryEntry`]) or borrowed (`(&str, &str)`,
+/// observation then action, as [`PromptRequest`] holds it).
+pub trait PastStep {
+    fn observation(&self) -> &str;
+    fn action(&self) -> &str;
+}
+
+impl PastStep for HistoryEntry {
+    fn observation(&self) -> &str {
+        &self.observation
+    }
+    fn action(&self) -> &str {
+        &self.action
+    }
+}
+
+impl PastStep for (&str, &str) {
+    fn observation(&self) -> &str {
+        self.0
+    }
+    fn action(&self) -> &str {
+        self.1
+    }
+}
+
 /// Which prompt variant was produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
@@ -116,21 +141,19 @@ pub enum Variant {
 
 /// Admissible actions as they appear in the prompt. ALFWorld: quoted, joined with "\n ", `help`
 /// dropped. WebShop: one quoted action per line, each followed by a comma.
-pub fn format_admissible(env: EnvKind, admissible: &[String]) -> String {
+pub fn format_admissible<A: AsRef<str>>(env: EnvKind, admissible: &[A]) -> String {
+    let all = admissible.iter().map(AsRef::as_ref);
     match env {
-        EnvKind::Alfworld => admissible
-            .iter()
-            .filter(|a| a.trim() != "help")
-            .map(|a| format!("'{a}'"))
-            .collect::<Vec<_>>()
-            .join("\n "),
-        EnvKind::Webshop => admissible.iter().map(|a| format!("'{a}',")).collect::<Vec<_>>().join("\n"),
+        EnvKind::Alfworld => {
+            all.filter(|a| a.trim() != "help").map(|a| format!("'{a}'")).collect::<Vec<_>>().join("\n ")
+        }
+        EnvKind::Webshop => all.map(|a| format!("'{a}',")).collect::<Vec<_>>().join("\n"),
     }
 }
 
 /// The last `h` history entries as "[Observation k: '…', Action k: '…']" lines, numbered by
 /// their absolute step (`step` steps were taken before the current one).
-pub fn format_history(history: &[HistoryEntry], step: usize, h: usize) -> (String, usize) {
+pub fn format_history<P: PastStep>(history: &[P], step: usize, h: usize) -> (String, usize) {
     let recent = &history[history.len().saturating_sub(h)..];
     let first = (step + 1).saturating_sub(recent.len()).max(1);
     let lines: Vec<String> = recent
@@ -138,7 +161,7 @@ pub fn format_history(history: &[HistoryEntry], step: usize, h: usize) -> (Strin
         .enumerate()
         .map(|(j, e)| {
             let k = first + j;
-            format!("[Observation {k}: '{}', Action {k}: '{}']", e.observation, e.action)
+            format!("[Observation {k}: '{}', Action {k}: '{}']", e.observation(), e.action())
         })
         .collect();
     (lines.join("\n"), recent.len())
@@ -158,21 +181,19 @@ fn build_template_env() -> Environment<'static> {
     env
 }
 
-fn check_args(
-    task: &str,
-    history: &[HistoryEntry],
-    step: usize,
-) -> Result<(), PromptError> {
+fn check_args(task: &str, history_len: usize, step: usize) -> Result<(), PromptError> {
     if task.trim().is_empty() {
         return Err(PromptError::InvalidArgument { name: "task", expected: "a non-empty task description".into() });
     }
-    if history.len() > step {
+    check_history_len(history_len, step)
+}
+
+/// History holds at most one entry per step already taken.
+pub fn check_history_len(history_len: usize, step: usize) -> Result<(), PromptError> {
+    if history_len > step {
         return Err(PromptError::InvalidArgument {
             name: "history",
-            expected: format!(
-                "at most `step` (= {step}) entries, one per step already taken, got {}",
-                history.len()
-            ),
+            expected: format!("at most `step` (= {step}) entries, one per step already taken, got {history_len}"),
         });
     }
     Ok(())
@@ -180,17 +201,17 @@ fn check_args(
 
 /// Render one variant without any budget check. `step` = number of steps already taken.
 #[allow(clippy::too_many_arguments)] // the template's inputs, spelled out for callers
-pub fn render_student(
+pub fn render_student<A: AsRef<str>, P: PastStep>(
     env: EnvKind,
     variant: Variant,
     task: &str,
     observation: &str,
-    admissible: &[String],
-    history: &[HistoryEntry],
+    admissible: &[A],
+    history: &[P],
     step: usize,
     history_length: usize,
 ) -> Result<String, PromptError> {
-    check_args(task, history, step)?;
+    check_args(task, history.len(), step)?;
     let tenv = template_env();
     let (name, instructions) = match (env, variant) {
         (EnvKind::Alfworld, Variant::WithHistory) => ("alfworld", THINK_ACTION_INSTRUCTIONS),
@@ -237,13 +258,15 @@ pub struct BuiltPrompt {
     pub ids: Option<Vec<u32>>,
 }
 
-/// One prompt to build in a batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PromptRequest {
-    pub task: String,
-    pub observation: String,
-    pub admissible: Vec<String>,
-    pub history: Vec<HistoryEntry>,
+/// One prompt to build in a batch, borrowing its text (the Python edge lends the `str` data of
+/// the caller's objects). `history` may be just the tail the template shows (the last
+/// `history_length` entries): `step` numbers them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptRequest<'a> {
+    pub task: &'a str,
+    pub observation: &'a str,
+    pub admissible: &'a [&'a str],
+    pub history: &'a [(&'a str, &'a str)],
     pub step: usize,
 }
 
@@ -282,12 +305,12 @@ impl PromptBuilder {
     }
 
     /// The student prompt (see module docs for the history and budget rules).
-    pub fn build_detailed(
+    pub fn build_detailed<A: AsRef<str>, P: PastStep>(
         &self,
         task: &str,
         observation: &str,
-        admissible: &[String],
-        history: &[HistoryEntry],
+        admissible: &[A],
+        history: &[P],
         step: usize,
     ) -> Result<BuiltPrompt, PromptError> {
         let render = |v| {
@@ -317,12 +340,12 @@ impl PromptBuilder {
     }
 
     /// The student prompt text.
-    pub fn build(
+    pub fn build<A: AsRef<str>, P: PastStep>(
         &self,
         task: &str,
         observation: &str,
-        admissible: &[String],
-        history: &[HistoryEntry],
+        admissible: &[A],
+        history: &[P],
         step: usize,
     ) -> Result<String, PromptError> {
         Ok(self.build_detailed(task, observation, admissible, history, step)?.text)
@@ -331,12 +354,12 @@ impl PromptBuilder {
     /// The teacher prompt: the skill block for `task` followed by exactly the student prompt
     /// (same variant as the student, so both see the same interaction context). The skill block
     /// is not counted against the budget.
-    pub fn build_teacher(
+    pub fn build_teacher<A: AsRef<str>, P: PastStep>(
         &self,
         task: &str,
         observation: &str,
-        admissible: &[String],
-        history: &[HistoryEntry],
+        admissible: &[A],
+        history: &[P],
         step: usize,
     ) -> Result<String, PromptError> {
         let student = self.build(task, observation, admissible, history, step)?;
@@ -349,7 +372,7 @@ impl PromptBuilder {
     /// parallel. Needs a tokenizer. Ids already computed for the budget check are reused.
     pub fn build_batch_encoded(
         &self,
-        requests: &[PromptRequest],
+        requests: &[PromptRequest<'_>],
         teacher: bool,
         system: Option<&str>,
     ) -> Result<Vec<(String, Vec<u32>)>, PromptError> {
@@ -361,9 +384,9 @@ impl PromptBuilder {
         requests
             .par_iter()
             .map(|r| {
-                let b = self.build_detailed(&r.task, &r.observation, &r.admissible, &r.history, r.step)?;
+                let b = self.build_detailed(r.task, r.observation, r.admissible, r.history, r.step)?;
                 if teacher {
-                    let text = teacher_from_student(self.env, &r.task, &b.text);
+                    let text = teacher_from_student(self.env, r.task, &b.text);
                     let ids = tok.encode_chat(&text, system)?;
                     Ok((text, ids))
                 } else {
@@ -394,11 +417,13 @@ mod tests {
     }
 
     const TASK: &str = "put a clean mug in coffeemachine";
+    const NO_HIST: &[HistoryEntry] = &[];
+    const NO_ADM: &[String] = &[];
 
     #[test]
     fn alfworld_first_step_has_no_history() {
         let b = PromptBuilder::new(EnvKind::Alfworld, 2, Some(2048), None).unwrap();
-        let p = b.build(TASK, "You are in the middle of a room.", &adm(&["go to desk 1", "help", "look"]), &[], 0).unwrap();
+        let p = b.build(TASK, "You are in the middle of a room.", &adm(&["go to desk 1", "help", "look"]), NO_HIST, 0).unwrap();
         assert!(p.starts_with("You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: put a clean mug in coffeemachine\n\nYour current observation is: You are in the middle of a room.\n\n"));
         assert!(!p.contains("Prior to this step"));
         assert!(p.contains("are: ['go to desk 1'\n 'look']."), "{p}");
@@ -432,7 +457,7 @@ mod tests {
     fn webshop_format() {
         let b = PromptBuilder::new(EnvKind::Webshop, 2, None, None).unwrap();
         let p = b
-            .build("Find me a red shirt.", "'Search'", &adm(&["search[<your query>]", "click[back to search]"]), &[], 0)
+            .build("Find me a red shirt.", "'Search'", &adm(&["search[<your query>]", "click[back to search]"]), NO_HIST, 0)
             .unwrap();
         assert!(p.starts_with("You are an expert autonomous agent operating in the WebShop e-commerce environment.\nYour task is to: Find me a red shirt.\n\nYour current observation is: 'Search'.\n\n"), "{p}");
         assert!(p.contains("[\n'search[<your query>]',\n'click[back to search]',\n]."));
@@ -442,16 +467,16 @@ mod tests {
     #[test]
     fn braces_in_observations_are_not_interpreted() {
         let b = PromptBuilder::new(EnvKind::Alfworld, 2, None, None).unwrap();
-        let p = b.build(TASK, "{{ task_description }} {% if %}", &adm(&["look"]), &[], 0).unwrap();
+        let p = b.build(TASK, "{{ task_description }} {% if %}", &adm(&["look"]), NO_HIST, 0).unwrap();
         assert!(p.contains("{{ task_description }} {% if %}"));
     }
 
     #[test]
     fn bad_arguments() {
         let b = PromptBuilder::new(EnvKind::Alfworld, 2, None, None).unwrap();
-        let e = b.build(TASK, "o", &[], &[HistoryEntry::new("a", "b")], 0).unwrap_err();
+        let e = b.build(TASK, "o", NO_ADM, &[HistoryEntry::new("a", "b")], 0).unwrap_err();
         assert!(e.to_string().contains("`history`"), "{e}");
-        let e = b.build("  ", "o", &[], &[], 0).unwrap_err();
+        let e = b.build("  ", "o", NO_ADM, NO_HIST, 0).unwrap_err();
         assert!(e.to_string().contains("`task`"), "{e}");
         assert!(PromptBuilder::new(EnvKind::Alfworld, 2, Some(0), None).is_err());
     }
@@ -471,7 +496,7 @@ mod tests {
     #[test]
     fn history_length_zero_uses_no_history_template() {
         let b = PromptBuilder::new(EnvKind::Alfworld, 0, None, None).unwrap();
-        let p = b.build_detailed(TASK, "o", &[], &[HistoryEntry::new("a", "b")], 1).unwrap();
+        let p = b.build_detailed(TASK, "o", NO_ADM, &[HistoryEntry::new("a", "b")], 1).unwrap();
         assert_eq!(p.variant, Variant::NoHistory);
     }
 }

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 mod columns;
 mod generate;
 mod prompts;
+mod requests;
 mod pool;
 mod alfworld;
 

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList, PyString};
+
+use super::requests::{IntCache, Requests};
 
 use crate::chat::Message;
 use crate::parse;
@@ -40,9 +42,6 @@ fn env_kind(env: &str) -> PyResult<EnvKind> {
 fn history_entries(history: Vec<(String, String)>) -> Vec<HistoryEntry> {
     history.into_iter().map(|(o, a)| HistoryEntry::new(o, a)).collect()
 }
-
-/// `(task, observation, admissible, history, step)` as passed from Python.
-type RequestTuple = (String, String, Vec<String>, Vec<(String, String)>, usize);
 
 fn to_messages(conv: Vec<(String, String)>) -> Vec<Message> {
     conv.into_iter().map(|(r, c)| Message::new(r, c)).collect()
@@ -123,6 +122,8 @@ pub struct PyPromptBuilder {
     inner: prompt::PromptBuilder,
     /// `build_batch`'s own threads; None: rayon's global pool (one thread per core).
     threads: Option<rayon::ThreadPool>,
+    /// Shared `int`s of the token ids handed out.
+    ints: IntCache,
 }
 
 #[pymethods]
@@ -149,7 +150,7 @@ impl PyPromptBuilder {
                     .map_err(|e| PyOSError::new_err(format!("num_threads: could not start {n} threads: {e}")))?,
             ),
         };
-        Ok(PyPromptBuilder { inner, threads })
+        Ok(PyPromptBuilder { inner, threads, ints: IntCache::default() })
     }
 
     /// Returns (text, variant, tokens) with variant "history" or "no_history".
@@ -186,32 +187,36 @@ impl PyPromptBuilder {
         py.detach(|| self.inner.build_teacher(&task, &observation, &admissible, &h, step)).map_err(to_py)
     }
 
-    /// Build prompts for `requests` = [(task, observation, admissible, history, step), ...] and
-    /// chat-encode them, in parallel with the GIL released. Returns [(text, ids), ...].
-    #[pyo3(signature = (requests, teacher=false, system=None))]
-    fn build_batch(
+    /// Build prompts for `requests` (mappings: task, observation, admissible, optional history
+    /// and step) and chat-encode them, in parallel with the GIL released. Returns
+    /// [(text, ids), ...], or [ids, ...] when `with_text` is false.
+    #[pyo3(signature = (requests, teacher=false, system=None, with_text=true))]
+    fn build_batch<'py>(
         &self,
-        py: Python<'_>,
-        requests: Vec<RequestTuple>,
+        py: Python<'py>,
+        requests: &Bound<'py, PyAny>,
         teacher: bool,
         system: Option<String>,
-    ) -> PyResult<Vec<(String, Vec<u32>)>> {
-        let reqs: Vec<prompt::PromptRequest> = requests
-            .into_iter()
-            .map(|(task, observation, admissible, history, step)| prompt::PromptRequest {
-                task,
-                observation,
-                admissible,
-                history: history_entries(history),
-                step,
-            })
-            .collect();
-        let build = || self.inner.build_batch_encoded(&reqs, teacher, system.as_deref());
-        py.detach(|| match &self.threads {
-            Some(pool) => pool.install(build),
-            None => build(),
-        })
-        .map_err(to_py)
+        with_text: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let reqs = Requests::read(requests, self.inner.history_length)?;
+        let built = reqs
+            .with_requests(|reqs| {
+                let build = || self.inner.build_batch_encoded(reqs, teacher, system.as_deref());
+                py.detach(|| match &self.threads {
+                    Some(pool) => pool.install(build),
+                    None => build(),
+                })
+            })?
+            .map_err(to_py)?;
+        drop(reqs);
+        let ids = self.ints.lists(py, built.iter().map(|(_, ids)| ids.as_slice()))?;
+        if with_text {
+            let rows = built.iter().zip(ids).map(|((text, _), ids)| (PyString::new(py, text), ids));
+            PyList::new(py, rows.collect::<Vec<_>>())
+        } else {
+            PyList::new(py, ids)
+        }
     }
 
     #[getter]
