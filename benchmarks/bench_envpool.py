@@ -19,7 +19,7 @@ Engines (``--engines``):
               (the baseline the native engine is compared with; needs alfworld and ALFWORLD_DATA).
 
 ``--prompts`` instead measures prompt building (ALFWorld student prompt + chat template +
-token ids) on a live rollout stream, Rust ``build_batch`` vs Python ``str.format`` +
+token ids) on a live rollout stream, Rust ``encode_batch`` vs Python ``str.format`` +
 ``apply_chat_template(tokenize=True)``: the first turn (cold token-id cache) and the later turns
 (steady state) apart, 1 thread against 1 process and N threads against N processes; it runs
 ``python -m pcsd.bench prompts`` (see there).
