@@ -1,4 +1,6 @@
-"""Stubs for the private compiled module pcsd._envpool (rust_envpool/src/python.rs)."""
+"""Stubs for the private compiled module pcsd._envpool (rust_envpool/src/python/)."""
+
+from collections.abc import Mapping, Sequence
 
 __version__: str
 
@@ -59,10 +61,11 @@ class PromptBuilder:
     ) -> str: ...
     def build_batch(
         self,
-        requests: list[tuple[str, str, list[str], list[tuple[str, str]], int]],
+        requests: Sequence[Mapping[str, object]],
         teacher: bool = False,
         system: str | None = None,
-    ) -> list[tuple[str, list[int]]]: ...
+        with_text: bool = True,
+    ) -> list[tuple[str, list[int]]] | list[list[int]]: ...
 
 def parse_action(text: str, admissible: list[str] | None = None) -> dict[str, object]: ...
 def retrieve_skills(task: str, env: str = "alfworld") -> str: ...

@@ -696,7 +696,7 @@ def cmd_env(args) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# prompts: Rust build_batch vs Python str.format + transformers apply_chat_template
+# prompts: Rust encode_batch vs Python str.format + transformers apply_chat_template
 # ----------------------------------------------------------------------------------------------
 _INSTR = ("You should first reason step-by-step about the current situation. This reasoning process MUST be "
           "enclosed within <think> </think> tags.\nOnce you've finished your reasoning, you should choose an "
@@ -889,7 +889,7 @@ def cmd_prompts(args) -> dict:
     def plot(ax, rows):
         labels = [f"{r['threads']}t {r['phase'].split(':')[0]}" for r in rows]
         x = range(len(rows))
-        ax.bar([i - 0.2 for i in x], [r["rust_prompts_per_s"] for r in rows], width=0.4, label="Rust build_batch")
+        ax.bar([i - 0.2 for i in x], [r["rust_prompts_per_s"] for r in rows], width=0.4, label="Rust encode_batch")
         ax.bar([i + 0.2 for i in x], [r["python_prompts_per_s"] for r in rows], width=0.4,
                label="Python format + apply_chat_template")
         ax.set_xticks(list(x))
@@ -1239,7 +1239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=_pos_int, default=8, help="envs per procedural game (GRPO group)")
     p.add_argument("--turns", type=_pos_int, help="turns of the stream (the first is the cold one)")
     p.add_argument("--threads", type=_pos_int, nargs="+",
-                   help="Rust build_batch threads and Python processes (default 1 and all cores)")
+                   help="Rust encode_batch threads and Python processes (default 1 and all cores)")
     p.set_defaults(func=cmd_prompts)
     p = sub.add_parser("logprobs", help="chunked vs naive selective log-probs, full vocabulary")
     _add_common(p)
