@@ -574,3 +574,41 @@ def test_unsupported_pre_tokenizer_falls_back_to_whole_strings(tmp_path, model_d
     # Under this regex the whitespace run "\n " is one pre-token, so cutting after '\n' would be
     # wrong here.
     assert tok.encode("x\n y") == hf.encode("x\n y", add_special_tokens=False).ids
+
+
+_REENTRANT = """
+import gc, sys
+from pcsd import prompts as P
+pb = P.PromptBuilder("alfworld", tokenizer_dir=sys.argv[1], max_prompt_tokens=None)
+req = [{"task": "put a mug in sinkbasin", "observation": "o", "admissible": ["look"]}]
+want = pb.encode_batch(req)
+inner, busy = [], [False]
+
+def during_collection(phase, info):  # stands in for a finalizer: Python code run by the collector
+    if phase == "start" and not busy[0]:
+        busy[0] = True
+        inner.append(pb.encode_batch(req))
+        busy[0] = False
+
+reqs = req * 8
+gc.callbacks.append(during_collection)
+gc.set_threshold(1)  # a collection at (nearly) every container allocation, the id lists' too
+outer = [pb.encode_batch(reqs) for _ in range(20)]
+gc.set_threshold(700)
+gc.callbacks.remove(during_collection)
+assert inner, "no collection ran during a call"
+assert all(x == want for x in inner) and all(x == want * 8 for x in outer)
+print("ok", len(inner))
+"""
+
+
+def test_encode_batch_reentered_during_a_collection(model_dirs):
+    """A garbage collection while the ids are handed out can run Python code (finalizers, gc
+    callbacks) that calls the same builder: the id cache is only tried, never waited for (a wait
+    would deadlock)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _REENTRANT, str(model_dirs["qwen2.5"])], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr[-2000:]

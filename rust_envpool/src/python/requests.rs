@@ -201,14 +201,22 @@ pub struct IntCache {
 }
 
 impl IntCache {
-    /// Many id lists under one lock.
+    /// Many id lists under one lock. Building a list can run a garbage collection, and with it
+    /// finalizers that might call back into the same builder: the lock is only tried, and a
+    /// call that finds it held builds its ints afresh (same values).
     pub fn lists<'py, 'a>(
         &self,
         py: Python<'py>,
         all: impl Iterator<Item = &'a [u32]>,
     ) -> PyResult<Vec<Bound<'py, PyList>>> {
-        let mut cache = self.by_id.lock().unwrap_or_else(|e| e.into_inner());
-        all.map(|ids| self.list_with(py, &mut cache, ids)).collect()
+        let mut own = Vec::new();
+        let mut guard = match self.by_id.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        let cache = guard.as_deref_mut().unwrap_or(&mut own);
+        all.map(|ids| self.list_with(py, cache, ids)).collect()
     }
 
     fn list_with<'py>(
