@@ -602,13 +602,15 @@ print("ok", len(inner))
 """
 
 
-def test_encode_batch_reentered_during_a_collection(model_dirs):
+def test_encode_batch_reentered_during_a_collection(model_dirs, tmp_path):
     """A garbage collection while the ids are handed out can run Python code (finalizers, gc
     callbacks) that calls the same builder: the id cache is only tried, never waited for (a wait
     would deadlock)."""
     import subprocess
     import sys
 
+    # cwd away from the checkout: `python -c` puts the cwd first on sys.path, and the source tree's
+    # pcsd/ has no compiled modules when pcsd is installed
     r = subprocess.run([sys.executable, "-c", _REENTRANT, str(model_dirs["qwen2.5"])], capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr[-2000:]
