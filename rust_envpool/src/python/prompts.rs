@@ -212,8 +212,7 @@ impl PyPromptBuilder {
         drop(reqs);
         let ids = self.ints.lists(py, built.iter().map(|(_, ids)| ids.as_slice()))?;
         if with_text {
-            let rows = built.iter().zip(ids).map(|((text, _), ids)| (PyString::new(py, text), ids));
-            PyList::new(py, rows.collect::<Vec<_>>())
+            PyList::new(py, built.iter().zip(ids).map(|((text, _), ids)| (PyString::new(py, text), ids)))
         } else {
             PyList::new(py, ids)
         }

@@ -53,6 +53,11 @@ fn seq_of<'py>(what: impl Name, value: &Bound<'py, PyAny>, expected: &str) -> Py
     value.cast::<PySequence>().cloned().map_err(|_| bad(what, expected, value))
 }
 
+/// A dict, or another `collections.abc.Mapping`.
+fn is_mapping(v: &Bound<'_, PyAny>) -> bool {
+    v.is_instance_of::<PyDict>() || v.cast::<PyMapping>().is_ok()
+}
+
 /// Value of `key` (an interned `str`, so a dict finds it by identity) in a request mapping;
 /// `None` when absent.
 fn item<'py>(req: &Bound<'py, PyAny>, key: &Bound<'py, PyString>) -> PyResult<Option<Bound<'py, PyAny>>> {
@@ -88,16 +93,16 @@ impl<'py> Requests<'py> {
     /// Errors name the request and the key.
     pub fn read(requests: &Bound<'py, PyAny>, history_length: usize) -> PyResult<Self> {
         let py = requests.py();
-        let [k_task, k_obs, k_adm, k_hist, k_step, k_o, k_a] =
+        let [k_task, k_obs, k_adm, k_hist, k_step, k_act] =
             [intern!(py, "task"), intern!(py, "observation"), intern!(py, "admissible"), intern!(py, "history"),
-             intern!(py, "step"), intern!(py, "observation"), intern!(py, "action")];
+             intern!(py, "step"), intern!(py, "action")];
         let seq = seq_of(|| "requests".into(), requests, "a list of request mappings")?;
         let n = seq.len()?;
         let mut strs = Vec::with_capacity(n * (8 + 2 * history_length));
         let mut spans = Vec::with_capacity(n);
         for (i, req) in seq.try_iter()?.enumerate() {
             let req = req?;
-            if !req.is_instance_of::<PyDict>() && req.cast::<PyMapping>().is_err() {
+            if !is_mapping(&req) {
                 return Err(bad(|| format!("requests[{i}]"), "a mapping", &req));
             }
             let need = |key: &Bound<'py, PyString>| -> PyResult<Bound<'py, PyAny>> {
@@ -131,7 +136,7 @@ impl<'py> Requests<'py> {
                 check_history_len(len, step).map_err(|e| PyValueError::new_err(format!("requests[{i}]: {e}")))?;
                 for k in len.saturating_sub(history_length)..len {
                     let what = || format!("requests[{i}]['history'][{k}]");
-                    let (o, a) = pair(&what, &hist.get_item(k)?, [k_o, k_a])?;
+                    let (o, a) = pair(&what, &hist.get_item(k)?, [k_obs, k_act])?;
                     strs.push(o);
                     strs.push(a);
                 }
@@ -173,7 +178,7 @@ fn pair<'py>(
     h: &Bound<'py, PyAny>,
     keys: [&Bound<'py, PyString>; 2],
 ) -> PyResult<(Bound<'py, PyString>, Bound<'py, PyString>)> {
-    if h.is_instance_of::<PyDict>() || h.cast::<PyMapping>().is_ok() {
+    if is_mapping(h) {
         let get = |key: &Bound<'py, PyString>| {
             item(h, key)?.ok_or_else(|| {
                 PyValueError::new_err(format!("{}: expected keys 'observation' and 'action', missing '{key}'", what()))
@@ -183,8 +188,8 @@ fn pair<'py>(
         return Ok((o, str_of(|| format!("{}['action']", what()), get(keys[1])?)?));
     }
     let seq = seq_of(what, h, "an (observation, action) pair")?;
-    if seq.len()? != 2 {
-        let n = seq.len()?;
+    let n = seq.len()?;
+    if n != 2 {
         return Err(PyValueError::new_err(format!("{}: expected an (observation, action) pair, got {n} items", what())));
     }
     Ok((str_of(|| format!("{}[0]", what()), seq.get_item(0)?)?, str_of(|| format!("{}[1]", what()), seq.get_item(1)?)?))
@@ -216,11 +221,10 @@ impl IntCache {
             Err(std::sync::TryLockError::WouldBlock) => None,
         };
         let cache = guard.as_deref_mut().unwrap_or(&mut own);
-        all.map(|ids| self.list_with(py, cache, ids)).collect()
+        all.map(|ids| Self::list_with(py, cache, ids)).collect()
     }
 
     fn list_with<'py>(
-        &self,
         py: Python<'py>,
         cache: &mut Vec<Option<Py<PyAny>>>,
         ids: &[u32],
