@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use pcsd_envpool::alfworld::{AlfworldEnv, GameSpec};
-use pcsd_envpool::alfworld_gen::{generate, GenConfig, TaskType};
-use pcsd_envpool::env::TextEnv;
+use pcsd_envpool::envs::alfworld::{AlfworldEnv, GameSpec};
+use pcsd_envpool::envs::alfworld_gen::{generate, GenConfig, TaskType};
+use pcsd_envpool::envs::TextEnv;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -4,8 +4,8 @@
 
 use std::time::Instant;
 
-use pcsd_envpool::dummy::{DummyConfig, DummyEnv};
-use pcsd_envpool::env::TextEnv;
+use pcsd_envpool::envs::dummy::{DummyConfig, DummyEnv};
+use pcsd_envpool::envs::TextEnv;
 use pcsd_envpool::pool::reference::SequentialPool;
 use pcsd_envpool::pool::{EnvFactory, EnvPool, PoolConfig};
 

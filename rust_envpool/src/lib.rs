@@ -1,20 +1,20 @@
 //! pcsd-envpool: the native side of pcsd's rollouts.
 //!
-//! The crate is plain Rust; `cargo test` exercises it without Python. The PyO3 layer lives in
-//! [`python`] behind the `python` feature and is exposed to Python as the private module
-//! `pcsd._envpool` (typed wrappers live in the `pcsd` package).
+//! The crate is plain Rust; `cargo test` exercises it without Python. Its layers, each importing
+//! only the ones below it:
+//!
+//! - [`envs`]: the environment trait and one module per environment (ALFWorld, the procedural
+//!   ALFWorld generator, the dummy env);
+//! - [`pool`]: the batched env pool (sync and async), which steps any [`envs::TextEnv`];
+//! - [`text`]: chat templates, tokenizer, prompts, skills and action parsing (no environment);
+//! - [`python`]: the PyO3 binding layer behind the `python` feature, exposed to Python as the
+//!   private module `pcsd._envpool` (typed wrappers live in the `pcsd` package).
+//!
+//! `tests/layers.rs` checks that no module imports upwards.
 
-pub mod alfworld_gen;
-pub mod chat;
-pub mod alfworld;
-pub mod env;
-pub mod parse;
-pub mod piece_cache;
-pub mod prompt;
-pub mod skills;
-pub mod tokenize;
-pub mod dummy;
+pub mod envs;
 pub mod pool;
+pub mod text;
 pub mod version;
 
 #[cfg(feature = "python")]

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use pcsd_envpool::alfworld::{AlfworldEnv, GameSpec, TASK_TYPES};
-use pcsd_envpool::env::TextEnv;
+use pcsd_envpool::envs::alfworld::{AlfworldEnv, GameSpec, TASK_TYPES};
+use pcsd_envpool::envs::TextEnv;
 
 fn games() -> Option<Vec<(String, PathBuf)>> {
     let root = PathBuf::from(std::env::var_os("ALFWORLD_DATA")?);
@@ -115,7 +115,7 @@ fn fast_engine_plays_every_shared_game_like_the_reference() {
 
 #[test]
 fn fast_engine_plays_generated_games_like_the_reference() {
-    use pcsd_envpool::alfworld_gen::{generate, GenConfig, TaskType};
+    use pcsd_envpool::envs::alfworld_gen::{generate, GenConfig, TaskType};
     for seed in 0..8u64 {
         for tt in TaskType::ALL {
             let text = generate(tt, seed, &GenConfig::default()).unwrap();

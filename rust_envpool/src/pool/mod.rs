@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
-use crate::env::TextEnv;
+use crate::envs::TextEnv;
 pub use batch::Batch;
 pub use completions::Completions;
 pub use queue::{Entry, Outstanding, Tracker};

@@ -8,7 +8,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::env::{EnvStep, TextEnv};
+use crate::envs::{EnvStep, TextEnv};
 
 /// What to do to one env.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -247,7 +247,7 @@ impl EnvSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dummy::{DummyConfig, DummyEnv};
+    use crate::envs::dummy::{DummyConfig, DummyEnv};
 
     fn slot(len: u32, panic_at: Option<u32>) -> EnvSlot {
         let cfg = DummyConfig {

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 
 use super::reference::SequentialPool;
 use super::*;
-use crate::dummy::{DummyConfig, DummyEnv};
+use crate::envs::dummy::{DummyConfig, DummyEnv};
 
 fn dummy_factories(
     num_games: usize,

@@ -11,8 +11,8 @@ fn type_name(x: &Bound<'_, PyAny>) -> String {
     x.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }
 
-use crate::alfworld::{AlfworldEnv, GameSpec, LoadError};
-use crate::env::{EnvStep, TextEnv};
+use crate::envs::alfworld::{AlfworldEnv, GameSpec, LoadError};
+use crate::envs::{EnvStep, TextEnv};
 
 fn load_err(e: LoadError) -> PyErr {
     if e.is_not_found() {

@@ -1,9 +1,9 @@
-//! PyO3 wrappers of the procedural ALFWorld generator ([`crate::alfworld_gen`]).
+//! PyO3 wrappers of the procedural ALFWorld generator ([`crate::envs::alfworld_gen`]).
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::alfworld_gen::{self, GenConfig, GenError, Room, TaskType};
+use crate::envs::alfworld_gen::{self, GenConfig, GenError, Room, TaskType};
 
 fn value_error(e: GenError) -> PyErr {
     PyValueError::new_err(e.to_string())

@@ -8,9 +8,9 @@ use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::alfworld::{AlfworldEnv, GameSpec};
-use crate::dummy::{DummyConfig, DummyEnv};
-use crate::env::TextEnv;
+use crate::envs::alfworld::{AlfworldEnv, GameSpec};
+use crate::envs::dummy::{DummyConfig, DummyEnv};
+use crate::envs::TextEnv;
 use crate::pool::{EnvFactory, EnvPool, PoolConfig, PoolError, Recycler, StepResult};
 
 use super::columns::{self, SharedStrs};

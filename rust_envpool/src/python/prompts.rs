@@ -11,11 +11,12 @@ use pyo3::types::{PyDict, PyList, PyString};
 
 use super::requests::{IntCache, Requests};
 
-use crate::chat::Message;
-use crate::parse;
-use crate::prompt::{self, HistoryEntry, PromptError, Variant};
-use crate::skills::{self, EnvKind};
-use crate::tokenize::ChatTokenizer;
+use crate::text::chat::Message;
+use crate::text::parse;
+use crate::text::error::PromptError;
+use crate::text::prompt::{self, HistoryEntry, Variant};
+use crate::text::skills::{self, EnvKind};
+use crate::text::tokenize::ChatTokenizer;
 
 create_exception!(
     _envpool,

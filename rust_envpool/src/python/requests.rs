@@ -20,7 +20,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList, PyMapping, PySequence, PyString};
 
-use crate::prompt::{check_history_len, PromptRequest};
+use crate::text::prompt::{check_history_len, PromptRequest};
 
 fn type_name(v: &Bound<'_, PyAny>) -> String {
     v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())

@@ -17,7 +17,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use crate::env::{EnvStep, TextEnv};
+use crate::envs::{EnvStep, TextEnv};
 
 /// The commands the dummy game admits, in sorted order (as engines report admissible commands).
 pub const DUMMY_COMMANDS: [&str; 4] = ["go east", "go north", "go south", "go west"];

@@ -1,5 +1,12 @@
-//! The environment interface the pool steps. Every game engine (the native ALFWorld engine, the
-//! procedural games, the `dummy` env that tests the pool machinery) implements [`TextEnv`].
+//! The environments: the interface the pool steps ([`TextEnv`], [`EnvStep`]) and one module per
+//! environment that implements it — [`alfworld`] (the native ALFWorld engine, byte-identical to
+//! alfworld/TextWorld), [`alfworld_gen`] (the procedural ALFWorld game generator) and [`dummy`]
+//! (a game that tests the pool machinery). An environment imports nothing from `pool`, `text` or
+//! `python`; the pool knows environments only through [`TextEnv`].
+
+pub mod alfworld;
+pub mod alfworld_gen;
+pub mod dummy;
 
 /// What one reset or step returns.
 #[derive(Clone, Debug, Default, PartialEq)]

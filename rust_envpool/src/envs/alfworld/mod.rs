@@ -22,7 +22,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::env::{EnvStep, TextEnv};
+use crate::envs::{EnvStep, TextEnv};
 use grammar::{CondExpr, Expr, GrammarDoc, Query, Sym};
 use pddl::{Interner, RawFormula};
 

@@ -7,33 +7,13 @@
 //! back to the no-history variant, and if that is still too long an error is returned: prompts are
 //! never truncated silently.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use minijinja::{context, Environment};
 
-use crate::skills::{self, EnvKind};
-use crate::tokenize::ChatTokenizer;
-
-/// Errors of the prompt, chat-template and tokenizer modules.
-#[derive(Debug, thiserror::Error)]
-pub enum PromptError {
-    #[error("invalid argument `{name}`: expected {expected}")]
-    InvalidArgument { name: &'static str, expected: String },
-    #[error("{what} not found: {}", path.display())]
-    MissingFile { path: PathBuf, what: &'static str },
-    #[error("reading {}: {message}", path.display())]
-    Io { path: PathBuf, message: String },
-    #[error("chat template error: {0}")]
-    Template(String),
-    #[error("tokenizer error: {0}")]
-    Tokenizer(String),
-    #[error(
-        "prompt too long: {tokens} tokens without history exceed max_prompt_tokens={budget} \
-         (the prompt is never truncated; raise max_prompt_tokens or shorten the observation)"
-    )]
-    TooLong { tokens: usize, budget: usize },
-}
+use crate::text::error::PromptError;
+use crate::text::skills::{self, EnvKind};
+use crate::text::tokenize::ChatTokenizer;
 
 // ---------------------------------------------------------------------------------------------
 // Templates (data). Variables: task_description, step_count, history_length, action_history,
@@ -410,6 +390,7 @@ pub fn teacher_from_student(env: EnvKind, task: &str, student_prompt: &str) -> S
 
 #[cfg(test)]
 mod tests {
+    use crate::text::tokenize::model_dir_tests::model_dir;
     use super::*;
 
     fn adm(v: &[&str]) -> Vec<String> {
@@ -498,5 +479,27 @@ mod tests {
         let b = PromptBuilder::new(EnvKind::Alfworld, 0, None, None).unwrap();
         let p = b.build_detailed(TASK, "o", NO_ADM, &[HistoryEntry::new("a", "b")], 1).unwrap();
         assert_eq!(p.variant, Variant::NoHistory);
+    }
+
+    #[test]
+    fn budget_falls_back_then_errors() {
+        let dir = model_dir("budget");
+        let tok = Arc::new(ChatTokenizer::from_dir(&dir).unwrap());
+        let adm = vec!["look".to_string()];
+        let hist = vec![HistoryEntry::new("go to desk 1 ".repeat(30), "look")];
+        let count = |b: &PromptBuilder, h: &[HistoryEntry], step| {
+            b.build_detailed("look", "a", &adm, h, step).unwrap().tokens.unwrap()
+        };
+        let big = PromptBuilder::new(EnvKind::Alfworld, 2, Some(100_000), Some(tok.clone())).unwrap();
+        let n_full = count(&big, &hist, 1);
+        let n_short = count(&big, &[], 0);
+        assert!(n_short < n_full);
+        let b = PromptBuilder::new(EnvKind::Alfworld, 2, Some(n_full - 1), Some(tok.clone())).unwrap();
+        let p = b.build_detailed("look", "a", &adm, &hist, 1).unwrap();
+        assert_eq!((p.variant, p.tokens), (Variant::NoHistory, Some(n_short)));
+        let b = PromptBuilder::new(EnvKind::Alfworld, 2, Some(n_short - 1), Some(tok)).unwrap();
+        let e = b.build("look", "a", &adm, &hist, 1).unwrap_err();
+        assert!(matches!(e, PromptError::TooLong { .. }), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 
 use super::pddl::RawFormula;
 use super::{AlfworldEnv, Formula, GameSpec, Term};
-use crate::env::TextEnv;
+use crate::envs::TextEnv;
 
 #[derive(Clone, Debug, Default)]
 pub struct GoalInfo {

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::prompt::PromptError;
+use crate::text::error::PromptError;
 
 /// Header and footer that delimit the skills in the teacher prompt.
 pub const SKILL_HEADER: &str = "[Privileged Skill Information]";
@@ -87,36 +87,36 @@ impl AlfworldTaskType {
     pub fn skill(self) -> &'static str {
         match self {
             AlfworldTaskType::PickAndPlaceSimple => {
-                include_str!("../skills/alfworld/pick_and_place_simple.md")
+                include_str!("../../skills/alfworld/pick_and_place_simple.md")
             }
             AlfworldTaskType::LookAtObjInLight => {
-                include_str!("../skills/alfworld/look_at_obj_in_light.md")
+                include_str!("../../skills/alfworld/look_at_obj_in_light.md")
             }
             AlfworldTaskType::PickCleanThenPlaceInRecep => {
-                include_str!("../skills/alfworld/pick_clean_then_place_in_recep.md")
+                include_str!("../../skills/alfworld/pick_clean_then_place_in_recep.md")
             }
             AlfworldTaskType::PickHeatThenPlaceInRecep => {
-                include_str!("../skills/alfworld/pick_heat_then_place_in_recep.md")
+                include_str!("../../skills/alfworld/pick_heat_then_place_in_recep.md")
             }
             AlfworldTaskType::PickCoolThenPlaceInRecep => {
-                include_str!("../skills/alfworld/pick_cool_then_place_in_recep.md")
+                include_str!("../../skills/alfworld/pick_cool_then_place_in_recep.md")
             }
             AlfworldTaskType::PickTwoObjAndPlace => {
-                include_str!("../skills/alfworld/pick_two_obj_and_place.md")
+                include_str!("../../skills/alfworld/pick_two_obj_and_place.md")
             }
         }
     }
 }
 
-const ALFWORLD_GENERAL: &str = include_str!("../skills/alfworld/general.md");
-const WEBSHOP_GENERAL: &str = include_str!("../skills/webshop/general.md");
+const ALFWORLD_GENERAL: &str = include_str!("../../skills/alfworld/general.md");
+const WEBSHOP_GENERAL: &str = include_str!("../../skills/webshop/general.md");
 
 /// WebShop product categories with their skill text and trigger words (lower-case, matched as
 /// whole words of the task description).
 const WEBSHOP_CATEGORIES: &[(&str, &str, &[&str])] = &[
     (
         "fashion",
-        include_str!("../skills/webshop/fashion.md"),
+        include_str!("../../skills/webshop/fashion.md"),
         &[
             "shirt", "shirts", "t-shirt", "dress", "dresses", "jeans", "pants", "shorts", "jacket",
             "coat", "hoodie", "sweater", "sweatshirt", "skirt", "shoes", "shoe", "sneakers",
@@ -126,7 +126,7 @@ const WEBSHOP_CATEGORIES: &[(&str, &str, &[&str])] = &[
     ),
     (
         "beauty",
-        include_str!("../skills/webshop/beauty.md"),
+        include_str!("../../skills/webshop/beauty.md"),
         &[
             "shampoo", "conditioner", "lotion", "cream", "serum", "makeup", "lipstick",
             "mascara", "foundation", "perfume", "fragrance", "nail", "skin", "hair", "wig",
@@ -136,7 +136,7 @@ const WEBSHOP_CATEGORIES: &[(&str, &str, &[&str])] = &[
     ),
     (
         "electronics",
-        include_str!("../skills/webshop/electronics.md"),
+        include_str!("../../skills/webshop/electronics.md"),
         &[
             "charger", "cable", "usb", "headphones", "earbuds", "speaker", "bluetooth",
             "wireless", "phone", "iphone", "samsung", "laptop", "tablet", "camera", "tv",
@@ -146,7 +146,7 @@ const WEBSHOP_CATEGORIES: &[(&str, &str, &[&str])] = &[
     ),
     (
         "food",
-        include_str!("../skills/webshop/food.md"),
+        include_str!("../../skills/webshop/food.md"),
         &[
             "snack", "snacks", "coffee", "tea", "chocolate", "candy", "cookies", "chips",
             "sauce", "spice", "seasoning", "organic", "gluten", "keto", "vegan", "sugar",
@@ -155,7 +155,7 @@ const WEBSHOP_CATEGORIES: &[(&str, &str, &[&str])] = &[
     ),
     (
         "home",
-        include_str!("../skills/webshop/home.md"),
+        include_str!("../../skills/webshop/home.md"),
         &[
             "curtain", "curtains", "rug", "lamp", "table", "chair", "sofa", "couch", "bed",
             "pillow", "blanket", "sheets", "mattress", "shelf", "cabinet", "desk", "decor",

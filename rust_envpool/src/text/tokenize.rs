@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use tokenizers::Tokenizer;
 
-use crate::chat::{user_messages, ChatTemplate, Message};
-use crate::piece_cache::{check_supported, word_cuts_supported, PieceCache};
-use crate::prompt::PromptError;
+use crate::text::chat::{user_messages, ChatTemplate, Message};
+use crate::text::piece_cache::{check_supported, word_cuts_supported, PieceCache};
+use crate::text::error::PromptError;
 
 /// Most lines (and as many words) the encoder caches: a few MB.
 const PIECE_CACHE_ENTRIES: usize = 1 << 16;
@@ -22,7 +22,7 @@ pub struct ChatTokenizer {
     tokenizer: Tokenizer,
     template: ChatTemplate,
     dir: PathBuf,
-    /// Piece cache when the tokenizer's setup supports cutting (see [`crate::piece_cache`]).
+    /// Piece cache when the tokenizer's setup supports cutting (see [`crate::text::piece_cache`]).
     pieces: Option<PieceCache>,
     /// Why the piece cache is off (None when on).
     unsupported: Option<String>,
@@ -158,16 +158,14 @@ mod tests {
 }
 
 #[cfg(test)]
-mod model_dir_tests {
-    //! Tests on a real (word-level) tokenizer written to a temporary model directory.
+pub(crate) mod model_dir_tests {
+    //! Tests on a real (word-level) tokenizer written to a temporary model directory; the
+    //! prompt tests use its `model_dir` too.
     use super::*;
-    use crate::prompt::{HistoryEntry, PromptBuilder, Variant};
-    use crate::skills::EnvKind;
-    use std::sync::Arc;
 
     const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
-    fn model_dir(name: &str) -> PathBuf {
+    pub(crate) fn model_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("pcsd_tok_{name}_{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let words = ["[UNK]", "user", "assistant", "system", "go", "to", "desk", "1", "look", "a", "b"];
@@ -208,28 +206,6 @@ mod model_dir_tests {
         assert_eq!(ids.iter().filter(|&&i| i == end[0]).count(), 2);
         std::fs::remove_dir_all(&dir).ok();
     }
-
-    #[test]
-    fn budget_falls_back_then_errors() {
-        let dir = model_dir("budget");
-        let tok = Arc::new(ChatTokenizer::from_dir(&dir).unwrap());
-        let adm = vec!["look".to_string()];
-        let hist = vec![HistoryEntry::new("go to desk 1 ".repeat(30), "look")];
-        let count = |b: &PromptBuilder, h: &[HistoryEntry], step| {
-            b.build_detailed("look", "a", &adm, h, step).unwrap().tokens.unwrap()
-        };
-        let big = PromptBuilder::new(EnvKind::Alfworld, 2, Some(100_000), Some(tok.clone())).unwrap();
-        let n_full = count(&big, &hist, 1);
-        let n_short = count(&big, &[], 0);
-        assert!(n_short < n_full);
-        let b = PromptBuilder::new(EnvKind::Alfworld, 2, Some(n_full - 1), Some(tok.clone())).unwrap();
-        let p = b.build_detailed("look", "a", &adm, &hist, 1).unwrap();
-        assert_eq!((p.variant, p.tokens), (Variant::NoHistory, Some(n_short)));
-        let b = PromptBuilder::new(EnvKind::Alfworld, 2, Some(n_short - 1), Some(tok)).unwrap();
-        let e = b.build("look", "a", &adm, &hist, 1).unwrap_err();
-        assert!(matches!(e, PromptError::TooLong { .. }), "{e}");
-        std::fs::remove_dir_all(&dir).ok();
-    }
 }
 
 #[cfg(test)]
@@ -238,7 +214,7 @@ mod piece_cache_tests {
     //! BPE tokenizer set up like Qwen2's (NFC, the Qwen2 split regex, ByteLevel); setups where
     //! the cuts are not provably safe (GPT-2's regex among them) encode whole strings.
     use super::*;
-    use crate::piece_cache::QWEN2_SPLIT_PATTERN;
+    use crate::text::piece_cache::QWEN2_SPLIT_PATTERN;
     use proptest::prelude::*;
     use serde_json::json;
 

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use minijinja::{context, Environment, Error as JinjaError, ErrorKind, Value};
 
-use crate::prompt::PromptError;
+use crate::text::error::PromptError;
 
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq)]
