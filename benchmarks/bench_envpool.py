@@ -43,7 +43,7 @@ from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pcsd.bench import amdahl, pool_worker_cpu_ns  # noqa: E402
+from pcsd.bench.common import amdahl, pool_worker_cpu_ns  # noqa: E402
 from pcsd.envs.pool import EnvPool  # noqa: E402
 
 ACTION = "go north"
@@ -149,7 +149,7 @@ STREAM_LEN = 10  # commands per episode, then the auto-reset step
 
 
 def alfworld_pool(num_envs: int, threads: int) -> tuple[EnvPool, Script]:
-    from pcsd.bench import command_streams
+    from pcsd.bench.env import command_streams
 
     group = min(ALFWORLD_GROUP, num_envs)
     num_groups = num_envs // group
@@ -202,7 +202,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench-results", help="--prompts: folder for prompts.json / .png")
     args = ap.parse_args()
     if args.prompts:
-        from pcsd.bench import main as bench_main
+        from pcsd.bench.cli import main as bench_main
 
         bench_main(["prompts", "--envs", str(args.envs), "--turns", str(args.turns), "--repeats", str(args.repeats),
                     "--threads", *map(str, args.threads), "--out", args.out])

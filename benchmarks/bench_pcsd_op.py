@@ -26,15 +26,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from pcsd import _native  # noqa: E402
-from pcsd.bench import machine_line, measure  # noqa: E402
-from pcsd.bench import make_segments as make  # noqa: E402
-from pcsd.ops import kernel_for, pcsd_weights  # noqa: E402
-from pcsd.reference import pcsd_weights_reference  # noqa: E402
+from pcsd.bench.common import machine_line, measure  # noqa: E402
+from pcsd.bench.op import make_segments as make  # noqa: E402
+from pcsd.ops.kernels import kernel_for, pcsd_weights  # noqa: E402
+from pcsd.ops.reference import pcsd_weights_reference  # noqa: E402
 
 
 def round_robin(fns: dict, repeats: int, sync) -> dict[str, dict]:
     """One warm-up call of each, then ``repeats`` rounds of one timed call of each
-    (:func:`pcsd.bench.measure` per call). Returns name -> {median_s, spread_s, cpu_s}: wall-clock
+    (:func:`pcsd.bench.common.measure` per call). Returns name -> {median_s, spread_s, cpu_s}: wall-clock
     median and spread, and the median CPU time of the process per call (``time.process_time``:
     all threads together; on a machine shared with other jobs it is not inflated by waiting for a
     core, so with one thread it is the fairer speed figure)."""

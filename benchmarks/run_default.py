@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     report(rows)
     if args.json:
         sys.path.insert(0, str(ROOT))
-        from pcsd.bench import machine_line
+        from pcsd.bench.common import machine_line
 
         args.json.write_text(json.dumps(dict(machine=machine_line(), runs=rows), indent=2))
     return 0

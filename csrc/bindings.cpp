@@ -1,5 +1,5 @@
 // pybind11 edge of pcsd._C. Takes raw addresses (ints) and sizes: no torch headers, so the module
-// survives torch upgrades. pcsd/ops.py owns allocation, dtype/device checks and error messages.
+// survives torch upgrades. pcsd/ops/kernels.py owns allocation, dtype/device checks and error messages.
 #include <pybind11/pybind11.h>
 
 #include <cstdint>

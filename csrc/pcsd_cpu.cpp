@@ -874,7 +874,7 @@ int pcsd_weights_cpu(const float* gap, const int64_t* cu, int64_t num_segments, 
     seg_start[k] = std::max(seg_start[k], seg_start[k - 1]);
   }
 
-  // Statistics are all-or-nothing (pcsd/ops.py passes four buffers or none).
+  // Statistics are all-or-nothing (pcsd/ops/kernels.py passes four buffers or none).
   const bool stats = adaptive != nullptr && r != nullptr && slope != nullptr && eta != nullptr;
   const bool use_simd = std::strcmp(cpu_kernel_name(p, impl), "avx2") == 0;
   std::vector<int> status(static_cast<size_t>(threads), kOk);

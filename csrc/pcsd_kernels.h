@@ -1,7 +1,7 @@
 // Segmented PCSD token weights: the contract shared by the CPU and CUDA kernels.
 //
 // Inputs are raw pointers so that the compiled module needs no torch headers and keeps working
-// across torch upgrades; pcsd/ops.py allocates every buffer with torch and passes data_ptr().
+// across torch upgrades; pcsd/ops/kernels.py allocates every buffer with torch and passes data_ptr().
 //
 //   gap        float32 [T]      teacher - student sampled log-prob gaps, packed back to back
 //   cu_seqlens int64   [S + 1]  cu[0] == 0, non-decreasing, cu[S] == T; segment s = [cu[s], cu[s+1])
@@ -74,7 +74,7 @@ bool cpu_vexp_nonpositive(const float* x, float* y, int64_t n);
 
 #ifdef PCSD_WITH_CUDA
 // CUDA kernel: all pointers are device pointers; stream is a cudaStream_t. Inputs are assumed
-// validated by the caller (pcsd/ops.py checks cu_seqlens and finiteness with torch ops).
+// validated by the caller (pcsd/ops/kernels.py checks cu_seqlens and finiteness with torch ops).
 // Returns 0 or a cudaError_t value.
 int pcsd_weights_cuda(const float* gap, const int64_t* cu_seqlens, int64_t num_segments,
                       int64_t total, const uint8_t* mask, const PcsdParams& p, float* w,

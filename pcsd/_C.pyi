@@ -1,4 +1,4 @@
-"""Stubs for the private compiled module pcsd._C (csrc/bindings.cpp). Use pcsd.ops instead."""
+"""Stubs for the private compiled module pcsd._C (csrc/bindings.cpp). Use pcsd.ops.kernels instead."""
 
 __version__: str
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pcsd.rollout.backends import available_backends, make_backend
-from pcsd.scoring import score_packed
+from pcsd.ops.scoring import score_packed
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,9 @@ import sys
 import pytest
 import torch
 
-from pcsd import bench
+from pcsd.bench import common, op, prompts
+from pcsd.bench import env as bench_env
+from pcsd.bench.cli import main as bench_main
 
 
 def _load(out, name):
@@ -28,16 +30,16 @@ def _load(out, name):
 
 def test_measure_median_and_spread():
     calls = []
-    m = bench.measure(lambda: calls.append(1), repeats=3, warmup=2)
+    m = common.measure(lambda: calls.append(1), repeats=3, warmup=2)
     assert len(calls) == 5 and len(m["times_s"]) == 3
     assert m["min_s"] <= m["median_s"] <= m["max_s"]
     assert m["spread_s"] == pytest.approx(m["max_s"] - m["min_s"])
     with pytest.raises(ValueError, match="repeats"):
-        bench.measure(lambda: None, repeats=0)
+        common.measure(lambda: None, repeats=0)
 
 
 def test_make_segments_cover_total():
-    gap, cu, mask = bench.make_segments(5000)
+    gap, cu, mask = op.make_segments(5000)
     assert gap.shape == mask.shape == (5000,)
     assert int(cu[0]) == 0 and int(cu[-1]) == 5000
     lengths = cu[1:] - cu[:-1]
@@ -46,21 +48,21 @@ def test_make_segments_cover_total():
 
 def test_bad_arguments_exit_with_a_named_error(capsys):
     with pytest.raises(SystemExit) as e:
-        bench.main(["env", "--sizes", "0"])
+        bench_main(["env", "--sizes", "0"])
     assert e.value.code == 2
     assert "--sizes" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        bench.main(["nope"])
+        bench_main(["nope"])
     with pytest.raises(SystemExit) as e:
-        bench.main(["env", "--tiny", "--no-real", "--sizes", "12", "--group-size", "8", "--out", "/tmp/x"])
+        bench_main(["env", "--tiny", "--no-real", "--sizes", "12", "--group-size", "8", "--out", "/tmp/x"])
     assert "--sizes" in str(e.value)
     with pytest.raises(SystemExit) as e:
-        bench.main(["env", "--mp-envs", "0"])
+        bench_main(["env", "--mp-envs", "0"])
     assert e.value.code == 2 and "--mp-envs" in capsys.readouterr().err
 
 
 def test_op(tmp_path):
-    bench.main(["op", "--tiny", "--no-compile", "--threads", "1", "--out", str(tmp_path)])
+    bench_main(["op", "--tiny", "--no-compile", "--threads", "1", "--out", str(tmp_path)])
     data = _load(tmp_path, "op")
     row = data["rows"][0]
     for key in ("native_ms", "eager_ms", "copy_GBps", "native_GBps", "speedup_vs_eager", "max_abs_err_vs_ref"):
@@ -69,13 +71,13 @@ def test_op(tmp_path):
 
 
 def test_env(tmp_path):
-    bench.main(["env", "--tiny", "--threads", "1", "2", "--mp-steps", "1", "--real-steps", "2", "--out", str(tmp_path)])
+    bench_main(["env", "--tiny", "--threads", "1", "2", "--mp-steps", "1", "--real-steps", "2", "--out", str(tmp_path)])
     data = _load(tmp_path, "env")
     native = [r for r in data["rows"] if r["engine"] == "native pool"]
     assert {r["threads"] for r in native} == {1, 2}
     for key in ("sync_steps_per_s", "async_steps_per_s", "async_vs_sync", "sync_per_core", "sync_scaling_vs_1thr"):
         assert all(key in r for r in native)
-    if bench.pool_worker_cpu_ns() is not None:  # the CPU split (Linux /proc)
+    if common.pool_worker_cpu_ns() is not None:  # the CPU split (Linux /proc)
         for r in native:
             assert r["sync_serial_ns"] > 0 and r["sync_worker_ns"] > 0 and 0 < r["async_serial_share"] < 1
         two = next(r for r in native if r["threads"] == 2)
@@ -96,8 +98,8 @@ def test_env(tmp_path):
 
 
 def _real_streams(tmp_path, n_games, length):
-    games = bench.make_games(tmp_path, n_games)
-    return games, bench.command_streams(games, length)
+    games = bench_env.make_games(tmp_path, n_games)
+    return games, bench_env.command_streams(games, length)
 
 
 def test_mp_pool_steps_like_one_env_at_a_time(tmp_path, real_alfworld):
@@ -105,14 +107,14 @@ def test_mp_pool_steps_like_one_env_at_a_time(tmp_path, real_alfworld):
     in env order, for sync steps and for async send / recv_any."""
     games, streams = _real_streams(tmp_path, 3, 3)
     cmds = [[streams[e][j] for e in range(3)] for j in range(3)] + [[None] * 3]  # ... then a reset
-    envs = [bench._start_real_env(g) for g in games]
-    first = [bench._real_result(env.reset()) for env in envs]
-    expect = [[bench._real_result(env.reset() if c is None else env.step(c)[0]) for env, c in zip(envs, step)]
+    envs = [bench_env._start_real_env(g) for g in games]
+    first = [bench_env._real_result(env.reset()) for env in envs]
+    expect = [[bench_env._real_result(env.reset() if c is None else env.step(c)[0]) for env, c in zip(envs, step)]
               for step in cmds]
     for env in envs:
         env.close()
     assert first[0] != first[1]  # different games: a slicing mistake cannot go unseen
-    pool = bench.RealEnvProcessPool(games, workers=2)
+    pool = bench_env.RealEnvProcessPool(games, workers=2)
     try:
         assert pool.slices == [[0, 1], [2]] or pool.slices == [[0], [1, 2]]
         assert [pool.step(step) for step in cmds] == expect
@@ -130,27 +132,27 @@ def test_mp_pool_steps_like_one_env_at_a_time(tmp_path, real_alfworld):
 def test_mp_pool_bad_input(tmp_path, real_alfworld):
     games, _ = _real_streams(tmp_path, 2, 1)
     with pytest.raises(ValueError, match="workers"):
-        bench.RealEnvProcessPool(games, workers=3)
+        bench_env.RealEnvProcessPool(games, workers=3)
     with pytest.raises(ValueError, match="workers"):
-        bench.RealEnvProcessPool(games, workers=0)
+        bench_env.RealEnvProcessPool(games, workers=0)
     with pytest.raises(RuntimeError, match="worker 0 failed"):
-        bench.RealEnvProcessPool([str(tmp_path / "missing.tw-pddl")], workers=1)
+        bench_env.RealEnvProcessPool([str(tmp_path / "missing.tw-pddl")], workers=1)
 
 
 def test_python_prompt_matches_rust(tmp_path):
-    from pcsd.prompts import PromptBuilder
+    from pcsd.text.prompts import PromptBuilder
 
-    games = bench.make_games(tmp_path, 2)
-    reqs = [r for turn in bench.prompt_stream(games, 2, 4) for r in turn]
+    games = bench_env.make_games(tmp_path, 2)
+    reqs = [r for turn in prompts.prompt_stream(games, 2, 4) for r in turn]
     pb = PromptBuilder("alfworld", history_length=2, max_prompt_tokens=None)
     assert any(r["step"] >= 3 for r in reqs)  # history longer than H is exercised
     for r in reqs:
-        assert bench.python_prompt(r, 2) == pb.build(r["task"], r["observation"], r["admissible"], r["history"],
+        assert prompts.python_prompt(r, 2) == pb.build(r["task"], r["observation"], r["admissible"], r["history"],
                                                      r["step"])
 
 
 def test_prompts(tmp_path):
-    bench.main(["prompts", "--tiny", "--out", str(tmp_path)])
+    bench_main(["prompts", "--tiny", "--out", str(tmp_path)])
     rows = _load(tmp_path, "prompts")["rows"]
     assert [r["phase"].split(":")[0] for r in rows if r["threads"] == 1] == ["cold", "steady"]
     for row in rows:
@@ -161,7 +163,7 @@ def test_prompts(tmp_path):
 
 
 def test_logprobs(tmp_path):
-    bench.main(["logprobs", "--tiny", "--vocab", "20000", "--out", str(tmp_path)])
+    bench_main(["logprobs", "--tiny", "--vocab", "20000", "--out", str(tmp_path)])
     rows = _load(tmp_path, "logprobs")["rows"]
     assert {r["pass_"] for r in rows} == {"fwd", "fwd+bwd"}
     for key in ("chunked_ms", "naive_ms", "chunked_peak_KB_per_token", "naive_peak_KB_per_token", "max_abs_err"):
@@ -170,7 +172,7 @@ def test_logprobs(tmp_path):
 
 
 def test_rollout(tmp_path):
-    bench.main(["rollout", "--tiny", "--no-vllm", "--out", str(tmp_path)])
+    bench_main(["rollout", "--tiny", "--no-vllm", "--out", str(tmp_path)])
     data = _load(tmp_path, "rollout")
     assert {(r["backend"], r["phase"]) for r in data["rows"]} == {("hf", "generate only"), ("hf", "rollout")}
     row = next(r for r in data["rows"] if r["phase"] == "rollout")
@@ -199,14 +201,14 @@ def test_rollout_vllm_column(tmp_path, vllm_available, child_env):
 
 def test_model_path_needs_a_checkpoint_and_a_gpu(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--model-path: expected a Hugging Face checkpoint"):
-        bench.main(["rollout", "--tiny", "--model-path", str(tmp_path / "nope"), "--out", str(tmp_path)])
+        bench_main(["rollout", "--tiny", "--model-path", str(tmp_path / "nope"), "--out", str(tmp_path)])
     (tmp_path / "config.json").write_text("{}")
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is present: the real-model path is selected, not refused")
     with pytest.raises(SystemExit, match="--model-path: .*needs a CUDA GPU"):
-        bench.main(["rollout", "--tiny", "--model-path", str(tmp_path), "--out", str(tmp_path)])
+        bench_main(["rollout", "--tiny", "--model-path", str(tmp_path), "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="--model-path: .*needs a CUDA GPU"):  # `all` refuses before it starts
-        bench.main(["all", "--tiny", "--model-path", str(tmp_path), "--out", str(tmp_path)])
+        bench_main(["all", "--tiny", "--model-path", str(tmp_path), "--out", str(tmp_path)])
     assert not (tmp_path / "op.json").exists()
 
 

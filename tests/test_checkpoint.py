@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from pcsd import checkpoint as ck
+from pcsd.train import checkpoint as ck
 
 
 def _model(seed: int = 0):
@@ -32,7 +32,7 @@ def _stepped(model):
 
 
 def _save(run: Path, step: int, model, opt, **kw):
-    from pcsd.distributed import full_optimizer_state, single_process
+    from pcsd.train.distributed import full_optimizer_state, single_process
 
     return ck.save_checkpoint(run, step, model, full_optimizer_state(model, opt, single_process()),
                               ck.capture_rng({"games": random.Random(step)}), config_yaml=f"step: {step}\n",
@@ -40,7 +40,7 @@ def _save(run: Path, step: int, model, opt, **kw):
 
 
 def test_round_trip_restores_weights_optimizer_rng_state(tmp_path):
-    from pcsd.distributed import load_full_state, single_process
+    from pcsd.train.distributed import load_full_state, single_process
 
     model = _model()
     opt = _stepped(model)
@@ -48,7 +48,7 @@ def test_round_trip_restores_weights_optimizer_rng_state(tmp_path):
     games.random()
     random.seed(11), np.random.seed(11), torch.manual_seed(11)
     rng = ck.capture_rng({"games": games})
-    from pcsd.distributed import full_optimizer_state
+    from pcsd.train.distributed import full_optimizer_state
 
     path = ck.save_checkpoint(tmp_path, 3, model, full_optimizer_state(model, opt, single_process()), rng,
                               config_yaml="a: 1\n", state={"summary": {"x": 1}})
@@ -108,7 +108,7 @@ def test_hard_crash_mid_write_never_loads(tmp_path, child_env):
     script = textwrap.dedent(f"""
         import os, random, torch
         from transformers import Qwen2Config, Qwen2ForCausalLM
-        import pcsd.checkpoint as ck
+        import pcsd.train.checkpoint as ck
         real = torch.save
         def dying(obj, f, *a, **k):
             real(obj, f, *a, **k)

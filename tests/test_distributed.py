@@ -2,7 +2,7 @@
 
 A fixed RolloutBatch (random token ids, no generation) is split by whole groups over 2 ranks; each
 rank shards the tiny student and the frozen reference/teacher with ``fully_shard`` and runs
-:func:`pcsd.trainer.update_step` on its share. The loss and the updated weights must match one
+:func:`pcsd.train.update.update_step` on its share. The loss and the updated weights must match one
 process on the whole batch: the GRPO ``1/G sum_g 1/M_g`` and PCSD ``1/M`` normalisers are global.
 """
 
@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from pcsd.distributed import DistContext, select_groups, single_process, split_groups
+from pcsd.train.distributed import DistContext, select_groups, single_process, split_groups
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or sys.platform == "win32",
                                 reason="torch.distributed with gloo is needed")
 
 
 def _cfg(**algo):
-    from pcsd.config import load_config
+    from pcsd.train.config import load_config
 
     ov = ["rollout.backend=hf", "optim.lr=1e-2", "optim.tokens_per_microbatch=96", "optim.grad_clip=1e9"]
     ov += [f"algo.{k}={v}" for k, v in algo.items()]
@@ -45,7 +45,7 @@ def _free_port() -> int:
 
 
 def _load(model_dir):
-    from pcsd.trainer import load_model
+    from pcsd.models import load_model
 
     m = load_model(model_dir, torch.device("cpu"), "float32")
     frozen = copy.deepcopy(m).eval()
@@ -60,9 +60,9 @@ def _load(model_dir):
 def _worker(rank: int, world: int, port: int, model_dir: str, out: str, algo: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from pcsd import distributed as du
+    from pcsd.train import distributed as du
     from pcsd.testing import synthetic_rollout_batch
-    from pcsd.trainer import update_step
+    from pcsd.train.update import update_step
 
     ctx = du.init_distributed(rank=rank, world_size=world, device="cpu")
     try:
@@ -94,7 +94,7 @@ def test_two_gloo_ranks_match_one_process(tiny_dir, tmp_path, algo):
     import torch.multiprocessing as mp
 
     from pcsd.testing import synthetic_rollout_batch
-    from pcsd.trainer import update_step
+    from pcsd.train.update import update_step
 
     out = tmp_path / "rank0.pt"
     mp.spawn(_worker, args=(2, _free_port(), str(tiny_dir), str(out), algo), nprocs=2, join=True)
@@ -150,7 +150,7 @@ def test_select_groups_keeps_whole_groups():
 
 
 def test_bad_arguments():
-    from pcsd.distributed import init_distributed
+    from pcsd.train.distributed import init_distributed
 
     with pytest.raises(ValueError, match="rank"):
         init_distributed(rank=2, world_size=2)

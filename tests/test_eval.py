@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pcsd import eval as ev
-from pcsd.prompts import PromptBuilder
+import pcsd.eval as ev
+from pcsd.eval import cli as ev_cli
+from pcsd.text.prompts import PromptBuilder
 from pcsd.rollout.backends import make_backend
 from pcsd.testing import make_tiny_model
 
@@ -165,7 +166,7 @@ def test_resolve_model_from_a_checkpoint_or_a_run_dir(tmp_path):
     final = fake_checkpoint(run / "final-model")
     assert ev.resolve_model(run) == (final, base, run)
     assert ev.resolve_model(final) == (final, base, run)  # a checkpoint inside a run finds its tokenizer
-    assert ev._run_label(run, final, skills=True) == "SDAR*"
+    assert ev_cli._run_label(run, final, skills=True) == "SDAR*"
     alone = fake_checkpoint(tmp_path / "hf", tokenizer=True)
     assert ev.resolve_model(alone) == (alone, alone, None)
     with pytest.raises(ev.EvalError, match="no tokenizer.json"):
@@ -218,7 +219,7 @@ def test_cli_missing_model_path(tmp_path, capsys):
 
 
 def test_trainer_uses_the_same_evaluation():
-    from pcsd import trainer
+    from pcsd.train import job
 
     assert trainer.evaluate is ev.evaluate
 
@@ -260,13 +261,13 @@ def test_vllm_evaluation_repeats_on_many_games(tiny, vllm_available, tmp_path):
 def test_procedural_list_of_a_tiny_run_is_the_trainers_eval_list(tmp_path):
     """``--split procedural`` on a run rebuilds the trainer's own evaluation games (the run's
     env.receptacles / env.distractors knobs, eval.episodes games)."""
-    from pcsd.trainer import procedural_games
+    from pcsd.envs.procedural import write_games as procedural_games
 
-    args = ev._parser().parse_args(["--model", "x", "--split", "procedural"])
+    args = ev_cli._parser().parse_args(["--model", "x", "--split", "procedural"])
     run_cfg = {"preset": "tiny-cpu", "eval": {"episodes": 7}, "env": {"receptacles": 11, "distractors": 0}}
-    mine = ev._resolve_games("procedural", args, tmp_path / "eval", run_cfg)
+    mine = ev_cli._resolve_games("procedural", args, tmp_path / "eval", run_cfg)
     theirs = procedural_games(tmp_path / "train-run", 7, seed=900_000, receptacles=11, distractors=0)
     assert [Path(g).read_bytes() for g in mine] == [Path(g).read_bytes() for g in theirs]
     other = procedural_games(tmp_path / "other-knobs", 7, seed=900_000, distractors=2)
     assert [Path(g).read_bytes() for g in mine] != [Path(g).read_bytes() for g in other]
-    assert len(ev._resolve_games("procedural", args, tmp_path / "other", {})) == 48
+    assert len(ev_cli._resolve_games("procedural", args, tmp_path / "other", {})) == 48

@@ -12,7 +12,7 @@ import pytest
 
 from pcsd.envs.alfworld import AlfworldGame
 from pcsd.envs.procedural import TASK_TYPES, generate_game_json, write_games
-from pcsd.experts import ObservationExpert, play_expert
+from pcsd.envs.experts import ObservationExpert, play_expert
 
 
 def _play(game: AlfworldGame, max_steps: int = 50) -> tuple[list[str], list[str]]:

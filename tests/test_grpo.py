@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pcsd.grpo import aggregate, group_advantages, grpo_loss
+from pcsd.ops.grpo import aggregate, group_advantages, grpo_loss
 
 
 def loop_advantages(rewards, groups, eps=1e-6):
@@ -94,7 +94,7 @@ def test_on_policy_ratio_one_gives_minus_advantage_mean():
 
 @pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"])
 def test_token_coefficients_reproduce_aggregation(mode):
-    from pcsd.grpo import token_coefficients
+    from pcsd.ops.grpo import token_coefficients
 
     torch.manual_seed(1)
     x = torch.randn(30, dtype=torch.float64)

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcsd.eval import CATEGORIES
-from pcsd.metrics import MetricsLogger, category_success, read_jsonl, step_record, tag_for
+from pcsd.envs.alfworld import CATEGORIES
+from pcsd.train.metrics import MetricsLogger, category_success, read_jsonl, step_record, tag_for
 from pcsd.progress import ProgressReporter
 from pcsd.rollout.loop import RolloutBatch, RolloutTimings
 
@@ -162,8 +162,8 @@ def test_update_step_reports_scoring_and_micro_batches(ppo_epochs):
     only); more epochs score the old policy first."""
     from omegaconf import OmegaConf
 
-    from pcsd import trainer
-    from pcsd.config import TrainConfig
+    from pcsd.train import job
+    from pcsd.train.config import TrainConfig
     from pcsd.testing import make_tiny_model
 
     cfg = OmegaConf.structured(TrainConfig)

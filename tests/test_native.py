@@ -56,7 +56,7 @@ def test_broken_native_module_gives_clear_message(tmp_path: Path):
         warnings.simplefilter("ignore")
         import pcsd, torch
         info = pcsd.native_info()
-        from pcsd.ops import pcsd_weights, kernel_for
+        from pcsd.ops.kernels import pcsd_weights, kernel_for
         w = pcsd_weights(torch.tensor([0.5, -0.5, 1.0]), torch.tensor([0, 3]))
         try:
             from pcsd import _native

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pcsd import _native
-from pcsd.losses import pcsd_loss
-from pcsd.ops import kernel_for, pcsd_weights, pcsd_weights_padded
-from pcsd.reference import pcsd_weights_loop, pcsd_weights_reference
+from pcsd.ops.losses import pcsd_loss
+from pcsd.ops.kernels import kernel_for, pcsd_weights, pcsd_weights_padded
+from pcsd.ops.reference import pcsd_weights_loop, pcsd_weights_reference
 
 HAVE_C = _native.kernels() is not None
 needs_c = pytest.mark.skipif(not HAVE_C, reason="pcsd._C not built (run tools/build_inplace.sh)")
@@ -258,7 +258,7 @@ def test_kernel_matches_reference_with_one_hole_anywhere(impl, kw):
 @needs_c
 @pytest.mark.skipif(not HAVE_AVX2, reason="CPU without AVX2/FMA")
 def test_avx2_and_scalar_kernels_agree_on_a_large_batch():
-    from pcsd.bench import make_segments
+    from pcsd.bench.op import make_segments
     gap, cu, mask = make_segments(300_000, seed=4)
     with cpu_impl("scalar"):
         ref = pcsd_weights(gap, cu, mask, return_stats=True)

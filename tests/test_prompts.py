@@ -1,4 +1,4 @@
-"""Prompts, chat templates, tokenisation, action parsing and skill retrieval (pcsd.prompts)."""
+"""Prompts, chat templates, tokenisation, action parsing and skill retrieval (pcsd.text.prompts)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcsd import prompts as P
+from pcsd.text import prompts as P
 
 FIXTURES = Path(__file__).parent / "fixtures" / "templates"
 TEMPLATES = {"qwen2.5": FIXTURES / "qwen2.5.jinja", "qwen3": FIXTURES / "qwen3.jinja"}
@@ -578,7 +578,7 @@ def test_unsupported_pre_tokenizer_falls_back_to_whole_strings(tmp_path, model_d
 
 _REENTRANT = """
 import gc, sys
-from pcsd import prompts as P
+from pcsd.text import prompts as P
 pb = P.PromptBuilder("alfworld", tokenizer_dir=sys.argv[1], max_prompt_tokens=None)
 req = [{"task": "put a mug in sinkbasin", "observation": "o", "admissible": ["look"]}]
 want = pb.encode_batch(req)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pcsd.prompts import PromptBuilder
+from pcsd.text.prompts import PromptBuilder
 from pcsd.rollout.backends import make_backend
 from pcsd.rollout.loop import collect_rollouts
 from pcsd.testing import make_tiny_model
@@ -71,7 +71,7 @@ def test_vllm_rollout_on_alfworld_games(setup, tmp_path, vllm_available):
     """The same loop with the vLLM backend on procedural ALFWorld games: behaviour log-probs agree
     with HF scoring of the same tokens, and the split of wall time is reported."""
     from pcsd.envs.procedural import write_game
-    from pcsd.scoring import score_packed
+    from pcsd.ops.scoring import score_packed
 
     _, builder, eos, model = setup
     model_dir = builder.tokenizer.tokenizer_dir

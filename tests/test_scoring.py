@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from pcsd.scoring import pack_sequences, score_packed, selective_logprobs, selective_logprobs_naive
+from pcsd.ops.scoring import pack_sequences, score_packed, selective_logprobs, selective_logprobs_naive
 
 
 def tiny_qwen2(vocab=300, seed=0):
@@ -71,9 +71,9 @@ def test_bad_targets_are_reported():
 def test_packed_scoring_equals_one_sequence_at_a_time(monkeypatch, packed_row):
     """Both pass layouts: the right-padded batch (sdpa/eager attention) and the packed row with
     restarting position ids (flash-attention's layout; here transformers' block mask does it)."""
-    import pcsd.scoring
+    import pcsd.ops.scoring
 
-    monkeypatch.setattr(pcsd.scoring, "uses_varlen_attention", lambda model: packed_row)
+    monkeypatch.setattr(pcsd.ops.scoring, "uses_varlen_attention", lambda model: packed_row)
     model = tiny_qwen2()
     prompts = [[1, 2, 3, 4], [5, 6], [7, 8, 9], [20] * 30]
     responses = [[10, 11, 12], [13], [14, 15], [21, 22, 23, 24]]
@@ -88,7 +88,7 @@ def test_packed_scoring_equals_one_sequence_at_a_time(monkeypatch, packed_row):
 
 
 def test_packed_scoring_gradients_reach_the_model():
-    from pcsd.scoring import uses_varlen_attention
+    from pcsd.ops.scoring import uses_varlen_attention
 
     model = tiny_qwen2().train()
     assert not uses_varlen_attention(model)  # sdpa/eager on CPU: padded batches
@@ -99,7 +99,7 @@ def test_packed_scoring_gradients_reach_the_model():
 
 MEM_SCRIPT = textwrap.dedent("""
     import json, sys, torch
-    from pcsd.scoring import selective_logprobs, selective_logprobs_naive
+    from pcsd.ops.scoring import selective_logprobs, selective_logprobs_naive
 
     def status(key):  # kB
         for line in open("/proc/self/status"):

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pcsd.config import ConfigError, load_config, resume_config
-from pcsd.methods import METHODS, available_methods
+from pcsd.train.config import ConfigError, load_config, resume_config
+from pcsd.train.methods import METHODS, available_methods
 
 
 
@@ -25,7 +25,7 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 def _models(tiny_dir, perturb_frozen: float = 0.0):
-    from pcsd.trainer import load_model
+    from pcsd.models import load_model
 
     student = load_model(tiny_dir, torch.device("cpu"), "float32")
     frozen = copy.deepcopy(student).eval()
@@ -40,7 +40,7 @@ def _models(tiny_dir, perturb_frozen: float = 0.0):
 # ----------------------------------------------------------------------------- one update
 def test_every_trained_parameter_changes(tiny_dir):
     from pcsd.testing import synthetic_rollout_batch
-    from pcsd.trainer import update_step
+    from pcsd.train.update import update_step
 
     cfg = load_config(["rollout.backend=hf", "optim.lr=1e-3", "optim.tokens_per_microbatch=128"])
     student, frozen = _models(tiny_dir)
@@ -70,14 +70,14 @@ def _plain_logprobs(model, prompts, responses) -> torch.Tensor:
                          ids=["pcsd", "sdar-token-mean", "rlsd", "pcsd-old-pass"])
 def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
     """update_step's accumulated micro-batch gradients == autograd of L_GRPO + lambda L_PCSD computed
-    plainly (unpacked full-logit log-probs, pcsd.grpo.grpo_loss, pcsd.losses.pcsd_loss). One PPO
+    plainly (unpacked full-logit log-probs, pcsd.ops.grpo.grpo_loss, pcsd.ops.losses.pcsd_loss). One PPO
     epoch takes log pi_old from the update's own forward; two epochs score it in a separate pass
     (with lr 0 the second epoch's gradient is the first's)."""
-    from pcsd.grpo import group_advantages, grpo_loss
-    from pcsd.losses import pcsd_loss
+    from pcsd.ops.grpo import group_advantages, grpo_loss
+    from pcsd.ops.losses import pcsd_loss
     from pcsd.testing import synthetic_rollout_batch
-    from pcsd.trainer import update_step
-    from pcsd.weighting import get_rule
+    from pcsd.train.update import update_step
+    from pcsd.ops.weighting import get_rule
 
     cfg = load_config(["rollout.backend=hf", "optim.tokens_per_microbatch=60", "optim.grad_clip=1e9",
                        "algo.lambda_distill=0.5", "algo.kl_beta=0.1"] + extra)
@@ -165,7 +165,7 @@ def test_unknown_method_and_preset_list_valid_ones():
 
 
 def test_every_method_resolves_with_every_preset():
-    from pcsd.config import available_presets
+    from pcsd.train.config import available_presets
 
     for preset in available_presets():
         for m in available_methods():
@@ -201,7 +201,7 @@ def test_methods_set_what_the_paper_says():
 def test_grpo_comparison_preset_differs_from_the_default_only_in_the_method():
     """tiny-cpu-grpo is the default's comparison run: same model, games, seeds, rollout, optimiser
     and evaluation; only the preset name, the method and the distillation switch differ."""
-    from pcsd.config import config_diff
+    from pcsd.train.config import config_diff
 
     default, grpo = load_config([]), load_config(["preset=tiny-cpu-grpo"])
     assert config_diff(default, grpo) == ["algo.distill", "method", "preset"]
@@ -224,7 +224,7 @@ def test_resume_refuses_changes_of_meaning(tmp_path):
 
 
 def test_cli_errors_exit_2(capsys):
-    from pcsd.train import main
+    from pcsd.train.cli import main
 
     assert main(["method=ppo"]) == 2
     assert "valid methods" in capsys.readouterr().err
@@ -292,9 +292,10 @@ def test_sft_loss_is_response_nll_plus_weighted_prompt_nll(tmp_path, tiny_dir, p
     the examples are the student's rollout prompts with the expert's think/action response."""
     import random
 
-    from pcsd.prompts import PromptBuilder
-    from pcsd.sft import expert_episodes, sft_examples, sft_warmup, think_for
-    from pcsd.trainer import eos_id, procedural_games
+    from pcsd.text.prompts import PromptBuilder
+    from pcsd.train.sft import expert_episodes, sft_examples, sft_warmup, think_for
+    from pcsd.envs.procedural import write_games as procedural_games
+    from pcsd.models import eos_id
 
     builder = PromptBuilder("alfworld", history_length=2, max_prompt_tokens=1024, tokenizer_dir=tiny_dir)
     games = procedural_games(tmp_path / "g", 2, 77, ("pick_and_place_simple",), rooms=("bedroom",),
@@ -331,7 +332,7 @@ def test_sft_loss_is_response_nll_plus_weighted_prompt_nll(tmp_path, tiny_dir, p
 
 
 def test_sft_bad_arguments_name_themselves(tiny_dir):
-    from pcsd.sft import sft_warmup
+    from pcsd.train.sft import sft_warmup
 
     model, _ = _models(tiny_dir)
     ex = [([5, 6, 7], [8, 2])]
@@ -346,9 +347,10 @@ def test_sft_bad_arguments_name_themselves(tiny_dir):
 def test_sft_teacher_share_adds_skill_prompts_with_the_same_responses(tmp_path, tiny_dir):
     """teacher_share=1: every step twice, the second time with the teacher's prompt (the skills
     block prepended to the same student prompt) and the same response; 0: student prompts only."""
-    from pcsd.prompts import PromptBuilder
-    from pcsd.sft import expert_episodes, sft_examples
-    from pcsd.trainer import eos_id, procedural_games
+    from pcsd.text.prompts import PromptBuilder
+    from pcsd.train.sft import expert_episodes, sft_examples
+    from pcsd.envs.procedural import write_games as procedural_games
+    from pcsd.models import eos_id
 
     builder = PromptBuilder("alfworld", history_length=2, max_prompt_tokens=None, tokenizer_dir=tiny_dir)
     games = procedural_games(tmp_path / "g", 2, 78, ("pick_and_place_simple",), rooms=("bedroom",),
@@ -371,7 +373,7 @@ def test_sft_teacher_share_adds_skill_prompts_with_the_same_responses(tmp_path, 
 
 
 def test_sft_schedule_warms_up_then_decays():
-    from pcsd.sft import lr_factor
+    from pcsd.train.sft import lr_factor
 
     f = [lr_factor(s, 100) for s in range(100)]
     assert f[0] == pytest.approx(0.2) and f[4] == pytest.approx(1.0)  # 5 warm-up steps
@@ -381,12 +383,12 @@ def test_sft_schedule_warms_up_then_decays():
 
 def test_game_corpus_makes_every_name_one_token(tmp_path):
     """The tokenizer trained with the games' text holds each object/receptacle name whole."""
-    from pcsd.sft import expert_episodes, game_corpus
+    from pcsd.train.sft import expert_episodes, game_corpus
     from pcsd.testing import make_tiny_model
-    from pcsd.trainer import procedural_games
+    from pcsd.envs.procedural import write_games as procedural_games
     from tokenizers import Tokenizer
 
-    games = procedural_games(tmp_path / "g", 12, 5, None, distractors=4)
+    games = procedural_games(tmp_path / "g", 12, 5, distractors=4)
     episodes = expert_episodes(games, 8)
     corpus = game_corpus(episodes)
     assert any(line.startswith("Your task is to: ") for line in corpus)
@@ -419,7 +421,7 @@ def test_game_corpus_makes_every_name_one_token(tmp_path):
     ("", None),
 ])
 def test_task_parts_reads_every_alfworld_template(task, parts):
-    from pcsd.sft import task_parts, think_for
+    from pcsd.train.sft import task_parts, think_for
 
     assert task_parts(task) == parts
     think = think_for(task, "take plate 1 from cabinet 2")
@@ -430,7 +432,7 @@ def test_task_parts_reads_every_shared_and_generated_task(alfworld_data):
     """Every task sentence of the shared games and of generated games of the six types yields its
     object and target, both words of the sentence."""
     from pcsd.envs.alfworld import TASK_TYPES, AlfworldGame
-    from pcsd.sft import task_parts
+    from pcsd.train.sft import task_parts
 
     tasks = [AlfworldGame.from_file(p).task for p in sorted((alfworld_data / "json_2.1.1").rglob("game.tw-pddl"))]
     tasks += [AlfworldGame.generate(t, seed).task for t in TASK_TYPES for seed in range(20)]
@@ -445,7 +447,7 @@ def test_task_parts_reads_every_shared_and_generated_task(alfworld_data):
 def test_smoke_of_the_default_path_with_its_warm_up(tmp_path):
     """The default's own path, shortened: no model.path (the tiny model is generated with a
     tokenizer trained on the warm-up games), the expert's SFT, one RL step, both evaluations."""
-    from pcsd.train import main
+    from pcsd.train.cli import main
 
     run = tmp_path / "run"
     assert main([f"run.dir={run}", "rollout.backend=hf", "optim.sft_steps=3", "optim.sft_games=6",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pcsd.ops import pcsd_weights
-from pcsd.reference import pcsd_weights_reference
-from pcsd.weighting import available_rules, get_rule, rlsd_lambda
+from pcsd.ops.kernels import pcsd_weights
+from pcsd.ops.reference import pcsd_weights_reference
+from pcsd.ops.weighting import available_rules, get_rule, rlsd_lambda
 
 EXPECTED = {"pcsd", "pcsd-fixed-n1", "pcsd-fixed-n4", "pcsd-no-trend", "pcsd-no-decay",
             "uniform", "sdar", "rlsd"}

@@ -1,5 +1,11 @@
-"""Environments: the native ALFWorld engine (:class:`AlfworldGame`) and the batched env pool."""
+"""Environments: the native ALFWorld engine (:mod:`pcsd.envs.alfworld`, with the task categories of
+the paper's Table 1), procedural ALFWorld games from the native generator
+(:mod:`pcsd.envs.procedural`), scripted experts (:mod:`pcsd.envs.experts`) and the batched env pool
+(:mod:`pcsd.envs.pool`).
 
-from pcsd.envs.alfworld import TASK_TYPES, AlfworldGame
+Imports only the native module: nothing of ops, text, rollout, eval or train.
+"""
 
-__all__ = ["AlfworldGame", "TASK_TYPES"]
+from pcsd.envs.alfworld import CATEGORIES, CATEGORY_ORDER, TASK_TYPES, AlfworldGame
+
+__all__ = ["AlfworldGame", "CATEGORIES", "CATEGORY_ORDER", "TASK_TYPES"]

@@ -23,6 +23,17 @@ from typing import Any
 
 from pcsd import _native
 
+#: ALFWorld task type -> the paper's column name (Table 1), in the paper's column order.
+CATEGORIES: dict[str, str] = {
+    "pick_and_place_simple": "Pick",
+    "look_at_obj_in_light": "Look",
+    "pick_clean_then_place_in_recep": "Clean",
+    "pick_heat_then_place_in_recep": "Heat",
+    "pick_cool_then_place_in_recep": "Cool",
+    "pick_two_obj_and_place": "Pick2",
+}
+CATEGORY_ORDER: tuple[str, ...] = tuple(CATEGORIES.values())
+
 #: The six ALFWorld task types.
 TASK_TYPES = (
     "pick_and_place_simple",

@@ -83,7 +83,7 @@ class RolloutBatch:
 
 def collect_rollouts(
     backend: GenerationBackend,
-    builder,  # pcsd.prompts.PromptBuilder with a tokenizer
+    builder,  # pcsd.text.prompts.PromptBuilder with a tokenizer
     games: Sequence[str] | int,
     group_size: int,
     *,
@@ -114,7 +114,7 @@ def collect_rollouts(
         progress: optional callable ``progress(done_envs, total_envs)``.
     """
     from pcsd.envs.pool import EnvPool
-    from pcsd.prompts import parse_action
+    from pcsd.text.prompts import parse_action
 
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")

@@ -1,5 +1,5 @@
 //! PyO3 wrappers for prompts, chat templates, tokenisation, action parsing and skills.
-//! Typed Python API: `pcsd/prompts.py`.
+//! Typed Python API: `pcsd/text/prompts.py`.
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -5,7 +5,7 @@ The loop never reads launcher environment variables itself: it receives a :class
 * ``torchrun --nproc_per_node=N -m pcsd.train ...``: :func:`init_distributed` reads ``RANK``,
   ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` (set by torchrun).
 * A Ray (or any other) launcher calls ``init_distributed(rank=..., world_size=...,
-  init_method="tcp://host:port")`` in each worker, then :func:`pcsd.trainer.train` with the context.
+  init_method="tcp://host:port")`` in each worker, then :func:`pcsd.train.job.train` with the context.
 * One process: :func:`single_process` (no process group; every collective is the identity).
 
 Sharding uses FSDP2 (:func:`torch.distributed.fsdp.fully_shard`): each decoder layer is one FSDP
@@ -115,7 +115,7 @@ def _decoder_layers(model: nn.Module) -> Sequence[nn.Module]:
 def _packed_hidden(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor],
                    attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Final hidden states ``[B, N, H]`` of a packed row or a padded batch (what
-    :func:`pcsd.scoring.score_packed` needs), as an FSDP forward method of the causal LM."""
+    :func:`pcsd.ops.scoring.score_packed` needs), as an FSDP forward method of the causal LM."""
     return self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                       use_cache=False).last_hidden_state
 
@@ -131,7 +131,7 @@ def shard_model(model: nn.Module, ctx: DistContext, *, reshard_after_forward: bo
 
     for layer in _decoder_layers(model):
         fully_shard(layer, mesh=ctx.mesh, reshard_after_forward=reshard_after_forward)
-    # The root unit holds the embeddings, the final norm and the lm head. pcsd.scoring reads the
+    # The root unit holds the embeddings, the final norm and the lm head. pcsd.ops.scoring reads the
     # lm-head weight outside forward (chunked log-probs), so the root keeps its parameters
     # unsharded after forward (FSDP2's default for the root) and the packed forward is
     # registered as an FSDP forward method, so the root's all-gather / reduce-scatter hooks run.
@@ -221,7 +221,7 @@ def load_full_state(model: nn.Module, opt: Optional[torch.optim.Optimizer], mode
                                                          set_optimizer_state_dict)
 
     if not ctx.distributed:
-        from pcsd.checkpoint import apply_model_state
+        from pcsd.train.checkpoint import apply_model_state
 
         apply_model_state(model, model_state)
         if opt is not None and optimizer_state is not None:

@@ -1,7 +1,7 @@
 """Supervised warm-up on expert trajectories: what makes RL start with signal on the tiny presets.
 
 A randomly initialised model never wins a game, so GRPO would see only zero rewards. The tiny
-presets therefore first imitate :class:`pcsd.experts.ObservationExpert` (an expert that acts only
+presets therefore first imitate :class:`pcsd.envs.experts.ObservationExpert` (an expert that acts only
 on what the agent has observed) on procedural games the run never evaluates on:
 
 1. :func:`expert_episodes` plays the warm-up games with the expert;
@@ -24,8 +24,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from pcsd.experts import ExpertEpisode, play_expert
-from pcsd.scoring import score_packed
+from pcsd.envs.experts import ExpertEpisode, play_expert
+from pcsd.ops.scoring import score_packed
 
 __all__ = ["expert_episodes", "game_corpus", "task_parts", "think_for", "sft_examples", "lr_factor",
            "sft_warmup", "SCHEDULES"]
@@ -35,8 +35,8 @@ SCHEDULES = ("cosine", "constant")
 
 
 def expert_episodes(games: Sequence[str], max_steps: int, navigation: str = "plan") -> list[ExpertEpisode]:
-    """One :class:`pcsd.experts.ObservationExpert` episode per game file, in order
-    (``navigation``: ``plan`` or ``sweep``, see :mod:`pcsd.experts`)."""
+    """One :class:`pcsd.envs.experts.ObservationExpert` episode per game file, in order
+    (``navigation``: ``plan`` or ``sweep``, see :mod:`pcsd.envs.experts`)."""
     return [play_expert(path, max_steps, navigation) for path in games]
 
 
@@ -44,7 +44,7 @@ def game_corpus(episodes: Sequence[ExpertEpisode]) -> list[str]:
     r"""Tokenizer training text from played episodes: each task, observation and action, each
     admissible list written the way the prompts list them (``'go to cabinet 1'\n 'look'``), and
     the skills the teacher prompts prepend for each task type (so they cost fewer tokens)."""
-    from pcsd.prompts import retrieve_skills
+    from pcsd.text.prompts import retrieve_skills
 
     lines: list[str] = []
     skills_of: dict[str, str] = {}
@@ -94,7 +94,7 @@ def think_for(task: str, action: str) -> str:
 def sft_examples(builder, episodes: Sequence[ExpertEpisode], eos_id: int, teacher_share: float = 0.0,
                  seed: int = 0) -> list[tuple[list[int], list[int]]]:
     """``(prompt ids, response ids)`` for every expert step, the prompt built exactly as in a
-    rollout (``builder``: :class:`pcsd.prompts.PromptBuilder`; history = the episode's earlier
+    rollout (``builder``: :class:`pcsd.text.prompts.PromptBuilder`; history = the episode's earlier
     observation-action pairs), the response ``<think>…</think><action>…</action>`` + ``eos_id``.
 
     ``teacher_share`` (0..1): for that share of the steps (drawn with ``seed``) one more example

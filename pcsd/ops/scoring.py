@@ -217,7 +217,7 @@ def score_packed(model: nn.Module, prompts: Sequence[Sequence[int]], responses: 
     size = 0
 
     packed = uses_varlen_attention(model)
-    fwd = getattr(model, "pcsd_packed_hidden", None)  # FSDP2-sharded models (pcsd.distributed)
+    fwd = getattr(model, "pcsd_packed_hidden", None)  # FSDP2-sharded models (pcsd.train.distributed)
 
     def flush(idx: list[int]) -> None:
         seqs = [list(prompts[i]) + list(responses[i]) for i in idx]

@@ -6,7 +6,7 @@ section (``../shared/paper/pcsd.tex``, "Persistent Consistency Assessment" to "T
 and Continuous Gating") term by term, vectorised over tokens with an explicit ``[T, n_max]`` window
 view, processed in chunks so memory stays bounded.
 
-Every function takes already-validated inputs (see :mod:`pcsd.ops` for the checks).
+Every function takes already-validated inputs (see :mod:`pcsd.ops.kernels` for the checks).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Two kinds share the registry (so the trainer picks any method with ``rule=<name>``):
 
 * ``weights`` rules map packed gaps to per-token distillation weights ``w`` ``[T]`` used by
-  :func:`pcsd.losses.pcsd_loss`: ``pcsd`` (default) and its ablations ``pcsd-fixed-n1``,
+  :func:`pcsd.ops.losses.pcsd_loss`: ``pcsd`` (default) and its ablations ``pcsd-fixed-n1``,
   ``pcsd-fixed-n4``, ``pcsd-no-trend``, ``pcsd-no-decay``; ``uniform`` (GRPO+OPSD: the gate with
   beta = 0, a constant for every valid token); ``sdar`` (pointwise ``sigmoid(beta sg(delta))``).
 * ``advantage`` rules transform the GRPO advantage per token instead: ``rlsd``,
@@ -22,7 +22,7 @@ from typing import Any, Callable, Literal, Optional
 import torch
 from torch import Tensor
 
-from pcsd.ops import pcsd_weights
+from pcsd.ops.kernels import pcsd_weights
 
 __all__ = ["WeightRule", "register_rule", "get_rule", "available_rules", "rlsd_advantages"]
 

@@ -20,7 +20,7 @@ Windows are truncated at the segment end and never cross it. The math (paper, Me
 
 Dispatch (the explicit fallback of vllm's ``_custom_ops``): CPU tensors use the compiled
 ``pcsd._C`` kernel; CUDA tensors use its CUDA kernel when it was compiled; anything else (another
-device, or the native module missing) runs :func:`pcsd.reference.pcsd_weights_reference`.
+device, or the native module missing) runs :func:`pcsd.ops.reference.pcsd_weights_reference`.
 The kernels are registered as ``torch.library`` custom ops (``pcsd::pcsd_weights`` and friends)
 with fake implementations, so callers work under ``torch.compile(fullgraph=True)``.
 """
@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from pcsd import _native
-from pcsd.reference import PcsdStats, pcsd_weights_reference
+from pcsd.ops.reference import PcsdStats, pcsd_weights_reference
 
 __all__ = ["PcsdStats", "pcsd_weights", "pcsd_weights_padded", "kernel_for"]
 

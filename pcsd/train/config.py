@@ -2,8 +2,8 @@
 
     python -m pcsd.train preset=alfworld-qwen2.5-3b model.path=/models/Qwen2.5-3B-Instruct method=sdar
 
-Resolution order: the schema's defaults <- the preset file (``pcsd/configs/<preset>.yaml``) <- the
-method's overrides (``method=NAME``, see :mod:`pcsd.methods`: vanilla, skill-prompt, grpo,
+Resolution order: the schema's defaults <- the preset file (``pcsd/train/configs/<preset>.yaml``) <- the
+method's overrides (``method=NAME``, see :mod:`pcsd.train.methods`: vanilla, skill-prompt, grpo,
 skill-grpo, opsd, grpo+opsd, rlsd, sdar, pcsd, pcsd-fixed-n1, pcsd-fixed-n4, pcsd-no-trend,
 pcsd-no-decay and the starred ``NAME-star`` variants with skills at evaluation) <- the remaining
 dotted ``key=value`` overrides. The resolved config (``method`` included) is saved as
@@ -17,7 +17,7 @@ saved ``config.yaml`` instead of a preset; overrides may only change the keys in
 :data:`RESUME_MUTABLE` (where to stop, how often to save, ...). Any other difference changes what
 the run means and is an error naming the keys.
 
-Checkpoints (:mod:`pcsd.checkpoint`): every ``run.save_every`` steps (0 = only at the end) and at
+Checkpoints (:mod:`pcsd.train.checkpoint`): every ``run.save_every`` steps (0 = only at the end) and at
 the end, keeping the newest ``run.keep_last`` (0 = all). ``run.stop_after=K`` stops this invocation
 after K steps in total (checkpoint written), for preemptible schedulers and the resume test.
 """
@@ -145,7 +145,7 @@ class RunConfig:
 @dataclass
 class TrainConfig:
     preset: str = "tiny-cpu"
-    method: str = "pcsd"  # a Table 1 method (pcsd.methods); sets algo.grpo/distill/skills and rule
+    method: str = "pcsd"  # a Table 1 method (pcsd.train.methods); sets algo.grpo/distill/skills and rule
     rule: str = "pcsd"
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -206,7 +206,7 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
     """Schema defaults <- preset file <- method overrides <- dotted ``key=value`` overrides,
     validated. With ``base`` (a saved run's config, for resuming) the preset and method steps are
     skipped: schema <- ``base`` <- overrides."""
-    from pcsd.methods import available_methods, canonical_method, method_overrides
+    from pcsd.train.methods import available_methods, canonical_method, method_overrides
 
     overrides = list(overrides or [])
     for o in overrides:
@@ -288,8 +288,8 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Di
 
 
 def _validate(cfg: DictConfig) -> None:
-    from pcsd.methods import available_methods
-    from pcsd.weighting import available_rules
+    from pcsd.train.methods import available_methods
+    from pcsd.ops.weighting import available_rules
 
     if cfg.method not in available_methods():
         raise ConfigError(f"method={cfg.method!r} is not valid; choose one of {', '.join(available_methods())}")
@@ -317,7 +317,7 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(f"rule={cfg.rule!r} is not valid; choose one of {', '.join(available_rules())}")
     # an ablation rule is defined by a parameter the trainer would otherwise take from algo.pcsd
     # (e.g. pcsd-fixed-n4 is n_min=4): the config must agree, or the run is not the ablation
-    from pcsd.weighting import get_rule
+    from pcsd.ops.weighting import get_rule
 
     if cfg.rule.startswith("pcsd-"):
         base, rule = get_rule("pcsd").defaults, get_rule(cfg.rule).defaults

@@ -59,7 +59,7 @@ def tag_for(key: str) -> str:
 
 def category_success(task_types: Sequence[str], won: Sequence[bool]) -> dict[str, float]:
     """``{"success/<category>": %}`` for the categories present (paper names: Pick, Look, ...)."""
-    from pcsd.eval import CATEGORIES, CATEGORY_ORDER
+    from pcsd.envs.alfworld import CATEGORIES, CATEGORY_ORDER
 
     if len(task_types) != len(won):
         raise ValueError(f"task_types and won differ in length ({len(task_types)} vs {len(won)})")

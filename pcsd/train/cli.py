@@ -5,7 +5,7 @@
     python -m pcsd.train --resume runs/my-run               # continue from the newest checkpoint
     torchrun --nproc_per_node=4 -m pcsd.train preset=...    # FSDP2 over 4 processes
 
-Resolves the configuration (see :mod:`pcsd.config`; methods in :mod:`pcsd.methods`), creates the
+Resolves the configuration (see :mod:`pcsd.train.config`; methods in :mod:`pcsd.train.methods`), creates the
 run directory (``run.dir``, printed at start), saves the resolved config there, and runs the
 training job. Every run writes ``summary.json`` in its run directory and checkpoints under
 ``checkpoints/`` (every ``run.save_every`` steps and at the end). ``--resume RUN_DIR`` (or
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from pcsd.config import ConfigError, DictConfig, load_config, resume_config
+from pcsd.train.config import ConfigError, DictConfig, load_config, resume_config
 
 
 def make_run_dir(cfg: DictConfig, create: bool = True) -> Path:
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"pcsd.train: {exc}", file=sys.stderr)
         return 2
-    from pcsd import distributed as dist_utils
+    from pcsd.train import distributed as dist_utils
 
     ctx = dist_utils.init_distributed(device=cfg.run.device)
     try:
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         from pcsd import native_info
-        from pcsd.trainer import train
+        from pcsd.train.job import train
 
         if ctx.is_main:
             print(f"[pcsd] native modules: {json.dumps(native_info())}")

@@ -1,0 +1,162 @@
+"""Playing the evaluation games and reporting them: per-game results, success per category and
+Overall (:func:`evaluate`, which the trainer calls before and after RL too), and the markdown table
+in the layout of the paper's Table 1 (:func:`render_table`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from pcsd.envs.alfworld import CATEGORIES, CATEGORY_ORDER
+from pcsd.eval.games import DEFAULT_SEED, RULE_LABELS, EvalError, game_name, game_seed, game_task_type
+
+
+# ----------------------------------------------------------------------------- results
+@dataclass
+class GameResult:
+    game: str  # path of the game file
+    task_type: str  # ALFWorld task type
+    category: str  # the paper's column name
+    won: bool
+    steps: int  # environment actions taken
+    seed: int  # sampling seed of the batch the game was played in
+    actions: list[str] = field(default_factory=list)  # the actions sent to the game, in order
+
+
+@dataclass
+class EvalResult:
+    """One row of the table: a model evaluated on one fixed list of games."""
+
+    label: str
+    split: str
+    games: list[GameResult]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def counts(self) -> dict[str, int]:
+        out = {c: 0 for c in CATEGORY_ORDER}
+        for g in self.games:
+            out[g.category] += 1
+        return out
+
+    def per_category(self) -> dict[str, Optional[float]]:
+        """Success rate (%) per paper category; None for a category with no games."""
+        won = {c: 0 for c in CATEGORY_ORDER}
+        for g in self.games:
+            won[g.category] += int(g.won)
+        n = self.counts()
+        return {c: (100.0 * won[c] / n[c] if n[c] else None) for c in CATEGORY_ORDER}
+
+    @property
+    def overall(self) -> float:
+        """Instance-level success rate (%) over all games (the paper's Overall)."""
+        if not self.games:
+            return 0.0
+        return 100.0 * sum(g.won for g in self.games) / len(self.games)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(label=self.label, split=self.split, overall=self.overall, per_category=self.per_category(),
+                    counts=self.counts(), episodes=len(self.games), settings=self.settings,
+                    games=[asdict(g) for g in self.games])
+
+
+
+# ----------------------------------------------------------------------------- playing
+def play_games(backend, builder, games: Sequence[str], *, max_steps: int = 50, max_response_tokens: int = 512,
+               temperature: float = 0.4, seed: int = DEFAULT_SEED, skills: bool = False, batch_size: int = 0,
+               num_threads: int = 0, stop_token_ids: Sequence[int] = (),
+               progress: Optional[Callable[[int, int], Any]] = None) -> list[GameResult]:
+    """Plays every game once (one episode each) and returns the results in the order of ``games``.
+
+    Args:
+        temperature: sampling temperature; 0 = greedy.
+        skills: the student sees the skills (the starred variants of Table 1).
+        batch_size: games played together (0 = all); see the module notes on seeds.
+        progress: ``progress(done_games, total_games)`` after every turn.
+    """
+    from pcsd.rollout.loop import collect_rollouts
+
+    if not games:
+        raise EvalError("games is empty: nothing to evaluate")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+        raise EvalError(f"batch_size={batch_size!r}: expected a non-negative int (0 = all games at once)")
+    if temperature < 0:
+        raise EvalError(f"temperature={temperature}: expected >= 0 (0 = greedy)")
+    size = batch_size or len(games)
+    results: list[GameResult] = []
+    total = len(games)
+    for b0 in range(0, total, size):
+        chunk = list(games[b0:b0 + size])
+        s = game_seed(chunk[0], seed)
+        cb = None if progress is None else (lambda d, n, b0=b0: progress(b0 + d, total))
+        rb = collect_rollouts(backend, builder, chunk, 1, max_steps=max_steps,
+                              max_response_tokens=max_response_tokens, temperature=temperature, seed=s,
+                              stop_token_ids=stop_token_ids, student_skills=skills, teacher_prompts=False,
+                              num_threads=num_threads, progress=cb)
+        acts: list[list[str]] = [[] for _ in chunk]
+        for e, a in zip(rb.traj_id.tolist(), rb.actions):  # rows are in turn order
+            acts[e].append(a)
+        for i, g in enumerate(chunk):
+            tt = rb.task_type[i]
+            results.append(GameResult(game=g, task_type=tt, category=CATEGORIES.get(tt, tt),
+                                      won=bool(rb.won[i]), steps=int(rb.length[i]), seed=s, actions=acts[i]))
+    return results
+
+
+def evaluate(backend, builder, games: Sequence[str], cfg, seed: int = DEFAULT_SEED, *, label: str = "",
+             split: str = "", progress=None) -> dict[str, Any]:
+    """The trainer's evaluation (before and after RL): every game once, fixed order and seed, with
+    ``cfg.eval`` settings. Returns the :class:`EvalResult` as a dict (``overall``, ``per_category``,
+    per-game ``games``) plus ``per_task`` (success by ALFWorld task type)."""
+    from pcsd.models import eos_id
+
+    temp = 0.0 if cfg.eval.greedy else float(cfg.eval.temperature)
+    res = play_games(backend, builder, games, max_steps=cfg.env.max_steps,
+                     max_response_tokens=cfg.rollout.max_response_tokens, temperature=temp, seed=seed,
+                     skills=bool(cfg.eval.skills), batch_size=int(cfg.eval.get("batch_size", 0)),
+                     num_threads=cfg.env.num_threads, stop_token_ids=[eos_id(builder)], progress=progress)
+    er = EvalResult(label=label, split=split, games=res,
+                    settings=dict(temperature=temp, seed=seed, skills=bool(cfg.eval.skills)))
+    out = er.to_dict()
+    per: dict[str, list[bool]] = {}
+    for g in res:
+        per.setdefault(g.task_type, []).append(g.won)
+    out["per_task"] = {k: 100.0 * sum(v) / len(v) for k, v in sorted(per.items())}
+    return out
+
+
+
+# ----------------------------------------------------------------------------- the table
+def _fmt(v: Optional[float]) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def render_table(results: Sequence[EvalResult | dict]) -> str:
+    """Markdown in the layout of the paper's Table 1 (ALFWorld part): one row per method, the six
+    category columns and Overall (success %, one decimal); a section row per split, like the
+    paper's per-backbone rows. ``–``: no game of that category was evaluated."""
+    rows = [r.to_dict() if isinstance(r, EvalResult) else r for r in results]
+    head = ["Method", *CATEGORY_ORDER, "Overall"]
+    lines = ["| " + " | ".join(f"**{h}**" for h in head) + " |",
+             "|" + "|".join([":---"] + ["---:"] * (len(head) - 1)) + "|"]
+    splits: list[str] = []
+    for r in rows:
+        if r["split"] not in splits:
+            splits.append(r["split"])
+    for sp in splits:
+        if sp:
+            lines.append("| " + " | ".join([f"*{sp}*"] + [""] * (len(head) - 1)) + " |")
+        for r in rows:
+            if r["split"] != sp:
+                continue
+            cells = [r["label"] or "model"] + [_fmt(r["per_category"][c]) for c in CATEGORY_ORDER]
+            cells.append(_fmt(r["overall"]))
+            lines.append("| " + " | ".join(cells) + " |")
+    notes = []
+    for sp in splits:
+        r = next(r for r in rows if r["split"] == sp)
+        n = ", ".join(f"{c} {r['counts'][c]}" for c in CATEGORY_ORDER)
+        s = r.get("settings", {})
+        temp = s.get("temperature")
+        how = "greedy" if temp == 0 else f"temperature {temp}"
+        notes.append(f"{sp or 'games'}: {r['episodes']} games ({n}); each once, {how}, seed {s.get('seed')}")
+    return "\n".join(lines) + "\n\nSuccess rate (%). " + "; ".join(notes) + ". * = skills at evaluation.\n"

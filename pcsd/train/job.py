@@ -1,0 +1,412 @@
+"""The training job: rollouts -> scoring -> GRPO + lambda * PCSD update, read top to bottom.
+
+One step (the paper's Algorithm 1):
+  1. sample B games, play G rollouts each with the current policy (no skills for the student);
+  2. score the sampled response tokens: old policy (student prompt), frozen reference (student
+     prompt) and frozen teacher (teacher prompt = skills + student prompt). Teacher and reference
+     are ONE frozen copy of the base model scored on two contexts;
+  3. group-normalised trajectory advantages; PCSD weights from the teacher-student gaps, per
+     response turn (windows never cross a turn);
+  4. micro-batches by token budget, loss = GRPO + lambda * L_PCSD, AdamW, gradient clipping;
+  5. send the new weights to the generation engine.
+
+Steps 2-4 are :func:`pcsd.train.update.update_step`. :func:`train` runs the job as named phases,
+each a function of the :class:`Job` it fills in: :func:`setup` (seeds, checkpoint, games),
+:func:`load_student` (the model and the prompt builder; the warm-up's expert episodes first when
+the tiny model is generated from their text), :func:`warm_up` (SFT), :func:`build_models`
+(frozen copy, sharding, rollout backend, optimizer), :func:`start` (resume state, or the
+evaluation before RL), :func:`rl_loop` and :func:`finish` (evaluation after RL, the final model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from pcsd.envs.procedural import write_games
+from pcsd.eval.games import split_games
+from pcsd.eval.run import evaluate, render_table
+from pcsd.models import eos_id, load_model, resolve_device
+from pcsd.progress import ProgressReporter
+from pcsd.rollout.backends import make_backend, usable_backend
+from pcsd.rollout.loop import collect_rollouts
+from pcsd.train import distributed as dist_utils
+from pcsd.train.distributed import DistContext, single_process
+from pcsd.train.metrics import MetricsLogger, step_record
+from pcsd.train.sft import expert_episodes, game_corpus, sft_examples, sft_warmup
+from pcsd.train.update import update_step
+
+__all__ = ["Job", "procedural_knobs", "train"]
+
+#: seeds of the generated game lists (train, evaluation, warm-up); the evaluation CLI uses the same
+TRAIN_GAMES_SEED, EVAL_GAMES_SEED, SFT_GAMES_SEED = 1000, 900_000, 500_000
+EVAL_SEED = 12345  # rollout seed of the evaluations before and after RL
+
+
+def procedural_knobs(cfg: DictConfig) -> dict[str, Any]:
+    """The generator's knobs set in the config (``env.receptacles``, ``env.distractors``,
+    ``env.task_types``, ``env.rooms``) as keyword arguments of
+    :func:`pcsd.envs.procedural.write_games`."""
+    kw: dict[str, Any] = {k: int(cfg.env[k]) for k in ("receptacles", "distractors") if cfg.env.get(k) is not None}
+    if cfg.env.get("task_types") is not None:
+        kw["task_types"] = tuple(cfg.env.task_types)
+    if cfg.env.get("rooms") is not None:
+        kw["rooms"] = tuple(cfg.env.rooms)
+    return kw
+
+
+@dataclass
+class Job:
+    """Everything one training run holds, filled in phase by phase."""
+
+    cfg: DictConfig
+    run_dir: Path
+    ctx: DistContext
+    console: Any  # rich Console, quiet on every rank but 0
+    t_start: float
+    summary: dict[str, Any] = field(default_factory=dict)
+    ckpt: Any = None  # the checkpoint resumed from (pcsd.train.checkpoint.Checkpoint) or None
+    # setup
+    train_games: list[str] = field(default_factory=list)
+    eval_games: list[str] = field(default_factory=list)
+    eval_split: str = "procedural"
+    # load_student / warm_up
+    episodes: list = field(default_factory=list)  # the warm-up's expert episodes (rank 0, new runs)
+    model_dir: Optional[Path] = None  # the base model (tokenizer source)
+    base_dir: Optional[Path] = None  # what RL starts from: the base, or the SFT model
+    student: Any = None
+    builder: Any = None
+    # build_models
+    frozen: Any = None  # one frozen copy of the base: teacher (teacher prompt) and reference
+    gen_model: Any = None  # the model the hf backend generates with / save_pretrained's config
+    backend: Any = None
+    backend_name: str = ""
+    opt: Any = None
+    rng: random.Random = field(default_factory=random.Random)  # game sampling
+    progress: Any = None
+    # start / rl_loop
+    before: Optional[dict] = None  # rank 0's evaluation before RL (from the checkpoint when resuming)
+    first_step: int = 0
+    stopped_at: Optional[int] = None
+    phases: dict[str, float] = field(default_factory=dict)  # wall seconds per phase
+
+    @property
+    def warm_up_here(self) -> bool:
+        """SFT runs on rank 0 of a new run with ``optim.sft_steps`` > 0."""
+        return self.cfg.optim.sft_steps > 0 and self.ckpt is None and self.ctx.is_main
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / "metrics.jsonl"
+
+    def say(self, text: str) -> None:
+        self.console.print(f"[pcsd] {text}")
+
+
+def train(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext] = None) -> dict[str, Any]:
+    """Runs the job in ``run_dir``; with ``cfg.run.resume`` continues from the run's newest
+    complete checkpoint. ``ctx`` (default: one process) says which rank this is; all ranks call
+    ``train`` and rank 0 writes the files. Returns the summary (rank 0's, broadcast)."""
+    job = setup(cfg, run_dir, ctx)
+    load_student(job)
+    warm_up(job)
+    build_models(job)
+    start(job)
+    rl_loop(job)
+    return finish(job)
+
+
+# ----------------------------------------------------------------------------- phases
+def setup(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext]) -> Job:
+    """Seeds, the checkpoint to resume from, the training and evaluation games, the summary."""
+    from rich.console import Console
+
+    from pcsd.train.checkpoint import load_checkpoint
+
+    ctx = ctx or single_process(resolve_device(cfg.run.device))
+    # "[pcsd]" is text, not a rich style tag; no wrapping; only rank 0 prints
+    job = Job(cfg, run_dir, ctx, Console(quiet=not ctx.is_main, markup=False, soft_wrap=True), time.time())
+    torch.manual_seed(cfg.run.seed)
+    random.seed(cfg.run.seed)
+    if ctx.distributed and cfg.rollout.tasks_per_step < ctx.world_size:
+        raise ValueError(f"rollout.tasks_per_step={cfg.rollout.tasks_per_step} must be >= the number of "
+                         f"ranks ({ctx.world_size}): every rank plays whole groups")
+    job.ckpt = load_checkpoint(run_dir) if cfg.run.resume else None
+    if job.ckpt is not None:
+        job.say(f"resuming from {job.ckpt.path} (step {job.ckpt.step})")
+
+    def games_at(out_dir: Path, count: int, seed: int, **kw) -> list[str]:
+        # rank 0 writes the files, the others read the same paths
+        if ctx.is_main:
+            write_games(out_dir, count, seed, **kw)
+        dist_utils.barrier(ctx)
+        return write_games(out_dir, count, seed, **kw)
+
+    knobs = procedural_knobs(cfg)
+    if cfg.env.source == "procedural":
+        pool_n = max(64, cfg.rollout.tasks_per_step * max(cfg.optim.steps, 1))
+        job.train_games = games_at(run_dir / "games" / "train", pool_n, TRAIN_GAMES_SEED, **knobs)
+        job.eval_games = games_at(run_dir / "games" / "eval", cfg.eval.episodes or 48, EVAL_GAMES_SEED, **knobs)
+    else:
+        job.train_games = split_games(cfg.env.split)
+        job.eval_games = split_games(cfg.eval.split)
+        if cfg.eval.episodes:
+            job.eval_games = job.eval_games[: cfg.eval.episodes]
+    job.eval_split = "procedural" if cfg.env.source == "procedural" else cfg.eval.split
+    job.summary = {"preset": cfg.preset, "method": cfg.method, "rule": cfg.rule, "run_dir": str(run_dir),
+                   "world_size": ctx.world_size, "eval_episodes": len(job.eval_games)}
+    return job
+
+
+def load_student(job: Job) -> None:
+    """The student model and the prompt builder. Without ``model.path`` the tiny model is
+    generated, its tokenizer trained on the text of the warm-up's expert episodes (played first)
+    so that every name of the games is one token."""
+    from pcsd.text.prompts import PromptBuilder
+
+    cfg, ctx = job.cfg, job.ctx
+    if job.warm_up_here:
+        t0 = time.time()
+        sft_games = write_games(job.run_dir / "games" / "sft", cfg.optim.sft_games, SFT_GAMES_SEED,
+                                **procedural_knobs(cfg))
+        job.episodes = expert_episodes(sft_games, cfg.env.max_steps, cfg.optim.sft_navigation)
+        job.summary["sft_expert_success"] = 100.0 * sum(ep.won for ep in job.episodes) / len(job.episodes)
+        job.summary["sft_expert_seconds"] = time.time() - t0
+    if cfg.model.path:
+        job.model_dir = Path(cfg.model.path)
+    else:
+        from pcsd.testing import make_tiny_model
+
+        job.model_dir = job.run_dir / "base-model"
+        if ctx.is_main and not (job.model_dir / "config.json").exists():
+            # heads of 32 dimensions (the smallest vLLM's CPU attention takes): more heads to copy with
+            make_tiny_model(job.model_dir, hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_layers,
+                            num_heads=max(1, cfg.model.tiny_hidden_size // 32), seed=cfg.run.seed,
+                            corpus=game_corpus(job.episodes))
+        dist_utils.barrier(ctx)
+        job.say(f"tiny model written to {job.model_dir}")
+    job.student = load_model(job.model_dir, ctx.device, cfg.model.dtype)
+    job.builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
+                                max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=job.model_dir)
+    job.base_dir = job.model_dir
+
+
+def warm_up(job: Job) -> None:
+    """SFT on the expert episodes (so that RL has signal): rank 0 trains and saves the model to
+    ``sft-model/``; the other ranks, and a resumed run, load the saved one."""
+    cfg, ctx = job.cfg, job.ctx
+    if cfg.optim.sft_steps <= 0:
+        return
+    policy_dir = job.run_dir / "sft-model"
+    if job.warm_up_here:
+        t0 = time.time()
+        examples = sft_examples(job.builder, job.episodes, eos_id(job.builder),
+                                teacher_share=cfg.optim.sft_teacher_share, seed=cfg.run.seed)
+        losses = sft_warmup(job.student, examples, steps=cfg.optim.sft_steps, lr=cfg.optim.sft_lr,
+                            batch_size=cfg.optim.sft_batch_size, seed=cfg.run.seed,
+                            prompt_weight=cfg.optim.sft_prompt_weight, schedule=cfg.optim.sft_schedule,
+                            tokens_per_pass=cfg.optim.tokens_per_microbatch,
+                            progress=lambda s, n, l: job.say(f"sft {s}/{n} loss {l:.3f}") if s % 25 == 0 else None)
+        job.summary["sft_examples"] = len(examples)
+        job.summary["sft_loss_first_last"] = [losses[0], losses[-1]]
+        job.summary["sft_seconds"] = time.time() - t0
+        job.student.save_pretrained(policy_dir)
+        for pattern in ("*token*", "chat_template*"):
+            for f in job.model_dir.glob(pattern):
+                (policy_dir / f.name).write_bytes(f.read_bytes())
+    dist_utils.barrier(ctx)
+    job.base_dir = policy_dir
+    if job.ckpt is not None or not ctx.is_main:
+        if not (policy_dir / "config.json").is_file():
+            raise FileNotFoundError(f"{policy_dir}: the SFT model of this run is missing")
+        job.student = load_model(policy_dir, ctx.device, cfg.model.dtype)
+
+
+def build_models(job: Job) -> None:
+    """The frozen copy (teacher and reference), sharding, the rollout backend, the optimizer."""
+    cfg, ctx = job.cfg, job.ctx
+    job.frozen = copy.deepcopy(job.student).eval()
+    for p in job.frozen.parameters():
+        p.requires_grad_(False)
+    job.backend_name = usable_backend(cfg.rollout.backend, job.console.print)
+    # sharded training: the hf backend generates with a full copy refreshed after every update;
+    # with vLLM a CPU copy only carries the HF config for save_pretrained of gathered weights
+    job.gen_model = job.student
+    if ctx.distributed:
+        job.gen_model = copy.deepcopy(job.student).eval()
+        if job.backend_name == "vllm":
+            job.gen_model = job.gen_model.to("cpu")
+    dist_utils.shard_model(job.student, ctx)
+    dist_utils.shard_model(job.frozen, ctx)
+    if job.backend_name == "vllm":
+        job.backend = make_backend("vllm", model_path=job.base_dir,
+                                   dtype="float32" if ctx.device.type == "cpu" else "bfloat16", seed=cfg.run.seed,
+                                   max_model_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens)
+    else:
+        job.backend = make_backend("hf", model=job.gen_model, pad_token_id=eos_id(job.builder))
+    job.summary["backend"] = job.backend_name
+    job.say(f"rollout backend: {job.backend_name}")
+    job.progress = ProgressReporter(cfg.run.progress and ctx.is_main, console=job.console)
+    job.opt = torch.optim.AdamW([p for p in job.student.parameters() if p.requires_grad], lr=cfg.optim.lr,
+                                weight_decay=cfg.optim.weight_decay)
+    job.rng = random.Random(cfg.run.seed)
+
+
+def sync_generation_weights(job: Job) -> None:
+    """Sends the student's weights to the generation engine."""
+    if job.ctx.distributed:  # gather the shards (collective), then every rank refreshes its engine
+        job.backend.load_weights(dist_utils.full_model_state(job.student, job.ctx, all_ranks=True).items())
+    elif job.backend_name == "vllm":
+        job.backend.load_weights(job.student.state_dict().items())
+
+
+def _evaluate(job: Job, label: str, bar: str) -> dict:
+    return evaluate(job.backend, job.builder, job.eval_games, job.cfg, seed=EVAL_SEED, label=label,
+                    split=job.eval_split, progress=job.progress.rollout(bar))
+
+
+def start(job: Job) -> None:
+    """A resumed run restores the weights, the optimizer, the summary and the metrics up to its
+    checkpoint; a new run evaluates the policy before RL."""
+    ctx, ckpt = job.ctx, job.ckpt
+    job.progress.start()
+    if ckpt is None:
+        if ctx.is_main:
+            job.before = _evaluate(job, "before RL", "eval before")
+            job.say(f"success before RL: {job.before['overall']:.1f}% {job.before['per_category']}")
+            job.summary["success_before"] = job.before["overall"]
+            job.summary["success_before_per_task"] = job.before["per_task"]
+        job.summary = dist_utils.broadcast_object(job.summary, ctx)
+        return
+    from pcsd.train.checkpoint import restore_rng
+
+    dist_utils.load_full_state(job.student, job.opt, ckpt.model_state, ckpt.optimizer_state, ctx)
+    sync_generation_weights(job)
+    job.summary.update(ckpt.state.get("summary", {}))
+    job.before = ckpt.state.get("eval_before")
+    job.summary["world_size"] = ctx.world_size
+    job.first_step = ckpt.step
+    if ctx.is_main and job.metrics_path.exists():  # drop records written after the checkpoint
+        keep = [ln for ln in job.metrics_path.read_text().splitlines()
+                if ln.strip() and json.loads(ln).get("step", 0) <= job.first_step]
+        job.metrics_path.write_text("".join(ln + "\n" for ln in keep))
+    if ckpt.state.get("torch_threads") not in (None, torch.get_num_threads()):
+        job.say(f"note: the checkpoint was written with {ckpt.state['torch_threads']} torch threads, this "
+                f"process has {torch.get_num_threads()}: CPU results may differ in the last bits")
+    restore_rng(ckpt.rng, {"games": job.rng})  # every RNG exactly as the uninterrupted run had it
+
+
+def save(job: Job, done: int) -> None:
+    """A checkpoint after ``done`` steps (collective under FSDP; rank 0 writes)."""
+    from pcsd.train.checkpoint import capture_rng, save_checkpoint
+
+    ctx = job.ctx
+    model_state = dist_utils.full_model_state(job.student, ctx)
+    optim_state = dist_utils.full_optimizer_state(job.student, job.opt, ctx)
+    if ctx.is_main:
+        path = save_checkpoint(
+            job.run_dir, done, job.gen_model if ctx.distributed else job.student, optim_state,
+            capture_rng({"games": job.rng}), config_yaml=OmegaConf.to_yaml(job.cfg, resolve=True),
+            state={"summary": job.summary, "eval_before": job.before, "torch_threads": torch.get_num_threads()},
+            model_state=model_state if ctx.distributed else None, tokenizer_dir=job.model_dir,
+            keep_last=job.cfg.run.keep_last)
+        job.say(f"checkpoint {path}")
+    dist_utils.barrier(ctx)
+
+
+def rl_step(job: Job, step: int) -> dict[str, Any]:
+    """One RL step: rollouts on this rank's share of the sampled games, the update, the weight
+    sync. Returns the step's metrics record (batch totals over every rank)."""
+    cfg, ctx, rb_builder = job.cfg, job.ctx, job.builder
+    t0 = time.time()
+    games = [job.train_games[job.rng.randrange(len(job.train_games))] for _ in range(cfg.rollout.tasks_per_step)]
+    mine = dist_utils.split_groups(len(games), ctx)  # whole groups per rank
+    rb = collect_rollouts(job.backend, rb_builder, games[mine.start:mine.stop], cfg.rollout.group_size,
+                          max_steps=cfg.env.max_steps, max_response_tokens=cfg.rollout.max_response_tokens,
+                          temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                          seed=(cfg.run.seed * 100_000 + step) * ctx.world_size + ctx.rank,
+                          stop_token_ids=[eos_id(rb_builder)], success_reward=cfg.algo.success_reward,
+                          invalid_action_penalty=cfg.rollout.invalid_action_penalty,
+                          student_skills=cfg.algo.student_skills, num_threads=cfg.env.num_threads,
+                          progress=job.progress.rollout("rollout"))
+    job.backend.sleep()
+    st = update_step(job.student, job.frozen, job.opt, rb, cfg, step, ctx, progress=job.progress.phase)
+    job.backend.wake()
+    t_sync = time.time()
+    sync_generation_weights(job)
+    rec = step_record(step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0)
+    if ctx.distributed:  # the batch's totals over every rank (per-category success: this rank's)
+        n_traj, r_sum, won_sum, len_sum, n_rows, valid_sum = dist_utils.global_sum(
+            [rb.num_trajectories, float(rb.reward.sum()), float(rb.won.float().sum()),
+             float(rb.length.float().sum()), rb.num_rows, float(rb.action_valid.float().sum())], ctx)
+        rec.update(reward=r_sum / max(n_traj, 1), success=100.0 * won_sum / max(n_traj, 1),
+                   turns=len_sum / max(n_traj, 1), valid_actions=valid_sum / max(n_rows, 1))
+    return rec
+
+
+def rl_loop(job: Job) -> None:
+    """The RL steps with their metrics and checkpoints; on rank 0 of a run that was not stopped
+    early, the evaluation after RL, the table and the plots."""
+    cfg, ctx = job.cfg, job.ctx
+    job.phases = {"sft": float(job.summary.get("sft_seconds", 0.0))}
+    with (MetricsLogger(job.run_dir, tensorboard=cfg.run.tensorboard) if ctx.is_main
+          else contextlib.nullcontext(None)) as metrics:
+        if metrics is not None and job.ckpt is None:
+            metrics.log_eval("before", job.before, step=0)
+        for step in range(job.first_step, cfg.optim.steps):
+            rec = rl_step(job, step)
+            if metrics is not None:
+                metrics.log(rec)
+            for ph, key in (("rollout", "rollout_seconds"), ("score", "score_seconds"),
+                            ("update", "update_seconds"), ("weight_sync", "sync_seconds")):
+                job.phases[ph] = job.phases.get(ph, 0.0) + float(rec.get(key, 0.0))
+            job.say(f"step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% reward {rec['reward']:.2f} "
+                    f"gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} kl {rec['kl']:.4f} "
+                    f"{rec['tokens_per_s']:.0f} tok/s {rec['step_seconds']:.1f}s")
+            done = step + 1
+            stop = bool(cfg.run.stop_after) and done >= cfg.run.stop_after and done < cfg.optim.steps
+            if (cfg.run.save_every and done % cfg.run.save_every == 0) or done == cfg.optim.steps or stop:
+                save(job, done)
+            if stop:
+                job.stopped_at = done
+                break
+        if job.stopped_at is None and ctx.is_main:
+            after = _evaluate(job, "after RL", "eval after")
+            metrics.log_eval("after", after, step=cfg.optim.steps)
+            job.say(f"success after RL: {after['overall']:.1f}% {after['per_category']}")
+            job.summary.update(success_after=after["overall"], success_after_per_task=after["per_task"])
+            table = render_table([e for e in (job.before, after) if e is not None])
+            (job.run_dir / "eval.md").write_text(table)
+            (job.run_dir / "eval.json").write_text(json.dumps(dict(before=job.before, after=after), indent=2))
+            job.console.print(table, soft_wrap=True)
+            plots = metrics.plot()
+            job.say(f"plots: {', '.join(str(p) for p in plots)}; TensorBoard: {job.run_dir / 'tensorboard'}")
+        job.progress.stop()
+
+
+def finish(job: Job) -> dict[str, Any]:
+    """Closes the backend and writes ``final-model/``; returns the summary (broadcast)."""
+    cfg, ctx = job.cfg, job.ctx
+    job.backend.close()
+    if job.stopped_at is not None:
+        job.say(f"stopped after step {job.stopped_at} (run.stop_after); continue with "
+                f"python -m pcsd.train --resume {job.run_dir}")
+        job.summary.update(steps=job.stopped_at, stopped_after=job.stopped_at, success_after=None,
+                           wall_seconds=time.time() - job.t_start)
+        return job.summary
+    final_state = dist_utils.full_model_state(job.student, ctx)
+    if ctx.is_main:
+        m = job.gen_model if ctx.distributed else job.student
+        m.save_pretrained(job.run_dir / "final-model", **({"state_dict": final_state} if ctx.distributed else {}))
+    job.summary.update(steps=cfg.optim.steps, wall_seconds=time.time() - job.t_start,
+                       phase_seconds={k: round(v, 2) for k, v in job.phases.items()})
+    return dist_utils.broadcast_object(job.summary, ctx)
