@@ -221,7 +221,7 @@ def test_cli_missing_model_path(tmp_path, capsys):
 def test_trainer_uses_the_same_evaluation():
     from pcsd.train import job
 
-    assert trainer.evaluate is ev.evaluate
+    assert job.evaluate is ev.evaluate
 
 
 def test_real_alfworld_splits_and_games(tiny, alfworld_data):
