@@ -139,9 +139,20 @@ def test_cli_quality_alignment_writes_table_json_and_figure(tmp_path, tiny_model
     assert (out / "quality_alignment.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # then rank robustness on the same model's expert-trajectory gaps, into the same JSON
     assert main(["rank-robustness", "--model", str(tiny_model), "--games", "2", "--max-pairs", "6",
-                 "--repeats", "2", "--rules", "pcsd,sdar", "--out", str(out), "--quiet"]) == 0
+                 "--gaps-from", "expert", "--repeats", "2", "--rules", "pcsd,sdar", "--out", str(out), "--quiet"]) == 0
     d = json.loads((out / "diagnostics.json").read_text())
     assert "quality_alignment" in d and d["rank_robustness"]["source"].startswith("expert trajectories")
+
+
+def test_cli_rank_robustness_on_fresh_rollouts(tmp_path, tiny_model):
+    """Without recorded gaps the model plays fresh rollouts and scores them with and without skills."""
+    from pcsd.diagnostics.cli import main
+
+    out = tmp_path / "out"
+    assert main(["rank-robustness", "--model", str(tiny_model), "--games", "1", "--group-size", "2", "--max-steps", "3",
+                 "--max-response-tokens", "8", "--repeats", "2", "--rules", "pcsd,sdar", "--out", str(out), "--quiet"]) == 0
+    d = json.loads((out / "diagnostics.json").read_text())["rank_robustness"]
+    assert d["source"].startswith("fresh rollouts") and d["rollouts"] == 2 and d["num_tokens"] > 0
 
 
 def test_quality_alignment_of_planted_rules(planted, tiny_model):

@@ -7,8 +7,9 @@
 
 ``rank-robustness`` takes gap sequences from ``--synthetic`` (see
 :func:`pcsd.diagnostics.robustness.synthetic_gaps`), from a run directory's recorded gaps
-(``run.record_gaps=true``), or, when the run recorded none or ``--model`` is given, from a model
-scoring expert trajectories with and without the skills. ``quality-alignment`` needs a model:
+(``run.record_gaps=true``), or, when the run recorded none or ``--model`` is given, from the model:
+``--gaps-from rollouts`` (default) plays fresh rollouts and scores them with and without the
+skills as a training step does, ``--gaps-from expert`` scores the expert's trajectories. ``quality-alignment`` needs a model:
 ``--model DIR`` or a run directory (its ``sft-model/``, else ``base-model/``, else
 ``final-model/``). Both print a rich table and write ``diagnostics.json`` (each subcommand its
 own section) and PNG figures to ``--out`` (default ``<run dir>/diagnostics`` or
@@ -59,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--magnitude", type=float, default=3.0)
     rr.add_argument("--sign", default="both", choices=("both", "positive", "negative"))
     rr.add_argument("--max-tokens", type=int, default=200_000, help="recorded gaps: at most this many tokens")
+    rr.add_argument("--gaps-from", default="rollouts", choices=("rollouts", "expert"),
+                    help="with a model: score fresh rollouts of the model (as in training) or expert trajectories")
+    rr.add_argument("--group-size", type=int, default=2, help="fresh rollouts per game")
+    rr.add_argument("--max-steps", type=int, default=0, help="fresh rollouts: turns per episode (0: the run's env.max_steps)")
+    rr.add_argument("--max-response-tokens", type=int, default=0,
+                    help="fresh rollouts: tokens per turn (0: the run's rollout.max_response_tokens)")
 
     qa = sub.add_parser("quality-alignment", help="dQ vs dW under skill removal / shuffled skills")
     common(qa)
@@ -124,6 +131,59 @@ def _scored(args, console):
     return sc, dict(model=str(model_dir), episodes_source=src, num_episodes=len(episodes))
 
 
+def _rollout_gaps(args, console):
+    """Gaps of fresh rollouts: the model plays ``--games`` procedural games ``--group-size`` times
+    (the run's rollout settings, the hf backend), then scores its sampled responses with the student
+    prompt and with the teacher prompt (skills), as one training step does."""
+    import torch
+
+    from pcsd.diagnostics.robustness import GapSet
+    from pcsd.envs.procedural import write_games
+    from pcsd.models import eos_id, load_model, resolve_device
+    from pcsd.ops.scoring import score_packed
+    from pcsd.rollout.backends import make_backend
+    from pcsd.rollout.loop import collect_rollouts
+    from pcsd.text.prompts import PromptBuilder
+    from pcsd.train.job import procedural_knobs
+
+    cfg = _run_config(args)
+    model_dir = _model_dir(args)
+    t0 = time.time()
+    device = resolve_device(args.device)
+    torch.manual_seed(args.seed)
+    model = load_model(model_dir, device, "float32" if device.type == "cpu" else "auto").eval()
+    builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
+                            max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=model_dir)
+    base = Path(args.run_dir) if args.run_dir else Path(args.out or ".")
+    games = write_games(base / "games" / "diagnostics", args.games, DIAG_GAMES_SEED, **procedural_knobs(cfg))
+    eos = eos_id(builder)
+    backend = make_backend("hf", model=model, pad_token_id=eos)
+    try:
+        rb = collect_rollouts(backend, builder, games, args.group_size, max_steps=args.max_steps or cfg.env.max_steps,
+                              max_response_tokens=args.max_response_tokens or cfg.rollout.max_response_tokens,
+                              temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=args.seed,
+                              stop_token_ids=[eos], num_threads=cfg.env.num_threads)
+    finally:
+        backend.close()
+    rows = [i for i, r in enumerate(rb.response_ids) if r]
+    prompts = [rb.prompt_ids[i] for i in rows]
+    teacher = [rb.teacher_prompt_ids[i] for i in rows]
+    resp = [rb.response_ids[i] for i in rows]
+    with torch.no_grad():
+        s = torch.cat(score_packed(model, prompts, resp, max_tokens_per_pass=cfg.optim.tokens_per_microbatch))
+        t = torch.cat(score_packed(model, teacher, resp, max_tokens_per_pass=cfg.optim.tokens_per_microbatch))
+    gap = (t - s).float().cpu().numpy()
+    cu = [0]
+    for r in resp:
+        cu.append(cu[-1] + len(r))
+    console.print(f"[pcsd.diagnostics] {rb.num_trajectories} fresh rollouts of {model_dir} on {len(games)} games "
+                  f"({len(resp)} turns, {len(gap)} tokens, success {100 * float(rb.won.float().mean()):.1f}%), "
+                  f"{time.time() - t0:.1f}s")
+    gs = GapSet(gap, [True] * len(gap), cu, source=f"fresh rollouts of {model_dir.name}")
+    return gs, dict(model=str(model_dir), rollouts=rb.num_trajectories,
+                    rollout_success=100 * float(rb.won.float().mean()))
+
+
 def _rules(args) -> Optional[list[str]]:
     from pcsd.ops.weighting import available_rules
 
@@ -148,13 +208,17 @@ def run_rank_robustness(args, console) -> dict:
 
         gs = gapset_from_records(load_gap_records(args.run_dir), max_tokens=args.max_tokens)
     else:
-        from pcsd.diagnostics.alignment import teacher_gapset
-
         if args.run_dir and not args.model:
             console.print(f"[pcsd.diagnostics] {args.run_dir} has no recorded gaps (run.record_gaps=true): "
-                          f"scoring expert trajectories with its model instead")
-        sc, meta = _scored(args, console)
-        gs = teacher_gapset(sc)
+                          f"scoring {'fresh rollouts' if args.gaps_from == 'rollouts' else 'expert trajectories'} "
+                          f"with its model instead")
+        if args.gaps_from == "rollouts":
+            gs, meta = _rollout_gaps(args, console)
+        else:
+            from pcsd.diagnostics.alignment import teacher_gapset
+
+            sc, meta = _scored(args, console)
+            gs = teacher_gapset(sc)
     fractions = [float(f) for f in args.fractions.split(",") if f.strip()]
     t0 = time.time()
     res = rank_robustness(gs, _rules(args), fractions, repeats=args.repeats, magnitude=args.magnitude,
