@@ -207,3 +207,25 @@ def test_recorded_gaps_round_trip(tmp_path):
     assert gapset_from_records(recs, max_tokens=10).gap.size == 8  # whole steps only
     with pytest.raises(FileNotFoundError, match="record_gaps"):
         load_gap_records(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["rank-robustness", "--synthetic", "--rules", "pcsd,nope"], "unknown rule"),
+    (["rank-robustness", "--synthetic", "--fractions", "0.1,2"], "--fractions"),
+    (["rank-robustness", "--synthetic", "--fractions", "a"], "--fractions"),
+    (["rank-robustness", "--synthetic", "--repeats", "0"], "--repeats"),
+    (["quality-alignment"], "--model DIR or --run-dir"),
+], ids=["rule", "fraction-range", "fraction-text", "repeats", "no-model"])
+def test_cli_bad_input_names_the_argument(tmp_path, argv, message):
+    from pcsd.diagnostics.cli import main
+
+    with pytest.raises(SystemExit, match=message):
+        main(argv + ["--out", str(tmp_path)])
+
+
+def test_quality_alignment_without_models_in_the_run_dir(tmp_path):
+    from pcsd.diagnostics.cli import main
+
+    (tmp_path / "config.yaml").write_text("preset: tiny-cpu\n")
+    with pytest.raises(SystemExit, match="no sft-model/, base-model/ or final-model/"):
+        main(["quality-alignment", "--run-dir", str(tmp_path)])

@@ -114,8 +114,10 @@ def _scored(args, console):
         from pcsd.train.job import procedural_knobs
         from pcsd.train.sft import expert_episodes
 
-        out = Path(args.out or ".") if not args.run_dir else Path(args.run_dir)
-        games = write_games(out / "games" / "diagnostics", args.games, DIAG_GAMES_SEED, **procedural_knobs(cfg))
+        from pcsd.diagnostics.report import out_dir_for
+
+        base = Path(args.run_dir) if args.run_dir else out_dir_for(args.out, None)
+        games = write_games(base / "games" / "diagnostics", args.games, DIAG_GAMES_SEED, **procedural_knobs(cfg))
         episodes = expert_episodes(games, cfg.env.max_steps, cfg.optim.sft_navigation)
         src = f"{len(games)} procedural games played by the observation-only expert"
     pairs = expert_pairs(episodes, args.max_pairs)
@@ -154,7 +156,9 @@ def _rollout_gaps(args, console):
     model = load_model(model_dir, device, "float32" if device.type == "cpu" else "auto").eval()
     builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
                             max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=model_dir)
-    base = Path(args.run_dir) if args.run_dir else Path(args.out or ".")
+    from pcsd.diagnostics.report import out_dir_for
+
+    base = Path(args.run_dir) if args.run_dir else out_dir_for(args.out, None)
     games = write_games(base / "games" / "diagnostics", args.games, DIAG_GAMES_SEED, **procedural_knobs(cfg))
     eos = eos_id(builder)
     backend = make_backend("hf", model=model, pad_token_id=eos)
@@ -219,7 +223,14 @@ def run_rank_robustness(args, console) -> dict:
 
             sc, meta = _scored(args, console)
             gs = teacher_gapset(sc)
-    fractions = [float(f) for f in args.fractions.split(",") if f.strip()]
+    try:
+        fractions = [float(f) for f in args.fractions.split(",") if f.strip()]
+    except ValueError:
+        raise SystemExit(f"error: --fractions={args.fractions!r}: expected comma-separated numbers in [0, 1]") from None
+    if not fractions or any(not 0 <= f <= 1 for f in fractions):
+        raise SystemExit(f"error: --fractions={args.fractions!r}: expected comma-separated numbers in [0, 1]")
+    if args.repeats < 1:
+        raise SystemExit(f"error: --repeats={args.repeats}: expected at least 1")
     t0 = time.time()
     res = rank_robustness(gs, _rules(args), fractions, repeats=args.repeats, magnitude=args.magnitude,
                           seed=args.seed, sign=args.sign)
