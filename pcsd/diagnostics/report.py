@@ -159,7 +159,7 @@ def plot_quality_alignment(res: dict, path: Path, rules: Sequence[str] = FIGURE_
         ax.axhline(0, color="0.7", lw=0.6)
         ax.axvline(0, color="0.7", lw=0.6)
         ax.set_title(titles.get(p, p), fontsize=10)
-        ax.set_xlabel(r"$\Delta Q$ (teacher confidence on the expert action)")
+        ax.set_xlabel(r"$\Delta Q$ (teacher confidence)")
         ax.set_ylabel(r"$\Delta W$ (token weight)")
         ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
