@@ -7,7 +7,8 @@ Per token ``[T]``: ``gap`` (log pi_teacher - log pi_old), ``weights`` (the rule'
 weights; 0 for rules without weights), ``mask`` (valid tokens), ``student_logp`` (log pi_old) and
 ``teacher_logp``; per response turn: ``cu_seqlens`` ``[R+1]`` (the segments the weights' windows
 never cross), ``row_traj`` and ``row_turn``; per trajectory ``traj_reward``; and ``step`` and
-``rule``. Float arrays are float32; a 30-step tiny run writes well under a megabyte.
+``rule``. Float arrays are float32, compressed: about 12 bytes per token (a step of the tiny
+preset, 14k tokens, is 170 kB).
 
 :func:`load_gap_records` reads them back (:mod:`pcsd.diagnostics` runs on them).
 """
