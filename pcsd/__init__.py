@@ -11,6 +11,7 @@ checks it):
   pcsd.rollout     generation backends (vLLM, HF) and the batched multi-turn rollout loop
   pcsd.eval        evaluation (``python -m pcsd.eval``)
   pcsd.train       the training job (``python -m pcsd.train``): config, methods, update, SFT, ...
+  pcsd.diagnostics the paper's weight diagnostics (``python -m pcsd.diagnostics``)
   pcsd.bench       the benchmarks (``python -m pcsd.bench``)
 
 ``pcsd.testing`` (the tiny generated model) and ``pcsd.progress`` are helpers any layer may use.

@@ -162,8 +162,8 @@ def test_update_step_reports_scoring_and_micro_batches(ppo_epochs):
     only); more epochs score the old policy first."""
     from omegaconf import OmegaConf
 
-    from pcsd.train import update
     from pcsd.train.config import TrainConfig
+    from pcsd.train.update import update_step
     from pcsd.testing import make_tiny_model
 
     cfg = OmegaConf.structured(TrainConfig)
@@ -186,7 +186,7 @@ def test_update_step_reports_scoring_and_micro_batches(ppo_epochs):
     rb.prompt_ids = [[5, 6, 7]] * 4
     rb.teacher_prompt_ids = [[9, 5, 6, 7]] * 4
     opt = torch.optim.AdamW(student.parameters(), lr=1e-4)
-    update.update_step(student, frozen, opt, rb, cfg, 0, progress=progress)
+    update_step(student, frozen, opt, rb, cfg, 0, progress=progress)
     n = 2 + (ppo_epochs > 1)
     assert [c for c in calls if c[0] == "scoring"] == [("scoring", i, n) for i in range(1, n + 1)]
     ups = [c for c in calls if c[0] == "update"]

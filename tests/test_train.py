@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -66,8 +68,9 @@ def _plain_logprobs(model, prompts, responses) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("extra", [[], ["algo.loss_agg=token-mean", "rule=sdar"], ["rule=rlsd"],
-                                   ["optim.ppo_epochs=2"]],
-                         ids=["pcsd", "sdar-token-mean", "rlsd", "pcsd-old-pass"])
+                                   ["optim.ppo_epochs=2"], ["method=skill-sd", "algo.lambda_distill=0.5"],
+                                   ["method=skill-sd", "algo.lambda_distill=0.5", "optim.ppo_epochs=2"]],
+                         ids=["pcsd", "sdar-token-mean", "rlsd", "pcsd-old-pass", "skill-sd", "skill-sd-old-pass"])
 def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
     """update_step's accumulated micro-batch gradients == autograd of L_GRPO + lambda L_PCSD computed
     plainly (unpacked full-logit log-probs, pcsd.ops.grpo.grpo_loss, pcsd.ops.losses.pcsd_loss). One PPO
@@ -102,13 +105,17 @@ def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
     w = torch.zeros_like(lp)
     if rule.kind == "advantage":
         adv = rule(adv, teacher - old, mask, 3)
-    else:
+    elif rule.kind == "weights":
         params = {k: v for k, v in dict(cfg.algo.pcsd).items() if k in rule.defaults}
         w = rule(teacher - old, rb.cu_seqlens(), mask, **params)
     total = grpo_loss(lp, old, ref, adv, mask, traj, rb.num_trajectories, clip_eps=cfg.algo.clip_eps,
                       kl_beta=cfg.algo.kl_beta, agg=cfg.algo.loss_agg).loss
     if rule.kind == "weights":
         total = total + cfg.algo.lambda_distill * pcsd_loss(lp, teacher, w, mask)
+    if rule.kind == "loss":  # Skill-SD: token-mean of its per-token loss over the whole batch
+        from pcsd.ops.losses import skill_sd_loss
+
+        total = total + cfg.algo.lambda_distill * skill_sd_loss(lp, teacher, old, mask)
     total.backward()
     for n, p in ref_model.named_parameters():
         torch.testing.assert_close(got[n], p.grad, rtol=2e-4, atol=2e-7, msg=n)
@@ -196,6 +203,18 @@ def test_methods_set_what_the_paper_says():
     # overrides after the method win; the preset's own method is used without method=
     assert load_config(["method=pcsd", "algo.lambda_distill=0.005"]).algo.lambda_distill == 0.005
     assert load_config(["preset=tiny-cpu-grpo"]).algo.distill is False
+    c = load_config(["method=skill-sd"])  # the method table: G = 8 and clip 0.2 from the preset
+    assert c.algo.grpo and c.algo.distill and c.rule == "skill-sd" and c.algo.lambda_distill == 0.001
+    assert not c.algo.student_skills and not c.eval.skills
+    c = load_config(["method=skill-sd*"])
+    assert c.method == "skill-sd-star" and c.rule == "skill-sd" and c.eval.skills
+
+
+def test_record_gaps_is_a_validated_key():
+    assert load_config([]).run.record_gaps is False
+    assert load_config(["run.record_gaps=true"]).run.record_gaps is True
+    with pytest.raises(ConfigError, match="record_gaps"):
+        load_config(["run.record_gaps=maybe"])
 
 
 def test_grpo_comparison_preset_differs_from_the_default_only_in_the_method():
@@ -458,3 +477,33 @@ def test_smoke_of_the_default_path_with_its_warm_up(tmp_path):
     assert s["sft_examples"] > 0 and s["sft_expert_success"] >= 0 and len(s["sft_loss_first_last"]) == 2
     assert (run / "sft-model" / "config.json").is_file() and (run / "base-model" / "tokenizer.json").is_file()
     assert s["success_before"] is not None and s["success_after"] is not None
+
+
+def test_skill_sd_trains_and_records_gaps_the_diagnostics_read(tmp_path, tiny_dir):
+    """``method=skill-sd`` runs two RL steps of the tiny preset (small sizes): the distillation term
+    is non-zero and the weights move; with ``run.record_gaps=true`` every logged step leaves an npz
+    that :mod:`pcsd.diagnostics` reads."""
+    from pcsd.train.cli import main
+    from pcsd.train.gaps import load_gap_records
+
+    run = tmp_path / "run"
+    assert main(_TINY + [f"model.path={tiny_dir}", f"run.dir={run}", "method=skill-sd", "run.record_gaps=true",
+                         "rollout.max_response_tokens=6", "algo.teacher=frozen"]) == 0
+    s = json.loads((run / "summary.json").read_text())
+    assert s["method"] == "skill-sd" and s["rule"] == "skill-sd" and s["steps"] == 2
+    recs = _records(run)
+    assert [r["step"] for r in recs] == [1, 2]
+    assert all(r["pcsd"] != 0.0 and math.isfinite(r["loss"]) for r in recs)
+    gaps = load_gap_records(run)
+    assert [g.step for g in gaps] == [1, 2] and all(g.rule == "skill-sd" for g in gaps)
+    for g in gaps:
+        assert g.gap.shape == g.mask.shape == g.weights.shape == g.teacher_logp.shape
+        assert g.cu_seqlens[0] == 0 and g.cu_seqlens[-1] == g.num_tokens and g.mask.all()
+        np.testing.assert_allclose(g.gap, g.teacher_logp - g.student_logp, atol=1e-5)
+    from pcsd.diagnostics.cli import main as diag
+
+    out = tmp_path / "diag"
+    assert diag(["rank-robustness", "--run-dir", str(run), "--out", str(out), "--repeats", "2",
+                 "--rules", "pcsd,sdar", "--quiet"]) == 0
+    d = json.loads((out / "diagnostics.json").read_text())["rank_robustness"]
+    assert d["num_tokens"] == sum(g.num_tokens for g in gaps) and "recorded steps 1..2" in d["source"]

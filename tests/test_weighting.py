@@ -10,7 +10,7 @@ from pcsd.ops.reference import pcsd_weights_reference
 from pcsd.ops.weighting import available_rules, get_rule, rlsd_lambda
 
 EXPECTED = {"pcsd", "pcsd-fixed-n1", "pcsd-fixed-n4", "pcsd-no-trend", "pcsd-no-decay",
-            "uniform", "sdar", "rlsd"}
+            "uniform", "sdar", "rlsd", "skill-sd"}
 
 
 def batch(seed=0):
@@ -24,6 +24,7 @@ def batch(seed=0):
 def test_every_rule_of_the_paper_is_registered():
     assert EXPECTED <= set(available_rules())
     assert set(available_rules("advantage")) == {"rlsd"}
+    assert set(available_rules("loss")) == {"skill-sd"}
     with pytest.raises(ValueError, match="unknown weighting rule 'nope'; valid: "):
         get_rule("nope")
 
@@ -87,3 +88,61 @@ def test_rlsd_advantage_transform():
     torch.testing.assert_close(get_rule("rlsd")(adv, gap, mask, 100), adv * mask)
     with pytest.raises(ValueError, match="step must be >= 0"):
         get_rule("rlsd")(adv, gap, mask, -1)
+
+
+def _skill_sd_literal(student, teacher, old, mask):
+    """The Skill-SD loss token by token in plain Python floats: the SDAR code's formula read
+    literally, then the token mean over the valid tokens."""
+    import math
+
+    total, n = 0.0, 0
+    for s, t, o, m in zip(student, teacher, old, mask):
+        if not m:
+            continue
+        ell = s - t
+        k3 = math.exp(min(-ell, 20.0)) - 1.0 + ell
+        rho = math.exp(min(s - o, 10.0))
+        total += rho * k3
+        n += 1
+    return total / max(n, 1)
+
+
+@pytest.mark.parametrize("scale", [0.5, 30.0], ids=["moderate", "clamped"])
+def test_skill_sd_loss_and_gradient_match_a_literal_loop(scale):
+    """skill-sd's token-mean loss and its gradient == a per-token Python loop (the gradient by
+    central differences of the loop, token by token), the clamps included (scale 30 puts some
+    -l above 20 and some ratios above e^10, where the gradient of the clamped factor is 0)."""
+    from pcsd.ops.losses import skill_sd_loss
+
+    g = torch.Generator().manual_seed(7)
+    T = 40
+    student = (torch.randn(T, generator=g, dtype=torch.float64) * scale).requires_grad_(True)
+    teacher = torch.randn(T, generator=g, dtype=torch.float64) * scale
+    old = student.detach() + torch.randn(T, generator=g, dtype=torch.float64) * scale * 0.5
+    mask = torch.rand(T, generator=g) > 0.25
+    rule = get_rule("skill-sd")
+    per = rule(student, teacher, old, mask)
+    loss = per.sum() / mask.sum()
+    loss.backward()
+    s, t, o, m = student.detach().tolist(), teacher.tolist(), old.tolist(), mask.tolist()
+    want = _skill_sd_literal(s, t, o, m)
+    assert float(loss.detach()) == pytest.approx(want, rel=1e-10, abs=1e-12)
+    assert float(skill_sd_loss(student, teacher, old, mask).detach()) == pytest.approx(want, rel=1e-10, abs=1e-12)
+    eps = 1e-6
+    for i in range(T):
+        hi, lo = list(s), list(s)
+        hi[i] += eps
+        lo[i] -= eps
+        # the loop's old log-prob stays fixed (it is detached in the loss)
+        num = (_skill_sd_literal(hi, t, o, m) - _skill_sd_literal(lo, t, o, m)) / (2 * eps)
+        assert float(student.grad[i]) == pytest.approx(num, rel=1e-5, abs=1e-6 * max(1.0, abs(want))), i
+    assert not per[~mask].any()  # masked tokens contribute nothing
+
+
+def test_skill_sd_gradient_on_policy_is_the_signed_gap():
+    """At pi = pi_old the Skill-SD pull d(-L_t)/d log pi is the gap log pi_teacher - log pi."""
+    g = torch.Generator().manual_seed(1)
+    lp = torch.randn(25, generator=g, dtype=torch.float64).requires_grad_(True)
+    teacher = lp.detach() + torch.randn(25, generator=g, dtype=torch.float64)
+    get_rule("skill-sd")(lp, teacher, lp.detach(), None).sum().backward()
+    torch.testing.assert_close(-lp.grad, teacher - lp.detach())

@@ -9,6 +9,10 @@ Two kinds share the registry (so the trainer picks any method with ``rule=<name>
 * ``advantage`` rules transform the GRPO advantage per token instead: ``rlsd``,
   ``A_t = A ((1 - lam) + lam clip(exp(sign(A) delta_t), 0.8, 1.2))`` with lam decaying linearly
   from 0.5 to 0 over 100 steps.
+* ``loss`` rules replace the weighted distillation loss by their own per-token loss, added as
+  ``lambda * token-mean``: ``skill-sd`` (Skill-SD, as the public SDAR code defines it: the k3
+  estimator of KL(student || teacher) times the on-policy ratio, :func:`pcsd.ops.losses.skill_sd_token_loss`;
+  GRPO's advantages are left unchanged).
 
 OPSD alone (distillation without the GRPO term) and Skill-GRPO (the student sees the skills
 during training) are trainer settings, not weighting rules.
@@ -23,16 +27,19 @@ import torch
 from torch import Tensor
 
 from pcsd.ops.kernels import pcsd_weights
+from pcsd.ops.losses import skill_sd_token_loss
 
 __all__ = ["WeightRule", "register_rule", "get_rule", "available_rules", "rlsd_advantages"]
 
-RuleKind = Literal["weights", "advantage"]
+RuleKind = Literal["weights", "advantage", "loss"]
 
 
 @dataclass(frozen=True)
 class WeightRule:
-    """A named rule. ``fn`` takes ``(gap, cu_seqlens, mask, **params)`` for ``weights`` rules and
-    ``(advantages, gap, mask, step, **params)`` for ``advantage`` rules."""
+    """A named rule. ``fn`` takes ``(gap, cu_seqlens, mask, **params)`` for ``weights`` rules,
+    ``(advantages, gap, mask, step, **params)`` for ``advantage`` rules and ``(student_logp,
+    teacher_logp, old_logp, mask, **params)`` for ``loss`` rules (the per-token loss ``[T]``, 0 at
+    masked positions)."""
 
     name: str
     kind: RuleKind
@@ -152,3 +159,13 @@ def rlsd_advantages(advantages: Tensor, gap: Tensor, mask: Optional[Tensor] = No
     g = torch.where(m > 0, gap.detach(), torch.zeros_like(gap))
     factor = torch.exp(torch.sign(advantages) * g).clamp(clip_low, clip_high)
     return advantages * ((1.0 - lam) + lam * factor) * m
+
+
+@register_rule("skill-sd", "loss", neg_clamp=20.0, ratio_clamp=10.0)
+def _skill_sd(student_logp: Tensor, teacher_logp: Tensor, old_logp: Tensor, mask: Optional[Tensor] = None,
+              *, neg_clamp: float, ratio_clamp: float) -> Tensor:
+    """Skill-SD: per token ``exp(min(log pi - log pi_old, 10)) (exp(min(-l, 20)) - 1 + l)``,
+    ``l = log pi - sg(log pi_teacher)``; the trainer adds ``lambda`` x its token-mean."""
+    m = _check_gap_mask(student_logp.detach(), mask)
+    return skill_sd_token_loss(student_logp, teacher_logp, old_logp, neg_clamp=neg_clamp,
+                               ratio_clamp=ratio_clamp) * m

@@ -4,7 +4,7 @@
 
 Resolution order: the schema's defaults <- the preset file (``pcsd/train/configs/<preset>.yaml``) <- the
 method's overrides (``method=NAME``, see :mod:`pcsd.train.methods`: vanilla, skill-prompt, grpo,
-skill-grpo, opsd, grpo+opsd, rlsd, sdar, pcsd, pcsd-fixed-n1, pcsd-fixed-n4, pcsd-no-trend,
+skill-grpo, opsd, grpo+opsd, rlsd, skill-sd, sdar, pcsd, pcsd-fixed-n1, pcsd-fixed-n4, pcsd-no-trend,
 pcsd-no-decay and the starred ``NAME-star`` variants with skills at evaluation) <- the remaining
 dotted ``key=value`` overrides. The resolved config (``method`` included) is saved as
 ``config.yaml`` in the run directory.
@@ -140,6 +140,7 @@ class RunConfig:
     log_every: int = 1
     progress: Optional[bool] = None  # rich progress bars; None = on an interactive terminal outside CI
     tensorboard: bool = True  # per-step scalars to <run dir>/tensorboard as well as metrics.jsonl
+    record_gaps: bool = False  # per-token gaps/weights/masks of each logged step to <run dir>/gaps/ (npz)
 
 
 @dataclass
@@ -190,7 +191,7 @@ def valid_keys() -> list[str]:
 
 # Keys a resumed run may change without changing what the run computes.
 RESUME_MUTABLE = ("run.resume", "run.dir", "run.save_every", "run.keep_last", "run.stop_after",
-                  "run.log_every", "env.num_threads")
+                  "run.log_every", "run.record_gaps", "env.num_threads")
 
 
 def _cli_value(overrides: list[str], key: str) -> Optional[str]:
@@ -344,6 +345,8 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(f"optim.sft_games must be >= 1 when optim.sft_steps > 0, got {cfg.optim.sft_games}")
     if not 0 <= cfg.optim.sft_teacher_share <= 1:
         raise ConfigError(f"optim.sft_teacher_share must be in [0, 1], got {cfg.optim.sft_teacher_share}")
+    if not isinstance(cfg.run.record_gaps, bool):
+        raise ConfigError(f"run.record_gaps must be true or false, got {cfg.run.record_gaps!r}")
     if not 0 < cfg.algo.clip_eps < 1:
         raise ConfigError(f"algo.clip_eps must be in (0, 1), got {cfg.algo.clip_eps}")
     if not (cfg.algo.grpo or cfg.algo.distill or cfg.optim.steps == 0):

@@ -98,6 +98,7 @@ class Job:
     first_step: int = 0
     stopped_at: Optional[int] = None
     phases: dict[str, float] = field(default_factory=dict)  # wall seconds per phase
+    gap_recorder: Any = None  # pcsd.train.gaps.GapRecorder with run.record_gaps
 
     @property
     def warm_up_here(self) -> bool:
@@ -259,6 +260,10 @@ def build_models(job: Job) -> None:
     job.opt = torch.optim.AdamW([p for p in job.student.parameters() if p.requires_grad], lr=cfg.optim.lr,
                                 weight_decay=cfg.optim.weight_decay)
     job.rng = random.Random(cfg.run.seed)
+    if cfg.run.get("record_gaps", False):
+        from pcsd.train.gaps import GapRecorder
+
+        job.gap_recorder = GapRecorder(job.run_dir, cfg.rule, cfg.run.log_every, rank=ctx.rank)
 
 
 def sync_generation_weights(job: Job) -> None:
@@ -339,7 +344,8 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
                           student_skills=cfg.algo.student_skills, num_threads=cfg.env.num_threads,
                           progress=job.progress.rollout("rollout"))
     job.backend.sleep()
-    st = update_step(job.student, job.frozen, job.opt, rb, cfg, step, ctx, progress=job.progress.phase)
+    st = update_step(job.student, job.frozen, job.opt, rb, cfg, step, ctx, progress=job.progress.phase,
+                     record=job.gap_recorder.for_step(step + 1) if job.gap_recorder else None)
     job.backend.wake()
     t_sync = time.time()
     sync_generation_weights(job)

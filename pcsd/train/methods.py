@@ -15,6 +15,8 @@ opsd                OPSD: distillation only (no GRPO term), sigmoid gate beta_ga
                     rule), lambda 0.01 -- the appendix's method table
 grpo+opsd           GRPO + distillation with constant weights (``uniform``: the gate at beta = 0)
 rlsd                RLSD: GRPO with the teacher-gap advantage transform (lambda 0.5 -> 0)
+skill-sd            Skill-SD: GRPO (advantages unchanged) + lambda 0.001 x the token-mean of the
+                    k3 self-distillation loss times the on-policy ratio (``rule=skill-sd``)
 sdar                SDAR: GRPO + pointwise sigmoid-gated distillation
 pcsd                PCSD (the paper): GRPO + persistent-consistency weights, lambda 0.01
 pcsd-fixed-n1       ablation: fixed window N = 1 (``algo.pcsd.n_min=1``)
@@ -24,6 +26,14 @@ pcsd-no-decay       ablation: uniform weights inside the windows (``algo.pcsd.al
 NAME-star           every trained method above with the skills at evaluation too (the starred
                     variants, e.g. ``skill-grpo-star`` = Skill-GRPO*); ``NAME*`` is accepted
 ==================  ==========================================================================
+
+Skill-SD follows the public SDAR code (``verl/trainer/ppo/skillsd_utils.py``: ``compute_sdl_loss``;
+``examples/skillsd_trainer``: ``sdl_lambda=0.001``, ``warmdown_steps=-1`` i.e. a constant lambda,
+``loss_agg_mode=token-mean``, keyword-retrieved skills of the task's type). The SDAR code has no
+starred Skill-SD: ``skill-sd-star`` is this project's convention (the skills at evaluation, like
+every ``NAME-star``). One difference is kept on purpose: SDAR's trainers score the teacher with
+the *current* actor (its RLSD, Skill-SD and SDAR alike); here every method uses the preset's
+``algo.teacher`` (``frozen``, as the paper states), and ``algo.teacher=current`` reproduces SDAR.
 
 Every method sets all of ``algo.grpo``, ``algo.distill``, ``algo.student_skills``, ``eval.skills``
 and ``rule`` (the method fully determines them); other keys come from the preset.
@@ -53,6 +63,8 @@ _TRAINED: dict[str, dict[str, Any]] = {
                algo__lambda_distill=0.01),
     "grpo+opsd": _m("GRPO + distillation with constant weights", rule="uniform"),
     "rlsd": _m("RLSD: teacher-gap advantage transform", rule="rlsd"),
+    "skill-sd": _m("Skill-SD: GRPO + lambda 0.001 x token-mean k3 self-distillation loss", rule="skill-sd",
+                   algo__lambda_distill=0.001),
     "sdar": _m("SDAR: pointwise sigmoid-gated distillation", rule="sdar"),
     "pcsd": _m("PCSD: persistent-consistency weights", rule="pcsd"),
     "pcsd-fixed-n1": _m("PCSD ablation: fixed window N=1", rule="pcsd-fixed-n1", algo__pcsd__n_min=1),

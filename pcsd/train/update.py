@@ -74,11 +74,19 @@ def scores(model, prompts, responses, mbs: list[list[int]], n_passes: int, T: in
 
 
 def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: int,
-                ctx: Optional[DistContext] = None, progress=None) -> dict:
+                ctx: Optional[DistContext] = None, progress=None, record=None) -> dict:
     """Scores the batch and applies one GRPO + lambda * PCSD update (ppo_epochs passes).
 
     ``progress(name, total)`` (e.g. :meth:`pcsd.progress.ProgressReporter.phase`) may return a
     ``cb(done, total)`` that is called after each scoring pass and each micro-batch.
+
+    ``record(arrays)`` (``run.record_gaps``, see :mod:`pcsd.train.gaps`), when given, is called
+    once with this rank's per-token gaps, weights, mask, log-probs and segment boundaries.
+
+    The rule's kind decides how the teacher enters: ``weights`` rules give the tokens of the
+    distillation loss :func:`pcsd.ops.losses.pcsd_loss` their weights, ``advantage`` rules
+    transform GRPO's per-token advantages, ``loss`` rules (Skill-SD) add their own per-token loss
+    as ``lambda`` x its token-mean over the batch.
 
     Distributed (``ctx`` with world_size > 1, FSDP2-sharded ``student``/``frozen``): ``rb`` holds
     this rank's whole groups; the loss normalisers (trajectory count, valid-token count) are
@@ -143,7 +151,7 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
         weights = torch.zeros_like(old_mb)
         if rule.kind == "advantage":
             tok_adv = rule(tok_adv, gap, mask, step)
-        elif algo.distill:
+        elif algo.distill and rule.kind == "weights":
             cu = torch.tensor([0] + [lengths[i] for i in rows], device=dev).cumsum(0)
             weights = rule(gap, cu, mask, **pcsd_params)
         return tok_adv, weights, gap, mask
@@ -189,6 +197,11 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
                 d = pcsd_loss(lp, teacher[idx], w_mb, mask) * (len(idx) / T_all)
                 loss = loss + algo.lambda_distill * d
                 stats["pcsd"] += float(d.detach())
+            if algo.distill and rule.kind == "loss":
+                # token-mean over all valid tokens of the batch: this micro-batch's sum / M
+                d = rule(lp, teacher[idx], old_mb, mask, **pcsd_params).sum() / T_all
+                loss = loss + algo.lambda_distill * d
+                stats["pcsd"] += float(d.detach())
             (loss * gscale).backward()  # FSDP averages over ranks; the global loss is their sum
             stats["loss"] += float(loss.detach())
             update_cb and update_cb(_epoch * len(mbs) + k + 1, n_mb)
@@ -196,6 +209,8 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
         stats["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
         opt.step()
     student.eval()
+    if record is not None:
+        record(_record_arrays(cached, mbs, offsets, teacher, T, rb))
     sums = dist_utils.global_sum(
         [stats["loss"], stats["pg"], stats["kl"], stats["pcsd"], stats["clip_frac"], tok_sums["gap"],
          tok_sums["w"], tok_sums["gate"], tok_sums["nll"]], ctx)
@@ -209,3 +224,28 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
         entropy_proxy=sums[8] / T_all,
     )
     return stats
+
+
+def _record_arrays(cached: dict, mbs: list[list[int]], offsets: list[int], teacher, T: int,
+                   rb: RolloutBatch) -> dict:
+    """The batch's per-token terms as numpy arrays (``run.record_gaps``): gap, weight, mask,
+    log pi_old, log pi_teacher ``[T]``; ``cu_seqlens`` ``[R+1]`` (one segment per response turn),
+    each row's trajectory and turn, each trajectory's reward."""
+    import numpy as np
+
+    gap, w, old = (np.zeros(T, dtype=np.float32) for _ in range(3))
+    mask = np.zeros(T, dtype=bool)
+    for k, rows in enumerate(mbs):
+        if k not in cached:
+            continue
+        idx = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in rows])
+        old_mb, _adv, w_mb, gap_mb, m_mb = cached[k]
+        gap[idx] = gap_mb.detach().float().cpu().numpy()
+        w[idx] = w_mb.detach().float().cpu().numpy()
+        old[idx] = old_mb.detach().float().cpu().numpy()
+        mask[idx] = m_mb.detach().cpu().numpy().astype(bool)
+    return dict(gap=gap, weights=w, mask=mask, student_logp=old,
+                teacher_logp=(teacher.detach().float().cpu().numpy() if teacher is not None
+                              else np.zeros(T, dtype=np.float32)),
+                cu_seqlens=np.asarray(offsets, dtype=np.int64), row_traj=rb.traj_id.cpu().numpy(),
+                row_turn=rb.turn.cpu().numpy(), traj_reward=rb.reward.float().cpu().numpy())
