@@ -42,6 +42,8 @@ from pcsd.rollout.loop import collect_rollouts
 from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
 from pcsd.train.metrics import MetricsLogger, step_record
+from pcsd.train.precision import (cast_items, export_model, fsdp_policy, frozen_copy, precision_of,
+                                  prepare_student, torch_dtype)
 from pcsd.train.sft import expert_episodes, game_corpus, sft_examples, sft_warmup
 from pcsd.train.update import update_step
 
@@ -88,6 +90,7 @@ class Job:
     # build_models
     frozen: Any = None  # one frozen copy of the base: teacher (teacher prompt) and reference
     gen_model: Any = None  # the model the hf backend generates with / save_pretrained's config
+    rollout_dtype: str = "float32"  # the generation engine's weights (vLLM; the hf copy under FSDP)
     backend: Any = None
     backend_name: str = ""
     opt: Any = None
@@ -194,7 +197,7 @@ def load_student(job: Job) -> None:
                             corpus=game_corpus(job.episodes))
         dist_utils.barrier(ctx)
         job.say(f"tiny model written to {job.model_dir}")
-    job.student = load_model(job.model_dir, ctx.device, cfg.model.dtype)
+    job.student = load_model(job.model_dir, ctx.device, cfg.model.param_dtype)
     job.builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
                                 max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=job.model_dir)
     job.base_dir = job.model_dir
@@ -228,28 +231,31 @@ def warm_up(job: Job) -> None:
     if job.ckpt is not None or not ctx.is_main:
         if not (policy_dir / "config.json").is_file():
             raise FileNotFoundError(f"{policy_dir}: the SFT model of this run is missing")
-        job.student = load_model(policy_dir, ctx.device, cfg.model.dtype)
+        job.student = load_model(policy_dir, ctx.device, cfg.model.param_dtype)
 
 
 def build_models(job: Job) -> None:
-    """The frozen copy (teacher and reference), sharding, the rollout backend, the optimizer."""
+    """The frozen copy (teacher and reference), sharding, the rollout backend, the optimizer.
+    Precision (:mod:`pcsd.train.precision`): the student keeps ``model.param_dtype`` weights (and
+    so AdamW state) and computes in ``model.compute_dtype``; the frozen copy is cast to
+    ``model.teacher_dtype``; vLLM runs in the compute dtype (float32 on CPU)."""
     cfg, ctx = job.cfg, job.ctx
-    job.frozen = copy.deepcopy(job.student).eval()
-    for p in job.frozen.parameters():
-        p.requires_grad_(False)
+    prec = precision_of(cfg)
+    job.frozen = frozen_copy(job.student, prec.teacher)
+    prepare_student(job.student, prec, ctx.distributed)
     job.backend_name = usable_backend(cfg.rollout.backend, job.console.print)
-    # sharded training: the hf backend generates with a full copy refreshed after every update;
-    # with vLLM a CPU copy only carries the HF config for save_pretrained of gathered weights
+    job.rollout_dtype = "float32" if ctx.device.type == "cpu" else prec.compute
+    # sharded training: the hf backend generates with a full copy (compute dtype) refreshed after
+    # every update; with vLLM a CPU copy only carries the HF config for save_pretrained of gathered weights
     job.gen_model = job.student
     if ctx.distributed:
-        job.gen_model = copy.deepcopy(job.student).eval()
+        job.gen_model = frozen_copy(job.student, job.rollout_dtype)
         if job.backend_name == "vllm":
             job.gen_model = job.gen_model.to("cpu")
-    dist_utils.shard_model(job.student, ctx)
+    dist_utils.shard_model(job.student, ctx, mp_policy=fsdp_policy(prec))
     dist_utils.shard_model(job.frozen, ctx)
     if job.backend_name == "vllm":
-        job.backend = make_backend("vllm", model_path=job.base_dir,
-                                   dtype="float32" if ctx.device.type == "cpu" else "bfloat16", seed=cfg.run.seed,
+        job.backend = make_backend("vllm", model_path=job.base_dir, dtype=job.rollout_dtype, seed=cfg.run.seed,
                                    max_model_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens)
     else:
         job.backend = make_backend("hf", model=job.gen_model, pad_token_id=eos_id(job.builder))
@@ -262,11 +268,13 @@ def build_models(job: Job) -> None:
 
 
 def sync_generation_weights(job: Job) -> None:
-    """Sends the student's weights to the generation engine."""
+    """Sends the student's weights to the generation engine, cast to its dtype one tensor at a time."""
+    dt = torch_dtype(job.rollout_dtype)
     if job.ctx.distributed:  # gather the shards (collective), then every rank refreshes its engine
-        job.backend.load_weights(dist_utils.full_model_state(job.student, job.ctx, all_ranks=True).items())
+        job.backend.load_weights(cast_items(dist_utils.full_model_state(job.student, job.ctx, all_ranks=True).items(),
+                                            dt))
     elif job.backend_name == "vllm":
-        job.backend.load_weights(job.student.state_dict().items())
+        job.backend.load_weights(cast_items(job.student.state_dict().items(), dt))
 
 
 def _evaluate(job: Job, label: str, bar: str) -> dict:
@@ -404,9 +412,10 @@ def finish(job: Job) -> dict[str, Any]:
                            wall_seconds=time.time() - job.t_start)
         return job.summary
     final_state = dist_utils.full_model_state(job.student, ctx)
-    if ctx.is_main:
+    if ctx.is_main:  # in model.export_dtype (the checkpoints keep the fp32 master weights)
         m = job.gen_model if ctx.distributed else job.student
-        m.save_pretrained(job.run_dir / "final-model", **({"state_dict": final_state} if ctx.distributed else {}))
+        export_model(m, job.run_dir / "final-model", cfg.model.export_dtype,
+                     state_dict=final_state if ctx.distributed else None)
     job.summary.update(steps=cfg.optim.steps, wall_seconds=time.time() - job.t_start,
                        phase_seconds={k: round(v, 2) for k, v in job.phases.items()})
     return dist_utils.broadcast_object(job.summary, ctx)
