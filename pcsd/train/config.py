@@ -77,6 +77,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     invalid_action_penalty: float = 0.0
+    gpu_memory_utilization: float = 0.4  # vLLM's share of each GPU (its weights + KV cache); see --plan
 
 
 @dataclass
@@ -113,6 +114,7 @@ class OptimConfig:
     steps: int = 150
     ppo_epochs: int = 1
     tokens_per_microbatch: int = 8192
+    gradient_checkpointing: bool = False  # recompute each decoder layer in the backward (activations / ~layers)
     allow_low_precision_params: bool = False  # let AdamW update bf16 parameters (most updates round away)
     sft_steps: int = 0  # supervised warm-up on expert trajectories of procedural games
     sft_games: int = 96  # procedural games played by the observation-only expert for the warm-up
@@ -418,6 +420,8 @@ def _validate_ranges(cfg: DictConfig) -> None:
             raise ConfigError(f"{key} must be > 0, got {val}"
                               + (" (sampling needs a temperature; eval.greedy=true plays greedily)"
                                  if key.endswith("temperature") else ""))
+    if not 0 < cfg.rollout.gpu_memory_utilization < 1:
+        raise ConfigError(f"rollout.gpu_memory_utilization must be in (0, 1), got {cfg.rollout.gpu_memory_utilization}")
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p must be in (0, 1], got {cfg.rollout.top_p}")
     for key in ("optim.weight_decay", "rollout.invalid_action_penalty", "eval.every"):

@@ -199,7 +199,8 @@ def load_student(job: Job) -> None:
         job.say(f"tiny model written to {job.model_dir}")
     job.student = load_model(job.model_dir, ctx.device, cfg.model.param_dtype)
     job.builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
-                                max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=job.model_dir)
+                                max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=job.model_dir,
+                                enable_thinking=cfg.model.enable_thinking)  # student and teacher prompts alike
     job.base_dir = job.model_dir
 
 
@@ -252,10 +253,13 @@ def build_models(job: Job) -> None:
         job.gen_model = frozen_copy(job.student, job.rollout_dtype)
         if job.backend_name == "vllm":
             job.gen_model = job.gen_model.to("cpu")
+    if cfg.optim.gradient_checkpointing:  # each decoder layer recomputed in the backward
+        job.student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     dist_utils.shard_model(job.student, ctx, mp_policy=fsdp_policy(prec))
     dist_utils.shard_model(job.frozen, ctx)
     if job.backend_name == "vllm":
         job.backend = make_backend("vllm", model_path=job.base_dir, dtype=job.rollout_dtype, seed=cfg.run.seed,
+                                   gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                                    max_model_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens)
     else:
         job.backend = make_backend("hf", model=job.gen_model, pad_token_id=eos_id(job.builder))

@@ -2,7 +2,7 @@
 //!
 //! The template comes from a model directory: `tokenizer_config.json`'s `chat_template` (a string,
 //! or a list of `{name, template}` from which `default` is taken) or a `chat_template.jinja` file
-//! beside it. The environment is set up the way transformers renders templates: `trim_blocks` and
+//! beside it, which wins when both exist (as transformers' `from_pretrained` does). The environment is set up the way transformers renders templates: `trim_blocks` and
 //! `lstrip_blocks` on, Python string/dict methods (`pycompat`), loop controls, `raise_exception`,
 //! `strftime_now` and a `tojson` filter.
 
@@ -101,8 +101,11 @@ impl ChatTemplate {
         } else {
             serde_json::Value::Null
         };
+        // transformers reads chat_template.jinja over tokenizer_config.json's chat_template
         let jinja_path = dir.join("chat_template.jinja");
         let source = match cfg.get("chat_template") {
+            _ if jinja_path.is_file() => std::fs::read_to_string(&jinja_path)
+                .map_err(|e| PromptError::Io { path: jinja_path.clone(), message: e.to_string() })?,
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(serde_json::Value::Array(list)) => list
                 .iter()
@@ -114,8 +117,6 @@ impl ChatTemplate {
                         cfg_path.display()
                     ))
                 })?,
-            _ if jinja_path.is_file() => std::fs::read_to_string(&jinja_path)
-                .map_err(|e| PromptError::Io { path: jinja_path.clone(), message: e.to_string() })?,
             _ => {
                 return Err(PromptError::MissingFile {
                     path: if cfg_path.is_file() { jinja_path } else { cfg_path },
