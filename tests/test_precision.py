@@ -220,3 +220,52 @@ def test_fsdp2_two_gloo_ranks_mixed_precision(tiny_dir, tmp_path):
     finally:
         torch.set_num_threads(threads)
     _check_against_fp32(got["before"], got["after"], grads, ref_after, {k: ref_grads[k] for k in keys})
+
+
+# ----------------------------------------------------------------------------- a whole run
+def test_paper_preset_cpu_run_validates_and_resumes_bit_exact(tmp_path, tiny_dir, child_env, alfworld_data):
+    """``preset=alfworld-qwen2.5-3b`` with a small Qwen2 model on CPU, 2 steps: the whole
+    mixed-precision path (fp32 master + bf16 autocast, bf16 frozen copy, gradient checkpointing),
+    periodic validation with the paper protocol, final-model/ in bf16; a run stopped after step 1
+    and resumed ends bit for bit where the uninterrupted one does."""
+    import json
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    def train(*args: str) -> None:
+        r = subprocess.run([sys.executable, "-m", "pcsd.train", *args], cwd=tmp_path, env=child_env,
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+    common = [PAPER, f"model.path={tiny_dir}", "rollout.backend=hf", "run.device=cpu", "optim.steps=2",
+              "run.save_every=1", "env.max_steps=1", "rollout.tasks_per_step=1", "rollout.group_size=2",
+              "rollout.max_response_tokens=4", "eval.episodes=2", "eval.every=1", "run.tensorboard=false"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(*common, f"run.dir={full}")
+    train(*common, f"run.dir={part}", "run.stop_after=1")
+    train("--resume", str(part))
+
+    cfg = (full / "config.yaml").read_text()
+    for line in ("param_dtype: float32", "compute_dtype: bfloat16", "teacher_dtype: bfloat16", "protocol: paper"):
+        assert line in cfg, line
+    recs = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines()]
+    assert "val_success" in recs[0] and "val_success" not in recs[1]  # step 1 validates; step 2 is "after"
+    evals = [json.loads(x) for x in (full / "evals.jsonl").read_text().splitlines()]
+    assert [e["name"] for e in evals] == ["before", "step 1", "after"]
+    result = json.loads((full / "eval.json").read_text())["after"]
+    assert result["episodes"] == 2 and result["settings"]["protocol"] == "paper"
+    assert result["settings"]["validation_index"] == 2 and len(result["overall_ci95"]) == 2
+    assert (full / "plots" / "success.png").is_file()
+
+    a = load_file(str(full / "checkpoints" / "step-00000002" / "model" / "model.safetensors"))
+    b = load_file(str(part / "checkpoints" / "step-00000002" / "model" / "model.safetensors"))
+    w0 = load_file(str(Path(tiny_dir) / "model.safetensors"))
+    assert all(v.dtype == torch.float32 for v in a.values())  # the checkpoint keeps the master weights
+    assert all(torch.equal(a[k], b[k]) for k in a)  # resume is bit-exact
+    moved = sum(int((a[k] != w0[k]).sum()) for k in a) / sum(v.numel() for v in a.values())
+    assert moved > 0.9, moved  # lr 1e-6 still moves the fp32 weights
+    ra = [json.loads(x) for x in (part / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in ra] == [1, 2] and ra[1]["loss"] == recs[1]["loss"]
+    final = load_file(str(full / "final-model" / "model.safetensors"))
+    assert all(v.dtype == torch.bfloat16 for v in final.values())  # model.export_dtype
