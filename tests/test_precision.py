@@ -269,3 +269,25 @@ def test_paper_preset_cpu_run_validates_and_resumes_bit_exact(tmp_path, tiny_dir
     assert [r["step"] for r in ra] == [1, 2] and ra[1]["loss"] == recs[1]["loss"]
     final = load_file(str(full / "final-model" / "model.safetensors"))
     assert all(v.dtype == torch.bfloat16 for v in final.values())  # model.export_dtype
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_dir):
+    """optim.gradient_checkpointing (the paper presets) recomputes each decoder layer in the
+    backward: the gradients are those of the plain backward (fp32, to rounding)."""
+    cfg = load_config([f"model.path={tiny_dir}", "rollout.backend=hf", "optim.lr=1e-3"])
+    grads = []
+    for ckpt in (False, True):
+        from pcsd.models import load_model
+        from pcsd.testing import synthetic_rollout_batch
+        from pcsd.train.precision import frozen_copy
+        from pcsd.train.update import update_step
+
+        student = load_model(tiny_dir, torch.device("cpu"), "float32")
+        frozen = frozen_copy(student, "float32")
+        if ckpt:
+            student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        opt = torch.optim.SGD(student.parameters(), lr=0.0)
+        update_step(student, frozen, opt, synthetic_rollout_batch(num_groups=2, group_size=2, seed=4), cfg, step=0)
+        grads.append({n: p.grad.clone() for n, p in student.named_parameters()})
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-7, msg=n)

@@ -141,6 +141,7 @@ class Plan:
     update_bytes: int = 0
     static_bytes: int = 0
     advice: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # not fatal (e.g. vLLM queues sequences)
 
     @property
     def peak(self) -> int:
@@ -164,6 +165,7 @@ class Plan:
                    f"({100 * self.peak / self.device_bytes:.0f} %)")
         out.append("verdict: " + ("fits" if self.fits else "does NOT fit") +
                    ("" if not self.advice else "; " + "; ".join(self.advice)))
+        out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
 
 
@@ -223,6 +225,12 @@ def memory_plan(cfg: Any, world_size: int, device_bytes: int, shape: Optional[Sh
         want = math.ceil(cfg.rollout.tasks_per_step * cfg.rollout.group_size / n)
         plan.rows.append(("  of which KV cache", max(kv, 0),
                           f"~{seqs} sequences of {max_len} tokens at once (this rank plays {want})"))
+        if 1 <= seqs < want:
+            all_util = (P * 2 + GiB + s.kv_bytes_per_token() * max_len * want) / device_bytes
+            room = (device_bytes - plan.static_bytes) / device_bytes
+            plan.notes.append(f"vLLM holds ~{seqs} of this rank's {want} sequences at once and queues the rest "
+                              f"(slower rollouts); rollout.gpu_memory_utilization={all_util:.2f} holds all of them"
+                              + ("" if all_util <= room else f", more than this GPU has room for ({room:.2f})"))
         if seqs < 1:
             need = (P * 2 + GiB + s.kv_bytes_per_token() * max_len) / device_bytes
             plan.advice.append(f"vLLM's share cannot hold its weights and one sequence: raise "
