@@ -8,7 +8,8 @@ moments), i.e. by ``lr`` in the direction of the gradient's sign whatever the gr
 compute changes gradients by a relative ~1e-2, so it can only flip the sign, and so the step, of the
 elements whose gradient is near 0. Hence: every element differs from the fp32 step by at most
 ``2 lr`` (+ fp32 rounding of the weight), at least 95 % of them by less than ``1e-3 lr``, and the
-mixed gradient's relative L2 error against the fp32 gradient is below 5e-2 (measured: about 1e-2).
+mixed gradient's relative L2 error against the fp32 gradient is below 5e-2 (measured: 5e-3; 98.8 %
+of the elements equal the fp32 step, the rest differ by one flipped step of 2 lr).
 """
 
 from __future__ import annotations

@@ -17,6 +17,14 @@ saved ``config.yaml`` instead of a preset; overrides may only change the keys in
 :data:`RESUME_MUTABLE` (where to stop, how often to save, ...). Any other difference changes what
 the run means and is an error naming the keys.
 
+Precision (:mod:`pcsd.train.precision`): ``model.param_dtype`` (the trained weights and AdamW state;
+float32 = master weights), ``model.compute_dtype`` (forward/backward: autocast on one device, FSDP2's
+``MixedPrecisionPolicy`` when sharded), ``model.teacher_dtype`` (the frozen teacher/reference copy),
+``model.export_dtype`` (``final-model/``). bf16 parameters with an optimizer are refused (the updates
+round away) unless ``optim.allow_low_precision_params=true``. The old ``model.dtype`` is refused with
+what replaced it. Every range is checked here, when the config is read (:func:`_validate_ranges`);
+``python -m pcsd.train ... --plan`` prints the memory plan (:mod:`pcsd.train.plan`).
+
 Checkpoints (:mod:`pcsd.train.checkpoint`): every ``run.save_every`` steps (0 = only at the end) and at
 the end, keeping the newest ``run.keep_last`` (0 = all). ``run.stop_after=K`` stops this invocation
 after K steps in total (checkpoint written), for preemptible schedulers and the resume test.
