@@ -235,6 +235,20 @@ mod tests {
     }
 
     #[test]
+    fn chat_template_jinja_wins_over_tokenizer_config() {
+        // as transformers' from_pretrained: the .jinja file replaces tokenizer_config's template
+        let dir = std::env::temp_dir().join(format!("pcsd-chat-jinja-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("tokenizer_config.json"), r#"{"chat_template": "from-config"}"#).unwrap();
+        let from_config = ChatTemplate::from_dir(&dir).unwrap();
+        assert_eq!(from_config.render(&[], true).unwrap(), "from-config");
+        std::fs::write(dir.join("chat_template.jinja"), "from-jinja").unwrap();
+        let t = ChatTemplate::from_dir(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(t.render(&[], true).unwrap(), "from-jinja");
+    }
+
+    #[test]
     fn strftime() {
         let t = ChatTemplate::from_source("{{ strftime_now('%Y') }}", None, None, None).unwrap();
         let s = t.render(&[], false).unwrap();
