@@ -21,7 +21,6 @@ evaluation before RL), :func:`rl_loop` and :func:`finish` (evaluation after RL, 
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import random
 import time

@@ -91,8 +91,6 @@ def prepare_student(model, prec: Precision, distributed: bool):
     """Casts the trained model to the parameter dtype and, on one device with a lower compute
     dtype, marks it for autocast (:func:`pcsd.models.compute_context`). Under FSDP2 the cast to
     the compute dtype is :func:`fsdp_policy`'s job instead."""
-    import torch
-
     from pcsd.models import set_compute_dtype
 
     model.to(torch_dtype(prec.param))
