@@ -228,7 +228,10 @@ def valid_keys() -> list[str]:
 
 # Keys a resumed run may change without changing what the run computes.
 RESUME_MUTABLE = ("run.resume", "run.dir", "run.save_every", "run.keep_last", "run.stop_after",
-                  "run.log_every", "env.num_threads", "rollout.gpu_memory_utilization")
+                  "run.log_every", "env.num_threads")
+
+# a resumed run may continue on another machine, where vLLM's share of each GPU differs
+RESUME_MUTABLE += ("rollout.gpu_memory_utilization",)
 
 
 def _cli_value(overrides: list[str], key: str) -> Optional[str]:
