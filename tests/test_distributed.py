@@ -26,7 +26,8 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or sys.plat
 def _cfg(**algo):
     from pcsd.train.config import load_config
 
-    ov = ["rollout.backend=hf", "optim.lr=1e-2", "optim.tokens_per_microbatch=96", "optim.grad_clip=1e9"]
+    ov = ["rollout.backend=hf", "optim.lr=1e-2", "optim.tokens_per_microbatch=96", "rollout.max_prompt_tokens=64",
+          "rollout.max_response_tokens=32", "optim.grad_clip=1e9"]
     ov += [f"algo.{k}={v}" for k, v in algo.items()]
     return load_config(ov)
 

@@ -44,7 +44,8 @@ def test_every_trained_parameter_changes(tiny_dir):
     from pcsd.testing import synthetic_rollout_batch
     from pcsd.train.update import update_step
 
-    cfg = load_config(["rollout.backend=hf", "optim.lr=1e-3", "optim.tokens_per_microbatch=128"])
+    cfg = load_config(["rollout.backend=hf", "optim.lr=1e-3", "optim.tokens_per_microbatch=128",
+                       "rollout.max_prompt_tokens=96", "rollout.max_response_tokens=32"])
     student, frozen = _models(tiny_dir)
     before = {n: p.detach().clone() for n, p in student.named_parameters()}
     opt = torch.optim.AdamW(student.parameters(), lr=cfg.optim.lr)
@@ -82,7 +83,7 @@ def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
     from pcsd.train.update import update_step
     from pcsd.ops.weighting import get_rule
 
-    cfg = load_config(["rollout.backend=hf", "optim.tokens_per_microbatch=60", "optim.grad_clip=1e9",
+    cfg = load_config(["rollout.backend=hf", "optim.tokens_per_microbatch=60", "rollout.max_prompt_tokens=40", "rollout.max_response_tokens=20", "optim.grad_clip=1e9",
                        "algo.lambda_distill=0.5", "algo.kl_beta=0.1"] + extra)
     student, frozen = _models(tiny_dir, perturb_frozen=0.02)
     rb = synthetic_rollout_batch(num_groups=2, group_size=3, seed=5, turns=(1, 2))  # both groups mixed

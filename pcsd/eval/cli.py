@@ -6,11 +6,18 @@
     python -m pcsd.eval --model runs/x --split valid_seen --task-types Heat,Cool --count 10
     python -m pcsd.eval --model runs/x --games-file my_games.txt --greedy
 
-Fixed task lists: every game of the split (``valid_seen``: 140, ``valid_unseen``: 134, from
-``$ALFWORLD_DATA/json_2.1.1``) or of a named subset (``--count``, ``--task-types``,
-``--games-file``) is played exactly once, in sorted order, with fixed seeds, so two runs give
-the same table. (The public verl-agent code draws 128 episodes with replacement; its numbers move
-between runs.) ``procedural`` is a fixed list of generated games (pcsd's embedded default).
+Two protocols (:mod:`pcsd.eval.protocol`, ``docs/eval-protocol.md``):
+
+* ``--protocol full`` (default): every game of the split (``valid_seen``: 140, ``valid_unseen``: 134,
+  from ``$ALFWORLD_DATA/json_2.1.1``) or of a named subset (``--count``, ``--task-types``,
+  ``--games-file``) is played exactly once, in sorted order, with fixed seeds, so two runs give
+  the same table. ``--episodes N`` plays a stratified subset of N games (every category keeps its
+  share). ``procedural`` is a fixed list of generated games (pcsd's embedded default).
+* ``--protocol paper``: the paper's 128 episodes per validation, drawn with replacement exactly as
+  verl-agent / SDAR draw their validation episodes (environment ``i`` seeded ``--draw-seed + 1000 +
+  i``; ``--validation-index v`` is the v-th validation of a training run, 0 = before training).
+
+Both print a 95 % Wilson interval for Overall under the table.
 
 Seeds: the games are played in batches of ``--batch-size`` (0 = all at once); a batch's sampling
 seed is ``seed + crc32(name of its first game)``, so with ``--batch-size 1`` every game has its
@@ -126,6 +133,16 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--split", default="valid_seen",
                     help=f"comma-separated, of {', '.join(SPLITS)} (default valid_seen)")
     ap.add_argument("--count", type=int, default=0, help="only the first N games (after --task-types)")
+    ap.add_argument("--protocol", default="full", choices=["full", "paper"],
+                    help="full: every game once (default); paper: 128 episodes drawn as verl-agent validates")
+    ap.add_argument("--episodes", type=int, default=0,
+                    help="full: a stratified subset of N games; paper: N draws (default 128)")
+    ap.add_argument("--validation-index", type=int, default=0,
+                    help="protocol paper: which validation of a training run (0 = before training)")
+    ap.add_argument("--draw-seed", type=int, default=None,
+                    help="protocol paper: verl-agent's env.seed (default: the run's run.seed, else 0)")
+    ap.add_argument("--enable-thinking", default=None, choices=["true", "false"],
+                    help="the chat template's enable_thinking (Qwen3); default: the run's model.enable_thinking")
     ap.add_argument("--task-types", default=None, help="comma-separated categories, e.g. Pick,Heat")
     ap.add_argument("--games-file", default=None, help="a file listing game paths, one a line")
     ap.add_argument("--procedural-games", type=int, default=0,
@@ -171,8 +188,12 @@ def _resolve_games(split: str, args: argparse.Namespace, out_dir: Path, run_cfg:
         games = procedural_eval_games(Path(args.games_dir) if args.games_dir else out_dir / "games", n, **knobs)
     else:
         games = split_games(split)
+    from pcsd.eval.protocol import protocol_games
+
     tts = args.task_types.split(",") if args.task_types else None
-    return select_games(games, count=args.count, task_types=tts)
+    games = select_games(games, count=args.count, task_types=tts)
+    draw_seed = args.draw_seed if args.draw_seed is not None else int(run_cfg.get("run", {}).get("seed", 0) or 0)
+    return protocol_games(games, args.protocol, args.episodes, seed=draw_seed, validation_index=args.validation_index)
 
 
 def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
@@ -192,7 +213,7 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
         raise EvalError("games_file names one list of games: give a single --split (its row label)")
     if args.label is not None and len(args.label) != len(args.model):
         raise EvalError(f"label: give one --label per --model ({len(args.model)}), got {len(args.label)}")
-    for name in ("count", "batch_size", "procedural_games"):
+    for name in ("count", "batch_size", "procedural_games", "episodes", "validation_index"):
         if getattr(args, name) < 0:
             raise EvalError(f"{name}={getattr(args, name)}: expected >= 0")
     for name in ("max_steps", "max_response_tokens", "max_prompt_tokens"):
@@ -228,8 +249,10 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
             max_resp = args.max_response_tokens or roll_c.get("max_response_tokens", 512)
             max_prompt = args.max_prompt_tokens or roll_c.get("max_prompt_tokens", 2048)
             hist = env_c.get("history_length", 2) if args.history_length is None else args.history_length
+            thinking = ({"true": True, "false": False}[args.enable_thinking] if args.enable_thinking
+                        else rc.get("model", {}).get("enable_thinking"))
             builder = PromptBuilder("alfworld", history_length=hist, max_prompt_tokens=max_prompt,
-                                    tokenizer_dir=tok_dir)
+                                    tokenizer_dir=tok_dir, enable_thinking=thinking)
             backend_name = usable_backend(args.backend, reporter.print)
             if backend_name == "vllm":
                 backend = make_backend("vllm", model_path=model_dir, seed=args.seed,
@@ -250,7 +273,11 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
                     settings = dict(model=str(model_dir), backend=backend_name, temperature=temp, seed=args.seed,
                                     skills=args.skills, batch_size=args.batch_size, max_steps=max_steps,
                                     max_response_tokens=max_resp, max_prompt_tokens=max_prompt,
-                                    history_length=hist, seconds=time.perf_counter() - t0)
+                                    history_length=hist, enable_thinking=thinking, protocol=args.protocol,
+                                    validation_index=args.validation_index,
+                                    draw_seed=args.draw_seed if args.draw_seed is not None
+                                    else int(first_run.get("run", {}).get("seed", 0) or 0),
+                                    seconds=time.perf_counter() - t0)
                     results.append(EvalResult(label=label, split=s, games=res, settings=settings))
             finally:
                 backend.close()

@@ -53,8 +53,16 @@ class EvalResult:
             return 0.0
         return 100.0 * sum(g.won for g in self.games) / len(self.games)
 
+    @property
+    def overall_ci95(self) -> tuple[float, float]:
+        """95 % Wilson score interval of Overall (%): how much two runs can differ by chance."""
+        from pcsd.eval.protocol import wilson_interval
+
+        return wilson_interval(sum(g.won for g in self.games), len(self.games))
+
     def to_dict(self) -> dict[str, Any]:
-        return dict(label=self.label, split=self.split, overall=self.overall, per_category=self.per_category(),
+        return dict(label=self.label, split=self.split, overall=self.overall, overall_ci95=list(self.overall_ci95),
+                    per_category=self.per_category(),
                     counts=self.counts(), episodes=len(self.games), settings=self.settings,
                     games=[asdict(g) for g in self.games])
 
@@ -115,7 +123,8 @@ def evaluate(backend, builder, games: Sequence[str], cfg, seed: int = DEFAULT_SE
                      skills=bool(cfg.eval.skills), batch_size=int(cfg.eval.get("batch_size", 0)),
                      num_threads=cfg.env.num_threads, stop_token_ids=[eos_id(builder)], progress=progress)
     er = EvalResult(label=label, split=split, games=res,
-                    settings=dict(temperature=temp, seed=seed, skills=bool(cfg.eval.skills)))
+                    settings=dict(temperature=temp, seed=seed, skills=bool(cfg.eval.skills),
+                                  protocol=str(cfg.eval.get("protocol", "full"))))
     out = er.to_dict()
     per: dict[str, list[bool]] = {}
     for g in res:
@@ -158,5 +167,23 @@ def render_table(results: Sequence[EvalResult | dict]) -> str:
         s = r.get("settings", {})
         temp = s.get("temperature")
         how = "greedy" if temp == 0 else f"temperature {temp}"
-        notes.append(f"{sp or 'games'}: {r['episodes']} games ({n}); each once, {how}, seed {s.get('seed')}")
-    return "\n".join(lines) + "\n\nSuccess rate (%). " + "; ".join(notes) + ". * = skills at evaluation.\n"
+        if s.get("protocol") == "paper":
+            drawn = (f"drawn with replacement as verl-agent validates (protocol paper, validation "
+                     f"{s.get('validation_index', 0)}, draw seed {s.get('draw_seed', 0)})")
+            notes.append(f"{sp or 'games'}: {r['episodes']} episodes ({n}); {drawn}, {how}, seed {s.get('seed')}")
+        else:
+            notes.append(f"{sp or 'games'}: {r['episodes']} games ({n}); each once, {how}, seed {s.get('seed')}")
+    cis = []
+    for r in rows:
+        lo, hi = r.get("overall_ci95") or _wilson_of(r)
+        where = f" ({r['split']})" if len(splits) > 1 else ""
+        cis.append(f"{r['label'] or 'model'}{where} [{lo:.1f}, {hi:.1f}]")
+    return ("\n".join(lines) + "\n\nSuccess rate (%). " + "; ".join(notes) + ". * = skills at evaluation.\n"
+            + "Overall, 95 % Wilson interval: " + "; ".join(cis) + ".\n")
+
+
+def _wilson_of(r: dict) -> tuple[float, float]:
+    from pcsd.eval.protocol import wilson_interval
+
+    n = int(r.get("episodes", 0))
+    return wilson_interval(int(round(r["overall"] * n / 100.0)), n)

@@ -79,6 +79,12 @@ def _check_params(
         raise ValueError(f"eps_scale must be > 0, got {eps_scale!r}")
 
 
+def check_pcsd_params(**params: Any) -> None:
+    """The op's own check of its scalar arguments (``n_min`` ... ``eps_scale``, all nine), raising
+    the ``ValueError`` a call would raise; for configurations validated before the first call."""
+    _check_params(**params)
+
+
 def _check_tensors(gap: Any, cu_seqlens: Any, mask: Any, out: Any) -> None:
     """Static checks (dtype, rank, device, lengths): safe inside torch.compile."""
     if not isinstance(gap, Tensor):

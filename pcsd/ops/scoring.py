@@ -69,10 +69,19 @@ class _ChunkedSelectiveLogProb(torch.autograd.Function):
             lse_all[t0:t1] = lse
         ctx.save_for_backward(hidden, weight, bias, targets, lse_all)
         ctx.chunks = (token_chunk, vocab_chunk, inv_temp)
+        # the backward recomputes the logits as the forward did: under the same autocast state
+        dev = hidden.device.type
+        ctx.autocast = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
+        with torch.autocast(grad_out.device.type, dtype=ctx.autocast or torch.float32,
+                            enabled=ctx.autocast is not None):
+            return _ChunkedSelectiveLogProb._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out: Tensor):
         hidden, weight, bias, targets, lse_all = ctx.saved_tensors
         token_chunk, vocab_chunk, inv_temp = ctx.chunks
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]

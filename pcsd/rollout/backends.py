@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import torch
 from torch import nn
 
+from pcsd.models import compute_context
+
 log = logging.getLogger("pcsd.rollout")
 
 __all__ = ["Sample", "GenerationBackend", "HFBackend", "VLLMBackend", "make_backend",
@@ -153,12 +155,13 @@ class HFBackend(GenerationBackend):
                     ids[i, width - len(p):] = torch.tensor(p)
                     att[i, width - len(p):] = 1
                 torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
-                out = model.generate(
-                    input_ids=ids.to(device), attention_mask=att.to(device),
-                    do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
-                    top_p=top_p if temperature > 0 else None, top_k=0 if temperature > 0 else None,
-                    max_new_tokens=max_tokens, eos_token_id=sorted(stops) or None,
-                    pad_token_id=self.pad_token_id, output_logits=True, return_dict_in_generate=True)
+                with compute_context(model):  # bf16 autocast for an fp32 student (set by the trainer)
+                    out = model.generate(
+                        input_ids=ids.to(device), attention_mask=att.to(device),
+                        do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
+                        top_p=top_p if temperature > 0 else None, top_k=0 if temperature > 0 else None,
+                        max_new_tokens=max_tokens, eos_token_id=sorted(stops) or None,
+                        pad_token_id=self.pad_token_id, output_logits=True, return_dict_in_generate=True)
                 new = out.sequences[:, width:].cpu()
                 logps = torch.stack([torch.log_softmax(lg.float(), -1) for lg in out.logits], 1).cpu()
                 for i in range(len(chunk)):

@@ -3,6 +3,8 @@
     python -m pcsd.train                                    # the embedded tiny-cpu default
     python -m pcsd.train preset=alfworld-qwen2.5-3b model.path=/models/Qwen2.5-3B-Instruct method=sdar
     python -m pcsd.train --resume runs/my-run               # continue from the newest checkpoint
+    python -m pcsd.train preset=alfworld-qwen2.5-3b --plan  # memory plan per GPU; loads nothing
+    python -m pcsd.train preset=alfworld-qwen3-1.7b --plan --gpus 8 --gpu-memory-gb 40
     torchrun --nproc_per_node=4 -m pcsd.train preset=...    # FSDP2 over 4 processes
 
 Resolves the configuration (see :mod:`pcsd.train.config`; methods in :mod:`pcsd.train.methods`), creates the
@@ -14,6 +16,9 @@ configuration; overrides that would change the run's meaning are refused.
 
 Under torchrun (``WORLD_SIZE`` > 1) the student and the frozen teacher/reference are sharded with
 FSDP2, each rank plays its share of the task groups, and rank 0 writes every file.
+
+``--plan`` prints the memory plan per GPU (:mod:`pcsd.train.plan`) and exits (status 1 when it does
+not fit); a run on CUDA whose plan does not fit the GPU stops before loading anything.
 """
 
 from __future__ import annotations
@@ -40,30 +45,61 @@ def make_run_dir(cfg: DictConfig, create: bool = True) -> Path:
     return path.resolve()
 
 
-def parse_args(argv: list[str]) -> tuple[list[str], str | None]:
-    """Splits ``--resume DIR`` / ``--resume=DIR`` from the dotted overrides."""
-    overrides, resume = [], None
+_VALUED = ("--resume", "--gpus", "--gpu-memory-gb")
+_OPTIONS = "--resume RUN_DIR, --plan [--gpus N] [--gpu-memory-gb G], -h/--help"
+
+
+def parse_options(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Splits the options (``--resume DIR``, ``--plan``, ``--gpus N``, ``--gpu-memory-gb G``, also
+    as ``--opt=value``) from the dotted overrides."""
+    overrides, opts = [], {}
     i = 0
     while i < len(argv):
         a = argv[i]
-        if a == "--resume":
-            if i + 1 >= len(argv):
-                raise ConfigError("--resume needs a run directory")
-            resume = argv[i + 1]
-            i += 2
-            continue
-        if a.startswith("--resume="):
-            resume = a.split("=", 1)[1]
+        name, eq, val = a.partition("=")
+        if name in _VALUED:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ConfigError(f"{name} needs a value" + (" (a run directory)" if name == "--resume" else ""))
+                val = argv[i + 1]
+                i += 1
+            opts[name] = val
+        elif a == "--plan":
+            opts[a] = "1"
         elif a.startswith("-"):
-            raise ConfigError(f"unknown option {a!r}; options: --resume RUN_DIR, -h/--help "
-                              f"(everything else is key=value)")
+            raise ConfigError(f"unknown option {a!r}; options: {_OPTIONS} (everything else is key=value)")
         else:
             overrides.append(a)
         i += 1
     for o in overrides:
         if o.startswith("run.resume="):
-            resume = o.split("=", 1)[1] or resume
-    return overrides, resume
+            opts["--resume"] = o.split("=", 1)[1] or opts.get("--resume", "")
+    return overrides, opts
+
+
+def parse_args(argv: list[str]) -> tuple[list[str], str | None]:
+    """Splits ``--resume DIR`` / ``--resume=DIR`` from the dotted overrides."""
+    overrides, opts = parse_options(argv)
+    return overrides, opts.get("--resume") or None
+
+
+def plan_for(cfg: DictConfig, opts: dict[str, str]):
+    """The memory plan for ``--gpus`` (default: ``WORLD_SIZE`` or 1) GPUs of ``--gpu-memory-gb``
+    GiB (default: this machine's first GPU, else 80)."""
+    from pcsd.train.plan import GiB, device_memory_bytes, memory_plan
+
+    def number(name: str, default: float, kind=float) -> float:
+        try:
+            v = kind(opts.get(name, default))
+        except ValueError:
+            raise ConfigError(f"{name} must be a number, got {opts[name]!r}") from None
+        if v <= 0:
+            raise ConfigError(f"{name} must be > 0, got {v}")
+        return v
+
+    gpus = int(number("--gpus", int(os.environ.get("WORLD_SIZE", 1)), int))
+    mem = number("--gpu-memory-gb", (device_memory_bytes() or 80 * GiB) / GiB)
+    return memory_plan(cfg, gpus, int(mem * GiB))
 
 
 def resolve(argv: list[str]) -> DictConfig:
@@ -78,9 +114,21 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
+    from pcsd.train.plan import PlanError
+
     try:
         cfg = resolve(argv)
-    except ConfigError as exc:
+        _, opts = parse_options(argv)
+        if "--plan" in opts:  # no model load, no GPU needed
+            plan = plan_for(cfg, opts)
+            print(plan.render())
+            return 0 if plan.fits else 1
+        plan = _plan_on_this_gpu(cfg)
+        if plan is not None and not plan.fits:
+            print(plan.render(), file=sys.stderr)
+            raise ConfigError("the memory plan above does not fit this GPU; change the setting it names "
+                              "(python -m pcsd.train ... --plan shows the plan without starting)")
+    except (ConfigError, PlanError) as exc:
         print(f"pcsd.train: {exc}", file=sys.stderr)
         return 2
     from pcsd.train import distributed as dist_utils
@@ -113,6 +161,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         dist_utils.shutdown(ctx)
     return 0
+
+
+def _plan_on_this_gpu(cfg: DictConfig):
+    """The plan of a run about to start on CUDA (None on CPU, or when the shape is unknown)."""
+    from pcsd.train.plan import PlanError, device_memory_bytes, memory_plan
+
+    mem = device_memory_bytes()
+    if mem is None or cfg.run.device == "cpu":
+        return None
+    try:
+        return memory_plan(cfg, int(os.environ.get("WORLD_SIZE", 1)), mem)
+    except PlanError:
+        return None
 
 
 if __name__ == "__main__":

@@ -17,6 +17,14 @@ saved ``config.yaml`` instead of a preset; overrides may only change the keys in
 :data:`RESUME_MUTABLE` (where to stop, how often to save, ...). Any other difference changes what
 the run means and is an error naming the keys.
 
+Precision (:mod:`pcsd.train.precision`): ``model.param_dtype`` (the trained weights and AdamW state;
+float32 = master weights), ``model.compute_dtype`` (forward/backward: autocast on one device, FSDP2's
+``MixedPrecisionPolicy`` when sharded), ``model.teacher_dtype`` (the frozen teacher/reference copy),
+``model.export_dtype`` (``final-model/``). bf16 parameters with an optimizer are refused (the updates
+round away) unless ``optim.allow_low_precision_params=true``. The old ``model.dtype`` is refused with
+what replaced it. Every range is checked here, when the config is read (:func:`_validate_ranges`);
+``python -m pcsd.train ... --plan`` prints the memory plan (:mod:`pcsd.train.plan`).
+
 Checkpoints (:mod:`pcsd.train.checkpoint`): every ``run.save_every`` steps (0 = only at the end) and at
 the end, keeping the newest ``run.keep_last`` (0 = all). ``run.stop_after=K`` stops this invocation
 after K steps in total (checkpoint written), for preemptible schedulers and the resume test.
@@ -44,7 +52,12 @@ class ModelConfig:
     path: Optional[str] = None  # local HF checkpoint; None = make the tiny generated model
     tiny_hidden_size: int = 64
     tiny_layers: int = 2
-    dtype: str = "auto"  # auto | float32 | bfloat16
+    # precision (pcsd.train.precision): fp32 master weights + bf16 compute is what trains at lr 1e-6
+    param_dtype: str = "float32"  # the trained student's parameters and AdamW state: float32 | bfloat16
+    compute_dtype: str = "float32"  # forward/backward (autocast; FSDP2 param_dtype): float32 | bfloat16
+    teacher_dtype: str = "float32"  # the frozen teacher/reference copy: float32 | bfloat16
+    export_dtype: str = "float32"  # final-model/: float32 | bfloat16
+    enable_thinking: Optional[bool] = None  # the chat template's enable_thinking (Qwen3); None = its default
 
 
 @dataclass
@@ -72,6 +85,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     invalid_action_penalty: float = 0.0
+    gpu_memory_utilization: float = 0.4  # vLLM's share of each GPU (its weights + KV cache); see --plan
 
 
 @dataclass
@@ -108,6 +122,8 @@ class OptimConfig:
     steps: int = 150
     ppo_epochs: int = 1
     tokens_per_microbatch: int = 8192
+    gradient_checkpointing: bool = False  # recompute each decoder layer in the backward (activations / ~layers)
+    allow_low_precision_params: bool = False  # let AdamW update bf16 parameters (most updates round away)
     sft_steps: int = 0  # supervised warm-up on expert trajectories of procedural games
     sft_games: int = 96  # procedural games played by the observation-only expert for the warm-up
     sft_prompt_weight: float = 0.0  # weight of the prompt tokens' next-token loss in the warm-up
@@ -121,7 +137,9 @@ class OptimConfig:
 @dataclass
 class EvalConfig:
     split: str = "valid_seen"
-    episodes: int = 0  # 0 = every game of the split once
+    protocol: str = "full"  # full (every game once) | paper (128 episodes drawn as verl-agent does; docs/eval-protocol.md)
+    episodes: int = 0  # 0 = the protocol's count; else a stratified subset (full) / that many draws (paper)
+    every: int = 0  # validation every N training steps (0 = only before and after RL)
     temperature: float = 0.4
     greedy: bool = False
     skills: bool = False  # the starred variants: skills at evaluation
@@ -165,11 +183,31 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algo.loss_agg": ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum"),
     "algo.teacher": ("frozen", "current"),
     "eval.split": ("valid_seen", "valid_unseen", "train"),
-    "model.dtype": ("auto", "float32", "bfloat16"),
+    "model.param_dtype": ("float32", "bfloat16"),
+    "model.compute_dtype": ("float32", "bfloat16"),
+    "model.teacher_dtype": ("float32", "bfloat16"),
+    "model.export_dtype": ("float32", "bfloat16"),
+    "eval.protocol": ("full", "paper"),
     "optim.sft_schedule": ("cosine", "constant"),
     "optim.sft_navigation": ("plan", "sweep"),
     "run.device": ("auto", "cpu", "cuda"),
 }
+
+
+#: keys that no longer exist -> what replaced them (a config naming one is refused with this text)
+REPLACED: dict[str, str] = {
+    "model.dtype": ("model.dtype was replaced by four keys that say what they set: model.param_dtype (the trained "
+                    "weights and AdamW state, float32 = master weights), model.compute_dtype (forward/backward "
+                    "under autocast, bfloat16 on GPUs), model.teacher_dtype (the frozen teacher/reference copy) "
+                    "and model.export_dtype (final-model/). The old model.dtype=bfloat16 is model.param_dtype="
+                    "float32 model.compute_dtype=bfloat16 model.teacher_dtype=bfloat16 model.export_dtype=bfloat16"),
+}
+
+
+def _check_replaced(keys: list[str], where: str) -> None:
+    for k in keys:
+        if k in REPLACED:
+            raise ConfigError(f"{k} ({where}) is no longer a config key: {REPLACED[k]}")
 
 
 def available_presets() -> list[str]:
@@ -193,6 +231,9 @@ def valid_keys() -> list[str]:
 RESUME_MUTABLE = ("run.resume", "run.dir", "run.save_every", "run.keep_last", "run.stop_after",
                   "run.log_every", "run.record_gaps", "env.num_threads")
 
+# a resumed run may continue on another machine, where vLLM's share of each GPU differs
+RESUME_MUTABLE += ("rollout.gpu_memory_utilization",)
+
 
 def _cli_value(overrides: list[str], key: str) -> Optional[str]:
     val = None
@@ -213,6 +254,9 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
     for o in overrides:
         if "=" not in o:
             raise ConfigError(f"override {o!r} is not key=value; valid keys: {', '.join(valid_keys())}")
+    _check_replaced([o.split("=", 1)[0].strip() for o in overrides], "override")
+    if base is not None:
+        _check_replaced(list(_flatten(OmegaConf.to_container(base))), "saved config")
     preset = _cli_value(overrides, "preset") or "tiny-cpu"
     if base is None and preset not in available_presets():
         raise ConfigError(f"unknown preset {preset!r}; valid presets: {', '.join(available_presets())}")
@@ -222,7 +266,9 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
         if base is not None:
             cfg = OmegaConf.merge(cfg, base)
         else:
-            cfg = OmegaConf.merge(cfg, OmegaConf.load(PRESET_DIR / f"{preset}.yaml"))
+            preset_cfg = OmegaConf.load(PRESET_DIR / f"{preset}.yaml")
+            _check_replaced(list(_flatten(OmegaConf.to_container(preset_cfg))), f"preset {preset}")
+            cfg = OmegaConf.merge(cfg, preset_cfg)
             method = _cli_value(overrides, "method") or cfg.method
             try:
                 method = canonical_method(method)
@@ -349,6 +395,69 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(f"run.record_gaps must be true or false, got {cfg.run.record_gaps!r}")
     if not 0 < cfg.algo.clip_eps < 1:
         raise ConfigError(f"algo.clip_eps must be in (0, 1), got {cfg.algo.clip_eps}")
+    _validate_ranges(cfg)
     if not (cfg.algo.grpo or cfg.algo.distill or cfg.optim.steps == 0):
         raise ConfigError("algo.grpo and algo.distill are both false: nothing to train "
                           "(use optim.steps=0 for the Vanilla baseline)")
+
+
+def _validate_ranges(cfg: DictConfig) -> None:
+    """Every hyperparameter with a valid range, checked when the config is read (not at the first
+    update hours later); PCSD's parameters with the op's own messages."""
+    import math
+
+    from pcsd.ops.kernels import check_pcsd_params
+    from pcsd.ops.weighting import get_rule
+    from pcsd.train import precision
+
+    flat = _flatten(OmegaConf.to_container(cfg, resolve=True))
+    for key, val in flat.items():
+        if isinstance(val, float) and not math.isfinite(val):
+            raise ConfigError(f"{key}={val} must be a finite number")
+    # PCSD: n_min / n_max / alpha / tau_low / tau_high / gamma / beta_gate, as the op checks them
+    base = get_rule("pcsd").defaults
+    params = {**base, **{k: v for k, v in OmegaConf.to_container(cfg.algo.pcsd).items() if k in base}}
+    try:
+        check_pcsd_params(**params)
+    except ValueError as exc:
+        raise ConfigError(f"algo.pcsd: {exc}") from None
+    positive = {"algo.adv_eps": cfg.algo.adv_eps, "rollout.temperature": cfg.rollout.temperature,
+                "optim.grad_clip": cfg.optim.grad_clip}
+    if cfg.optim.steps > 0:
+        positive["optim.lr"] = cfg.optim.lr
+    if cfg.optim.sft_steps > 0:
+        positive["optim.sft_lr"] = cfg.optim.sft_lr
+    if not cfg.eval.greedy:
+        positive["eval.temperature"] = cfg.eval.temperature
+    for key, val in positive.items():
+        if not val > 0:
+            raise ConfigError(f"{key} must be > 0, got {val}"
+                              + (" (sampling needs a temperature; eval.greedy=true plays greedily)"
+                                 if key.endswith("temperature") else ""))
+    if not 0 < cfg.rollout.gpu_memory_utilization < 1:
+        raise ConfigError(f"rollout.gpu_memory_utilization must be in (0, 1), got {cfg.rollout.gpu_memory_utilization}")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"rollout.top_p must be in (0, 1], got {cfg.rollout.top_p}")
+    for key in ("optim.weight_decay", "rollout.invalid_action_penalty", "eval.every"):
+        if OmegaConf.select(cfg, key) < 0:
+            raise ConfigError(f"{key} must be >= 0, got {OmegaConf.select(cfg, key)}")
+    if cfg.algo.grpo and cfg.optim.steps > 0 and cfg.rollout.group_size < 2:
+        raise ConfigError(f"rollout.group_size={cfg.rollout.group_size}: GRPO needs groups of >= 2 rollouts "
+                          f"per task (a group of one has advantage 0, nothing to learn)")
+    row = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
+    if cfg.optim.tokens_per_microbatch < row:
+        raise ConfigError(f"optim.tokens_per_microbatch={cfg.optim.tokens_per_microbatch} is smaller than one "
+                          f"row (rollout.max_prompt_tokens + rollout.max_response_tokens = {row}); raise it to "
+                          f">= {row} or lower the prompt/response budgets")
+    if cfg.eval.protocol == "paper" and cfg.eval.split == "train":
+        raise ConfigError("eval.protocol=paper draws validation episodes from valid_seen or valid_unseen, "
+                          "not eval.split=train")
+    problem = precision.check(cfg)
+    if problem:
+        raise ConfigError(problem)
+    if cfg.model.path is not None:
+        p = Path(cfg.model.path)
+        if not (p / "config.json").is_file():
+            what = "no such folder" if not p.exists() else "no config.json there"
+            raise ConfigError(f"model.path={p}: {what} (expected a Hugging Face checkpoint directory holding "
+                              f"config.json, e.g. a local copy of Qwen/Qwen2.5-3B-Instruct)")

@@ -120,22 +120,25 @@ def _packed_hidden(self, input_ids: torch.Tensor, position_ids: Optional[torch.T
                       use_cache=False).last_hidden_state
 
 
-def shard_model(model: nn.Module, ctx: DistContext, *, reshard_after_forward: bool = True) -> nn.Module:
+def shard_model(model: nn.Module, ctx: DistContext, *, reshard_after_forward: bool = True,
+                mp_policy: Any = None) -> nn.Module:
     """Shards ``model`` in place with FSDP2 (each decoder layer, then the root). The identity
-    when ``ctx`` is a single process. Works for the trained student and for frozen models."""
+    when ``ctx`` is a single process. Works for the trained student and for frozen models.
+    ``mp_policy``: a ``MixedPrecisionPolicy`` (see :func:`pcsd.train.precision.fsdp_policy`)."""
     if not ctx.distributed:
         return model
     import types
 
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
+    mp = {"mp_policy": mp_policy if mp_policy is not None else MixedPrecisionPolicy()}
     for layer in _decoder_layers(model):
-        fully_shard(layer, mesh=ctx.mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, mesh=ctx.mesh, reshard_after_forward=reshard_after_forward, **mp)
     # The root unit holds the embeddings, the final norm and the lm head. pcsd.ops.scoring reads the
     # lm-head weight outside forward (chunked log-probs), so the root keeps its parameters
     # unsharded after forward (FSDP2's default for the root) and the packed forward is
     # registered as an FSDP forward method, so the root's all-gather / reduce-scatter hooks run.
-    fully_shard(model, mesh=ctx.mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=ctx.mesh, reshard_after_forward=False, **mp)
     model.pcsd_packed_hidden = types.MethodType(_packed_hidden, model)
     register_fsdp_forward_method(model, "pcsd_packed_hidden")
     return model

@@ -21,7 +21,6 @@ evaluation before RL), :func:`rl_loop` and :func:`finish` (evaluation after RL, 
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import random
 import time
@@ -34,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pcsd.envs.procedural import write_games
 from pcsd.eval.games import split_games
+from pcsd.eval.protocol import protocol_games
 from pcsd.eval.run import evaluate, render_table
 from pcsd.models import eos_id, load_model, resolve_device
 from pcsd.progress import ProgressReporter
@@ -42,6 +42,8 @@ from pcsd.rollout.loop import collect_rollouts
 from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
 from pcsd.train.metrics import MetricsLogger, step_record
+from pcsd.train.precision import (cast_items, export_model, fsdp_policy, frozen_copy, precision_of,
+                                  prepare_student, torch_dtype)
 from pcsd.train.sft import expert_episodes, game_corpus, sft_examples, sft_warmup
 from pcsd.train.update import update_step
 
@@ -77,7 +79,8 @@ class Job:
     ckpt: Any = None  # the checkpoint resumed from (pcsd.train.checkpoint.Checkpoint) or None
     # setup
     train_games: list[str] = field(default_factory=list)
-    eval_games: list[str] = field(default_factory=list)
+    eval_pool: list[str] = field(default_factory=list)  # the games evaluations draw from
+    eval_games: list[str] = field(default_factory=list)  # the first evaluation's episodes
     eval_split: str = "procedural"
     # load_student / warm_up
     episodes: list = field(default_factory=list)  # the warm-up's expert episodes (rank 0, new runs)
@@ -88,6 +91,7 @@ class Job:
     # build_models
     frozen: Any = None  # one frozen copy of the base: teacher (teacher prompt) and reference
     gen_model: Any = None  # the model the hf backend generates with / save_pretrained's config
+    rollout_dtype: str = "float32"  # the generation engine's weights (vLLM; the hf copy under FSDP)
     backend: Any = None
     backend_name: str = ""
     opt: Any = None
@@ -156,12 +160,13 @@ def setup(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext]) -> Job:
     if cfg.env.source == "procedural":
         pool_n = max(64, cfg.rollout.tasks_per_step * max(cfg.optim.steps, 1))
         job.train_games = games_at(run_dir / "games" / "train", pool_n, TRAIN_GAMES_SEED, **knobs)
-        job.eval_games = games_at(run_dir / "games" / "eval", cfg.eval.episodes or 48, EVAL_GAMES_SEED, **knobs)
+        # protocol full: eval.episodes generated games, each once; paper: 128 draws from 48 games
+        n_pool = (cfg.eval.episodes or 48) if cfg.eval.protocol == "full" else 48
+        job.eval_pool = games_at(run_dir / "games" / "eval", n_pool, EVAL_GAMES_SEED, **knobs)
     else:
         job.train_games = split_games(cfg.env.split)
-        job.eval_games = split_games(cfg.eval.split)
-        if cfg.eval.episodes:
-            job.eval_games = job.eval_games[: cfg.eval.episodes]
+        job.eval_pool = split_games(cfg.eval.split)
+    job.eval_games = eval_episodes(job, 0)
     job.eval_split = "procedural" if cfg.env.source == "procedural" else cfg.eval.split
     job.summary = {"preset": cfg.preset, "method": cfg.method, "rule": cfg.rule, "run_dir": str(run_dir),
                    "world_size": ctx.world_size, "eval_episodes": len(job.eval_games)}
@@ -195,9 +200,10 @@ def load_student(job: Job) -> None:
                             corpus=game_corpus(job.episodes))
         dist_utils.barrier(ctx)
         job.say(f"tiny model written to {job.model_dir}")
-    job.student = load_model(job.model_dir, ctx.device, cfg.model.dtype)
+    job.student = load_model(job.model_dir, ctx.device, cfg.model.param_dtype)
     job.builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
-                                max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=job.model_dir)
+                                max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=job.model_dir,
+                                enable_thinking=cfg.model.enable_thinking)  # student and teacher prompts alike
     job.base_dir = job.model_dir
 
 
@@ -229,28 +235,34 @@ def warm_up(job: Job) -> None:
     if job.ckpt is not None or not ctx.is_main:
         if not (policy_dir / "config.json").is_file():
             raise FileNotFoundError(f"{policy_dir}: the SFT model of this run is missing")
-        job.student = load_model(policy_dir, ctx.device, cfg.model.dtype)
+        job.student = load_model(policy_dir, ctx.device, cfg.model.param_dtype)
 
 
 def build_models(job: Job) -> None:
-    """The frozen copy (teacher and reference), sharding, the rollout backend, the optimizer."""
+    """The frozen copy (teacher and reference), sharding, the rollout backend, the optimizer.
+    Precision (:mod:`pcsd.train.precision`): the student keeps ``model.param_dtype`` weights (and
+    so AdamW state) and computes in ``model.compute_dtype``; the frozen copy is cast to
+    ``model.teacher_dtype``; vLLM runs in the compute dtype (float32 on CPU)."""
     cfg, ctx = job.cfg, job.ctx
-    job.frozen = copy.deepcopy(job.student).eval()
-    for p in job.frozen.parameters():
-        p.requires_grad_(False)
+    prec = precision_of(cfg)
+    job.frozen = frozen_copy(job.student, prec.teacher)
+    prepare_student(job.student, prec, ctx.distributed)
     job.backend_name = usable_backend(cfg.rollout.backend, job.console.print)
-    # sharded training: the hf backend generates with a full copy refreshed after every update;
-    # with vLLM a CPU copy only carries the HF config for save_pretrained of gathered weights
+    job.rollout_dtype = "float32" if ctx.device.type == "cpu" else prec.compute
+    # sharded training: the hf backend generates with a full copy (compute dtype) refreshed after
+    # every update; with vLLM a CPU copy only carries the HF config for save_pretrained of gathered weights
     job.gen_model = job.student
     if ctx.distributed:
-        job.gen_model = copy.deepcopy(job.student).eval()
+        job.gen_model = frozen_copy(job.student, job.rollout_dtype)
         if job.backend_name == "vllm":
             job.gen_model = job.gen_model.to("cpu")
-    dist_utils.shard_model(job.student, ctx)
+    if cfg.optim.gradient_checkpointing:  # each decoder layer recomputed in the backward
+        job.student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    dist_utils.shard_model(job.student, ctx, mp_policy=fsdp_policy(prec))
     dist_utils.shard_model(job.frozen, ctx)
     if job.backend_name == "vllm":
-        job.backend = make_backend("vllm", model_path=job.base_dir,
-                                   dtype="float32" if ctx.device.type == "cpu" else "bfloat16", seed=cfg.run.seed,
+        job.backend = make_backend("vllm", model_path=job.base_dir, dtype=job.rollout_dtype, seed=cfg.run.seed,
+                                   gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                                    max_model_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens)
     else:
         job.backend = make_backend("hf", model=job.gen_model, pad_token_id=eos_id(job.builder))
@@ -267,16 +279,36 @@ def build_models(job: Job) -> None:
 
 
 def sync_generation_weights(job: Job) -> None:
-    """Sends the student's weights to the generation engine."""
+    """Sends the student's weights to the generation engine, cast to its dtype one tensor at a time."""
+    dt = torch_dtype(job.rollout_dtype)
     if job.ctx.distributed:  # gather the shards (collective), then every rank refreshes its engine
-        job.backend.load_weights(dist_utils.full_model_state(job.student, job.ctx, all_ranks=True).items())
+        job.backend.load_weights(cast_items(dist_utils.full_model_state(job.student, job.ctx, all_ranks=True).items(),
+                                            dt))
     elif job.backend_name == "vllm":
-        job.backend.load_weights(job.student.state_dict().items())
+        job.backend.load_weights(cast_items(job.student.state_dict().items(), dt))
 
 
-def _evaluate(job: Job, label: str, bar: str) -> dict:
-    return evaluate(job.backend, job.builder, job.eval_games, job.cfg, seed=EVAL_SEED, label=label,
-                    split=job.eval_split, progress=job.progress.rollout(bar))
+def eval_episodes(job: Job, index: int) -> list[str]:
+    """The episodes of validation number ``index`` (0 = before RL) under ``eval.protocol``: ``full``
+    every game of the pool (``eval.episodes``: a stratified subset), ``paper`` the draw verl-agent's
+    validation ``index`` makes with ``env.seed = run.seed`` (:mod:`pcsd.eval.protocol`)."""
+    cfg = job.cfg
+    episodes = cfg.eval.episodes if (cfg.eval.protocol == "paper" or cfg.env.source != "procedural") else 0
+    return protocol_games(job.eval_pool, cfg.eval.protocol, episodes, seed=cfg.run.seed, validation_index=index)
+
+
+def validation_index(cfg: DictConfig, step: int) -> int:
+    """Which validation a step's evaluation is: ``step // eval.every`` (verl-agent validates before
+    training and every ``test_freq`` steps); without ``eval.every``, 0 before RL and 1 after."""
+    return step // cfg.eval.every if cfg.eval.every else int(step > 0)
+
+
+def _evaluate(job: Job, label: str, bar: str, step: int = 0) -> dict:
+    index = validation_index(job.cfg, step)
+    out = evaluate(job.backend, job.builder, eval_episodes(job, index), job.cfg, seed=EVAL_SEED, label=label,
+                   split=job.eval_split, progress=job.progress.rollout(bar))
+    out["settings"].update(validation_index=index, draw_seed=job.cfg.run.seed)
+    return out
 
 
 def start(job: Job) -> None:
@@ -301,9 +333,11 @@ def start(job: Job) -> None:
     job.summary["world_size"] = ctx.world_size
     job.first_step = ckpt.step
     if ctx.is_main and job.metrics_path.exists():  # drop records written after the checkpoint
-        keep = [ln for ln in job.metrics_path.read_text().splitlines()
-                if ln.strip() and json.loads(ln).get("step", 0) <= job.first_step]
-        job.metrics_path.write_text("".join(ln + "\n" for ln in keep))
+        for path in (job.metrics_path, job.run_dir / "evals.jsonl"):
+            if path.exists():
+                keep = [ln for ln in path.read_text().splitlines()
+                        if ln.strip() and json.loads(ln).get("step", 0) <= job.first_step]
+                path.write_text("".join(ln + "\n" for ln in keep))
     if ckpt.state.get("torch_threads") not in (None, torch.get_num_threads()):
         job.say(f"note: the checkpoint was written with {ckpt.state['torch_threads']} torch threads, this "
                 f"process has {torch.get_num_threads()}: CPU results may differ in the last bits")
@@ -370,15 +404,23 @@ def rl_loop(job: Job) -> None:
             metrics.log_eval("before", job.before, step=0)
         for step in range(job.first_step, cfg.optim.steps):
             rec = rl_step(job, step)
+            done = step + 1
+            val = None
+            if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.optim.steps and ctx.is_main:
+                val = _evaluate(job, f"step {done}", "validation", step=done)  # periodic validation
+                rec.update(val_success=val["overall"],
+                           **{f"val_success/{c}": v for c, v in val["per_category"].items() if v is not None})
             if metrics is not None:
                 metrics.log(rec)
+                if val is not None:
+                    metrics.log_eval(f"step {done}", val, step=done)
+                    job.say(f"validation at step {done}: {val['overall']:.1f}% {val['per_category']}")
             for ph, key in (("rollout", "rollout_seconds"), ("score", "score_seconds"),
                             ("update", "update_seconds"), ("weight_sync", "sync_seconds")):
                 job.phases[ph] = job.phases.get(ph, 0.0) + float(rec.get(key, 0.0))
             job.say(f"step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% reward {rec['reward']:.2f} "
                     f"gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} kl {rec['kl']:.4f} "
                     f"{rec['tokens_per_s']:.0f} tok/s {rec['step_seconds']:.1f}s")
-            done = step + 1
             stop = bool(cfg.run.stop_after) and done >= cfg.run.stop_after and done < cfg.optim.steps
             if (cfg.run.save_every and done % cfg.run.save_every == 0) or done == cfg.optim.steps or stop:
                 save(job, done)
@@ -386,7 +428,7 @@ def rl_loop(job: Job) -> None:
                 job.stopped_at = done
                 break
         if job.stopped_at is None and ctx.is_main:
-            after = _evaluate(job, "after RL", "eval after")
+            after = _evaluate(job, "after RL", "eval after", step=cfg.optim.steps)
             metrics.log_eval("after", after, step=cfg.optim.steps)
             job.say(f"success after RL: {after['overall']:.1f}% {after['per_category']}")
             job.summary.update(success_after=after["overall"], success_after_per_task=after["per_task"])
@@ -410,9 +452,10 @@ def finish(job: Job) -> dict[str, Any]:
                            wall_seconds=time.time() - job.t_start)
         return job.summary
     final_state = dist_utils.full_model_state(job.student, ctx)
-    if ctx.is_main:
+    if ctx.is_main:  # in model.export_dtype (the checkpoints keep the fp32 master weights)
         m = job.gen_model if ctx.distributed else job.student
-        m.save_pretrained(job.run_dir / "final-model", **({"state_dict": final_state} if ctx.distributed else {}))
+        export_model(m, job.run_dir / "final-model", cfg.model.export_dtype,
+                     state_dict=final_state if ctx.distributed else None)
     job.summary.update(steps=cfg.optim.steps, wall_seconds=time.time() - job.t_start,
                        phase_seconds={k: round(v, 2) for k, v in job.phases.items()})
     return dist_utils.broadcast_object(job.summary, ctx)

@@ -10,7 +10,8 @@ is, ...). Evaluations (before/after RL) go to ``eval/<category>`` and ``eval/ove
 
 - ``training_dynamics.png``: mean teacher-student gap and gate-activation ratio (share of valid
   tokens with w > 0.5) against the step, the two curves of the paper's training-dynamics figure;
-- ``success.png``: training success per step with the evaluation points (before/after RL).
+- ``success.png``: training success per step with the evaluation points (before/after RL) and the
+  periodic validations (``eval.every``; also ``val_success`` in the step's metrics.jsonl line).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ TAGS: dict[str, str] = {
     "update_seconds": "time/update",
     "sync_seconds": "time/weight_sync",
     "step_seconds": "time/step",
+    "val_success": "val/success",  # periodic validation (eval.every); per category val_success/<category>
 }
 
 
@@ -117,9 +119,13 @@ class MetricsLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.run_dir / "metrics.jsonl"
         self.evals_path = self.run_dir / "evals.jsonl"
+        # a resumed run (append) plots its whole history: the records written before it (the job has
+        # cut them at the checkpoint's step)
+        self.history: list[dict[str, Any]] = read_jsonl(self.jsonl_path) if append and self.jsonl_path.exists() else []
+        self.evals: list[dict[str, Any]] = read_jsonl(self.evals_path) if append and self.evals_path.exists() else []
+        if not append and self.evals_path.exists():
+            self.evals_path.unlink()
         self._jsonl = self.jsonl_path.open("a" if append else "w")
-        self.history: list[dict[str, Any]] = []
-        self.evals: list[dict[str, Any]] = []
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -176,7 +182,7 @@ class MetricsLogger:
 def plot_history(history: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[str, Any]],
                  out_dir: str | Path) -> list[Path]:
     """``training_dynamics.png`` (gap and gate-activation vs step) and ``success.png`` (train
-    success per step, evaluation before/after) in ``out_dir``."""
+    success per step, evaluation before/after and the periodic validations) in ``out_dir``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -210,7 +216,13 @@ def plot_history(history: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[s
     if history:
         ax.plot(steps, [h.get("success", float("nan")) for h in history], marker="o", markersize=3,
                 label="train (rollouts)", color="tab:blue")
-    for e, color in zip(evals, ("tab:red", "tab:green", "tab:purple", "tab:orange")):
+    ends = [e for e in evals if e["name"] in ("before", "after")]
+    periodic = sorted((e for e in evals if e["name"] not in ("before", "after")), key=lambda e: e["step"])
+    if periodic:  # eval.every: the validation curve through every evaluation
+        line = sorted(evals, key=lambda e: e["step"])
+        ax.plot([e["step"] for e in line], [e["overall"] for e in line], marker="s", markersize=4,
+                color="tab:purple", label="validation")
+    for e, color in zip(ends, ("tab:red", "tab:green")):
         ax.scatter([e["step"]], [e["overall"]], s=60, color=color, zorder=3, label=f"eval {e['name']}")
         ax.annotate(f"{e['overall']:.1f}%", (e["step"], e["overall"]), textcoords="offset points",
                     xytext=(5, 5))

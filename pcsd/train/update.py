@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from pcsd.models import compute_context
 from pcsd.ops.grpo import group_advantages, grpo_token_terms, token_coefficients
 from pcsd.ops.losses import pcsd_loss
 from pcsd.ops.scoring import score_packed
@@ -46,10 +47,12 @@ _PAD_ROW = ([0], [0])  # a 2-token sequence for the padding passes of ranks with
 
 def _mb_logprobs(model, prompts, responses, rows: Optional[list[int]]) -> torch.Tensor:
     """One packed forward pass over ``rows`` (None: a padding pass), log-probs of the responses."""
-    if rows is None:
-        return torch.cat(score_packed(model, [_PAD_ROW[0]], [_PAD_ROW[1]]))
-    ps, rs = [prompts[i] for i in rows], [responses[i] for i in rows]
-    return torch.cat(score_packed(model, ps, rs, max_tokens_per_pass=sum(len(p) + len(r) for p, r in zip(ps, rs))))
+    with compute_context(model):  # bf16 autocast for an fp32 student (pcsd.train.precision)
+        if rows is None:
+            return torch.cat(score_packed(model, [_PAD_ROW[0]], [_PAD_ROW[1]]))
+        ps, rs = [prompts[i] for i in rows], [responses[i] for i in rows]
+        return torch.cat(score_packed(model, ps, rs,
+                                      max_tokens_per_pass=sum(len(p) + len(r) for p, r in zip(ps, rs))))
 
 
 def _device(model) -> torch.device:

@@ -2,7 +2,7 @@
 //!
 //! The template comes from a model directory: `tokenizer_config.json`'s `chat_template` (a string,
 //! or a list of `{name, template}` from which `default` is taken) or a `chat_template.jinja` file
-//! beside it. The environment is set up the way transformers renders templates: `trim_blocks` and
+//! beside it, which wins when both exist (as transformers' `from_pretrained` does). The environment is set up the way transformers renders templates: `trim_blocks` and
 //! `lstrip_blocks` on, Python string/dict methods (`pycompat`), loop controls, `raise_exception`,
 //! `strftime_now` and a `tojson` filter.
 
@@ -101,8 +101,11 @@ impl ChatTemplate {
         } else {
             serde_json::Value::Null
         };
+        // transformers reads chat_template.jinja over tokenizer_config.json's chat_template
         let jinja_path = dir.join("chat_template.jinja");
         let source = match cfg.get("chat_template") {
+            _ if jinja_path.is_file() => std::fs::read_to_string(&jinja_path)
+                .map_err(|e| PromptError::Io { path: jinja_path.clone(), message: e.to_string() })?,
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(serde_json::Value::Array(list)) => list
                 .iter()
@@ -114,8 +117,6 @@ impl ChatTemplate {
                         cfg_path.display()
                     ))
                 })?,
-            _ if jinja_path.is_file() => std::fs::read_to_string(&jinja_path)
-                .map_err(|e| PromptError::Io { path: jinja_path.clone(), message: e.to_string() })?,
             _ => {
                 return Err(PromptError::MissingFile {
                     path: if cfg_path.is_file() { jinja_path } else { cfg_path },
@@ -231,6 +232,20 @@ mod tests {
         assert_eq!(t.render(&[], true).unwrap(), "undef");
         t.set_enable_thinking(Some(false));
         assert_eq!(t.render(&[], true).unwrap(), "False"); // Python-style, as in Jinja2
+    }
+
+    #[test]
+    fn chat_template_jinja_wins_over_tokenizer_config() {
+        // as transformers' from_pretrained: the .jinja file replaces tokenizer_config's template
+        let dir = std::env::temp_dir().join(format!("pcsd-chat-jinja-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("tokenizer_config.json"), r#"{"chat_template": "from-config"}"#).unwrap();
+        let from_config = ChatTemplate::from_dir(&dir).unwrap();
+        assert_eq!(from_config.render(&[], true).unwrap(), "from-config");
+        std::fs::write(dir.join("chat_template.jinja"), "from-jinja").unwrap();
+        let t = ChatTemplate::from_dir(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(t.render(&[], true).unwrap(), "from-jinja");
     }
 
     #[test]
