@@ -108,6 +108,8 @@ class OptimConfig:
     steps: int = 150
     ppo_epochs: int = 1
     tokens_per_microbatch: int = 8192
+    fused_lm_head: bool = True  # lm-head + per-token loss in one pass (pcsd.ops.fused); False: recomputing chunks
+    joint_frozen_pass: bool = True  # reference and teacher log-probs from one frozen forward per micro-batch
     sft_steps: int = 0  # supervised warm-up on expert trajectories of procedural games
     sft_games: int = 96  # procedural games played by the observation-only expert for the warm-up
     sft_prompt_weight: float = 0.0  # weight of the prompt tokens' next-token loss in the warm-up
