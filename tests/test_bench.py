@@ -178,13 +178,13 @@ def test_logprobs(tmp_path):
 def test_step(tmp_path):
     bench_main(["step", "--tiny", "--out", str(tmp_path)])
     rows = _load(tmp_path, "step")["rows"]
-    assert [r["side"] for r in rows] == ["pcsd", "pcsd-recompute", "straightforward"]
+    assert [r["side"] for r in rows] == ["pcsd", "pcsd-joint", "pcsd-recompute", "straightforward"]
     for key in ("score_s", "update_s", "tokens_per_s", "peak_extra_MB", "speedup_vs_straightforward", "loss"):
         assert all(key in r for r in rows), key
-    naive = rows[2]
+    naive = rows[3]
     assert naive["old_s"] > 0 and naive["ref_s"] > 0 and naive["teacher_s"] > 0 and naive["speedup_vs_straightforward"] == 1
     assert rows[0]["tokens"] == naive["tokens"] > rows[0]["response_tokens"] > 0
-    for r in rows[:2]:  # the three compute the same step
+    for r in rows[:3]:  # the four compute the same step
         assert r["loss"] == pytest.approx(naive["loss"], rel=1e-3, abs=1e-7)
 
 

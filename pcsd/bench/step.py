@@ -1,11 +1,13 @@
 """``python -m pcsd.bench step``: one GRPO + PCSD training step (scoring + update; no rollout) on a
 fixed batch of synthetic multi-turn responses, three ways, in the same run:
 
-* ``pcsd``: :func:`pcsd.train.update.update_step` as trained (``optim.fused_lm_head`` and
-  ``optim.joint_frozen_pass`` on): log-probs of response tokens only, the lm-head and the
-  per-token loss fused, pi_old from the update's own pass, reference and teacher in one frozen pass;
-* ``pcsd-recompute``: the same with both keys off (chunked log-probs whose backward recomputes
-  the logits tiles, reference and teacher in two passes);
+* ``pcsd``: :func:`pcsd.train.update.update_step` with the default config (``optim.fused_lm_head``
+  on, ``optim.joint_frozen_pass=auto``): log-probs of response tokens only, the lm-head and the
+  per-token loss fused, pi_old from the update's own pass; reference and teacher in one frozen
+  pass where attention is varlen (flash-attention), two padded passes otherwise (CPU);
+* ``pcsd-joint``: the same with ``optim.joint_frozen_pass=on`` (one padded frozen pass on CPU);
+* ``pcsd-recompute``: both keys off (chunked log-probs whose backward recomputes the logits
+  tiles, reference and teacher in two passes);
 * ``straightforward``: what a user would write with transformers: right-padded batches,
   ``model(...).logits`` over every position, ``log_softmax`` + gather, a separate pi_old pass,
   reference and teacher as two separate forwards, micro-batches of at most ``--naive-tokens``
@@ -32,7 +34,7 @@ import torch
 
 from pcsd.bench.common import FULL_VOCAB, emit, pos_int
 
-SIDES = ("pcsd", "pcsd-recompute", "straightforward")
+SIDES = ("pcsd", "pcsd-joint", "pcsd-recompute", "straightforward")
 MODELS = {  # name -> (vocab, hidden, layers, heads, kv heads, intermediate)
     "tiny": (1024, 64, 2, 2, 2, 128),
     "real-vocab": (FULL_VOCAB, 256, 4, 4, 2, 768),
@@ -175,10 +177,11 @@ def step_worker(side: str, model: str, spec: dict) -> dict:
         raise ValueError(f"side must be one of {SIDES}, got {side!r}")
     student, frozen = make_models(model)
     rb = make_batch(spec, MODELS[model][0])
-    fused = side == "pcsd"
+    fused = side != "pcsd-recompute"
+    joint = {"pcsd": "auto", "pcsd-joint": "on"}.get(side, "off")
     cfg = load_config(["method=pcsd", "rollout.backend=hf", "optim.lr=1e-6",
                        f"optim.tokens_per_microbatch={spec['tokens_per_microbatch']}",
-                       f"optim.fused_lm_head={fused}", f"optim.joint_frozen_pass={fused}"])
+                       f"optim.fused_lm_head={fused}", f"optim.joint_frozen_pass={joint}"])
     opt = torch.optim.SGD(student.parameters(), lr=cfg.optim.lr)
     peak, stop = [0], threading.Event()
 

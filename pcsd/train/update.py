@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from pcsd.ops.fused import fused_score_loss
 from pcsd.ops.grpo import group_advantages, grpo_token_terms, token_coefficients
 from pcsd.ops.losses import pcsd_loss
-from pcsd.ops.scoring import score_packed
+from pcsd.ops.scoring import score_packed, uses_varlen_attention
 from pcsd.ops.weighting import get_rule
 from pcsd.rollout.loop import RolloutBatch
 from pcsd.train import distributed as dist_utils
@@ -110,7 +110,9 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
         score_cb and score_cb(done_passes, n_score)
     teacher_model = student if algo.teacher == "current" else frozen
     # optim.joint_frozen_pass: reference and teacher from one frozen forward per micro-batch
-    joint = need_ref and use_teacher and teacher_model is frozen and cfg.optim.get("joint_frozen_pass", False)
+    jf = cfg.optim.get("joint_frozen_pass", "off")
+    joint = (need_ref and use_teacher and teacher_model is frozen
+             and (jf == "on" or (jf == "auto" and uses_varlen_attention(frozen))))
     if joint:
         pair_mbs = pair_microbatches(rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, budget)
         ref, teacher = joint_scores(frozen, rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, pair_mbs,
