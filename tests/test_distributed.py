@@ -90,7 +90,7 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 # the ranks run the default update (fused lm-head, joint frozen pass); the one-process reference
 # runs it too, or (third case) the recomputing path with two frozen passes
-_RECOMPUTE = ("optim.fused_lm_head=false", "optim.joint_frozen_pass=off")
+_RECOMPUTE = ("optim.fused_lm_head=false", "optim.joint_frozen_pass=never")
 
 
 @pytest.mark.parametrize("algo, ref_extra", [(dict(), ()), (dict(loss_agg="token-mean", lambda_distill=0.5), ()),

@@ -254,7 +254,7 @@ def test_update_step_fused_equals_recomputing(tiny_pair, method, epochs):
 
     base, frozen = tiny_pair
     rb = synthetic_rollout_batch(num_groups=5, group_size=2, seed=7)
-    extra = [f"optim.ppo_epochs={epochs}", "optim.joint_frozen_pass=off"]
+    extra = [f"optim.ppo_epochs={epochs}", "optim.joint_frozen_pass=never"]
     ref, sd_ref = _update(base, frozen, rb, method, extra + ["optim.fused_lm_head=false"])
     got, sd = _update(base, frozen, rb, method, extra + ["optim.fused_lm_head=true"])
     for key in ("loss", "pg", "kl", "pcsd", "clip_frac", "gap_mean", "weight_mean", "gate_activation",
@@ -295,8 +295,8 @@ def test_update_step_joint_pass_equals_two_passes(tiny_pair, method):
 
     base, frozen = tiny_pair
     rb = synthetic_rollout_batch(num_groups=5, group_size=2, seed=7)
-    ref, sd_ref = _update(base, frozen, rb, method, ["optim.joint_frozen_pass=off"])
-    got, sd = _update(base, frozen, rb, method, ["optim.joint_frozen_pass=on"])
+    ref, sd_ref = _update(base, frozen, rb, method, ["optim.joint_frozen_pass=never"])
+    got, sd = _update(base, frozen, rb, method, ["optim.joint_frozen_pass=always"])
     for key in ("loss", "pg", "kl", "pcsd", "gap_mean", "weight_mean"):
         assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-7), key
     for k, v in sd_ref.items():

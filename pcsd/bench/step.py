@@ -5,7 +5,7 @@ fixed batch of synthetic multi-turn responses, three ways, in the same run:
   on, ``optim.joint_frozen_pass=auto``): log-probs of response tokens only, the lm-head and the
   per-token loss fused, pi_old from the update's own pass; reference and teacher in one frozen
   pass where attention is varlen (flash-attention), two padded passes otherwise (CPU);
-* ``pcsd-joint``: the same with ``optim.joint_frozen_pass=on`` (one padded frozen pass on CPU);
+* ``pcsd-joint``: the same with ``optim.joint_frozen_pass=always`` (one padded frozen pass on CPU);
 * ``pcsd-recompute``: both keys off (chunked log-probs whose backward recomputes the logits
   tiles, reference and teacher in two passes);
 * ``straightforward``: what a user would write with transformers: right-padded batches,
@@ -178,7 +178,7 @@ def step_worker(side: str, model: str, spec: dict) -> dict:
     student, frozen = make_models(model)
     rb = make_batch(spec, MODELS[model][0])
     fused = side != "pcsd-recompute"
-    joint = {"pcsd": "auto", "pcsd-joint": "on"}.get(side, "off")
+    joint = {"pcsd": "auto", "pcsd-joint": "always"}.get(side, "never")
     cfg = load_config(["method=pcsd", "rollout.backend=hf", "optim.lr=1e-6",
                        f"optim.tokens_per_microbatch={spec['tokens_per_microbatch']}",
                        f"optim.fused_lm_head={fused}", f"optim.joint_frozen_pass={joint}"])

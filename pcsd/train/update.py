@@ -110,9 +110,9 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
         score_cb and score_cb(done_passes, n_score)
     teacher_model = student if algo.teacher == "current" else frozen
     # optim.joint_frozen_pass: reference and teacher from one frozen forward per micro-batch
-    jf = cfg.optim.get("joint_frozen_pass", "off")
+    jf = cfg.optim.get("joint_frozen_pass", "never")
     joint = (need_ref and use_teacher and teacher_model is frozen
-             and (jf == "on" or (jf == "auto" and uses_varlen_attention(frozen))))
+             and (jf == "always" or (jf == "auto" and uses_varlen_attention(frozen))))
     if joint:
         pair_mbs = pair_microbatches(rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, budget)
         ref, teacher = joint_scores(frozen, rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, pair_mbs,
