@@ -159,7 +159,7 @@ def test_chunk_bounds_keep_segments_whole():
     assert chunk_bounds(10, 6, [0, 3, 5, 9, 10]) == [(0, 5), (5, 10)]
     assert chunk_bounds(10, 2, [0, 10]) == [(0, 10)]  # a longer segment is a chunk of its own
     assert chunk_bounds(0, 2, [0]) == []
-    assert auto_token_chunk(151_936) == (1 << 25) // 151_936 and auto_token_chunk(10**9) == 1
+    assert auto_token_chunk(151_936) == (1 << 24) // 151_936 == 110 and auto_token_chunk(10**9) == 1
 
 
 @pytest.mark.parametrize("bad, match", [

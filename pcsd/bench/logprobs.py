@@ -139,7 +139,7 @@ def cmd_logprobs(args) -> dict:
     notes.append("peak = " + ("torch.cuda.max_memory_allocated over the inputs" if device == "cuda" else
                               "RSS growth over the allocated inputs (polled /proc/self/statm and ru_maxrss), in a fresh subprocess per side") +
                  f"; device {device}; chunk defaults token_chunk=1024, vocab_chunk=16384 (chunked), "
-                 "tiles of 2^25 floats (fused); fwd+bwd: gradients of the hidden states and the lm-head weight; "
+                 "tiles of 2^24 floats (fused); fwd+bwd: gradients of the hidden states and the lm-head weight; "
                  "*_peak_vs_full_logits: peak over the float32 [N, V] logits' size")
     cols = ["tokens", "hidden", "vocab", "pass_", "fused_ms", "fused_spread_rel", "time_fused_vs_naive",
             "time_fused_vs_chunked", "fused_peak_KB_per_token", "fused_peak_vs_full_logits",

@@ -40,7 +40,7 @@ __all__ = ["TokenLoss", "fused_logprob_loss", "fused_logprob_loss_reference", "a
 #: is detached data the function closes over and slices with ``lo:hi``.
 TokenLoss = Callable[[Tensor, int, int], Tensor]
 
-DEFAULT_TILE_ELEMS = 1 << 25  # 32 Mi floats = 128 MiB: 220 tokens x 151,936 vocabulary
+DEFAULT_TILE_ELEMS = 1 << 24  # 16 Mi floats = 64 MiB: 110 tokens x 151,936 vocabulary
 
 
 def auto_token_chunk(vocab: int, tile_elems: int = DEFAULT_TILE_ELEMS) -> int:
