@@ -165,10 +165,35 @@ def test_prompts(tmp_path):
 def test_logprobs(tmp_path):
     bench_main(["logprobs", "--tiny", "--vocab", "20000", "--out", str(tmp_path)])
     rows = _load(tmp_path, "logprobs")["rows"]
-    assert {r["pass_"] for r in rows} == {"fwd", "fwd+bwd"}
-    for key in ("chunked_ms", "naive_ms", "chunked_peak_KB_per_token", "naive_peak_KB_per_token", "max_abs_err"):
-        assert all(key in r for r in rows)
+    timed = [r for r in rows if r["pass_"] in ("fwd", "fwd+bwd")]
+    assert {r["pass_"] for r in timed} == {"fwd", "fwd+bwd"}
+    for key in ("fused_ms", "chunked_ms", "naive_ms", "time_fused_vs_naive", "fused_peak_KB_per_token",
+                "fused_peak_vs_full_logits", "chunked_peak_KB_per_token", "naive_peak_KB_per_token", "max_abs_err"):
+        assert all(key in r for r in timed), key
     assert rows[0]["max_abs_err"] < 1e-4
+    memory = [r for r in rows if r["pass_"].endswith("memory only")]  # --memory-tokens (32 at --tiny)
+    assert {r["tokens"] for r in memory} == {32} and len(memory) == 2
+
+
+def test_step(tmp_path):
+    bench_main(["step", "--tiny", "--out", str(tmp_path)])
+    rows = _load(tmp_path, "step")["rows"]
+    assert [r["side"] for r in rows] == ["pcsd", "pcsd-joint", "pcsd-recompute", "straightforward"]
+    for key in ("score_s", "update_s", "tokens_per_s", "peak_extra_MB", "speedup_vs_straightforward", "loss"):
+        assert all(key in r for r in rows), key
+    naive = rows[3]
+    assert naive["old_s"] > 0 and naive["ref_s"] > 0 and naive["teacher_s"] > 0 and naive["speedup_vs_straightforward"] == 1
+    assert rows[0]["tokens"] == naive["tokens"] > rows[0]["response_tokens"] > 0
+    for r in rows[:3]:  # the four compute the same step
+        assert r["loss"] == pytest.approx(naive["loss"], rel=1e-3, abs=1e-7)
+
+
+def test_step_bad_arguments(tmp_path):
+    with pytest.raises(SystemExit, match="--prompt-len: expected MIN <= MAX"):
+        bench_main(["step", "--tiny", "--prompt-len", "9", "3", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as e:
+        bench_main(["step", "--tiny", "--models", "huge"])
+    assert e.value.code == 2
 
 
 def test_rollout(tmp_path):

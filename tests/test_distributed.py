@@ -23,12 +23,12 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or sys.plat
                                 reason="torch.distributed with gloo is needed")
 
 
-def _cfg(**algo):
+def _cfg(extra=(), **algo):
     from pcsd.train.config import load_config
 
     ov = ["rollout.backend=hf", "optim.lr=1e-2", "optim.tokens_per_microbatch=96", "rollout.max_prompt_tokens=64",
           "rollout.max_response_tokens=32", "optim.grad_clip=1e9"]
-    ov += [f"algo.{k}={v}" for k, v in algo.items()]
+    ov += [f"algo.{k}={v}" for k, v in algo.items()] + list(extra)
     return load_config(ov)
 
 
@@ -89,9 +89,15 @@ def tiny_dir(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, seed=3)
 
 
-@pytest.mark.parametrize("algo", [dict(), dict(loss_agg="token-mean", lambda_distill=0.5)],
-                         ids=["paper-agg", "token-mean"])
-def test_two_gloo_ranks_match_one_process(tiny_dir, tmp_path, algo):
+# the ranks run the default update (fused lm-head, joint frozen pass); the one-process reference
+# runs it too, or (third case) the recomputing path with two frozen passes
+_RECOMPUTE = ("optim.fused_lm_head=false", "optim.joint_frozen_pass=never")
+
+
+@pytest.mark.parametrize("algo, ref_extra", [(dict(), ()), (dict(loss_agg="token-mean", lambda_distill=0.5), ()),
+                                             (dict(), _RECOMPUTE)],
+                         ids=["paper-agg", "token-mean", "fused-vs-recompute"])
+def test_two_gloo_ranks_match_one_process(tiny_dir, tmp_path, algo, ref_extra):
     import torch.multiprocessing as mp
 
     from pcsd.testing import synthetic_rollout_batch
@@ -101,7 +107,8 @@ def test_two_gloo_ranks_match_one_process(tiny_dir, tmp_path, algo):
     mp.spawn(_worker, args=(2, _free_port(), str(tiny_dir), str(out), algo), nprocs=2, join=True)
     got = torch.load(out, weights_only=False)
 
-    cfg = _cfg(**algo)
+    cfg = _cfg(ref_extra, **algo)
+    assert cfg.optim.fused_lm_head == (not ref_extra)
     student, frozen = _load(tiny_dir)
     before = {k: v.clone() for k, v in student.state_dict().items()}
     opt = _optimizer(student)

@@ -1,4 +1,4 @@
-"""The benchmarks: ``python -m pcsd.bench {op,env,prompts,logprobs,rollout,all}``.
+"""The benchmarks: ``python -m pcsd.bench {op,env,prompts,logprobs,step,rollout,all}``.
 
 Every subcommand runs both sides of each comparison in the same invocation, after a warm-up,
 ``--repeats`` times, and reports the median and the spread (max - min). Each prints a rich table
@@ -8,6 +8,7 @@ headed by the machine line (CPU model, cores, GPU, torch version) and writes
     python -m pcsd.bench all --quick            # everything at small sizes (< 10 min on 2 cores)
     python -m pcsd.bench env --sizes 128 1024 4096 --threads 1 2
     python -m pcsd.bench logprobs --tokens 2048 --hidden 64
+    python -m pcsd.bench step --models real-vocab      # one GRPO + PCSD step vs the straightforward one
     python -m pcsd.bench rollout --model-path /models/Qwen2.5-3B-Instruct   # CUDA GPU only: real model
 
 ``env`` sets the native pool against the real alfworld engine stepped one env at a time and in a
@@ -16,7 +17,7 @@ backend against HF. With a CUDA GPU, ``op`` and ``logprobs`` add CUDA rows and `
 --model-path`` measures the given model's generation tokens/s and rollout split on the GPU.
 
 Layout: :mod:`pcsd.bench.common` holds what every benchmark shares (machine line, timing, tables);
-each benchmark is one module (``op``, ``env``, ``prompts``, ``logprobs``, ``rollout``) with its
+each benchmark is one module (``op``, ``env``, ``prompts``, ``logprobs``, ``step``, ``rollout``) with its
 arguments, sizes and ``run``; :mod:`pcsd.bench.cli` is the command line. The benchmarks import
 from every layer below them (ops, envs, text, rollout); nothing imports ``pcsd.bench``.
 """

@@ -8,11 +8,11 @@ import time
 from types import ModuleType
 from typing import Sequence
 
-from pcsd.bench import env, logprobs, op, prompts, rollout
+from pcsd.bench import env, logprobs, op, prompts, rollout, step
 from pcsd.bench.common import add_common, fill_defaults
 
 #: the benchmarks in the order ``all`` runs them
-BENCHMARKS: tuple[ModuleType, ...] = (op, env, prompts, logprobs, rollout)
+BENCHMARKS: tuple[ModuleType, ...] = (op, env, prompts, logprobs, step, rollout)
 SUBCOMMANDS: tuple[str, ...] = tuple(m.NAME for m in BENCHMARKS)
 _BY_NAME = {m.NAME: m for m in BENCHMARKS}
 

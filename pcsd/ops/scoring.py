@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["selective_logprobs", "selective_logprobs_naive", "PackedBatch", "pack_sequences",
-           "pad_sequences", "score_packed", "uses_varlen_attention"]
+           "pad_sequences", "lm_head", "response_hidden", "score_packed", "uses_varlen_attention"]
 
 
 def _acc_dtype(t: Tensor) -> torch.dtype:
@@ -203,9 +203,52 @@ def uses_varlen_attention(model: nn.Module) -> bool:
     return impl.startswith("flash_attention")
 
 
-def _lm_head(model: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
+def lm_head(model: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
+    """The output projection's weight ``[V, H]`` and bias (None when it has none)."""
     head = model.get_output_embeddings()
     return head.weight, getattr(head, "bias", None)
+
+
+_lm_head = lm_head
+
+
+def response_hidden(model: nn.Module, prompts: Sequence[Sequence[int]],
+                    responses: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor, list[int]]:
+    """One forward pass of ``model`` over the sequences ``prompt + response`` (a packed row with
+    flash-attention, a right-padded batch otherwise: see :func:`uses_varlen_attention`).
+
+    Returns the final hidden states ``[R, H]`` at the positions whose *next* token is a response
+    token (R = total response tokens, sequences in order), those tokens ``[R]`` int64, and each
+    sequence's response length. Every prompt and response must be non-empty. Read the lm-head
+    weight after this call (under FSDP it is unsharded by the forward).
+    """
+    device = next(model.parameters()).device
+    seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
+    fwd = getattr(model, "pcsd_packed_hidden", None)  # FSDP2-sharded models (pcsd.train.distributed)
+    if uses_varlen_attention(model):  # one row, position ids restarting per sequence (varlen attention)
+        pb = pack_sequences(seqs, device)
+        if fwd is not None:
+            hidden = fwd(pb.input_ids, pb.position_ids)[0]
+        else:
+            hidden = model.model(input_ids=pb.input_ids, position_ids=pb.position_ids,
+                                 use_cache=False).last_hidden_state[0]
+        starts = pb.cu_seqlens[:-1].tolist()
+    else:  # right-padded [B, L] batch: attention costs sum(B L^2), not (sum L)^2 of a packed row
+        ids, attn = pad_sequences(seqs, device)
+        if fwd is not None:
+            hidden = fwd(ids, None, attn)
+        else:
+            hidden = model.model(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+        width = ids.shape[1]
+        hidden = hidden.reshape(-1, hidden.shape[-1])
+        starts = [k * width for k in range(len(seqs))]
+    rows, tgts, spans = [], [], []
+    for k, (p, r) in enumerate(zip(prompts, responses)):
+        start = int(starts[k]) + len(p)
+        rows.append(torch.arange(start - 1, start - 1 + len(r), device=device))
+        tgts.append(torch.as_tensor(list(r), dtype=torch.int64, device=device))
+        spans.append(len(r))
+    return hidden[torch.cat(rows)], torch.cat(tgts), spans
 
 
 def score_packed(model: nn.Module, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
@@ -225,38 +268,10 @@ def score_packed(model: nn.Module, prompts: Sequence[Sequence[int]], responses: 
     batch: list[int] = []
     size = 0
 
-    packed = uses_varlen_attention(model)
-    fwd = getattr(model, "pcsd_packed_hidden", None)  # FSDP2-sharded models (pcsd.train.distributed)
-
     def flush(idx: list[int]) -> None:
-        seqs = [list(prompts[i]) + list(responses[i]) for i in idx]
-        if packed:  # one row, position ids restarting per sequence (varlen attention)
-            pb = pack_sequences(seqs, device)
-            if fwd is not None:
-                hidden = fwd(pb.input_ids, pb.position_ids)[0]
-            else:
-                hidden = model.model(input_ids=pb.input_ids, position_ids=pb.position_ids,
-                                     use_cache=False).last_hidden_state[0]
-            starts = pb.cu_seqlens[:-1].tolist()
-        else:  # right-padded [B, L] batch: attention costs sum(B L^2), not (sum L)^2 of a packed row
-            ids, attn = pad_sequences(seqs, device)
-            if fwd is not None:
-                hidden = fwd(ids, None, attn)
-            else:
-                hidden = model.model(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-            width = ids.shape[1]
-            hidden = hidden.reshape(-1, hidden.shape[-1])
-            starts = [k * width for k in range(len(seqs))]
+        hidden, tgts, spans = response_hidden(model, [prompts[i] for i in idx], [responses[i] for i in idx])
         weight, bias = _lm_head(model)  # after the forward: unsharded there under FSDP
-        # Positions whose *next* token is a response token.
-        rows, tgts, spans = [], [], []
-        for k, i in enumerate(idx):
-            start = int(starts[k]) + len(prompts[i])
-            n = len(responses[i])
-            rows.append(torch.arange(start - 1, start - 1 + n, device=device))
-            tgts.append(torch.as_tensor(list(responses[i]), dtype=torch.int64, device=device))
-            spans.append(n)
-        lp = selective_logprobs(hidden[torch.cat(rows)], weight, torch.cat(tgts), bias,
+        lp = selective_logprobs(hidden, weight, tgts, bias,
                                 token_chunk=token_chunk, vocab_chunk=vocab_chunk, temperature=temperature)
         for i, piece in zip(idx, torch.split(lp, spans)):
             out[i] = piece

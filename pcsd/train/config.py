@@ -124,6 +124,10 @@ class OptimConfig:
     tokens_per_microbatch: int = 8192
     gradient_checkpointing: bool = False  # recompute each decoder layer in the backward (activations / ~layers)
     allow_low_precision_params: bool = False  # let AdamW update bf16 parameters (most updates round away)
+    fused_lm_head: bool = True  # lm-head + per-token loss in one pass (pcsd.ops.fused); False: recomputing chunks
+    # reference and teacher log-probs from one frozen forward per micro-batch: auto = where attention is
+    # varlen (packed rows, flash-attention); padded batches would pad every student row to its teacher's width
+    joint_frozen_pass: str = "auto"  # auto | always | never
     sft_steps: int = 0  # supervised warm-up on expert trajectories of procedural games
     sft_games: int = 96  # procedural games played by the observation-only expert for the warm-up
     sft_prompt_weight: float = 0.0  # weight of the prompt tokens' next-token loss in the warm-up
@@ -190,6 +194,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "eval.protocol": ("full", "paper"),
     "optim.sft_schedule": ("cosine", "constant"),
     "optim.sft_navigation": ("plan", "sweep"),
+    "optim.joint_frozen_pass": ("auto", "always", "never"),
     "run.device": ("auto", "cpu", "cuda"),
 }
 

@@ -13,13 +13,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from pcsd.models import compute_context
+from pcsd.ops.fused import fused_score_loss
 from pcsd.ops.grpo import group_advantages, grpo_token_terms, token_coefficients
 from pcsd.ops.losses import pcsd_loss
-from pcsd.ops.scoring import score_packed
+from pcsd.ops.scoring import score_packed, uses_varlen_attention
 from pcsd.ops.weighting import get_rule
 from pcsd.rollout.loop import RolloutBatch
 from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
+from pcsd.train.fused_update import check_fused_loss, joint_scores, pair_microbatches, token_loss
 
 __all__ = ["microbatches", "scores", "update_step"]
 
@@ -117,12 +119,22 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
         old = scores(student, rb.prompt_ids, rb.response_ids, mbs, n_passes, T)  # log pi_old, student prompt
         done_passes += 1
         score_cb and score_cb(done_passes, n_score)
-    ref = scores(frozen, rb.prompt_ids, rb.response_ids, mbs, n_passes, T) if need_ref else None
+    teacher_model = student if algo.teacher == "current" else frozen
+    # optim.joint_frozen_pass: reference and teacher from one frozen forward per micro-batch
+    jf = cfg.optim.get("joint_frozen_pass", "never")
+    joint = (need_ref and use_teacher and teacher_model is frozen
+             and (jf == "always" or (jf == "auto" and uses_varlen_attention(frozen))))
+    if joint:
+        pair_mbs = pair_microbatches(rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, budget)
+        ref, teacher = joint_scores(frozen, rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, pair_mbs,
+                                    dist_utils.global_max(len(pair_mbs), ctx), T)
+    else:
+        ref = scores(frozen, rb.prompt_ids, rb.response_ids, mbs, n_passes, T) if need_ref else None
     done_passes += int(need_ref)
     score_cb and need_ref and score_cb(done_passes, n_score)
-    teacher_model = student if algo.teacher == "current" else frozen
-    teacher = (scores(teacher_model, rb.teacher_prompt_ids, rb.response_ids, mbs, n_passes, T)
-               if use_teacher else None)
+    if not joint:
+        teacher = (scores(teacher_model, rb.teacher_prompt_ids, rb.response_ids, mbs, n_passes, T)
+                   if use_teacher else None)
     score_cb and use_teacher and score_cb(n_score, n_score)
     t_score = time.perf_counter() - t0
 
@@ -159,6 +171,26 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
             weights = rule(gap, cu, mask, **pcsd_params)
         return tok_adv, weights, gap, mask
 
+    fused = cfg.optim.get("fused_lm_head", False)
+    n_valid = {}  # micro-batch -> its valid-token count M_mb (pcsd_loss's normaliser)
+
+    def chunk_loss(k: int, rows: list[int], idx: torch.Tensor, lp: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        """Per-token loss of micro-batch ``k``'s tokens ``lo:hi`` (whole turns) for the fused lm-head."""
+        cu = [0]
+        for i in rows:
+            cu.append(cu[-1] + lengths[i])
+        sub = [i for i, a in zip(rows, cu) if lo <= a < hi]
+        sub_idx = idx[lo:hi]
+        old_c = lp.detach() if old is None else old[sub_idx]
+        tok_adv, w, _gap, mask = token_terms(sub, sub_idx, old_c)
+        distill = algo.distill and rule.kind == "weights"
+        scale = len(idx) / T_all / max(n_valid[k], 1.0)
+        out = token_loss(lp, old_c, None if ref is None else ref[sub_idx], tok_adv, coef[sub_idx],
+                         teacher[sub_idx] if distill else None, w, mask, algo, scale)
+        if algo.distill and rule.kind == "loss":  # Skill-SD's auxiliary term, token-mean over the batch
+            out = out + algo.lambda_distill * rule(lp, teacher[sub_idx], old_c, mask, **pcsd_params) / T_all
+        return out
+
     gscale = dist_utils.grad_scale(ctx)
     student.train()
     stats = dict(loss=0.0, pg=0.0, kl=0.0, pcsd=0.0, clip_frac=0.0, grad_norm=0.0)
@@ -171,7 +203,15 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
         opt.zero_grad(set_to_none=True)
         for k in range(n_passes):
             rows = mbs[k] if k < len(mbs) else None
-            lp = _mb_logprobs(student, rb.prompt_ids, rb.response_ids, rows)
+            fused_loss = None
+            if fused and rows is not None:  # lm-head + per-token loss in one pass; lp is detached
+                idx = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows]).to(dev)
+                n_valid[k] = float(mask_all[idx].sum())
+                fused_loss, lp = fused_score_loss(student, [rb.prompt_ids[i] for i in rows],
+                                                  [rb.response_ids[i] for i in rows],
+                                                  lambda lp_c, lo, hi: chunk_loss(k, rows, idx, lp_c, lo, hi))
+            else:
+                lp = _mb_logprobs(student, rb.prompt_ids, rb.response_ids, rows)
             if rows is None:  # padding pass: joins the collectives, adds nothing
                 (lp.sum() * 0.0).backward()
                 continue
@@ -205,6 +245,9 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
                 d = rule(lp, teacher[idx], old_mb, mask, **pcsd_params).sum() / T_all
                 loss = loss + algo.lambda_distill * d
                 stats["pcsd"] += float(d.detach())
+            if fused_loss is not None:  # the stats above came from the same loss on lp (no graph)
+                check_fused_loss(fused_loss, loss)
+                loss = fused_loss
             (loss * gscale).backward()  # FSDP averages over ranks; the global loss is their sum
             stats["loss"] += float(loss.detach())
             update_cb and update_cb(_epoch * len(mbs) + k + 1, n_mb)

@@ -1,0 +1,249 @@
+"""The lm-head and a per-token loss of the sampled tokens' log-probs in one pass, without recomputation.
+
+The training loss of a micro-batch is a sum of per-token functions of the student's log-prob of
+the sampled token, ``L = sum_i f_i(logp_i)`` (GRPO's clipped ratio term, the k3 KL to the
+reference, the distillation term with detached weights, RLSD's transformed advantages: each
+``f_i`` depends on token ``i``'s own log-prob only). So, token chunk by token chunk, the forward
+pass can compute
+
+1. the chunk's logits ``h W^T / temperature``, vocabulary slice by vocabulary slice, into one
+   ``[token_chunk, V]`` float32 tile, and from the tile the log-softmax of the sampled tokens;
+2. ``g_i = f_i'(logp_i)`` by autograd on the chunk's ``[token_chunk]`` log-probs alone;
+3. in place in the tile, ``d L / d logits = g (onehot - softmax) / temperature``, and from it the
+   gradients of the hidden states (``dlogits @ W``) and of the lm-head weight
+   (``dlogits^T @ h``, accumulated over chunks),
+
+and keep only those gradients. The backward pass multiplies them by the incoming scalar gradient:
+no logits tile is ever recomputed (the chunked path of :func:`pcsd.ops.scoring.selective_logprobs`
+computes each tile twice) and none outlives its chunk (peak extra memory: one tile, plus the
+gradients themselves). This is the pattern of Liger-Kernel's fused linear cross-entropy, with the
+loss as an argument. The plain references are :func:`fused_logprob_loss_reference` (full logits,
+autograd) and the recomputing chunked path; ``tests/test_fused.py`` compares all three.
+
+The softmax normaliser needs the whole vocabulary row, so a tile spans the vocabulary; the token
+chunk is chosen so that a tile holds at most ``tile_elems`` floats (``token_chunk`` overrides it).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["TokenLoss", "fused_logprob_loss", "fused_logprob_loss_reference", "auto_token_chunk",
+           "chunk_bounds", "fused_score_loss"]
+
+#: ``f(logp, lo, hi) -> [hi - lo]``: the per-token losses of tokens ``lo:hi`` given their
+#: log-probs ``logp`` ``[hi - lo]`` (differentiable; token ``i``'s loss may depend on ``logp[i]``
+#: only). Everything else the loss needs (old log-probs, advantages, weights, masks, coefficients)
+#: is detached data the function closes over and slices with ``lo:hi``.
+TokenLoss = Callable[[Tensor, int, int], Tensor]
+
+DEFAULT_TILE_ELEMS = 1 << 24  # 16 Mi floats = 64 MiB: 110 tokens x 151,936 vocabulary
+
+
+def auto_token_chunk(vocab: int, tile_elems: int = DEFAULT_TILE_ELEMS) -> int:
+    """Tokens per chunk so that a ``[chunk, vocab]`` float32 tile holds at most ``tile_elems``
+    floats (at least 1)."""
+    if vocab <= 0 or tile_elems <= 0:
+        raise ValueError(f"vocab and tile_elems must be > 0, got {vocab} and {tile_elems}")
+    return max(1, tile_elems // vocab)
+
+
+def chunk_bounds(n: int, token_chunk: int, segments: Optional[Sequence[int]] = None) -> list[tuple[int, int]]:
+    """``[(lo, hi), ...]`` covering ``range(n)``: runs of at most ``token_chunk`` tokens, or, with
+    ``segments`` (offsets ``[0, ..., n]``), runs of whole segments of at most ``token_chunk``
+    tokens together (a longer segment is a run of its own)."""
+    if segments is None:
+        return [(t0, min(n, t0 + token_chunk)) for t0 in range(0, n, token_chunk)]
+    cu = [int(x) for x in segments]
+    if not cu or cu[0] != 0 or cu[-1] != n or any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"segments must be non-decreasing offsets from 0 to N={n}, got {cu[:8]}...")
+    out, lo = [], 0
+    for a, b in zip(cu, cu[1:]):
+        if b > lo and b - lo > token_chunk and a > lo:
+            out.append((lo, a))
+            lo = a
+    if n > lo:
+        out.append((lo, n))
+    return out
+
+
+def _acc_dtype(t: Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _token_grads(loss_fn: TokenLoss, lp: Tensor, lo: int, hi: int) -> tuple[Tensor, Tensor]:
+    """The chunk's per-token losses ``[c]`` (detached) and ``d sum(loss) / d lp`` ``[c]``."""
+    leaf = lp.detach().requires_grad_(True)
+    with torch.enable_grad():
+        per_tok = loss_fn(leaf, lo, hi)
+        if not isinstance(per_tok, Tensor) or per_tok.shape != leaf.shape:
+            raise ValueError(f"loss_fn must return the per-token losses, a tensor of shape "
+                             f"{tuple(leaf.shape)}; got {getattr(per_tok, 'shape', type(per_tok).__name__)}")
+        if not per_tok.requires_grad:  # a loss that does not depend on the log-probs
+            return per_tok.detach(), torch.zeros_like(leaf)
+        (g,) = torch.autograd.grad(per_tok.sum(), leaf, allow_unused=True)
+    return per_tok.detach(), (torch.zeros_like(leaf) if g is None else g)
+
+
+class _FusedLogProbLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Optional[Tensor], targets: Tensor,
+                loss_fn: TokenLoss, bounds: list, vocab_chunk: int, inv_temp: float):
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_b = bias is not None and ctx.needs_input_grad[2]
+        n, vocab = hidden.shape[0], weight.shape[0]
+        acc = _acc_dtype(hidden)
+        dev = hidden.device
+        logp = torch.empty(n, device=dev, dtype=acc)
+        total = torch.zeros((), device=dev, dtype=acc)
+        gh = torch.empty(hidden.shape, device=dev, dtype=acc) if need_h else None
+        gw = torch.zeros(weight.shape, device=dev, dtype=acc) if need_w else None
+        gb = torch.zeros(vocab, device=dev, dtype=acc) if need_b else None
+        w_acc = weight if weight.dtype == acc else None  # matmuls with float32 gradients
+        slices = [(v0, min(vocab, v0 + vocab_chunk)) for v0 in range(0, vocab, vocab_chunk)]
+        rows_all = torch.arange(max([hi - lo for lo, hi in bounds], default=0), device=dev)
+        for t0, t1 in bounds:
+            c = t1 - t0
+            h = hidden[t0:t1]
+            tg = targets[t0:t1]
+            # 1. logits tile, float32, one vocabulary slice at a time
+            tile = torch.empty(c, vocab, device=dev, dtype=acc)
+            for v0, v1 in slices:
+                part = h @ weight[v0:v1].T
+                if bias is not None:
+                    part = part + bias[v0:v1]
+                tile[:, v0:v1] = part
+            if inv_temp != 1.0:
+                tile.mul_(inv_temp)
+            rows = rows_all[:c]
+            tgt_logit = tile[rows, tg]
+            m = tile.amax(dim=1)
+            tile.sub_(m[:, None]).exp_()  # exp(logit - max), kept for the softmax below
+            s = tile.sum(dim=1)
+            lp = tgt_logit - m - torch.log(s)
+            logp[t0:t1] = lp
+            # 2. the loss and its derivative with respect to each token's log-prob
+            per_tok, g = _token_grads(loss_fn, lp, t0, t1)
+            total += per_tok.to(acc).sum()
+            g = g.to(acc)
+            if not (need_h or need_w or need_b):
+                continue
+            # 3. dL/dlogits = inv_temp * g * (onehot - softmax), in place in the tile
+            tile.mul_((-g * inv_temp / s)[:, None])
+            tile[rows, tg] += g * inv_temp
+            if need_h:
+                if w_acc is not None:
+                    torch.mm(tile, w_acc, out=gh[t0:t1])
+                else:
+                    gh[t0:t1] = tile @ weight.to(acc)
+            if need_w:
+                gw.addmm_(tile.T, h.to(acc))
+            if need_b:
+                gb += tile.sum(0)
+            del tile
+        ctx.save_for_backward(gh if need_h else None, gw if need_w else None, gb if need_b else None)
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        ctx.mark_non_differentiable(logp)
+        return total, logp
+
+    @staticmethod
+    def backward(ctx, grad_total: Tensor, _grad_logp: Optional[Tensor]):
+        if getattr(ctx, "spent", False):
+            raise RuntimeError("fused_logprob_loss: its stored gradients are scaled in place, so the "
+                               "backward pass can run once (retain_graph is not supported)")
+        ctx.spent = True
+        gh, gw, gb = ctx.saved_tensors
+        hd, wd, bd = ctx.dtypes
+
+        def scaled(g: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
+            if g is None:
+                return None
+            g.mul_(grad_total.to(g.dtype))  # in place: no second [V, H] buffer for the weight's
+            return g.to(dtype)
+
+        return scaled(gh, hd), scaled(gw, wd), scaled(gb, bd), None, None, None, None, None
+
+
+def _check(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor], temperature: float) -> None:
+    if not isinstance(hidden, Tensor) or not isinstance(weight, Tensor) or not isinstance(targets, Tensor):
+        raise ValueError("hidden, weight and targets must be torch.Tensors")
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if not hidden.dtype.is_floating_point or hidden.dtype != weight.dtype:
+        raise ValueError(f"hidden and weight must share one floating dtype, got {hidden.dtype} and {weight.dtype}")
+    if bias is not None and (bias.shape != weight.shape[:1]):
+        raise ValueError(f"bias must be [V={weight.shape[0]}], got {tuple(bias.shape)}")
+    if targets.shape != hidden.shape[:1] or targets.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"targets must be int [N={hidden.shape[0]}], got {targets.dtype} {tuple(targets.shape)}")
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
+        raise ValueError(f"targets must be token ids in [0, {weight.shape[0]})")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+def fused_logprob_loss(hidden: Tensor, weight: Tensor, targets: Tensor, loss_fn: TokenLoss,
+                       bias: Optional[Tensor] = None, *, segments: Optional[Sequence[int]] = None,
+                       token_chunk: Optional[int] = None, vocab_chunk: int = 32768,
+                       tile_elems: int = DEFAULT_TILE_ELEMS, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """``(sum_i loss_fn(logp)_i, logp)`` with ``logp = log softmax(hidden @ weight.T / temperature)
+    [i, targets[i]]``, the gradients computed in the forward pass (see the module docstring).
+
+    Args:
+        hidden: ``[N, H]`` final hidden states; ``weight`` ``[V, H]`` lm-head (same dtype);
+            ``bias`` optional ``[V]``.
+        targets: ``[N]`` int token ids in ``[0, V)``.
+        loss_fn: :data:`TokenLoss`, ``f(logp_chunk, lo, hi) -> [hi - lo]`` per-token losses.
+        segments: optional offsets ``[0, ..., N]`` of segments (e.g. response turns) that a chunk
+            never splits: then a token's loss may depend on the log-probs of its whole segment
+            (PCSD's windowed weights computed from this very pass's log-probs). A segment longer
+            than ``token_chunk`` is a chunk of its own (its tile is ``[len, V]``).
+        token_chunk: tokens per tile (default :func:`auto_token_chunk` of ``tile_elems``).
+        vocab_chunk: vocabulary slice of one logits matmul (the tile still spans the vocabulary).
+
+    Returns:
+        the loss, a 0-dim float32 tensor (float64 for float64 inputs) differentiable with respect
+        to ``hidden``, ``weight`` and ``bias``; and ``logp`` ``[N]`` (not differentiable: use the
+        loss, or :func:`pcsd.ops.scoring.selective_logprobs`, for gradients through log-probs).
+    """
+    _check(hidden, weight, targets, bias, temperature)
+    if not callable(loss_fn):
+        raise ValueError(f"loss_fn must be callable (logp, lo, hi) -> per-token losses, got {type(loss_fn).__name__}")
+    tc = auto_token_chunk(weight.shape[0], tile_elems) if token_chunk is None else token_chunk
+    if tc <= 0 or vocab_chunk <= 0:
+        raise ValueError(f"token_chunk and vocab_chunk must be > 0, got {tc} and {vocab_chunk}")
+    bounds = chunk_bounds(hidden.shape[0], tc, segments)
+    return _FusedLogProbLoss.apply(hidden, weight, bias, targets.long(), loss_fn, bounds, vocab_chunk,
+                                   1.0 / temperature)
+
+
+def fused_logprob_loss_reference(hidden: Tensor, weight: Tensor, targets: Tensor, loss_fn: TokenLoss,
+                                 bias: Optional[Tensor] = None, *, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """The plain reference: full ``[N, V]`` logits, ``log_softmax``, gather, the loss on all tokens
+    at once, autograd for the gradients."""
+    _check(hidden, weight, targets, bias, temperature)
+    logits = hidden @ weight.T
+    if bias is not None:
+        logits = logits + bias
+    acc = _acc_dtype(hidden)
+    lp = torch.log_softmax(logits.to(acc) / temperature, dim=-1).gather(1, targets.long()[:, None]).squeeze(1)
+    return loss_fn(lp, 0, lp.shape[0]).sum(), lp.detach()
+
+
+def fused_score_loss(model, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                     loss_fn: TokenLoss, **kw) -> tuple[Tensor, Tensor]:
+    """One forward pass of ``model`` over the ``prompt + response`` sequences (as
+    :func:`pcsd.ops.scoring.response_hidden`) and :func:`fused_logprob_loss` of the response
+    tokens, concatenated in order, with each response a segment that chunks never split.
+    Returns ``(loss, logp [R])``; ``kw`` goes to :func:`fused_logprob_loss`."""
+    from pcsd.ops.scoring import lm_head, response_hidden
+
+    hidden, targets, spans = response_hidden(model, prompts, responses)
+    weight, bias = lm_head(model)  # after the forward: unsharded there under FSDP
+    cu = [0]
+    for n in spans:
+        cu.append(cu[-1] + n)
+    return fused_logprob_loss(hidden, weight, targets, loss_fn, bias, segments=cu, **kw)
