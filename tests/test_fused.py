@@ -240,6 +240,7 @@ def _update(base, frozen, rb, method, extra):
     from pcsd.train.update import update_step
 
     cfg = load_config([f"method={method}", "rollout.backend=hf", "optim.tokens_per_microbatch=96",
+                       "rollout.max_prompt_tokens=64", "rollout.max_response_tokens=32",
                        "optim.grad_clip=1e9"] + extra)
     m = copy.deepcopy(base)
     opt = torch.optim.SGD(m.parameters(), lr=0.5)  # updated weights = w - lr g: compares gradients
@@ -247,7 +248,7 @@ def _update(base, frozen, rb, method, extra):
     return stats, m.state_dict()
 
 
-@pytest.mark.parametrize("method", ["pcsd", "sdar", "grpo+opsd", "rlsd", "grpo", "opsd", "pcsd-no-decay"])
+@pytest.mark.parametrize("method", ["pcsd", "sdar", "grpo+opsd", "rlsd", "grpo", "opsd", "pcsd-no-decay", "skill-sd"])
 @pytest.mark.parametrize("epochs", [1, 2])
 def test_update_step_fused_equals_recomputing(tiny_pair, method, epochs):
     from pcsd.testing import synthetic_rollout_batch

@@ -181,6 +181,9 @@ def step_worker(side: str, model: str, spec: dict) -> dict:
     joint = {"pcsd": "auto", "pcsd-joint": "always"}.get(side, "never")
     cfg = load_config(["method=pcsd", "rollout.backend=hf", "optim.lr=1e-6",
                        f"optim.tokens_per_microbatch={spec['tokens_per_microbatch']}",
+                       # the config's row budget must fit a micro-batch (a longer row is one of its own)
+                       f"rollout.max_response_tokens={spec['tokens_per_microbatch'] // 4}",
+                       f"rollout.max_prompt_tokens={spec['tokens_per_microbatch'] - spec['tokens_per_microbatch'] // 4}",
                        f"optim.fused_lm_head={fused}", f"optim.joint_frozen_pass={joint}"])
     opt = torch.optim.SGD(student.parameters(), lr=cfg.optim.lr)
     peak, stop = [0], threading.Event()
