@@ -48,10 +48,11 @@ fn is_ext_pict(c: char) -> bool {
         | 0x1FC00..=0x1FFFD)
 }
 
-/// Whether a UAX #29 word segment is a token for StandardTokenizer: it holds a letter, a
-/// decimal digit or an emoji (punctuation, symbols and spaces are skipped).
+/// Whether a UAX #29 word segment is a token for StandardTokenizer: it starts with a letter, a
+/// decimal digit or an emoji (punctuation, symbols and spaces are skipped, also when extending
+/// characters such as U+FF9F attach to them).
 fn is_token(seg: &str) -> bool {
-    seg.chars().any(|c| c.is_alphabetic() || c.is_number_decimal_digit() || is_ext_pict(c))
+    seg.chars().next().is_some_and(|c| c.is_alphabetic() || c.is_number_decimal_digit() || is_ext_pict(c))
 }
 
 /// Java's `Character.toLowerCase(int)` (simple case mapping).
