@@ -27,16 +27,23 @@ fn gz_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
 }
 
 fn shop(goals: GoalSet, seed: i64, variant: Variant) -> Option<Arc<Shop>> {
-    static CACHE: OnceLock<std::sync::Mutex<Vec<((GoalSet, i64, Variant), Arc<Shop>)>>> = OnceLock::new();
+    shop_with(goals, seed, variant, false)
+}
+
+type ShopKey = (GoalSet, i64, Variant, bool);
+
+fn shop_with(goals: GoalSet, seed: i64, variant: Variant, show_attrs: bool) -> Option<Arc<Shop>> {
+    static CACHE: OnceLock<std::sync::Mutex<Vec<(ShopKey, Arc<Shop>)>>> = OnceLock::new();
     let root = data_root()?;
     let cache = CACHE.get_or_init(Default::default);
     let mut c = cache.lock().unwrap();
-    if let Some((_, s)) = c.iter().find(|(k, _)| *k == (goals, seed, variant)) {
+    let key = (goals, seed, variant, show_attrs);
+    if let Some((_, s)) = c.iter().find(|(k, _)| *k == key) {
         return Some(s.clone());
     }
     let files = ShopFiles::locate(&root).unwrap();
-    let s = Arc::new(Shop::load(&files, ShopConfig { goals, seed, variant, ..ShopConfig::default() }).unwrap());
-    c.push(((goals, seed, variant), s.clone()));
+    let s = Arc::new(Shop::load(&files, ShopConfig { goals, seed, variant, show_attrs, num_products: None }).unwrap());
+    c.push((key, s.clone()));
     Some(s)
 }
 
@@ -223,4 +230,87 @@ fn goals_upstream_human_seed0() {
 fn goals_verl_seed0_and_1000() {
     check_goals("goals_verl_seed0.json.gz", GoalSet::Synthetic, 0, Variant::Verl);
     check_goals("goals_verl_seed1000.json.gz", GoalSet::Synthetic, 1000, Variant::Verl);
+}
+
+fn avail(v: &serde_json::Value) -> (bool, Vec<String>) {
+    (
+        v["has_search_bar"].as_bool().unwrap(),
+        v["clickables"].as_array().unwrap().iter().map(|x| x.as_str().unwrap().to_string()).collect(),
+    )
+}
+
+/// Every step of the public traces through the engine: observation, available actions, reward
+/// (value and int/float), done and URL equal; steps where the original raised raise here.
+#[test]
+fn replay_public_traces() {
+    let Some(root) = data_root() else { return };
+    let eps = gz_lines(&root.join("traces_public.jsonl.gz"));
+    let mut bad: Vec<String> = Vec::new();
+    let mut steps = 0;
+    for ep in &eps {
+        let cfg = ep["env_config"].as_str().unwrap();
+        let seed = ep["env_seed"].as_i64().unwrap();
+        let (goals, variant, attrs) = match cfg {
+            "upstream_synth" => (GoalSet::Synthetic, Variant::Upstream, false),
+            "upstream_human" => (GoalSet::Human, Variant::Upstream, false),
+            "upstream_attrs" => (GoalSet::Synthetic, Variant::Upstream, true),
+            "verl" => (GoalSet::Synthetic, Variant::Verl, false),
+            c => panic!("config {c}"),
+        };
+        let shop = shop_with(goals, seed, variant, attrs).unwrap();
+        let mut env = shop.env();
+        let id = format!("{}#{}", ep["config"].as_str().unwrap(), ep["episode_id"]);
+        let gi = ep["goal_index"].as_u64().unwrap() as usize;
+        assert_eq!(env.shop().goals[gi].instruction_text, ep["goal"]["instruction_text"].as_str().unwrap(), "{id}");
+        let r = env.reset(gi).unwrap();
+        let want = &ep["reset"];
+        if r.obs != want["obs"].as_str().unwrap() {
+            bad.push(format!("{id} reset obs"));
+        }
+        if (r.has_search_bar, r.clickables.clone()) != avail(&want["available_actions"]) {
+            bad.push(format!("{id} reset avail"));
+        }
+        for st in ep["steps"].as_array().unwrap() {
+            steps += 1;
+            let a = st["action"].as_str().unwrap();
+            let i = st["i"].as_u64().unwrap();
+            let got = env.step(a);
+            if let Some(exc) = st.get("exception") {
+                match got {
+                    Err(WebShopError::Step { exception, .. }) if exc.as_str().unwrap().starts_with(exception) => {}
+                    other => bad.push(format!("{id} step {i} {a:?}: expected {exc}, got {:?}", other.map(|s| s.obs))),
+                }
+                continue;
+            }
+            let got = match got {
+                Ok(g) => g,
+                Err(e) => {
+                    bad.push(format!("{id} step {i} {a:?}: error {e}"));
+                    break;
+                }
+            };
+            let w_obs = st["obs"].as_str().unwrap();
+            if got.obs != w_obs {
+                let k = got.obs.chars().zip(w_obs.chars()).take_while(|(x, y)| x == y).count();
+                let g: String = got.obs.chars().skip(k.saturating_sub(30)).take(90).collect();
+                let w: String = w_obs.chars().skip(k.saturating_sub(30)).take(90).collect();
+                bad.push(format!("{id} step {i} {a:?} obs:\n   got  {g:?}\n   want {w:?}"));
+            }
+            let wr = &st["reward"];
+            if got.reward != wr.as_f64().unwrap() || got.noop != wr.is_u64() {
+                bad.push(format!("{id} step {i} {a:?} reward {} (noop {}) != {wr}", got.reward, got.noop));
+            }
+            if got.done != st["done"].as_bool().unwrap() {
+                bad.push(format!("{id} step {i} {a:?} done"));
+            }
+            if (got.has_search_bar, got.clickables.clone()) != avail(&st["available_actions"]) {
+                bad.push(format!("{id} step {i} {a:?} avail {:?} != {}", got.clickables, st["available_actions"]));
+            }
+            if variant == Variant::Upstream && got.url != st["url"].as_str().unwrap() {
+                bad.push(format!("{id} step {i} {a:?} url {} != {}", got.url, st["url"]));
+            }
+        }
+    }
+    assert_eq!(steps, 3364);
+    assert!(bad.is_empty(), "{} differences in {steps} steps:\n{}", bad.len(), bad[..bad.len().min(30)].join("\n"));
 }
