@@ -314,3 +314,55 @@ fn replay_public_traces() {
     assert_eq!(steps, 3364);
     assert!(bad.is_empty(), "{} differences in {steps} steps:\n{}", bad.len(), bad[..bad.len().min(30)].join("\n"));
 }
+
+/// `get_reward(..., verbose=True)` on the oracle's 7,565 (goal, product, options) cases.
+#[test]
+fn reward_matches_the_oracle() {
+    let Some(shop) = shop(GoalSet::Synthetic, 0, Variant::Upstream) else { return };
+    let root = data_root().unwrap();
+    let recs = gz_lines(&root.join("facts/reward_oracle.jsonl.gz"));
+    let strs = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array().unwrap().iter().map(|x| x.as_str().unwrap().to_string()).collect()
+    };
+    let pairs = |v: &serde_json::Value| -> Vec<(String, String)> {
+        v.as_object().unwrap().iter().map(|(k, x)| (k.clone(), x.as_str().unwrap().to_string())).collect()
+    };
+    let mut bad = Vec::new();
+    for r in &recs {
+        let g = &r["goal"];
+        let goal = Goal {
+            asin: g["asin"].as_str().unwrap().into(),
+            category: String::new(),
+            query: g["query"].as_str().unwrap().into(),
+            name: g["name"].as_str().unwrap().into(),
+            product_category: g["product_category"].as_str().unwrap().into(),
+            instruction_text: String::new(),
+            attributes: strs(&g["attributes"]),
+            price_upper: g["price_upper"].as_f64().unwrap(),
+            price_upper_is_int: g["price_upper"].is_u64(),
+            goal_options: if g["goal_options"].is_array() {
+                GoalOptions::List(strs(&g["goal_options"]))
+            } else {
+                GoalOptions::Dict(pairs(&g["goal_options"]))
+            },
+            weight: 1.0,
+            weight_is_int: false,
+        };
+        let p = &shop.catalog.products[shop.catalog.by_asin[r["purchased_asin"].as_str().unwrap()]];
+        let info = reward::get_reward(p, &goal, r["price"].as_f64().unwrap(), &pairs(&r["options"]), &shop.nouns).unwrap();
+        let w = &r["info"];
+        let same = info.reward == r["reward"].as_f64().unwrap()
+            && info.r_type == w["r_type"].as_f64().unwrap()
+            && info.title_score == w["title_score"].as_f64().unwrap()
+            && info.query_match == w["query_match"].as_bool().unwrap()
+            && info.category_match == w["category_match"].as_bool().unwrap()
+            && info.r_att == w["r_att"].as_f64().unwrap()
+            && info.r_option == w.get("r_option").and_then(|x| x.as_f64())
+            && info.r_price == w["r_price"].as_bool().unwrap();
+        if !same {
+            bad.push(format!("{} {}: {:?} vs {} {}", r["goal_index"], r["case"], info, r["reward"], w));
+        }
+    }
+    assert_eq!(recs.len(), 7565);
+    assert!(bad.is_empty(), "{} of {} differ:\n{}", bad.len(), recs.len(), bad[..bad.len().min(10)].join("\n"));
+}
