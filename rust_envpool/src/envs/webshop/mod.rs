@@ -316,6 +316,15 @@ impl WebShopEnv {
         env
     }
 
+    /// An env that plays goal `goal` (its [`TextEnv::reset`] goes back to it).
+    pub fn with_goal(shop: Arc<Shop>, goal: usize) -> WebShopEnv {
+        let mut env = WebShopEnv::new(shop);
+        if goal < env.shop.goals.len() {
+            env.start(goal, goal.to_string());
+        }
+        env
+    }
+
     pub fn shop(&self) -> &Arc<Shop> {
         &self.shop
     }
