@@ -283,6 +283,12 @@ impl PyWebShopEnv {
         Ok((s.obs, d))
     }
 
+    /// The scripted expert's next action (search with the instruction, open the goal's product,
+    /// choose its options, buy); None once the episode is over.
+    fn expert_action(&self) -> Option<String> {
+        self.env.expert_action()
+    }
+
     #[getter]
     fn goal_index(&self) -> usize {
         self.env.goal_index()

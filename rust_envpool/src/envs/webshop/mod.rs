@@ -16,6 +16,7 @@
 //!   replays a single-env process exactly; envs do not share it.
 
 pub mod catalog;
+pub mod expert;
 pub mod fuzz;
 pub mod goals;
 pub mod pages;

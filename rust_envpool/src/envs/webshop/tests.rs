@@ -366,3 +366,28 @@ fn reward_matches_the_oracle() {
     assert_eq!(recs.len(), 7565);
     assert!(bad.is_empty(), "{} of {} differ:\n{}", bad.len(), recs.len(), bad[..bad.len().min(10)].join("\n"));
 }
+
+/// The expert reaches reward 1 on most synthetic goals within the paper's 15 steps.
+#[test]
+fn expert_solves_most_synthetic_goals() {
+    let Some(shop) = shop(GoalSet::Synthetic, 0, Variant::Upstream) else { return };
+    let mut env = shop.env();
+    let (mut won, mut total, mut max_steps) = (0, 0, 0);
+    for g in (0..shop.num_goals()).step_by(23) {
+        env.reset(g).unwrap();
+        let mut last = None;
+        let mut steps = 0;
+        while let Some(a) = env.expert_action() {
+            assert!(steps < 15, "goal {g}: expert still going after 15 steps");
+            last = Some(env.step(&a).unwrap());
+            steps += 1;
+        }
+        max_steps = max_steps.max(steps);
+        let last = last.unwrap();
+        assert!(last.done, "goal {g}");
+        total += 1;
+        won += (last.reward == 1.0) as usize;
+    }
+    eprintln!("expert: reward 1 on {won}/{total} synthetic goals, at most {max_steps} steps");
+    assert!(won * 10 >= total * 8, "expert won only {won}/{total}");
+}
