@@ -219,3 +219,104 @@ def test_original_exceptions_are_step_errors(webshop_data: Path) -> None:
     # the query filters work
     obs, r, done, info = env.step("search[<c> beauty]")
     assert "Total results" in obs and not math.isnan(float(r))
+
+
+# ----------------------------------------------------------------------------- the pool
+def test_pool_matches_a_sequential_loop_of_single_envs(webshop_data: Path) -> None:
+    """EnvPool("webshop") against single envs stepped one after the other, under the pool's rules
+    (step limit 15 -> truncated, a raised step -> that env's error, a finished env refuses steps
+    until reset), on random action streams (expert moves, clickables, no-ops, raising searches)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from pcsd.envs.pool import EnvPool
+
+    shop = _shop(str(webshop_data), "upstream_synth", 0)
+    err = _error_class()
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(
+        groups=st.lists(st.integers(0, shop.num_goals - 1), min_size=1, max_size=3),
+        group_size=st.integers(1, 3),
+        seed=st.integers(0, 2**32 - 1),
+        asynchronous=st.booleans(),
+    )
+    def check(groups: list[int], group_size: int, seed: int, asynchronous: bool) -> None:
+        import random
+
+        rng = random.Random(seed)
+        n = len(groups) * group_size
+        pool = EnvPool("webshop", n, group_size=group_size, shop=shop, goals=groups, max_steps=15, num_threads=2)
+        refs = [shop.env() for _ in range(n)]
+        first = pool.reset()
+        state = []
+        for i, ref in enumerate(refs):
+            obs, info = ref.reset(groups[i // group_size])
+            assert first.obs[i] == obs and first.admissible[i] == info["available_actions"]["clickables"]
+            assert bool(first.has_search_bar[i]) is info["available_actions"]["has_search_bar"]
+            state.append(dict(steps=0, done=False, clk=info["available_actions"]["clickables"]))
+        for _ in range(18):
+            acts = []
+            for i, ref in enumerate(refs):
+                r = rng.random()
+                if r < 0.5:
+                    acts.append(ref.expert_action() or "click[buy now]")
+                elif r < 0.8 and state[i]["clk"]:
+                    acts.append(f"click[{rng.choice(state[i]['clk'])}]")
+                elif r < 0.9:
+                    acts.append(rng.choice(["search[<a> x]", "click[nope]", "search[]", "search[red shoes]"]))
+                else:
+                    acts.append("search[<c>]")
+            ids = list(range(n))
+            if asynchronous:
+                pool.send(acts, ids)
+                got = pool.recv(n)
+                order = np.argsort(got.env_id)
+                rows = {int(got.env_id[k]): k for k in order}
+            else:
+                got = pool.step(acts, ids)
+                rows = {i: i for i in ids}
+            for i, ref in enumerate(refs):
+                k = rows[i]
+                s = state[i]
+                if s["done"]:
+                    assert "is done" in got.error[k] and got.done[k]
+                    continue
+                s["steps"] += 1
+                try:
+                    obs, reward, done, info = ref.step(acts[i])
+                except err as e:
+                    assert str(e) in got.error[k] and got.done[k]
+                    s["done"] = True
+                    continue
+                truncated = not done and s["steps"] >= 15
+                assert got.error[k] == "" and got.obs[k] == obs
+                assert got.admissible[k] == info["available_actions"]["clickables"]
+                assert bool(got.has_search_bar[k]) is info["available_actions"]["has_search_bar"]
+                assert got.score[k] == float(reward) and got.reward[k] == float(reward)
+                assert bool(got.done[k]) is (done or truncated) and bool(got.truncated[k]) is truncated
+                assert bool(got.won[k]) is (done and reward == 1.0)
+                assert got.step_count[k] == s["steps"] and got.task_type[k] == "webshop"
+                s["done"] = done or truncated
+                s["clk"] = info["available_actions"]["clickables"]
+        pool.close()
+
+    import numpy as np
+
+    check()
+
+
+def test_pool_bad_webshop_arguments(webshop_data: Path) -> None:
+    from pcsd.envs.pool import EnvPool
+
+    shop = _shop(str(webshop_data), "upstream_human", 0)
+    with pytest.raises(ValueError, match="shop"):
+        EnvPool("webshop", 2, goals=[0, 1])
+    with pytest.raises(ValueError, match="goals: env kind 'webshop' needs"):
+        EnvPool("webshop", 2, shop=shop)
+    with pytest.raises(ValueError, match=r"goals: expected one goal index per group"):
+        EnvPool("webshop", 4, group_size=2, shop=shop, goals=[0])
+    with pytest.raises(ValueError, match=r"goals\[1\]: expected a goal index in \[0, 13\)"):
+        EnvPool("webshop", 2, shop=shop, goals=[0, 13])
+    with pytest.raises(ValueError, match="games"):
+        EnvPool("webshop", 1, shop=shop, goals=[0], games=["x"])
