@@ -243,10 +243,13 @@ impl PyWebShopEnv {
                 if g.is_instance_of::<pyo3::types::PyBool>() {
                     return Err(PyTypeError::new_err("goal_index: expected an int, got bool"));
                 }
-                let i: i64 = g.extract().map_err(|_| {
-                    PyTypeError::new_err(format!("goal_index: expected an int, got {}", type_name(g)))
-                })?;
                 let n = self.env.shop().num_goals();
+                if !g.is_instance_of::<pyo3::types::PyInt>() {
+                    return Err(PyTypeError::new_err(format!("goal_index: expected an int, got {}", type_name(g))));
+                }
+                let i: i64 = g.extract().map_err(|_| {
+                    PyValueError::new_err(format!("goal_index: expected an int in [0, {n}), got {g}"))
+                })?;
                 let i = usize::try_from(i).ok().filter(|&i| i < n).ok_or_else(|| {
                     PyValueError::new_err(format!("goal_index: expected an int in [0, {n}), got {i}"))
                 })?;
