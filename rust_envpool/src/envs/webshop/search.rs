@@ -169,23 +169,39 @@ thread_local! {
 }
 
 impl Index {
-    /// Builds the index from `(asin, document text)` pairs in catalogue order.
+    /// Builds the index from `(asin, document text)` pairs in catalogue order (documents are
+    /// analyzed in parallel, postings merged in doc order).
     pub fn build<'a>(docs: impl Iterator<Item = (&'a str, String)>) -> Index {
+        use rayon::prelude::*;
+        let docs: Vec<(&str, String)> = docs.collect();
+        let analyzed: Vec<(u32, Vec<(String, u32)>)> = docs
+            .par_iter()
+            .map(|(_, text)| {
+                let terms = analyze(text);
+                let len = terms.len() as u32;
+                let mut tf: Vec<(String, u32)> = Vec::new();
+                let mut at: HashMap<String, usize> = HashMap::new();
+                for t in terms {
+                    match at.get(&t) {
+                        Some(&i) => tf[i].1 += 1,
+                        None => {
+                            at.insert(t.clone(), tf.len());
+                            tf.push((t, 1));
+                        }
+                    }
+                }
+                (len, tf)
+            })
+            .collect();
         let mut postings: HashMap<String, Vec<(u32, u32)>> = HashMap::new();
-        let mut lengths = Vec::new();
-        let mut asins = Vec::new();
-        let mut tf: HashMap<String, u32> = HashMap::new();
-        for (doc, (asin, text)) in docs.enumerate() {
-            tf.clear();
-            let terms = analyze(&text);
-            lengths.push(terms.len() as u32);
-            for t in terms {
-                *tf.entry(t).or_insert(0) += 1;
-            }
-            for (t, n) in tf.drain() {
+        let mut lengths = Vec::with_capacity(docs.len());
+        let asins: Vec<String> = docs.iter().map(|(a, _)| a.to_string()).collect();
+        drop(docs);
+        for (doc, (len, tf)) in analyzed.into_iter().enumerate() {
+            lengths.push(len);
+            for (t, n) in tf {
                 postings.entry(t).or_default().push((doc as u32, n));
             }
-            asins.push(asin.to_string());
         }
         for list in postings.values_mut() {
             list.sort_unstable_by_key(|p| p.0);
