@@ -39,8 +39,10 @@ pub struct StepResult {
     /// Steps taken in the current episode (0 right after a reset).
     pub step_count: u32,
     /// Why this env's request failed (`None`: it did not). A result with an error has `done` set,
-    /// empty `obs`/`admissible` and reward 0, and the env's state did not change (except that a
-    /// panic marks the env broken).
+    /// empty `obs`/`admissible` and reward 0. A rejected request leaves the env as it was; a
+    /// panic marks the env broken; a step the game itself refuses the way its reference engine
+    /// raises ([`crate::envs::TextEnv::step_checked`], WebShop) ends the episode, with the env in
+    /// the state the reference engine leaves.
     pub error: Option<String>,
     /// Ids of `admissible` and then `task_type` in the pool's string table, when the pool keeps
     /// one ([`super::PoolConfig::string_ids`]); None otherwise and for rejected requests.

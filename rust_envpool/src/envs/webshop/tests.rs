@@ -60,6 +60,20 @@ fn parse_action_follows_the_regex() {
     assert_eq!(parse_action("search"), ("search", None));
 }
 
+proptest::proptest! {
+    /// `parse_action` against `re.match(r'(.+)\[(.+)\]', a)` run by a regex engine with the same
+    /// leftmost-first, greedy semantics.
+    #[test]
+    fn parse_action_equals_the_regex(a in "[a-c\\[\\] \n\r]{0,12}") {
+        let re = regex::Regex::new(r"^(.+)\[(.+)\]").unwrap();
+        let want = match re.captures(&a) {
+            Some(c) => (c.get(1).unwrap().as_str(), Some(c.get(2).unwrap().as_str())),
+            None => (a.as_str(), None),
+        };
+        proptest::prop_assert_eq!(parse_action(&a), want);
+    }
+}
+
 #[test]
 fn documents_match_the_index_documents() {
     let Some(root) = data_root() else { return };
