@@ -320,3 +320,17 @@ def test_pool_bad_webshop_arguments(webshop_data: Path) -> None:
         EnvPool("webshop", 2, shop=shop, goals=[0, 13])
     with pytest.raises(ValueError, match="games"):
         EnvPool("webshop", 1, shop=shop, goals=[0], games=["x"])
+
+
+def test_bench_env_webshop_rows(webshop_data: Path, tmp_path: Path) -> None:
+    from pcsd import bench
+
+    bench.main(["env", "--tiny", "--no-real", "--sizes", "16", "--threads", "1", "--webshop", str(webshop_data),
+                "--webshop-products", "3000", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "env_webshop.json").read_text())
+    kinds = {r["action"]: r for r in data["rows"] if "action" in r}
+    assert set(kinds) >= {"search", "click_product", "click_option", "click_nav", "click_subpage", "click_buy",
+                          "invalid", "reset"}
+    assert all(r["native_us"] > 0 and r["original_ms"] > 0 for r in kinds.values())
+    scale = [r for r in data["rows"] if "products" in r]
+    assert scale and scale[0]["products"] == 3000 and scale[0]["search_median_us"] > 0
