@@ -72,6 +72,17 @@ pub struct Product {
     pub instruction_attributes: Option<Vec<String>>,
     /// Human instructions (only loaded for human goals).
     pub human: Option<Vec<HumanInstruction>>,
+    /// Lower-cased title, joined bullet points and description (the reward's attribute
+    /// search), made on first purchase of the product.
+    pub lowered: std::sync::OnceLock<(String, String, String)>,
+}
+
+impl Product {
+    /// `(Title.lower(), ' '.join(BulletPoints).lower(), Description.lower())`.
+    pub fn lowered_texts(&self) -> &(String, String, String) {
+        self.lowered
+            .get_or_init(|| (py_lower(&self.title), py_lower(&self.bullets.join(" ")), py_lower(&self.description)))
+    }
 }
 
 // ----------------------------------------------------------------------------- raw JSON shapes
@@ -352,6 +363,7 @@ impl Catalog {
                 instruction_text,
                 instruction_attributes,
                 human: hum,
+                lowered: std::sync::OnceLock::new(),
             });
             Ok(())
         });

@@ -28,9 +28,70 @@ pub fn full_process(s: &str) -> String {
     py_strip(&py_lower(&replaced)).to_string()
 }
 
-/// difflib's `SequenceMatcher(None, a, b)`: the total size of the matching blocks.
+/// difflib's `SequenceMatcher(None, a, b)`: the total size of the matching blocks
+/// (`get_matching_blocks`, whose order does not change the total). `find_longest_match` keeps
+/// difflib's `j2len` rows as dense arrays: row `i` holds, for each `j` in `[blo, bhi)` where
+/// `a[i] == b[j]` and `b[j]` is not autojunk-popular, the length of the match ending there —
+/// exactly the entries difflib's dict holds, visited in the same (ascending `j`) order.
 pub fn matching_chars(a: &[char], b: &[char]) -> usize {
-    // b2j with autojunk: elements of b that occur more than 1% (+1) of len(b) >= 200 are "popular"
+    // autojunk: elements of b that occur more than 1% (+1) of len(b) >= 200 are "popular"
+    let n = b.len();
+    let mut popular: HashSet<char> = HashSet::new();
+    if n >= 200 {
+        let mut counts: HashMap<char, usize> = HashMap::new();
+        for &c in b {
+            *counts.entry(c).or_insert(0) += 1;
+        }
+        let ntest = n / 100 + 1;
+        popular = counts.into_iter().filter(|&(_, k)| k > ntest).map(|(c, _)| c).collect();
+    }
+    let usable: Vec<bool> = b.iter().map(|c| !popular.contains(c)).collect();
+    let mut total = 0;
+    let mut queue = vec![(0usize, a.len(), 0usize, b.len())];
+    let mut prev = vec![0usize; n + 1];
+    let mut cur = vec![0usize; n + 1];
+    while let Some((alo, ahi, blo, bhi)) = queue.pop() {
+        let (mut besti, mut bestj, mut bestsize) = (alo, blo, 0usize);
+        // prev[j + 1] = j2len[j] of the previous row (0 when absent)
+        prev[blo..=bhi].iter_mut().for_each(|x| *x = 0);
+        for i in alo..ahi {
+            let ai = a[i];
+            for j in blo..bhi {
+                let k = if b[j] == ai && usable[j] { prev[j] + 1 } else { 0 };
+                cur[j + 1] = k;
+                if k > bestsize {
+                    besti = i + 1 - k;
+                    bestj = j + 1 - k;
+                    bestsize = k;
+                }
+            }
+            cur[blo] = 0;
+            std::mem::swap(&mut prev, &mut cur);
+        }
+        while besti > alo && bestj > blo && a[besti - 1] == b[bestj - 1] {
+            besti -= 1;
+            bestj -= 1;
+            bestsize += 1;
+        }
+        while besti + bestsize < ahi && bestj + bestsize < bhi && a[besti + bestsize] == b[bestj + bestsize] {
+            bestsize += 1;
+        }
+        if bestsize > 0 {
+            total += bestsize;
+            if alo < besti && blo < bestj {
+                queue.push((alo, besti, blo, bestj));
+            }
+            if besti + bestsize < ahi && bestj + bestsize < bhi {
+                queue.push((besti + bestsize, ahi, bestj + bestsize, bhi));
+            }
+        }
+    }
+    total
+}
+
+/// difflib's algorithm with its dicts, as written (the plain reference the dense version above
+/// is tested against).
+pub fn matching_chars_reference(a: &[char], b: &[char]) -> usize {
     let mut b2j: HashMap<char, Vec<usize>> = HashMap::new();
     for (j, &c) in b.iter().enumerate() {
         b2j.entry(c).or_default().push(j);
@@ -42,14 +103,11 @@ pub fn matching_chars(a: &[char], b: &[char]) -> usize {
     }
     let mut total = 0;
     let mut queue = vec![(0usize, a.len(), 0usize, b.len())];
-    let mut j2len: HashMap<usize, usize> = HashMap::new();
-    let mut newj2len: HashMap<usize, usize> = HashMap::new();
     while let Some((alo, ahi, blo, bhi)) = queue.pop() {
-        // find_longest_match (no junk: isbjunk is always false)
         let (mut besti, mut bestj, mut bestsize) = (alo, blo, 0usize);
-        j2len.clear();
+        let mut j2len: HashMap<usize, usize> = HashMap::new();
         for i in alo..ahi {
-            newj2len.clear();
+            let mut newj2len: HashMap<usize, usize> = HashMap::new();
             if let Some(js) = b2j.get(&a[i]) {
                 for &j in js {
                     if j < blo {
@@ -67,7 +125,7 @@ pub fn matching_chars(a: &[char], b: &[char]) -> usize {
                     }
                 }
             }
-            std::mem::swap(&mut j2len, &mut newj2len);
+            j2len = newj2len;
         }
         while besti > alo && bestj > blo && a[besti - 1] == b[bestj - 1] {
             besti -= 1;
@@ -153,6 +211,22 @@ pub fn token_set_ratio_args(a: &FuzzArg<'_>, b: &FuzzArg<'_>) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The dense find_longest_match equals difflib's dict version, autojunk included.
+        #[test]
+        fn dense_equals_reference(a in "[abc ]{0,40}", b in "[abc ]{0,40}", long in 0usize..3) {
+            let a: Vec<char> = a.chars().collect();
+            let mut b: Vec<char> = b.chars().collect();
+            if long > 0 {
+                // >= 200 elements: popular characters are junked
+                b = b.iter().cycle().take(if b.is_empty() { 0 } else { 200 + 37 * long }).copied().collect();
+            }
+            prop_assert_eq!(matching_chars(&a, &b), matching_chars_reference(&a, &b));
+            prop_assert_eq!(matching_chars(&b, &a), matching_chars_reference(&b, &a));
+        }
+    }
 
     // python3 -c 'from difflib import SequenceMatcher as S; print(S(None,"abxcd","abcd").ratio())'
     #[test]

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use super::catalog::{GoalOptions, Product};
 use super::fuzz::{token_set_ratio_args, FuzzArg};
 use super::goals::Goal;
-use super::pytext::{py_lower, py_strip};
+use super::pytext::py_strip;
 
 /// `normalize.COLOR_SET`, in its order (the first contained colour wins).
 pub const COLOR_SET: &[&str] = &[
@@ -90,9 +90,7 @@ fn type_reward(
 }
 
 fn attribute_matches(purchased: &Product, goal: &Goal) -> usize {
-    let title = py_lower(&purchased.title);
-    let bullets = py_lower(&purchased.bullets.join(" "));
-    let desc = py_lower(&purchased.description);
+    let (title, bullets, desc) = purchased.lowered_texts();
     let mut n = 0;
     for g in &goal.attributes {
         let matched = purchased
