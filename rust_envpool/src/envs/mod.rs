@@ -15,9 +15,11 @@ pub mod webshop;
 pub struct EnvStep {
     /// Observation text, byte-identical to the reference engine's.
     pub obs: String,
-    /// Admissible commands in the reference engine's order (sorted).
+    /// Admissible commands in the reference engine's order (ALFWorld: sorted; WebShop: the
+    /// page's clickables in the original's order).
     pub admissible: Vec<String>,
-    /// Score as the reference engine reports it (ALFWorld: 1.0 once won, else 0.0).
+    /// Score as the reference engine reports it (ALFWorld: 1.0 once won, else 0.0; WebShop: the
+    /// purchase reward in [0, 1] on the `buy now` step, else 0.0).
     pub score: f64,
     pub done: bool,
     pub won: bool,
