@@ -75,6 +75,8 @@ pub struct Product {
     /// Lower-cased title, joined bullet points and description (the reward's attribute
     /// search), made on first purchase of the product.
     pub lowered: std::sync::OnceLock<(String, String, String)>,
+    /// `Attributes` through thefuzz's `full_process`, made on first purchase.
+    pub processed_attributes: std::sync::OnceLock<Vec<String>>,
 }
 
 impl Product {
@@ -82,6 +84,11 @@ impl Product {
     pub fn lowered_texts(&self) -> &(String, String, String) {
         self.lowered
             .get_or_init(|| (py_lower(&self.title), py_lower(&self.bullets.join(" ")), py_lower(&self.description)))
+    }
+
+    /// `full_process(a)` of each attribute.
+    pub fn processed_attributes(&self) -> &[String] {
+        self.processed_attributes.get_or_init(|| self.attributes.iter().map(|a| super::fuzz::full_process(a)).collect())
     }
 }
 
@@ -364,6 +371,7 @@ impl Catalog {
                 instruction_attributes,
                 human: hum,
                 lowered: std::sync::OnceLock::new(),
+                processed_attributes: std::sync::OnceLock::new(),
             });
             Ok(())
         });

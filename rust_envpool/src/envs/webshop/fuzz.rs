@@ -165,8 +165,11 @@ pub fn ratio(a: &str, b: &str) -> u32 {
 
 /// `fuzz.token_set_ratio(s1, s2)` for two strings.
 pub fn token_set_ratio(s1: &str, s2: &str) -> u32 {
-    let p1 = full_process(s1);
-    let p2 = full_process(s2);
+    token_set_ratio_processed(&full_process(s1), &full_process(s2))
+}
+
+/// `token_set_ratio` on strings already through [`full_process`].
+pub fn token_set_ratio_processed(p1: &str, p2: &str) -> u32 {
     if p1.is_empty() || p2.is_empty() {
         return 0;
     }

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::catalog::{GoalOptions, Product};
-use super::fuzz::{token_set_ratio_args, FuzzArg};
+use super::fuzz::{full_process, token_set_ratio_args, token_set_ratio_processed, FuzzArg};
 use super::goals::Goal;
 use super::pytext::py_strip;
 
@@ -92,11 +92,10 @@ fn type_reward(
 fn attribute_matches(purchased: &Product, goal: &Goal) -> usize {
     let (title, bullets, desc) = purchased.lowered_texts();
     let mut n = 0;
+    let processed = purchased.processed_attributes();
     for g in &goal.attributes {
-        let matched = purchased
-            .attributes
-            .iter()
-            .any(|p| token_set_ratio_args(&FuzzArg::Str(p), &FuzzArg::Str(g)) > 85);
+        let pg = full_process(g);
+        let matched = processed.iter().any(|p| token_set_ratio_processed(p, &pg) > 85);
         if matched || title.contains(g.as_str()) || bullets.contains(g.as_str()) || desc.contains(g.as_str()) {
             n += 1;
         }
