@@ -88,14 +88,19 @@ impl ShopFiles {
     /// The files under a data folder (`items_shuffle_1000.json`, ...) or a WebShop root holding
     /// `data/` (and `facts/spacy_nouns_1k.json`).
     pub fn locate(dir: &Path) -> Result<ShopFiles, WebShopError> {
-        let data = if dir.join("items_shuffle_1000.json").is_file() {
-            dir.to_path_buf()
-        } else if dir.join("data").join("items_shuffle_1000.json").is_file() {
-            dir.join("data")
-        } else {
+        // the 1k set the agent setups use, else the full set under its original names
+        let sets = [
+            ("items_shuffle_1000.json", "items_ins_v2_1000.json"),
+            ("items_shuffle.json", "items_ins_v2.json"),
+        ];
+        let found = [dir.to_path_buf(), dir.join("data")]
+            .into_iter()
+            .flat_map(|d| sets.iter().map(move |s| (d.clone(), *s)))
+            .find(|(d, (p, _))| d.join(p).is_file());
+        let Some((data, (products_name, attrs_name))) = found else {
             return Err(WebShopError::Argument(format!(
-                "data_dir: expected a folder holding items_shuffle_1000.json (or a WebShop root with \
-                 data/items_shuffle_1000.json), got {}",
+                "data_dir: expected a folder holding items_shuffle_1000.json or items_shuffle.json (or a \
+                 WebShop root with data/), got {}",
                 dir.display()
             )));
         };
@@ -105,8 +110,8 @@ impl ShopFiles {
             .find(|p| p.is_file())
             .unwrap_or_else(|| root.join("facts").join("spacy_nouns_1k.json"));
         Ok(ShopFiles {
-            products: data.join("items_shuffle_1000.json"),
-            attributes: data.join("items_ins_v2_1000.json"),
+            products: data.join(products_name),
+            attributes: data.join(attrs_name),
             human_attributes: data.join("items_human_ins.json"),
             nouns,
         })
@@ -289,6 +294,9 @@ pub struct WebShopEnv {
     obs: String,
     steps: usize,
     last_done: bool,
+    /// The goal [`TextEnv::reset`] goes back to (the pool's group goal), whatever goal an
+    /// auto-reset of the verl variant moved to.
+    home: usize,
 }
 
 impl WebShopEnv {
@@ -310,6 +318,7 @@ impl WebShopEnv {
             obs: String::new(),
             steps: 0,
             last_done: false,
+            home: 0,
         };
         if !env.shop.goals.is_empty() {
             env.start(0, "0".into());
@@ -322,6 +331,7 @@ impl WebShopEnv {
         let mut env = WebShopEnv::new(shop);
         if goal < env.shop.goals.len() {
             env.start(goal, goal.to_string());
+            env.home = goal;
         }
         env
     }
@@ -588,7 +598,7 @@ impl WebShopEnv {
 
 impl TextEnv for WebShopEnv {
     fn reset(&mut self) -> EnvStep {
-        let g = self.goal;
+        let g = self.home;
         let s = WebShopEnv::reset(self, g).expect("the env's own goal index is valid");
         to_env_step(s)
     }

@@ -405,3 +405,27 @@ fn expert_solves_most_synthetic_goals() {
     eprintln!("expert: reward 1 on {won}/{total} synthetic goals, at most {max_steps} steps");
     assert!(won * 10 >= total * 8, "expert won only {won}/{total}");
 }
+
+/// The verl variant auto-resets to a weight-sampled goal on done (the available actions are the
+/// new search page's); the pool's reset (`TextEnv::reset`) still goes back to the env's own goal.
+#[test]
+fn verl_auto_reset_and_pool_reset_goal() {
+    let Some(shop) = shop(GoalSet::Synthetic, 0, Variant::Verl) else { return };
+    let mut env = WebShopEnv::with_goal(shop.clone(), 5);
+    let mut last = None;
+    while let Some(a) = env.expert_action() {
+        let s = env.step(&a).unwrap();
+        let done = s.done;
+        last = Some(s);
+        if done {
+            break;
+        }
+    }
+    let last = last.unwrap();
+    assert!(last.done && last.obs.starts_with("Thank you for shopping with us!"));
+    assert!(last.has_search_bar && last.clickables == vec!["search".to_string()]);
+    assert!(env.url().starts_with("http://127.0.0.1:3000/") && env.url().len() == "http://127.0.0.1:3000/".len() + 10);
+    let s = TextEnv::reset(&mut env);
+    assert_eq!(env.goal_index(), 5);
+    assert!(s.obs.contains(&shop.goals[5].instruction_text));
+}
