@@ -334,3 +334,21 @@ def test_bench_env_webshop_rows(webshop_data: Path, tmp_path: Path) -> None:
     assert all(r["native_us"] > 0 and r["original_ms"] > 0 for r in kinds.values())
     scale = [r for r in data["rows"] if "products" in r]
     assert scale and scale[0]["products"] == 3000 and scale[0]["search_median_us"] > 0
+
+
+def test_num_products_random_reset_and_expert(webshop_data: Path) -> None:
+    from pcsd.envs.webshop import run_expert
+
+    shop = WebShop.load(webshop_data, num_products=100)  # the webshop root is accepted too
+    assert shop.num_products == 100 and 0 < shop.num_goals < 6910
+    assert all(shop.goal(i)["asin"] in {shop.goal(j)["asin"] for j in range(shop.num_goals)} for i in range(3))
+    env = shop.env()
+    obs, info = env.reset()  # no index: a weight-sampled goal, as the original's session-less reset
+    assert 0 <= info["goal_index"] < shop.num_goals and info["goal"]["instruction_text"] in obs
+    full = _shop(str(webshop_data), "upstream_synth", 0)
+    wins = 0
+    for g in range(0, full.num_goals, 691):
+        actions, reward, done = run_expert(full.env(), g)
+        assert done and len(actions) <= 15
+        wins += reward == 1.0
+    assert wins >= 7  # of 10
