@@ -39,6 +39,21 @@ def alfworld_data() -> Path:
 
 
 @pytest.fixture(scope="session")
+def webshop_data() -> Path:
+    """The shared WebShop folder ($WEBSHOP_DATA: data/, facts/, traces_public.jsonl.gz); skips when
+    unset, fails when unset under CI."""
+    root = os.environ.get("WEBSHOP_DATA")
+    if not root:
+        if IN_CI:
+            pytest.fail("WEBSHOP_DATA is not set under CI", pytrace=False)
+        pytest.skip("WEBSHOP_DATA is not set (point it at the shared webshop/ folder holding data/ and facts/)")
+    path = Path(root)
+    if not (path / "data" / "items_shuffle_1000.json").is_file():
+        pytest.fail(f"WEBSHOP_DATA={root} has no data/items_shuffle_1000.json", pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="session")
 def real_alfworld() -> None:
     """The real alfworld engine (oracle for the native one); skips when absent outside CI."""
     _need_module("alfworld", "differential test against the real ALFWorld engine")

@@ -566,3 +566,33 @@ def test_pool_matches_plain_python_model(calls, group_size, length, max_steps, a
             assert g[:2] == w[:2] and g[4:] == w[4:]
             assert g[2] == pytest.approx(w[2]) and g[3] == pytest.approx(w[3])
     p.close()
+
+
+def test_lone_surrogate_action_is_that_envs_error(tmp_path):
+    """A str with a lone surrogate has no UTF-8 form: it is that env's error (not sent to the env),
+    the other envs step, and the call does not raise UnicodeEncodeError (ALFWorld and dummy)."""
+    from pcsd.envs.procedural import write_game
+
+    game = str(write_game(tmp_path / "g.tw-pddl", "pick_and_place_simple", 3))
+    for p in (EnvPool("alfworld", 2, games=[game, game], max_steps=50), pool(2)):
+        b = p.reset()
+        s = p.step([b.admissible[0][0], "go to \ud800"])
+        assert s.error[0] == "" and not s.done[0]
+        assert "actions[1] is not valid text" in s.error[1] and s.done[1]
+        # the env was not touched: it steps normally afterwards
+        s2 = p.step([b.admissible[0][0], b.admissible[1][0]])
+        assert s2.ok.all() and s2.step_count.tolist() == [2, 1]
+        p.send(["go \udfff"], [0])
+        r = p.recv()
+        assert "actions[0] is not valid text" in r.error[0]
+        p.close()
+
+
+def test_absurd_num_envs_is_refused_before_allocating():
+    with pytest.raises(ValueError, match="num_envs: at most"):
+        EnvPool("dummy", 10**8)
+    native = _native.require("_envpool")
+    with pytest.raises(ValueError, match="num_envs: at most"):
+        native.EnvPool("dummy", 10**8)
+    with pytest.raises(ValueError, match="num_envs: at most"):
+        native.EnvPool("dummy", 2**21, group_size=2**21)

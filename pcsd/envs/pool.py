@@ -12,6 +12,13 @@ released. Two ways to drive it, after sail-sg/envpool:
 Groups (GRPO): env ``i`` plays game ``i // group_size``; the ``group_size`` envs of a group share the
 game and its seed.
 
+WebShop (``kind="webshop"``): ``shop=`` a loaded :class:`pcsd.envs.webshop.WebShop` (shared
+read-only by every env) and ``goals=`` one goal index per group; ``admissible`` holds the page's
+clickables, ``has_search_bar`` whether ``search[...]`` is offered, ``score`` the purchase reward
+(0 until ``buy now``), ``won`` ``done and score == 1.0``. A step where the original WebShop raises
+(see :mod:`pcsd.envs.webshop`) is that env's ``error`` and ends its episode. The paper's step limit
+is ``max_steps=15``.
+
 Auto-reset (``auto_reset=True``, envpool's rule): the step that ends an episode returns the final
 observation with ``done`` set; the env's *next* step ignores its action, resets the env and returns
 the reset observation (reward 0, step_count 0). With ``auto_reset=False`` (pcsd's rollouts) finished
@@ -22,7 +29,9 @@ game is still going returns ``done=True, truncated=True`` (``won`` as the game s
 
 Errors: a bad request for one env (an env id out of range, a step for a finished env with
 auto-reset off, a panic inside the env) comes back in that env's ``error`` field with ``done`` set;
-the other envs and the pool carry on, and a panicked env is broken until it is reset. A malformed
+the other envs and the pool carry on, and a panicked env is broken until it is reset. An action
+that is not valid text (a ``str`` holding a lone surrogate such as ``"\ud800"``) is that env's error
+and is not sent to the env. A malformed
 call (lengths differ, an id twice in one call, an env with a request outstanding, ``recv`` with
 nothing pending) raises ValueError naming the argument, and changes nothing.
 
@@ -42,7 +51,7 @@ import numpy as np
 
 from pcsd import _native
 
-__all__ = ["ENV_KINDS", "EnvKind", "EnvPool", "StepBatch"]
+__all__ = ["ENV_KINDS", "EnvKind", "EnvPool", "MAX_ENVS", "StepBatch"]
 
 
 @dataclass(frozen=True)
@@ -64,12 +73,13 @@ class StepBatch:
     task_type: list[str]
     step_count: np.ndarray  # int64, steps in the current episode
     error: list[str]
+    has_search_bar: np.ndarray  # bool, WebShop: search[...] is offered (False for the other kinds)
 
     @classmethod
     def _from_columns(cls, cols: tuple[Any, ...]) -> StepBatch:
         """From the native columns: lists of str, and numeric columns as ``bytearray``s in native
         byte order (viewed, not copied; a bytearray keeps the arrays writable)."""
-        (env_id, obs, adm, reward, score, done, won, trunc, task_type, steps, error) = cols
+        (env_id, obs, adm, reward, score, done, won, trunc, task_type, steps, error, search_bar) = cols
         return cls(
             env_id=np.frombuffer(env_id, dtype=np.int64),
             obs=obs,
@@ -82,6 +92,7 @@ class StepBatch:
             task_type=task_type,
             step_count=np.frombuffer(steps, dtype=np.uint32).astype(np.int64),
             error=error,
+            has_search_bar=np.frombuffer(search_bar, dtype=np.bool_),
         )
 
     def __len__(self) -> int:
@@ -138,7 +149,15 @@ ENV_KINDS: dict[str, EnvKind] = {
         description="the native ALFWorld engine; games are game.tw-pddl paths",
         needs_games=True,
     ),
+    "webshop": EnvKind(
+        name="webshop",
+        description="the native WebShop; shop=<pcsd.envs.webshop.WebShop>, goals=[goal index per group]",
+        needs_games=False,
+    ),
 }
+
+#: Most envs one pool holds (a larger ``num_envs`` is refused before anything is allocated).
+MAX_ENVS = 1 << 20
 
 
 def _env_ids(env_ids: Iterable[Any], arg: str = "env_ids") -> list[int]:
@@ -220,6 +239,8 @@ class EnvPool:
             raise ValueError(f"kind: unknown env kind {kind!r}; known kinds: {sorted(ENV_KINDS)}")
         spec = ENV_KINDS[kind]
         num_envs = _int_arg("num_envs", num_envs, 1)
+        if num_envs > MAX_ENVS:
+            raise ValueError(f"num_envs: at most {MAX_ENVS} envs per pool, got {num_envs}")
         group_size = _int_arg("group_size", group_size, 1)
         if num_envs % group_size:
             raise ValueError(f"num_envs: must be a multiple of group_size ({group_size}), got {num_envs}")
@@ -239,6 +260,27 @@ class EnvPool:
                     raise ValueError(f"games[{k}]: no such game file: {g}")
         elif games is not None:
             raise ValueError(f"games: env kind {kind!r} plays no game files; pass games=None")
+        native_shop = None
+        goal_list: list[int] | None = None
+        if kind == "webshop":
+            from pcsd.envs.webshop import WebShop
+
+            shop = env_kwargs.pop("shop", None)
+            goals = env_kwargs.pop("goals", None)
+            if not isinstance(shop, WebShop):
+                raise ValueError(f"shop: env kind 'webshop' needs shop=<a loaded WebShop>, got {type(shop).__name__}")
+            if goals is None or isinstance(goals, (str, bytes)):
+                raise ValueError("goals: env kind 'webshop' needs a list of goal indices, one per group")
+            goal_list = _env_ids(goals, "goals")
+            if len(goal_list) != num_groups:
+                raise ValueError(
+                    f"goals: expected one goal index per group ({num_envs} envs / group_size {group_size} = "
+                    f"{num_groups}), got {len(goal_list)}"
+                )
+            for k, g in enumerate(goal_list):
+                if not 0 <= g < shop.num_goals:
+                    raise ValueError(f"goals[{k}]: expected a goal index in [0, {shop.num_goals}), got {g}")
+            native_shop = shop.native
         if max_steps is None:
             native_max_steps = 0
         else:
@@ -265,6 +307,8 @@ class EnvPool:
             auto_reset=bool(auto_reset),
             seed=seed,
             options={k: (None if v is None else int(v)) for k, v in env_kwargs.items()},
+            shop=native_shop,
+            goals=goal_list,
         )
         self._kind = kind
         self._max_steps = max_steps

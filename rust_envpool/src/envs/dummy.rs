@@ -132,6 +132,7 @@ impl DummyEnv {
             score: self.score(),
             done: self.done,
             won: self.done && self.right == self.cfg.episode_len,
+            has_search_bar: false,
         }
     }
 }

@@ -56,6 +56,10 @@ pub type EnvFactory = Box<dyn Fn() -> Box<dyn TextEnv> + Send + Sync>;
 /// the games a pool plays; later ones get [`NO_ID`]).
 pub const STRING_TABLE_LIMIT: usize = 1 << 18;
 
+/// Most envs one pool holds: far above any rollout (thousands), low enough that a typo such as
+/// `num_envs=10**8` is refused instead of allocating until the process is killed.
+pub const MAX_ENVS: usize = 1 << 20;
+
 /// How often a blocked `recv`/`step` calls its interrupt check.
 pub const INTERRUPT_POLL: Duration = Duration::from_millis(50);
 
@@ -294,7 +298,13 @@ impl EnvPool {
         if config.group_size == 0 {
             return Err(PoolError::arg("group_size", "must be >= 1"));
         }
-        let num_envs = factories.len() * config.group_size;
+        let num_envs = factories.len().saturating_mul(config.group_size);
+        if num_envs > MAX_ENVS {
+            return Err(PoolError::arg(
+                "num_envs",
+                format!("at most {MAX_ENVS} envs per pool, got {num_envs}"),
+            ));
+        }
         let threads = rayon::ThreadPoolBuilder::new()
             .num_threads(config.num_threads)
             .thread_name(|i| format!("pcsd-envpool-{i}"))
@@ -450,6 +460,22 @@ impl EnvPool {
             "actions",
             env_ids,
         )
+    }
+
+    /// Queues one request per env id ([`Op::Step`], or [`Op::Invalid`] for an action rejected
+    /// before it reached the env) and returns at once.
+    pub fn send_requests(&mut self, ops: Vec<Op>, env_ids: &[i64]) -> Result<(), PoolError> {
+        self.send_ops(ops, "actions", env_ids)
+    }
+
+    /// [`EnvPool::step_interruptible`] with requests instead of action strings.
+    pub fn step_requests_interruptible(
+        &mut self,
+        ops: Vec<Op>,
+        env_ids: &[i64],
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<Vec<StepResult>, PoolError> {
+        self.run_sync(ops, "actions", env_ids, interrupted)
     }
 
     /// Queues a reset for each env id and returns at once.

@@ -15,6 +15,9 @@ use crate::envs::{EnvStep, TextEnv};
 pub enum Op {
     Reset,
     Step(String),
+    /// A step request that was rejected before reaching the env (e.g. an action that is not
+    /// valid text): answered as this env's error, the env is not touched.
+    Invalid(String),
 }
 
 /// Everything the pool reports for one env after a reset or step.
@@ -36,12 +39,16 @@ pub struct StepResult {
     /// Steps taken in the current episode (0 right after a reset).
     pub step_count: u32,
     /// Why this env's request failed (`None`: it did not). A result with an error has `done` set,
-    /// empty `obs`/`admissible` and reward 0, and the env's state did not change (except that a
-    /// panic marks the env broken).
+    /// empty `obs`/`admissible` and reward 0. A rejected request leaves the env as it was; a
+    /// panic marks the env broken; a step the game itself refuses the way its reference engine
+    /// raises ([`crate::envs::TextEnv::step_checked`], WebShop) ends the episode, with the env in
+    /// the state the reference engine leaves.
     pub error: Option<String>,
     /// Ids of `admissible` and then `task_type` in the pool's string table, when the pool keeps
     /// one ([`super::PoolConfig::string_ids`]); None otherwise and for rejected requests.
     pub string_ids: Option<Vec<u32>>,
+    /// WebShop: the page has the search bar; false for the other games.
+    pub has_search_bar: bool,
 }
 
 impl StepResult {
@@ -66,6 +73,7 @@ impl StepResult {
             step_count,
             error: Some(error),
             string_ids: None,
+            has_search_bar: false,
         }
     }
 }
@@ -144,6 +152,7 @@ impl EnvSlot {
     fn ok(&self, s: EnvStep, reward: f64, truncated: bool) -> StepResult {
         StepResult {
             env_id: self.id as i64,
+            has_search_bar: s.has_search_bar,
             obs: s.obs,
             admissible: s.admissible,
             reward,
@@ -198,6 +207,7 @@ impl EnvSlot {
         let action = match op {
             Op::Reset => return self.do_reset(),
             Op::Step(a) => a,
+            Op::Invalid(msg) => return self.fail(format!("env {}: {msg}", self.id)),
         };
         match &self.status {
             Status::Broken(msg) => {
@@ -218,8 +228,15 @@ impl EnvSlot {
             }
             Status::Running => {}
         }
-        match catch_unwind(AssertUnwindSafe(|| self.env.step(action))) {
-            Ok(s) => {
+        match catch_unwind(AssertUnwindSafe(|| self.env.step_checked(action))) {
+            Ok(Err(msg)) => {
+                // the game raised (as its reference engine does): this env's error; the episode
+                // is over until a reset
+                self.step_count = self.step_count.saturating_add(1);
+                self.status = Status::Done;
+                self.fail(format!("env {}: {msg}", self.id))
+            }
+            Ok(Ok(s)) => {
                 self.step_count = self.step_count.saturating_add(1);
                 let reward = s.score - self.last_score;
                 self.last_score = s.score;

@@ -12,7 +12,7 @@
 //!
 //! Order of the tuple (`pcsd.envs.pool.StepBatch._from_columns` reads it): env_id (i64), obs,
 //! admissible, reward (f64), score (f64), done (u8), won (u8), truncated (u8), task_type,
-//! step_count (u32), error ("" when none).
+//! step_count (u32), error ("" when none), has_search_bar (u8; WebShop, false for the others).
 
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyList, PyString, PyTuple};
@@ -79,7 +79,7 @@ pub fn to_python<'py>(
     }
     let col = |b: Vec<u8>| PyByteArray::new(py, &b);
     let it = || results.iter();
-    let items: [Bound<'py, PyAny>; 11] = [
+    let items: [Bound<'py, PyAny>; 12] = [
         col(bytes_of(it().map(|r| r.env_id), i64::to_ne_bytes)).into_any(),
         PyList::new(py, obs)?.into_any(),
         PyList::new(py, admissible)?.into_any(),
@@ -91,6 +91,7 @@ pub fn to_python<'py>(
         PyList::new(py, task_type)?.into_any(),
         col(bytes_of(it().map(|r| r.step_count), u32::to_ne_bytes)).into_any(),
         PyList::new(py, error)?.into_any(),
+        col(it().map(|r| r.has_search_bar as u8).collect()).into_any(),
     ];
     PyTuple::new(py, items)
 }

@@ -9,6 +9,7 @@ mod prompts;
 mod requests;
 mod pool;
 mod alfworld;
+mod webshop;
 
 #[pyfunction]
 fn version() -> &'static str {
@@ -29,5 +30,6 @@ fn _envpool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     prompts::register(m)?;
     pool::register(m)?;
     alfworld::register(m)?;
+    webshop::register(m)?;
     Ok(())
 }

@@ -6,14 +6,31 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDict, PyString, PyTuple};
 
 use crate::envs::alfworld::{AlfworldEnv, GameSpec};
+use crate::envs::webshop::WebShopEnv;
 use crate::envs::dummy::{DummyConfig, DummyEnv};
 use crate::envs::TextEnv;
-use crate::pool::{EnvFactory, EnvPool, PoolConfig, PoolError, Recycler, StepResult};
+use crate::pool::{EnvFactory, EnvPool, Op, PoolConfig, PoolError, Recycler, StepResult, MAX_ENVS};
 
 use super::columns::{self, SharedStrs};
+use super::webshop::PyWebShop;
+
+/// One request per action: an action that is not valid text (a str with a lone surrogate,
+/// which has no UTF-8 form) becomes that env's error instead of failing the whole call.
+fn requests(actions: &[Bound<'_, PyString>]) -> Vec<Op> {
+    actions
+        .iter()
+        .enumerate()
+        .map(|(k, a)| match a.to_str() {
+            Ok(s) => Op::Step(s.to_owned()),
+            Err(e) => Op::Invalid(format!(
+                "actions[{k}] is not valid text ({e}); the action was not sent to the env"
+            )),
+        })
+        .collect()
+}
 
 fn pool_err(e: PoolError) -> PyErr {
     match e {
@@ -201,7 +218,7 @@ impl PyEnvPool {
     /// no string ids, every string is built anew (the plain path the shared strings are tested
     /// against).
     #[new]
-    #[pyo3(signature = (kind, num_envs, *, group_size=1, games=None, max_steps=0, num_threads=0, auto_reset=false, seed=0, options=None, str_cache=true))]
+    #[pyo3(signature = (kind, num_envs, *, group_size=1, games=None, max_steps=0, num_threads=0, auto_reset=false, seed=0, options=None, str_cache=true, shop=None, goals=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -215,8 +232,15 @@ impl PyEnvPool {
         seed: i64,
         options: Option<Bound<'_, PyDict>>,
         str_cache: bool,
+        shop: Option<PyRef<'_, PyWebShop>>,
+        goals: Option<Vec<i64>>,
     ) -> PyResult<Self> {
         let num_envs = int_arg("num_envs", num_envs, 1)? as usize;
+        if num_envs > MAX_ENVS {
+            return Err(PyValueError::new_err(format!(
+                "num_envs: at most {MAX_ENVS} envs per pool, got {num_envs}"
+            )));
+        }
         let group_size = int_arg("group_size", group_size, 1)? as usize;
         let max_steps = u32::try_from(int_arg("max_steps", max_steps, 0)?)
             .map_err(|_| PyValueError::new_err("max_steps: must be < 2**32"))?;
@@ -228,7 +252,42 @@ impl PyEnvPool {
             )));
         }
         let num_groups = num_envs / group_size;
+        if kind != "webshop" && (shop.is_some() || goals.is_some()) {
+            return Err(PyValueError::new_err(format!(
+                "shop/goals: only env kind 'webshop' takes them, not '{kind}'"
+            )));
+        }
         let factories = match kind {
+            "webshop" => {
+                if games.is_some() {
+                    return Err(PyValueError::new_err(
+                        "games: env kind 'webshop' takes goals=[goal index per group], not games",
+                    ));
+                }
+                let shop = shop
+                    .ok_or_else(|| PyValueError::new_err("shop: env kind 'webshop' needs shop=<a loaded WebShop>"))?
+                    .shop
+                    .clone();
+                let goals = goals.ok_or_else(|| {
+                    PyValueError::new_err("goals: env kind 'webshop' needs a list of goal indices, one per group")
+                })?;
+                if goals.len() != num_groups {
+                    return Err(PyValueError::new_err(format!(
+                        "goals: expected one goal index per group ({num_groups}), got {}",
+                        goals.len()
+                    )));
+                }
+                let n = shop.num_goals();
+                let mut out: Vec<EnvFactory> = Vec::with_capacity(num_groups);
+                for (k, &g) in goals.iter().enumerate() {
+                    let g = usize::try_from(g).ok().filter(|&g| g < n).ok_or_else(|| {
+                        PyValueError::new_err(format!("goals[{k}]: expected a goal index in [0, {n}), got {g}"))
+                    })?;
+                    let shop = shop.clone();
+                    out.push(Box::new(move || Box::new(WebShopEnv::with_goal(shop.clone(), g)) as Box<dyn TextEnv>));
+                }
+                out
+            }
             "dummy" => {
                 if games.is_some() {
                     return Err(PyValueError::new_err(
@@ -271,7 +330,7 @@ impl PyEnvPool {
             }
             other => {
                 return Err(PyValueError::new_err(format!(
-                    "kind: unknown env kind '{other}' (known: 'dummy', 'alfworld')"
+                    "kind: unknown env kind '{other}' (known: 'dummy', 'alfworld', 'webshop')"
                 )))
             }
         };
@@ -303,16 +362,18 @@ impl PyEnvPool {
     fn step<'py>(
         &self,
         py: Python<'py>,
-        actions: Vec<String>,
+        actions: Vec<Bound<'py, PyString>>,
         env_ids: Vec<i64>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        let r = self.with_pool(py, |p, i| p.step_interruptible(actions, &env_ids, i))?;
+        let ops = requests(&actions);
+        let r = self.with_pool(py, |p, i| p.step_requests_interruptible(ops, &env_ids, i))?;
         self.to_python(py, r)
     }
 
     /// Queues steps and returns at once.
-    fn send(&self, py: Python<'_>, actions: Vec<String>, env_ids: Vec<i64>) -> PyResult<()> {
-        self.with_pool(py, |p, _| p.send(actions, &env_ids))
+    fn send<'py>(&self, py: Python<'py>, actions: Vec<Bound<'py, PyString>>, env_ids: Vec<i64>) -> PyResult<()> {
+        let ops = requests(&actions);
+        self.with_pool(py, |p, _| p.send_requests(ops, &env_ids))
     }
 
     /// Queues resets and returns at once.
@@ -439,6 +500,7 @@ impl Drop for PyEnvPool {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEnvPool>()?;
-    m.add("ENV_POOL_KINDS", vec!["dummy", "alfworld"])?;
+    m.add("ENV_POOL_KINDS", vec!["dummy", "alfworld", "webshop"])?;
+    m.add("MAX_ENVS", MAX_ENVS)?;
     Ok(())
 }

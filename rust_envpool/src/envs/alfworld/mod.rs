@@ -1691,6 +1691,7 @@ impl AlfworldEnv {
             score: if won { 1.0 } else { 0.0 },
             done: won || self.steps >= self.max_steps,
             won,
+            has_search_bar: false,
         }
     }
 

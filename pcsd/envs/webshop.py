@@ -1,0 +1,243 @@
+"""The native WebShop.
+
+:class:`WebShop` loads the product set the agent setups use (princeton-nlp/WebShop's
+``items_shuffle_1000.json`` with its attribute and human-instruction files), builds the search
+index in memory and generates the goals exactly as the original does for a seed; :meth:`WebShop.env`
+opens a browser session on it (:class:`WebShopEnv`) that behaves like the original's
+``WebAgentTextEnv(observation_mode='text')``: same observation text, available actions, action
+grammar and no-ops, rewards and done flags, byte for byte (checked on every recorded step of the
+original in ``tests/test_webshop.py``). No Java, pyserini, spaCy or Flask: the engine is Rust
+(``rust_envpool/src/envs/webshop``); the reward's spaCy nouns come from a table made on the
+original (``facts/spacy_nouns_1k.json``).
+
+Example::
+
+    from pcsd.envs.webshop import WebShop
+
+    shop = WebShop.load(data_dir, goals="synthetic", seed=0, variant="upstream", show_attrs=False)
+    env = shop.env()
+    obs, info = env.reset(0)   # info["available_actions"] == {"has_search_bar": True, "clickables": ["search"]}
+    obs, reward, done, info = env.step("search[red running shoes]")
+
+Where the original raises (``search[<a> ...]``, a bare ``search[<c>]``, a query of more than 1,024
+distinct terms, a page whose product a failed search dropped), ``step`` raises
+:class:`WebShopStepError` whose message starts with the original's exception type; the env then
+holds the state the original holds.
+
+``variant="verl"`` follows the verl-agent / SDAR copy: prices, price bounds and the goal order from
+``seed``, and a finished episode resets itself to a weight-sampled goal (the step still returns the
+done page; its ``available_actions`` are the new search page's). Randomness the original draws
+from Python's global ``random`` after construction (``search[<r>]``, that auto-reset) comes from a
+per-env copy of that state.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pcsd import _native
+
+__all__ = ["WebShop", "WebShopEnv", "WebShopStepError", "GOAL_SETS", "VARIANTS", "run_expert"]
+
+GOAL_SETS = ("synthetic", "human")
+VARIANTS = ("upstream", "verl")
+
+
+def _mod() -> Any:
+    return _native.require("_envpool")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "WebShopStepError":
+        return _mod().WebShopStepError
+    raise AttributeError(name)
+
+
+def _data_folder(data_dir: Any) -> str:
+    if not isinstance(data_dir, (str, os.PathLike)):
+        raise TypeError(f"data_dir must be a str or os.PathLike, got {type(data_dir).__name__}")
+    p = Path(os.fspath(data_dir))
+    if not p.is_dir():
+        raise FileNotFoundError(f"data_dir: expected a folder holding items_shuffle_1000.json, got {p}")
+    return str(p)
+
+
+def _int_arg(name: str, v: Any, lo: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if lo is not None and v < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {v}")
+    return v
+
+
+class WebShopEnv:
+    """One browser session on a :class:`WebShop` (see the module docs).
+
+    ``reset(goal_index)`` -> ``(obs, info)``; ``info`` holds ``available_actions``
+    (``{"has_search_bar": bool, "clickables": [str, ...]}``), ``goal`` (the original's goal dict),
+    ``goal_index`` and ``url``. ``step(action)`` -> ``(obs, reward, done, info)``: ``reward`` is the
+    int ``0`` for a no-op (as in the original), a float otherwise; on a purchase ``info`` also
+    holds ``reward_info`` (the reward's parts).
+    """
+
+    __slots__ = ("_e",)
+
+    def __init__(self, _native_env: Any) -> None:
+        self._e = _native_env
+
+    def reset(self, goal_index: int | None = None) -> tuple[str, dict[str, Any]]:
+        """The search page of goal ``goal_index`` (``None``: a weight-sampled goal)."""
+        if goal_index is not None:
+            _int_arg("goal_index", goal_index, 0)
+        return self._e.reset(goal_index)
+
+    def step(self, action: str) -> tuple[str, Any, bool, dict[str, Any]]:
+        if not isinstance(action, str):
+            raise TypeError(f"action must be a str, got {type(action).__name__}")
+        return self._e.step(action)
+
+    def observe(self) -> tuple[str, dict[str, Any]]:
+        """The current page as ``(obs, info)`` without acting."""
+        return self._e.observe()
+
+    def expert_action(self) -> str | None:
+        """The scripted expert's next action: search with the instruction (then with the product's
+        title when the 50 hits lack it), open the goal's product, choose the goal's options, buy
+        (``None`` on the done page). Reaches reward 1 on ~92% of the synthetic goals in <= 9 steps."""
+        return self._e.expert_action()
+
+    @property
+    def goal(self) -> dict[str, Any]:
+        return self._e.goal
+
+    @property
+    def goal_index(self) -> int:
+        return self._e.goal_index
+
+    @property
+    def instruction_text(self) -> str:
+        return self._e.instruction_text
+
+    @property
+    def steps(self) -> int:
+        """Steps since the last reset (no-ops included)."""
+        return self._e.steps
+
+    @property
+    def url(self) -> str:
+        return self._e.url
+
+
+class WebShop:
+    """One loaded shop: catalogue, search index and goals, shared read-only by its envs."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, _native_shop: Any) -> None:
+        self._s = _native_shop
+
+    @classmethod
+    def load(
+        cls,
+        data_dir: str | os.PathLike[str],
+        goals: str = "synthetic",
+        seed: int = 0,
+        variant: str = "upstream",
+        show_attrs: bool = False,
+        *,
+        num_products: int | None = None,
+        nouns: str | os.PathLike[str] | None = None,
+    ) -> "WebShop":
+        """Loads a shop (the GIL is released while reading and indexing).
+
+        ``data_dir``: the folder holding ``items_shuffle_1000.json``, ``items_ins_v2_1000.json`` and
+        ``items_human_ins.json`` (``$WEBSHOP_DATA/data``), or the WebShop root holding ``data/``.
+        ``nouns``: the product-name noun table (default: ``facts/spacy_nouns_1k.json`` next to
+        ``data/``). ``goals``: ``"synthetic"`` (6,910 on the 1k set) or ``"human"`` (13).
+        ``seed``: ``random.seed(seed)`` before construction (upstream) / the env seed (verl).
+        ``num_products``: only the first N products (the original's ``num_products``).
+        """
+        folder = _data_folder(data_dir)
+        if goals not in GOAL_SETS:
+            raise ValueError(f"goals must be one of {GOAL_SETS}, got {goals!r}")
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        _int_arg("seed", seed)
+        if not isinstance(show_attrs, bool):
+            raise TypeError(f"show_attrs must be a bool, got {type(show_attrs).__name__}")
+        if num_products is not None:
+            _int_arg("num_products", num_products, 1)
+        if nouns is not None:
+            if not isinstance(nouns, (str, os.PathLike)):
+                raise TypeError(f"nouns must be a str or os.PathLike, got {type(nouns).__name__}")
+            nouns = os.fspath(nouns)
+            if not os.path.isfile(nouns):
+                raise FileNotFoundError(f"nouns: expected the noun table file, got {nouns}")
+        return cls(_mod().WebShop.load(folder, goals, seed, variant, show_attrs, num_products, nouns))
+
+    def env(self) -> WebShopEnv:
+        """A new env on this shop (call ``reset`` first)."""
+        return WebShopEnv(self._s.env())
+
+    @property
+    def num_goals(self) -> int:
+        return self._s.num_goals
+
+    @property
+    def num_products(self) -> int:
+        return self._s.num_products
+
+    @property
+    def show_attrs(self) -> bool:
+        return self._s.show_attrs
+
+    @property
+    def variant(self) -> str:
+        return self._s.variant
+
+    @property
+    def goal_set(self) -> str:
+        return self._s.goal_set
+
+    @property
+    def seed(self) -> int:
+        return self._s.seed
+
+    def goal(self, index: int) -> dict[str, Any]:
+        """The goal dict of goal ``index`` (the original's keys)."""
+        _int_arg("index", index, 0)
+        return self._s.goal(index)
+
+    def product_price(self, asin: str) -> float:
+        """The price the reward compares with a goal's ``price_upper``."""
+        return self._s.product_price(asin)
+
+    def search(self, query: str) -> list[str]:
+        """The ASINs a ``search[query]`` lists, best first (``<r>`` uses a fixed seed here)."""
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a str, got {type(query).__name__}")
+        return self._s.search(query.lower())
+
+    @property
+    def native(self) -> Any:
+        """The ``pcsd._envpool.WebShop`` behind this shop (for ``EnvPool("webshop", ...)``)."""
+        return self._s
+
+
+def run_expert(env: WebShopEnv, goal_index: int, max_steps: int = 15) -> tuple[list[str], float, bool]:
+    """Plays goal ``goal_index`` with the expert: ``(actions, final reward, done)``."""
+    _int_arg("max_steps", max_steps, 1)
+    env.reset(goal_index)
+    actions: list[str] = []
+    reward: float = 0.0
+    done = False
+    while len(actions) < max_steps and not done:
+        a = env.expert_action()
+        if a is None:
+            break
+        actions.append(a)
+        _, r, done, _ = env.step(a)
+        reward = float(r)
+    return actions, reward, done

@@ -1,0 +1,249 @@
+//! thefuzz 0.19.0 with its pure-Python backend (difflib), as the reward uses it:
+//! `token_set_ratio` over `full_process` (drop U+0080..U+00FF, `\W` -> space, lower, strip),
+//! with `ratio` = `round(100 * SequenceMatcher(None, a, b).ratio())` (autojunk on, Python's
+//! half-even rounding). rapidfuzz / python-Levenshtein give other numbers; this follows difflib.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use unicode_categories::UnicodeCategories;
+
+use super::pytext::{py_lower, py_str_repr, py_strip};
+
+/// Python's `\w` (str pattern): letters, digits / numerics, and `_`.
+fn py_word_char(c: char) -> bool {
+    c == '_'
+        || c.is_letter()
+        || c.is_number_decimal_digit()
+        || c.is_number_letter()
+        || c.is_number_other()
+}
+
+/// `utils.full_process(s, force_ascii=True)`.
+pub fn full_process(s: &str) -> String {
+    let replaced: String = s
+        .chars()
+        .filter(|&c| !(0x80..=0xff).contains(&(c as u32)))
+        .map(|c| if py_word_char(c) { c } else { ' ' })
+        .collect();
+    py_strip(&py_lower(&replaced)).to_string()
+}
+
+/// difflib's `SequenceMatcher(None, a, b)`: the total size of the matching blocks
+/// (`get_matching_blocks`, whose order does not change the total). `find_longest_match` keeps
+/// difflib's `j2len` rows as dense arrays: row `i` holds, for each `j` in `[blo, bhi)` where
+/// `a[i] == b[j]` and `b[j]` is not autojunk-popular, the length of the match ending there —
+/// exactly the entries difflib's dict holds, visited in the same (ascending `j`) order.
+pub fn matching_chars(a: &[char], b: &[char]) -> usize {
+    // autojunk: elements of b that occur more than 1% (+1) of len(b) >= 200 are "popular"
+    let n = b.len();
+    let mut popular: HashSet<char> = HashSet::new();
+    if n >= 200 {
+        let mut counts: HashMap<char, usize> = HashMap::new();
+        for &c in b {
+            *counts.entry(c).or_insert(0) += 1;
+        }
+        let ntest = n / 100 + 1;
+        popular = counts.into_iter().filter(|&(_, k)| k > ntest).map(|(c, _)| c).collect();
+    }
+    let usable: Vec<bool> = b.iter().map(|c| !popular.contains(c)).collect();
+    let mut total = 0;
+    let mut queue = vec![(0usize, a.len(), 0usize, b.len())];
+    let mut prev = vec![0usize; n + 1];
+    let mut cur = vec![0usize; n + 1];
+    while let Some((alo, ahi, blo, bhi)) = queue.pop() {
+        let (mut besti, mut bestj, mut bestsize) = (alo, blo, 0usize);
+        // prev[j + 1] = j2len[j] of the previous row (0 when absent)
+        prev[blo..=bhi].iter_mut().for_each(|x| *x = 0);
+        for i in alo..ahi {
+            let ai = a[i];
+            for j in blo..bhi {
+                let k = if b[j] == ai && usable[j] { prev[j] + 1 } else { 0 };
+                cur[j + 1] = k;
+                if k > bestsize {
+                    besti = i + 1 - k;
+                    bestj = j + 1 - k;
+                    bestsize = k;
+                }
+            }
+            cur[blo] = 0;
+            std::mem::swap(&mut prev, &mut cur);
+        }
+        while besti > alo && bestj > blo && a[besti - 1] == b[bestj - 1] {
+            besti -= 1;
+            bestj -= 1;
+            bestsize += 1;
+        }
+        while besti + bestsize < ahi && bestj + bestsize < bhi && a[besti + bestsize] == b[bestj + bestsize] {
+            bestsize += 1;
+        }
+        if bestsize > 0 {
+            total += bestsize;
+            if alo < besti && blo < bestj {
+                queue.push((alo, besti, blo, bestj));
+            }
+            if besti + bestsize < ahi && bestj + bestsize < bhi {
+                queue.push((besti + bestsize, ahi, bestj + bestsize, bhi));
+            }
+        }
+    }
+    total
+}
+
+/// difflib's algorithm with its dicts, as written (the plain reference the dense version above
+/// is tested against).
+pub fn matching_chars_reference(a: &[char], b: &[char]) -> usize {
+    let mut b2j: HashMap<char, Vec<usize>> = HashMap::new();
+    for (j, &c) in b.iter().enumerate() {
+        b2j.entry(c).or_default().push(j);
+    }
+    let n = b.len();
+    if n >= 200 {
+        let ntest = n / 100 + 1;
+        b2j.retain(|_, v| v.len() <= ntest);
+    }
+    let mut total = 0;
+    let mut queue = vec![(0usize, a.len(), 0usize, b.len())];
+    while let Some((alo, ahi, blo, bhi)) = queue.pop() {
+        let (mut besti, mut bestj, mut bestsize) = (alo, blo, 0usize);
+        let mut j2len: HashMap<usize, usize> = HashMap::new();
+        for i in alo..ahi {
+            let mut newj2len: HashMap<usize, usize> = HashMap::new();
+            if let Some(js) = b2j.get(&a[i]) {
+                for &j in js {
+                    if j < blo {
+                        continue;
+                    }
+                    if j >= bhi {
+                        break;
+                    }
+                    let k = j.checked_sub(1).and_then(|p| j2len.get(&p)).copied().unwrap_or(0) + 1;
+                    newj2len.insert(j, k);
+                    if k > bestsize {
+                        besti = i + 1 - k;
+                        bestj = j + 1 - k;
+                        bestsize = k;
+                    }
+                }
+            }
+            j2len = newj2len;
+        }
+        while besti > alo && bestj > blo && a[besti - 1] == b[bestj - 1] {
+            besti -= 1;
+            bestj -= 1;
+            bestsize += 1;
+        }
+        while besti + bestsize < ahi && bestj + bestsize < bhi && a[besti + bestsize] == b[bestj + bestsize] {
+            bestsize += 1;
+        }
+        if bestsize > 0 {
+            total += bestsize;
+            if alo < besti && blo < bestj {
+                queue.push((alo, besti, blo, bestj));
+            }
+            if besti + bestsize < ahi && bestj + bestsize < bhi {
+                queue.push((besti + bestsize, ahi, bestj + bestsize, bhi));
+            }
+        }
+    }
+    total
+}
+
+/// `fuzz.ratio(a, b)` on processed strings (equal -> 100, an empty one -> 0).
+pub fn ratio(a: &str, b: &str) -> u32 {
+    if a == b {
+        return 100;
+    }
+    if a.is_empty() || b.is_empty() {
+        return 0;
+    }
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let m = matching_chars(&a, &b);
+    let r = 2.0 * m as f64 / (a.len() + b.len()) as f64;
+    (100.0 * r).round_ties_even() as u32
+}
+
+/// `fuzz.token_set_ratio(s1, s2)` for two strings.
+pub fn token_set_ratio(s1: &str, s2: &str) -> u32 {
+    token_set_ratio_processed(&full_process(s1), &full_process(s2))
+}
+
+/// `token_set_ratio` on strings already through [`full_process`].
+pub fn token_set_ratio_processed(p1: &str, p2: &str) -> u32 {
+    if p1.is_empty() || p2.is_empty() {
+        return 0;
+    }
+    let t1: HashSet<&str> = p1.split_whitespace().collect();
+    let t2: HashSet<&str> = p2.split_whitespace().collect();
+    let inter: BTreeSet<&str> = t1.intersection(&t2).copied().collect();
+    let d12: BTreeSet<&str> = t1.difference(&t2).copied().collect();
+    let d21: BTreeSet<&str> = t2.difference(&t1).copied().collect();
+    let sect = inter.into_iter().collect::<Vec<_>>().join(" ");
+    let s12 = d12.into_iter().collect::<Vec<_>>().join(" ");
+    let s21 = d21.into_iter().collect::<Vec<_>>().join(" ");
+    let c12 = format!("{sect} {s12}");
+    let c21 = format!("{sect} {s21}");
+    let sect = sect.trim();
+    let c12 = c12.trim();
+    let c21 = c21.trim();
+    ratio(sect, c12).max(ratio(sect, c21)).max(ratio(c12, c21))
+}
+
+/// A value thefuzz is given: a string, or a `(name, value)` tuple (synthetic goal options),
+/// which thefuzz turns into `str(tuple)`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FuzzArg<'a> {
+    Str(&'a str),
+    Pair(&'a str, &'a str),
+}
+
+impl FuzzArg<'_> {
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            FuzzArg::Str(s) => std::borrow::Cow::Borrowed(s),
+            FuzzArg::Pair(a, b) => std::borrow::Cow::Owned(format!("({}, {})", py_str_repr(a), py_str_repr(b))),
+        }
+    }
+}
+
+/// `token_set_ratio` on strings or tuples.
+pub fn token_set_ratio_args(a: &FuzzArg<'_>, b: &FuzzArg<'_>) -> u32 {
+    token_set_ratio(&a.text(), &b.text())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The dense find_longest_match equals difflib's dict version, autojunk included.
+        #[test]
+        fn dense_equals_reference(a in "[abc ]{0,40}", b in "[abc ]{0,40}", long in 0usize..3) {
+            let a: Vec<char> = a.chars().collect();
+            let mut b: Vec<char> = b.chars().collect();
+            if long > 0 {
+                // >= 200 elements: popular characters are junked
+                b = b.iter().cycle().take(if b.is_empty() { 0 } else { 200 + 37 * long }).copied().collect();
+            }
+            prop_assert_eq!(matching_chars(&a, &b), matching_chars_reference(&a, &b));
+            prop_assert_eq!(matching_chars(&b, &a), matching_chars_reference(&b, &a));
+        }
+    }
+
+    // python3 -c 'from difflib import SequenceMatcher as S; print(S(None,"abxcd","abcd").ratio())'
+    #[test]
+    fn difflib_examples() {
+        let r = |a: &str, b: &str| {
+            let a: Vec<char> = a.chars().collect();
+            let b: Vec<char> = b.chars().collect();
+            matching_chars(&a, &b)
+        };
+        assert_eq!(r("abxcd", "abcd"), 4);
+        assert_eq!(r("private thread", "thread private"), 7);
+        assert_eq!(r("qabxcd", "abycdf"), 4);
+        assert_eq!(ratio("grey", "black"), 0);
+        assert_eq!(token_set_ratio("machine washable", "living room"), 22);
+        assert_eq!(token_set_ratio("medium", "('size', 'medium')"), 100);
+    }
+}

@@ -1,0 +1,640 @@
+//! `webshop`: a native WebShop (princeton-nlp/WebShop's text environment, `observation_mode=
+//! 'text'`), byte-identical to the original on its recorded episodes, without Java, pyserini,
+//! spaCy or Flask.
+//!
+//! * [`Shop`]: one loaded shop — catalogue ([`catalog`]), search index ([`search`]), goals
+//!   ([`goals`]), prices, the noun table of the reward ([`reward`]) — read-only behind an `Arc`,
+//!   shared by any number of envs.
+//! * [`WebShopEnv`]: one browser session on a shop: `reset(goal)`, `step(action)` with the
+//!   original's action grammar and no-ops ([`pages`] renders the pages and their clickables).
+//! * Where the original raises (`<a>` and bare `<c>` keywords, more than 1,024 distinct query
+//!   terms, a page whose product was lost by a failed search), the step returns
+//!   [`WebShopError::Step`] naming the original's exception; the env keeps the state the
+//!   original keeps (the session changed by the search, the page not).
+//! * Randomness the original takes from Python's global `random` after construction (`<r>`
+//!   searches, the verl copy's auto-reset) comes from a per-env copy of that state, so one env
+//!   replays a single-env process exactly; envs do not share it.
+
+pub mod catalog;
+pub mod expert;
+pub mod fuzz;
+pub mod goals;
+pub mod pages;
+pub mod porter;
+pub mod pyrandom;
+pub mod pytext;
+pub mod reward;
+pub mod search;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use catalog::{Catalog, CatalogFiles};
+pub use catalog::{GoalOptions, Product};
+pub use goals::{Goal, GoalSet};
+use pages::{SubPage, Target, View};
+use pyrandom::PyRandom;
+use reward::{NounTable, RewardInfo};
+use search::{Index, SearchError, SEARCH_RETURN_N};
+
+use crate::envs::{EnvStep, TextEnv};
+
+/// The original's base URL (pages are told apart by their URL).
+const BASE_URL: &str = "http://127.0.0.1:3000";
+/// Results per page.
+const PRODUCT_WINDOW: usize = 10;
+
+/// Errors of loading a shop or stepping an env.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WebShopError {
+    /// A file could not be read or parsed.
+    #[error("{0}")]
+    Load(String),
+    /// A bad argument: names the argument and what was expected.
+    #[error("{0}")]
+    Argument(String),
+    /// The original raises here: `exception` is its exception type.
+    #[error("{exception}: {msg}")]
+    Step { exception: &'static str, msg: String },
+}
+
+fn step_err(exception: &'static str, msg: impl Into<String>) -> WebShopError {
+    WebShopError::Step { exception, msg: msg.into() }
+}
+
+/// Whose seeding and goal order a shop follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// princeton-nlp/WebShop: `random.seed(seed)` before construction (prices and price
+    /// uppers), goals shuffled with `random.seed(233)`.
+    Upstream,
+    /// The verl-agent / SDAR copy: prices, uppers and shuffle all from `seed`; a finished
+    /// episode auto-resets to a weight-sampled goal.
+    Verl,
+}
+
+/// Where a shop's files are.
+#[derive(Clone, Debug)]
+pub struct ShopFiles {
+    pub products: PathBuf,
+    pub attributes: PathBuf,
+    pub human_attributes: PathBuf,
+    /// `spacy_nouns_1k.json`-shaped table of product-name nouns (`by_name`).
+    pub nouns: PathBuf,
+}
+
+impl ShopFiles {
+    /// The files under a data folder (`items_shuffle_1000.json`, ...) or a WebShop root holding
+    /// `data/` (and `facts/spacy_nouns_1k.json`).
+    pub fn locate(dir: &Path) -> Result<ShopFiles, WebShopError> {
+        // the 1k set the agent setups use, else the full set under its original names
+        let sets = [
+            ("items_shuffle_1000.json", "items_ins_v2_1000.json"),
+            ("items_shuffle.json", "items_ins_v2.json"),
+        ];
+        let found = [dir.to_path_buf(), dir.join("data")]
+            .into_iter()
+            .flat_map(|d| sets.iter().map(move |s| (d.clone(), *s)))
+            .find(|(d, (p, _))| d.join(p).is_file());
+        let Some((data, (products_name, attrs_name))) = found else {
+            return Err(WebShopError::Argument(format!(
+                "data_dir: expected a folder holding items_shuffle_1000.json or items_shuffle.json (or a \
+                 WebShop root with data/), got {}",
+                dir.display()
+            )));
+        };
+        let root = data.parent().map(Path::to_path_buf).unwrap_or_else(|| data.clone());
+        let nouns = [data.join("spacy_nouns_1k.json"), root.join("facts").join("spacy_nouns_1k.json")]
+            .into_iter()
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| root.join("facts").join("spacy_nouns_1k.json"));
+        Ok(ShopFiles {
+            products: data.join(products_name),
+            attributes: data.join(attrs_name),
+            human_attributes: data.join("items_human_ins.json"),
+            nouns,
+        })
+    }
+}
+
+/// How a shop is built.
+#[derive(Clone, Debug)]
+pub struct ShopConfig {
+    pub goals: GoalSet,
+    pub seed: i64,
+    pub variant: Variant,
+    pub show_attrs: bool,
+    /// Only the first N products of the file (the original's `num_products`).
+    pub num_products: Option<usize>,
+}
+
+impl Default for ShopConfig {
+    fn default() -> Self {
+        ShopConfig { goals: GoalSet::Synthetic, seed: 0, variant: Variant::Upstream, show_attrs: false, num_products: None }
+    }
+}
+
+/// One loaded shop: read-only, shared by its envs.
+#[derive(Debug)]
+pub struct Shop {
+    pub catalog: Catalog,
+    /// `product_prices`, per product.
+    pub prices: Vec<f64>,
+    pub index: Index,
+    pub goals: Vec<Goal>,
+    /// `[0] + cumsum(weights)`.
+    pub cum_weights: Vec<f64>,
+    pub nouns: NounTable,
+    pub config: ShopConfig,
+    /// Python's global `random` state once construction is over.
+    rng_after_load: PyRandom,
+}
+
+fn load_nouns(path: &Path) -> Result<NounTable, WebShopError> {
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        nouns: Vec<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Table {
+        by_name: HashMap<String, Entry>,
+    }
+    let f = std::fs::File::open(path).map_err(|e| {
+        WebShopError::Load(format!("noun table {}: {e} (the reward's type score needs it)", path.display()))
+    })?;
+    let t: Table = serde_json::from_reader(std::io::BufReader::new(f))
+        .map_err(|e| WebShopError::Load(format!("noun table {}: {e}", path.display())))?;
+    Ok(t.by_name.into_iter().map(|(k, v)| (k, v.nouns)).collect())
+}
+
+impl Shop {
+    /// Loads the catalogue, builds the index and the goals as the original's constructor does.
+    pub fn load(files: &ShopFiles, config: ShopConfig) -> Result<Shop, WebShopError> {
+        let human = config.goals == GoalSet::Human;
+        let catalog = Catalog::load(
+            &CatalogFiles {
+                products: files.products.clone(),
+                attributes: files.attributes.clone(),
+                human_attributes: files.human_attributes.clone(),
+            },
+            config.num_products,
+            human,
+        )?;
+        let nouns = load_nouns(&files.nouns)?;
+        let mut rng = PyRandom::new(config.seed as i128);
+        let prices = catalog.prices(&mut rng);
+        let mut goals = goals::build_goals(&catalog, &prices, config.goals, &mut rng);
+        rng.seed(match config.variant {
+            Variant::Upstream => 233,
+            Variant::Verl => config.seed as i128,
+        });
+        rng.shuffle(&mut goals);
+        let mut cum_weights = Vec::with_capacity(goals.len() + 1);
+        cum_weights.push(0.0);
+        let mut acc = 0.0;
+        for g in &goals {
+            acc += g.weight;
+            cum_weights.push(acc);
+        }
+        let index = Index::build(catalog.products.iter().map(|p| (p.asin.as_str(), Catalog::document(p))));
+        Ok(Shop { catalog, prices, index, goals, cum_weights, nouns, config, rng_after_load: rng })
+    }
+
+    pub fn num_goals(&self) -> usize {
+        self.goals.len()
+    }
+
+    /// `get_top_n_product_from_keywords`: product indices.
+    pub fn top_products(&self, keywords: &[String], rng: &mut PyRandom) -> Result<Vec<usize>, WebShopError> {
+        let all = &self.catalog.products;
+        match keywords.first().map(String::as_str) {
+            Some("<r>") => {
+                if all.len() < SEARCH_RETURN_N {
+                    return Err(step_err("ValueError", "Sample larger than population or is negative"));
+                }
+                Ok(rng.sample_indices(all.len(), SEARCH_RETURN_N))
+            }
+            Some("<a>") => Err(step_err("TypeError", "'NoneType' object is not subscriptable")),
+            Some("<c>") => {
+                let cat = keywords.get(1).ok_or_else(|| step_err("IndexError", "list index out of range"))?;
+                let cat = pytext::py_strip(cat);
+                Ok((0..all.len()).filter(|&i| all[i].category == cat).collect())
+            }
+            Some("<q>") => {
+                let q = keywords[1..].join(" ");
+                let q = pytext::py_strip(&q);
+                Ok((0..all.len()).filter(|&i| all[i].query == q).collect())
+            }
+            _ => {
+                let q = keywords.join(" ");
+                match self.index.search(&q) {
+                    Ok((hits, _)) => Ok(hits.into_iter().map(|(d, _)| d as usize).collect()),
+                    Err(SearchError::TooManyClauses(n)) => Err(step_err(
+                        "JavaException",
+                        format!("JVM exception occurred: org.apache.lucene.search.IndexSearcher$TooManyClauses: maxClauseCount is set to 1024 (query has {n} distinct terms)"),
+                    )),
+                }
+            }
+        }
+    }
+
+    /// A new env on this shop (call [`WebShopEnv::reset`] before stepping).
+    pub fn env(self: &Arc<Self>) -> WebShopEnv {
+        WebShopEnv::new(self.clone())
+    }
+}
+
+/// What one reset or step returns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WebShopStep {
+    pub obs: String,
+    pub reward: f64,
+    /// The action was a no-op: the original returns the int 0 as reward.
+    pub noop: bool,
+    pub done: bool,
+    pub has_search_bar: bool,
+    pub clickables: Vec<String>,
+    /// The page's URL in the original (tells pages apart).
+    pub url: String,
+    /// The reward's parts on a purchase.
+    pub reward_info: Option<RewardInfo>,
+}
+
+/// `parse_action`: `re.match(r'(.+)\[(.+)\]', action)` (greedy, no newline inside the match).
+pub fn parse_action(action: &str) -> (&str, Option<&str>) {
+    let line = action.split('\n').next().unwrap_or("");
+    let Some(r) = line.rfind(']') else { return (action, None) };
+    // the last '[' with at least one char before it and one char before ']'
+    let bytes = line.as_bytes();
+    let mut i = r;
+    while i > 0 {
+        i -= 1;
+        if bytes[i] == b'[' && i >= 1 && i + 1 < r {
+            return (&line[..i], Some(&line[i + 1..r]));
+        }
+    }
+    (action, None)
+}
+
+/// One browser session on a shop.
+pub struct WebShopEnv {
+    shop: Arc<Shop>,
+    rng: PyRandom,
+    goal: usize,
+    session_id: String,
+    keywords: Option<Vec<String>>,
+    page: Option<i64>,
+    asin: Option<String>,
+    options: Vec<(String, String)>,
+    url: String,
+    view: View,
+    clickables: Vec<(String, Target)>,
+    has_search_bar: bool,
+    obs: String,
+    steps: usize,
+    last_done: bool,
+    /// The goal [`TextEnv::reset`] goes back to (the pool's group goal), whatever goal an
+    /// auto-reset of the verl variant moved to.
+    home: usize,
+}
+
+impl WebShopEnv {
+    pub fn new(shop: Arc<Shop>) -> WebShopEnv {
+        let rng = shop.rng_after_load.clone();
+        let mut env = WebShopEnv {
+            shop,
+            rng,
+            goal: 0,
+            session_id: String::new(),
+            keywords: None,
+            page: None,
+            asin: None,
+            options: Vec::new(),
+            url: String::new(),
+            view: View::Search,
+            clickables: Vec::new(),
+            has_search_bar: true,
+            obs: String::new(),
+            steps: 0,
+            last_done: false,
+            home: 0,
+        };
+        if !env.shop.goals.is_empty() {
+            env.start(0, "0".into());
+        }
+        env
+    }
+
+    /// An env that plays goal `goal` (its [`TextEnv::reset`] goes back to it).
+    pub fn with_goal(shop: Arc<Shop>, goal: usize) -> WebShopEnv {
+        let mut env = WebShopEnv::new(shop);
+        if goal < env.shop.goals.len() {
+            env.start(goal, goal.to_string());
+            env.home = goal;
+        }
+        env
+    }
+
+    pub fn shop(&self) -> &Arc<Shop> {
+        &self.shop
+    }
+
+    /// The goal being played.
+    pub fn goal(&self) -> &Goal {
+        &self.shop.goals[self.goal]
+    }
+
+    pub fn goal_index(&self) -> usize {
+        self.goal
+    }
+
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// `reset(session=goal)`: the search page of goal `goal`.
+    pub fn reset(&mut self, goal: usize) -> Result<WebShopStep, WebShopError> {
+        if goal >= self.shop.goals.len() {
+            return Err(WebShopError::Argument(format!(
+                "goal_index: expected an int in [0, {}), got {goal}",
+                self.shop.goals.len()
+            )));
+        }
+        self.start(goal, goal.to_string());
+        Ok(self.snapshot(0.0, false, false, None))
+    }
+
+    /// `reset()` without a session: a random session name and a weight-sampled goal
+    /// (`random_idx(cum_weights)`), from the env's random state.
+    pub fn reset_random(&mut self) -> WebShopStep {
+        let letters: Vec<usize> = self.rng.choices_indices(26, 10);
+        let session: String = letters.into_iter().map(|i| (b'a' + i as u8) as char).collect();
+        let cw = &self.shop.cum_weights;
+        let pos = self.rng.uniform(0.0, *cw.last().unwrap_or(&0.0));
+        let idx = cw.partition_point(|&w| w <= pos).min(cw.len().saturating_sub(2));
+        self.start(idx, session);
+        self.snapshot(0.0, false, false, None)
+    }
+
+    fn start(&mut self, goal: usize, session: String) {
+        self.goal = goal;
+        self.url = format!("{BASE_URL}/{session}");
+        self.session_id = session;
+        self.keywords = None;
+        self.page = None;
+        self.asin = None;
+        self.options.clear();
+        self.steps = 0;
+        self.last_done = false;
+        self.show(View::Search);
+    }
+
+    fn show(&mut self, view: View) {
+        let shop = &self.shop;
+        let products = &shop.catalog.products;
+        self.obs = pages::render(&view, products, &shop.goals[self.goal].instruction_text, shop.config.show_attrs);
+        let (bar, clk) = pages::clickables(&view, products, shop.config.show_attrs);
+        self.has_search_bar = bar;
+        self.clickables = clk;
+        self.view = view;
+    }
+
+    fn snapshot(&self, reward: f64, noop: bool, done: bool, info: Option<RewardInfo>) -> WebShopStep {
+        WebShopStep {
+            obs: self.obs.clone(),
+            reward,
+            noop,
+            done,
+            has_search_bar: self.has_search_bar,
+            clickables: self.clickables.iter().map(|(k, _)| k.clone()).collect(),
+            url: self.url.clone(),
+            reward_info: info,
+        }
+    }
+
+    /// The current observation and available actions.
+    pub fn current(&self) -> WebShopStep {
+        self.snapshot(0.0, false, false, None)
+    }
+
+    /// `get_page_name(current_url)`.
+    fn page_name(&self) -> &'static str {
+        for name in ["search_results", "item_page", "item_sub_page", "done"] {
+            if self.url.contains(name) {
+                return name;
+            }
+        }
+        ""
+    }
+
+    fn keywords_url(&self) -> Result<String, WebShopError> {
+        match &self.keywords {
+            Some(k) => Ok(k.join("+")),
+            None => Err(step_err("TypeError", "can only join an iterable")),
+        }
+    }
+
+    fn product_of_session(&self) -> Result<usize, WebShopError> {
+        let asin = self.asin.as_deref().ok_or_else(|| step_err("KeyError", "None"))?;
+        self.shop.catalog.by_asin.get(asin).copied().ok_or_else(|| step_err("KeyError", format!("'{asin}'")))
+    }
+
+    /// `search_results(keywords, page)`.
+    fn search_results(&mut self, keywords: Option<Vec<String>>, page: i64) -> Result<(), WebShopError> {
+        let keywords = keywords.ok_or_else(|| step_err("AssertionError", "keywords is not a list"))?;
+        self.page = Some(page);
+        self.keywords = Some(keywords.clone());
+        self.asin = None;
+        self.options.clear();
+        let shop = self.shop.clone();
+        let top = shop.top_products(&keywords, &mut self.rng)?;
+        let start = ((page - 1).max(0) as usize).saturating_mul(PRODUCT_WINDOW);
+        let items: Vec<usize> = if page < 1 {
+            // Python slicing with a negative start: not reachable through the page's buttons
+            let lo = (page - 1) * PRODUCT_WINDOW as i64;
+            let hi = page * PRODUCT_WINDOW as i64;
+            let n = top.len() as i64;
+            let norm = |x: i64| if x < 0 { (n + x).max(0) } else { x.min(n) };
+            let (a, b) = (norm(lo), norm(hi));
+            if a < b { top[a as usize..b as usize].to_vec() } else { Vec::new() }
+        } else {
+            top.iter().skip(start).take(PRODUCT_WINDOW).copied().collect()
+        };
+        self.url = format!("{BASE_URL}/search_results/{}/{}/{page}", self.session_id, keywords.join("+"));
+        self.show(View::Results { products: items, page, total: top.len() });
+        Ok(())
+    }
+
+    /// `item_page`: a product link sets the product, a radio sets an option.
+    fn item_page(&mut self, name: &str, target: &Target) -> Result<(), WebShopError> {
+        match target {
+            Target::ProductLink(_) => self.asin = Some(name.to_uppercase()),
+            Target::Radio { name: opt } => {
+                let key = pytext::py_lower(opt);
+                if let Some(slot) = self.options.iter_mut().find(|(k, _)| *k == key) {
+                    slot.1 = name.to_string();
+                } else {
+                    self.options.push((key, name.to_string()));
+                }
+            }
+            Target::Button => {}
+        }
+        let product = self.product_of_session()?;
+        let kw = self.keywords_url()?;
+        self.url = format!(
+            "{BASE_URL}/item_page/{}/{}/{kw}/{}/{}",
+            self.session_id,
+            self.asin.as_deref().unwrap_or(""),
+            self.page.map_or("None".to_string(), |p| p.to_string()),
+            pytext::json_dumps_dict(&self.options)
+        );
+        self.show(View::Item { product });
+        Ok(())
+    }
+
+    fn item_sub_page(&mut self, kind: SubPage) -> Result<(), WebShopError> {
+        let product = self.product_of_session()?;
+        let kw = self.keywords_url()?;
+        self.url = format!(
+            "{BASE_URL}/item_sub_page/{}/{}/{kw}/{}/{}/{}",
+            self.session_id,
+            self.asin.as_deref().unwrap_or(""),
+            self.page.map_or("None".to_string(), |p| p.to_string()),
+            kind.url_name(),
+            pytext::py_dict_repr(&self.options)
+        );
+        self.show(View::Sub { kind, product });
+        Ok(())
+    }
+
+    fn buy(&mut self) -> Result<RewardInfo, WebShopError> {
+        let product = self.product_of_session()?;
+        let shop = self.shop.clone();
+        let goal = &shop.goals[self.goal];
+        let price = shop.prices[product];
+        let info = reward::get_reward(&shop.catalog.products[product], goal, price, &self.options, &shop.nouns)
+            .map_err(|m| {
+                step_err("KeyError", format!("no noun-table entry for the product name {:?} (reward type score)", m.0))
+            })?;
+        let asin = self.asin.clone().unwrap_or_default();
+        self.url = format!("{BASE_URL}/done/{}/{asin}/{}", self.session_id, pytext::py_dict_repr(&self.options));
+        self.show(View::Done { asin, options: self.options.clone(), reward: info.reward });
+        Ok(info)
+    }
+
+    /// `receive` for a click on `name` (a clickable of the current page).
+    fn click(&mut self, name: &str, target: Target) -> Result<Option<RewardInfo>, WebShopError> {
+        let page = self.page_name();
+        match name {
+            "buy now" => return self.buy().map(Some),
+            "back to search" => {
+                let session = self.session_id.clone();
+                let goal = self.goal;
+                let steps = self.steps;
+                self.start(goal, session);
+                self.steps = steps;
+            }
+            "next >" if page == "search_results" => {
+                let p = self.page.ok_or_else(|| step_err("TypeError", "unsupported operand type(s) for +: 'NoneType' and 'int'"))?;
+                self.search_results(self.keywords.clone(), p + 1)?;
+            }
+            "< prev" if page == "search_results" => {
+                let p = self.page.ok_or_else(|| step_err("TypeError", "unsupported operand type(s) for -: 'NoneType' and 'int'"))?;
+                self.search_results(self.keywords.clone(), p - 1)?;
+            }
+            "< prev" if page == "item_sub_page" => self.item_page(name, &target)?,
+            "< prev" if page == "item_page" => {
+                let p = self.page.ok_or_else(|| step_err("TypeError", "page is None"))?;
+                self.search_results(self.keywords.clone(), p)?;
+            }
+            _ => match SubPage::from_clickable(name) {
+                Some(kind) => self.item_sub_page(kind)?,
+                None => self.item_page(name, &target)?,
+            },
+        }
+        Ok(None)
+    }
+
+    /// `step(action)`.
+    pub fn step(&mut self, action: &str) -> Result<WebShopStep, WebShopError> {
+        self.steps += 1;
+        let (name, arg) = parse_action(action);
+        let arg = arg.map(pytext::py_lower);
+        let out = match (name, arg) {
+            ("search", Some(q)) if !q.is_empty() => {
+                let kw: Vec<String> = q.split(' ').map(str::to_string).collect();
+                self.search_results(Some(kw), 1)?;
+                self.snapshot(0.0, false, false, None)
+            }
+            ("click", Some(c)) if c != "search" && self.clickables.iter().any(|(k, _)| *k == c) => {
+                let target = self.clickables.iter().find(|(k, _)| *k == c).map(|(_, t)| t.clone()).expect("present");
+                match self.click(&c, target)? {
+                    Some(info) => self.snapshot(info.reward, false, true, Some(info)),
+                    None => self.snapshot(0.0, false, false, None),
+                }
+            }
+            _ => self.snapshot(0.0, true, false, None),
+        };
+        self.last_done = out.done;
+        if out.done && self.shop.config.variant == Variant::Verl {
+            // the verl copy resets inside step; the observation is the done page, the available
+            // actions are the new episode's
+            let obs = out.obs.clone();
+            let url = out.url.clone();
+            self.reset_random();
+            let mut next = self.snapshot(out.reward, false, true, out.reward_info.clone());
+            next.obs = obs;
+            next.url = url;
+            return Ok(next);
+        }
+        Ok(out)
+    }
+}
+
+impl TextEnv for WebShopEnv {
+    fn reset(&mut self) -> EnvStep {
+        let g = self.home;
+        let s = WebShopEnv::reset(self, g).expect("the env's own goal index is valid");
+        to_env_step(s)
+    }
+
+    fn step(&mut self, command: &str) -> EnvStep {
+        match WebShopEnv::step(self, command) {
+            Ok(s) => to_env_step(s),
+            Err(e) => EnvStep { obs: e.to_string(), done: true, ..EnvStep::default() },
+        }
+    }
+
+    fn step_checked(&mut self, command: &str) -> Result<EnvStep, String> {
+        WebShopEnv::step(self, command).map(to_env_step).map_err(|e| e.to_string())
+    }
+
+    fn task_type(&self) -> &str {
+        "webshop"
+    }
+
+    fn task(&self) -> &str {
+        &self.goal().instruction_text
+    }
+}
+
+/// The pool's view of a step: admissible = clickables, score = reward, won = (done and reward
+/// == 1.0).
+fn to_env_step(s: WebShopStep) -> EnvStep {
+    EnvStep {
+        won: s.done && s.reward == 1.0,
+        obs: s.obs,
+        admissible: s.clickables,
+        score: s.reward,
+        done: s.done,
+        has_search_bar: s.has_search_bar,
+    }
+}
+
+#[cfg(test)]
+mod tests;
