@@ -323,9 +323,9 @@ def test_pool_bad_webshop_arguments(webshop_data: Path) -> None:
 
 
 def test_bench_env_webshop_rows(webshop_data: Path, tmp_path: Path) -> None:
-    from pcsd import bench
+    from pcsd.bench.cli import main as bench_main
 
-    bench.main(["env", "--tiny", "--no-real", "--sizes", "16", "--threads", "1", "--webshop", str(webshop_data),
+    bench_main(["env", "--tiny", "--no-real", "--sizes", "16", "--threads", "1", "--webshop", str(webshop_data),
                 "--webshop-products", "3000", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "env_webshop.json").read_text())
     kinds = {r["action"]: r for r in data["rows"] if "action" in r}
