@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-__all__ = ["selective_logprobs", "selective_logprobs_naive", "PackedBatch", "pack_sequences",
+__all__ = ["greedy_microbatches", "selective_logprobs", "selective_logprobs_naive", "PackedBatch", "pack_sequences",
            "pad_sequences", "lm_head", "response_hidden", "score_packed", "uses_varlen_attention"]
 
 
@@ -165,6 +165,24 @@ class PackedBatch:
     input_ids: Tensor  # (1, N) int64
     position_ids: Tensor  # (1, N) int64, restarting at 0 for every sequence
     cu_seqlens: Tensor  # (S+1,) int64
+
+
+def greedy_microbatches(sizes: Sequence[int], budget: int) -> list[list[int]]:
+    """Row indices grouped greedily in order into micro-batches whose ``sizes`` (tokens) sum to at
+    most ``budget``; a row over the budget alone is a micro-batch of its own, rows of size 0 are
+    left out."""
+    mbs, cur, total = [], [], 0
+    for i, n in enumerate(sizes):
+        if n == 0:
+            continue
+        if cur and total + n > budget:
+            mbs.append(cur)
+            cur, total = [], 0
+        cur.append(i)
+        total += n
+    if cur:
+        mbs.append(cur)
+    return mbs
 
 
 def pack_sequences(seqs: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> PackedBatch:

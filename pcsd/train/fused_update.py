@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from pcsd.ops.grpo import grpo_token_terms
-from pcsd.ops.scoring import score_packed
+from pcsd.ops.scoring import greedy_microbatches, score_packed
 
 __all__ = ["token_loss", "check_fused_loss", "pair_microbatches", "joint_scores"]
 
@@ -59,19 +59,8 @@ def pair_microbatches(prompts: Sequence[Sequence[int]], teacher_prompts: Sequenc
     alone is a micro-batch of its own); rows without response tokens are left out."""
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
-    mbs, cur, size = [], [], 0
-    for i, (p, tp, r) in enumerate(zip(prompts, teacher_prompts, responses)):
-        if not r:
-            continue
-        n = len(p) + len(tp) + 2 * len(r)
-        if cur and size + n > budget:
-            mbs.append(cur)
-            cur, size = [], 0
-        cur.append(i)
-        size += n
-    if cur:
-        mbs.append(cur)
-    return mbs
+    return greedy_microbatches([len(p) + len(tp) + 2 * len(r) if r else 0
+                                for p, tp, r in zip(prompts, teacher_prompts, responses)], budget)
 
 
 def joint_scores(model, prompts, teacher_prompts, responses, mbs: list[list[int]], n_passes: int,

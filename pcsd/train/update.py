@@ -16,7 +16,7 @@ from pcsd.models import compute_context
 from pcsd.ops.fused import fused_score_loss
 from pcsd.ops.grpo import group_advantages, grpo_token_terms, token_coefficients
 from pcsd.ops.losses import pcsd_loss
-from pcsd.ops.scoring import score_packed, uses_varlen_attention
+from pcsd.ops.scoring import greedy_microbatches, score_packed, uses_varlen_attention
 from pcsd.ops.weighting import get_rule
 from pcsd.rollout.loop import RolloutBatch
 from pcsd.train import distributed as dist_utils
@@ -29,19 +29,8 @@ __all__ = ["microbatches", "scores", "update_step"]
 def microbatches(rb: RolloutBatch, budget: int) -> list[list[int]]:
     """Rows grouped greedily in order into micro-batches of at most ``budget`` prompt+response
     tokens (a longer row is a micro-batch of its own); rows without response tokens are left out."""
-    mbs, cur, size = [], [], 0
-    for i, (p, r) in enumerate(zip(rb.prompt_ids, rb.response_ids)):
-        if not r:
-            continue
-        n = len(p) + len(r)
-        if cur and size + n > budget:
-            mbs.append(cur)
-            cur, size = [], 0
-        cur.append(i)
-        size += n
-    if cur:
-        mbs.append(cur)
-    return mbs
+    return greedy_microbatches([len(p) + len(r) if r else 0 for p, r in zip(rb.prompt_ids, rb.response_ids)],
+                               budget)
 
 
 _PAD_ROW = ([0], [0])  # a 2-token sequence for the padding passes of ranks with fewer micro-batches
