@@ -99,8 +99,15 @@ def init_distributed(*, rank: Optional[int] = None, world_size: Optional[int] = 
 
 
 def shutdown(ctx: DistContext) -> None:
+    """Leaves the process group. All ranks meet at a barrier first: a rank that destroys its gloo
+    group while a peer still has collectives in flight (FSDP2's last reduce-scatter, or rank 0
+    still writing a file) can make the peer abort with "terminate called without an active
+    exception"."""
     if ctx.distributed and dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 # ----------------------------------------------------------------------------- sharding
