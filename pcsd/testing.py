@@ -63,7 +63,7 @@ _PROMPT_TEXT = (
     "MUST be enclosed within <think> </think> tags.",
     "Once you've finished your reasoning, you should choose an admissible action for current "
     "step and present it within <action> </action> tags.",
-    "You are an expert autonomous agent operating in the WebShop e-commerce environment.",
+    "You are an expert autonomous agent operating in the WebShop e\u2011commerce environment.",
     "Now it's your turn to take one action for the current step.",
     "then think carefully which admissible action best advances the shopping goal.",
     "i need a long sleeve shirt in navy, size large, and price lower than 40.00 dollars",

@@ -124,9 +124,10 @@ def test_webshop_prompt():
     pb = P.PromptBuilder("webshop")
     adm = ["search[<your query>]", "click[back to search]"]
     text = pb.build("i need a red shirt, size large", "'Search'", adm, [], 0)
+    # verl-agent's template byte for byte (tests/test_webshop_wiring.py checks every recorded prompt)
     assert text.startswith(
-        "You are an expert autonomous agent operating in the WebShop e-commerce environment.\n"
-        "Your task is to: i need a red shirt, size large.\n\nYour current observation is: 'Search'.\n\n"
+        "\nYou are an expert autonomous agent operating in the WebShop e\u2011commerce environment. \n"
+        "Your task is to: i need a red shirt, size large.\nYour current observation is: 'Search'.\n"
     )
     assert "[\n'search[<your query>]',\n'click[back to search]',\n]." in text
     text2 = pb.build("i need a red shirt", "page 2", adm, [("'Search'", "search[red shirt]")], 1)

@@ -34,8 +34,12 @@ __all__ = [
     "PromptBuilder",
     "PromptTooLongError",
     "classify_alfworld_task",
+    "format_webshop_observation",
     "parse_action",
+    "project_webshop_action",
     "retrieve_skills",
+    "webshop_actions",
+    "webshop_task",
 ]
 
 EnvName = Literal["alfworld", "webshop"]
@@ -334,12 +338,15 @@ class ParsedAction:
     missing_action_tags: bool
     multiple_actions: bool
     not_admissible: bool
+    #: a CJK ideograph (U+4E00..U+9FFF) in the response (the WebShop projection's third rule)
+    cjk: bool = False
 
     @property
     def is_valid(self) -> bool:
         """Well formed and admissible."""
         return not (
             self.missing_think or self.missing_action_tags or self.multiple_actions or self.not_admissible
+            or self.cjk
         )
 
 
@@ -375,3 +382,75 @@ def retrieve_skills(task: str, env: EnvName = "alfworld") -> str:
 def classify_alfworld_task(task: str) -> str:
     """The ALFWorld task type (e.g. ``"pick_heat_then_place_in_recep"``) of a task description."""
     return _mod().classify_alfworld_task(task)
+
+
+# ----------------------------------------------------------------------------- WebShop agent text
+# verl-agent's / ZJU-REAL/SDAR's WebShop wrapper (WebshopEnvironmentManager and
+# env_package/webshop/projection.py), as FACTS.md ("verl-agent / SDAR wrapper") records it:
+# the page text from the env is reformatted before it enters the prompt, and the response is
+# projected to an env action. tests/test_webshop_wiring.py checks both on every recorded verl step.
+
+_WEBSHOP_SEP = " [SEP] "
+
+
+def webshop_task(reset_observation: str) -> str:
+    """The task of a WebShop episode: the instruction, ``obs.split(' [SEP] ')[2]`` of the search
+    page ``reset`` returns (``WebShop [SEP] Instruction: [SEP] {instruction} [SEP] Search``)."""
+    if not isinstance(reset_observation, str):
+        raise ValueError(f"reset_observation: expected str, got {type(reset_observation).__name__}")
+    parts = reset_observation.split(_WEBSHOP_SEP)
+    if len(parts) < 3 or parts[1] != "Instruction:":
+        raise ValueError(
+            "reset_observation: expected the search page of a reset ('WebShop [SEP] Instruction: [SEP] "
+            f"... [SEP] Search'), got {reset_observation[:80]!r}"
+        )
+    return parts[2]
+
+
+def format_webshop_observation(observation: str, task: str) -> str:
+    """The observation as the agent sees it: the page's ``' [SEP] '`` parts after the first part
+    equal to ``task``, each in single quotes, joined with ``' [SEP] '``; a page without that part
+    (the done page) verbatim."""
+    if not isinstance(observation, str) or not isinstance(task, str):
+        raise ValueError("observation and task: expected str")
+    parts = observation.split(_WEBSHOP_SEP)
+    try:
+        i = parts.index(task)
+    except ValueError:
+        return observation
+    return _WEBSHOP_SEP.join(f"'{p}'" for p in parts[i + 1:])
+
+
+def webshop_actions(has_search_bar: bool, clickables: Sequence[str]) -> list[str]:
+    """The admissible actions of a page: ``search[<your query>]`` when it has a search bar, then
+    ``click[x]`` for every clickable (``click[search]`` included, as verl-agent lists it)."""
+    out = ["search[<your query>]"] if has_search_bar else []
+    out += [f"click[{c}]" for c in _str_list("clickables", clickables)]
+    return out
+
+
+def project_webshop_action(text: str) -> ParsedAction:
+    """verl-agent's WebShop action projection of one response: the whole response lower-cased,
+    the action the text between the first ``<action>`` and the first ``</action>`` (stripped), or
+    the last 20 characters when a tag is missing. Valid unless a tag is missing, the response has
+    no ``<think>`` or no ``</think>`` (case-sensitive), or it holds a CJK ideograph. Admissibility
+    is not checked (an inadmissible action is a no-op of the page)."""
+    if not isinstance(text, str):
+        raise ValueError(f"text: expected str, got {type(text).__name__}")
+    low = text.lower()
+    s, e = low.find("<action>"), low.find("</action>")
+    if s == -1 or e == -1:
+        action, missing_tags = low[-20:], True
+    else:
+        action, missing_tags = low[s + len("<action>"):e].strip(), False
+    t0, t1 = text.find("<think>"), text.find("</think>")
+    think = text[t0 + len("<think>"):t1].strip() if 0 <= t0 < t1 else None
+    return ParsedAction(
+        action=_lossy(action),
+        think=think,
+        missing_think=t0 == -1 or t1 == -1,
+        missing_action_tags=missing_tags,
+        multiple_actions=False,
+        not_admissible=False,
+        cjk=any("\u4e00" <= ch <= "\u9fff" for ch in text),
+    )

@@ -43,17 +43,22 @@ Your admissible actions of the current situation are: [{{ admissible_actions }}]
 Now it's your turn to take an action.
 {{ instructions }}";
 
-const WEBSHOP_INSTRUCTIONS: &str = "You should first reason step-by-step about the current situation, then think carefully which admissible action best advances the shopping goal. This reasoning process MUST be enclosed within <think> </think> tags.
-Once you've finished your reasoning, you should choose an admissible action for current step and present it within <action> </action> tags.";
+// WebShop: verl-agent's / ZJU-REAL/SDAR's `agent_system/environments/prompts/webshop.py` byte for byte
+// (the appendix shows the same text typeset): a leading newline, "e\u{2011}commerce" (a
+// non-breaking hyphen), the trailing spaces after "are:" and "tags.", a final newline. The task is
+// inserted as the instruction text of the page, the observation and the admissible actions as
+// formatted by `pcsd.text.prompts.format_webshop_observation` / `webshop_actions` (FACTS.md,
+// "verl-agent / SDAR wrapper"); `tests/test_webshop_wiring.py` compares every recorded verl prompt.
+const WEBSHOP_INSTRUCTIONS: &str = "You should first reason step-by-step about the current situation, then think carefully which admissible action best advances the shopping goal. This reasoning process MUST be enclosed within <think> </think> tags. 
+Once you've finished your reasoning, you should choose an admissible action for current step and present it within <action> </action> tags.
+";
 
-pub const WEBSHOP_TEMPLATE: &str = "You are an expert autonomous agent operating in the WebShop e-commerce environment.
+pub const WEBSHOP_TEMPLATE: &str = "
+You are an expert autonomous agent operating in the WebShop e\u{2011}commerce environment.
 Your task is to: {{ task_description }}.
-
 Prior to this step, you have already taken {{ step_count }} step(s). Below are the most recent {{ history_length }} observations and the corresponding actions you took: {{ action_history }}
-
 You are now at step {{ current_step }} and your current observation is: {{ current_observation }}.
-
-Your admissible actions of the current situation are:
+Your admissible actions of the current situation are: 
 [
 {{ admissible_actions }}
 ].
@@ -61,12 +66,11 @@ Your admissible actions of the current situation are:
 Now it's your turn to take one action for the current step.
 {{ instructions }}";
 
-pub const WEBSHOP_TEMPLATE_NO_HIS: &str = "You are an expert autonomous agent operating in the WebShop e-commerce environment.
+pub const WEBSHOP_TEMPLATE_NO_HIS: &str = "
+You are an expert autonomous agent operating in the WebShop e\u{2011}commerce environment. 
 Your task is to: {{ task_description }}.
-
 Your current observation is: {{ current_observation }}.
-
-Your admissible actions of the current situation are:
+Your admissible actions of the current situation are: 
 [
 {{ admissible_actions }}
 ].
@@ -74,7 +78,10 @@ Your admissible actions of the current situation are:
 Now it's your turn to take one action for the current step.
 {{ instructions }}";
 
-/// One past step: the observation the agent saw and the action it took.
+/// verl-agent falls back to the no-history WebShop prompt when the prompt with history is longer
+/// than this many characters (Python `len`, i.e. code points).
+pub const WEBSHOP_MAX_HISTORY_PROMPT_CHARS: usize = 13000;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HistoryEntry {
     pub observation: String,
@@ -200,8 +207,11 @@ pub fn render_student<A: AsRef<str>, P: PastStep>(
         (EnvKind::Webshop, Variant::NoHistory) => ("webshop_no_his", WEBSHOP_INSTRUCTIONS),
     };
     let (action_history, n_hist) = format_history(history, step, history_length);
-    let task = task.trim();
-    let task = if env == EnvKind::Webshop { task.trim_end_matches('.') } else { task };
+    // WebShop: verbatim, as verl-agent inserts them (its task can end with a period)
+    let (task, observation) = match env {
+        EnvKind::Webshop => (task, observation),
+        EnvKind::Alfworld => (task.trim(), observation.trim()),
+    };
     tenv.get_template(name)
         .and_then(|t| {
             t.render(context! {
@@ -210,7 +220,7 @@ pub fn render_student<A: AsRef<str>, P: PastStep>(
                 history_length => n_hist,
                 action_history => action_history,
                 current_step => step + 1,
-                current_observation => observation.trim(),
+                current_observation => observation,
                 admissible_actions => format_admissible(env, admissible),
                 instructions => instructions,
             })
@@ -299,8 +309,10 @@ impl PromptBuilder {
         let wants_history = step > 0 && self.history_length > 0 && !history.is_empty();
         if wants_history {
             let text = render(Variant::WithHistory)?;
-            let ids = self.measure(&text)?;
+            let too_long = self.env == EnvKind::Webshop && text.chars().count() > WEBSHOP_MAX_HISTORY_PROMPT_CHARS;
+            let ids = if too_long { None } else { self.measure(&text)? };
             match (&ids, self.max_prompt_tokens) {
+                _ if too_long => {} // fall back below (verl-agent's WebShop rule)
                 (Some(ids), Some(b)) if ids.len() > b => {} // fall back below
                 _ => {
                     let tokens = ids.as_ref().map(Vec::len);
@@ -438,11 +450,25 @@ mod tests {
     fn webshop_format() {
         let b = PromptBuilder::new(EnvKind::Webshop, 2, None, None).unwrap();
         let p = b
-            .build("Find me a red shirt.", "'Search'", &adm(&["search[<your query>]", "click[back to search]"]), NO_HIST, 0)
+            .build("Find me a red shirt.", "'Search'", &adm(&["search[<your query>]", "click[search]"]), NO_HIST, 0)
             .unwrap();
-        assert!(p.starts_with("You are an expert autonomous agent operating in the WebShop e-commerce environment.\nYour task is to: Find me a red shirt.\n\nYour current observation is: 'Search'.\n\n"), "{p}");
-        assert!(p.contains("[\n'search[<your query>]',\n'click[back to search]',\n]."));
-        assert!(p.contains("which admissible action best advances the shopping goal"));
+        assert!(p.starts_with("\nYou are an expert autonomous agent operating in the WebShop e\u{2011}commerce environment. \nYour task is to: Find me a red shirt..\nYour current observation is: 'Search'.\n"), "{p:?}");
+        assert!(p.contains("are: \n[\n'search[<your query>]',\n'click[search]',\n].\n"), "{p:?}");
+        assert!(p.ends_with("within <action> </action> tags.\n"), "{p:?}");
+        let hist = vec![HistoryEntry::new("'Search'", "search[red shirt]")];
+        let p = b.build("t", "o", &adm(&["click[next >]"]), &hist, 1).unwrap();
+        assert!(p.contains("most recent 1 observations and the corresponding actions you took: [Observation 1: ''Search'', Action 1: 'search[red shirt]']\nYou are now at step 2 and your current observation is: o.\n"), "{p:?}");
+    }
+
+    #[test]
+    fn webshop_long_history_prompt_falls_back() {
+        let b = PromptBuilder::new(EnvKind::Webshop, 2, None, None).unwrap();
+        let hist = vec![HistoryEntry::new("x".repeat(WEBSHOP_MAX_HISTORY_PROMPT_CHARS), "click[a]")];
+        let p = b.build_detailed("t", "o", &adm(&["click[a]"]), &hist, 1).unwrap();
+        assert_eq!(p.variant, Variant::NoHistory);
+        let hist = vec![HistoryEntry::new("x".repeat(100), "click[a]")];
+        let p = b.build_detailed("t", "o", &adm(&["click[a]"]), &hist, 1).unwrap();
+        assert_eq!(p.variant, Variant::WithHistory);
     }
 
     #[test]
