@@ -116,3 +116,201 @@ def test_teacher_prompt_has_the_category_skills() -> None:
     skills = P.retrieve_skills(task, env="webshop")
     assert skills.count("## ") == 2, "general rules plus the food category's"
     assert skills in teacher[: -len(student)]
+
+
+# ----------------------------------------------------------------------------- goals
+def test_validation_draw_is_verl_agents(webshop_data: Path) -> None:
+    """verl-agent's first validation batch: worker i plays RandomState(1000).choice(range(500), 128)[i]
+    (recorded in the traces as `verl_valbatch`); worker 0 (seed 1000) is our validation shop's env 0."""
+    from pcsd.envs.webshop import WebShop
+    from pcsd.eval.protocol import webshop_validation_goals
+
+    draw = webshop_validation_goals("paper", 0, seed=0, validation_index=0)
+    assert len(draw) == 128 == len(set(draw)) and all(0 <= g < 500 for g in draw)
+    batch = [ep for ep in _verl_episodes(str(webshop_data)) if ep["config"] == "verl_valbatch"]
+    assert batch
+    for ep in batch:
+        worker = ep["env_seed"] - 1000
+        assert draw[worker] == ep["goal_index"]
+    shop = WebShop.load(webshop_data, seed=1000, variant="verl")
+    ep0 = next(ep for ep in batch if ep["env_seed"] == 1000)
+    assert shop.goal(draw[0])["instruction_text"] == ep0["goal"]["instruction_text"]
+    assert webshop_validation_goals("full", 0, 0, 3) == draw  # fixed goals
+    assert webshop_validation_goals("paper", 0, 0, 1) != draw  # verl-agent's next validation
+
+
+def test_train_draws(webshop_data: Path) -> None:
+    from pcsd.envs.webshop import WebShop
+    from pcsd.train.config import load_config
+    from pcsd.train.webshop import train_goals
+
+    cfg = load_config(["preset=webshop-qwen2.5-3b", f"env.webshop_data={webshop_data}"])
+    shop = WebShop.load(webshop_data, seed=0, variant="verl")
+    a, b = train_goals(cfg, shop, 0), train_goals(cfg, shop, 1)
+    assert len(a) == 16 == len(set(a)) and all(500 <= g < shop.num_goals for g in a + b)
+    assert a != b and train_goals(cfg, shop, 1) == b  # a fresh draw per step, reproducible (resume)
+
+
+def test_bad_draw_arguments() -> None:
+    from pcsd.envs.webshop import draw_goals
+    from pcsd.eval.games import EvalError
+    from pcsd.eval.protocol import webshop_validation_goals
+
+    with pytest.raises(ValueError, match="count"):
+        draw_goals(range(10), 11, 0)
+    with pytest.raises(EvalError, match="protocol"):
+        webshop_validation_goals("all")
+
+
+# ----------------------------------------------------------------------------- config and presets
+PRESETS = ["webshop-qwen2.5-3b", "webshop-qwen3-1.7b"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_presets_validate_and_plan(webshop_data: Path, preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pcsd.train import cli
+    from pcsd.train.config import load_config
+
+    monkeypatch.setenv("WEBSHOP_DATA", str(webshop_data))
+    cfg = load_config([f"preset={preset}"])
+    assert (cfg.env.name, cfg.env.max_steps, cfg.env.history_length) == ("webshop", 15, 2)
+    assert (cfg.rollout.tasks_per_step, cfg.rollout.group_size) == (16, 8)
+    assert (cfg.rollout.max_prompt_tokens, cfg.rollout.max_response_tokens) == (4096, 512)
+    assert (cfg.eval.temperature, cfg.algo.success_reward) == (0.4, 10.0)
+    alf = load_config([f"preset={preset.replace('webshop', 'alfworld')}"])
+    for key in ("param_dtype", "compute_dtype", "teacher_dtype", "export_dtype", "enable_thinking"):
+        assert cfg.model[key] == alf.model[key]
+    assert cli.main([f"preset={preset}", "--plan"]) == 0
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("env.name=webshopp", "env.name"),
+        ("env.webshop_variant=verll", "env.webshop_variant"),
+        ("env.webshop_data=/nonexistent/webshop", "env.webshop_data"),
+        ("env.rooms=[kitchen]", "env.rooms"),
+        ("eval.episodes=501", "eval.episodes"),
+    ],
+)
+def test_bad_webshop_config(webshop_data: Path, override: str, named: str, monkeypatch) -> None:
+    from pcsd.train.config import ConfigError, load_config
+
+    monkeypatch.setenv("WEBSHOP_DATA", str(webshop_data))
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(["preset=tiny-cpu-webshop", override])
+
+
+def test_missing_webshop_data_is_a_config_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pcsd.train.config import ConfigError, load_config
+
+    monkeypatch.delenv("WEBSHOP_DATA", raising=False)
+    with pytest.raises(ConfigError, match=r"env\.webshop_data.*WEBSHOP_DATA"):
+        load_config(["preset=tiny-cpu-webshop"])
+    with pytest.raises(ConfigError, match=r"env\.webshop_data=.*items_shuffle_1000\.json"):
+        load_config(["preset=tiny-cpu-webshop", f"env.webshop_data={tmp_path}"])
+    assert load_config(["preset=tiny-cpu"]).env.name == "alfworld"  # the default stays ALFWorld
+
+
+# ----------------------------------------------------------------------------- rollouts and evaluation
+class _ShopperBackend:
+    """A scripted policy reading the verl-style prompt: search with the task, open the first
+    product, buy; ``bad_turn`` answers without a <think> block (an invalid response)."""
+
+    name = "scripted"
+
+    def __init__(self, tokenizer, eos: int, bad_turn: int = -1) -> None:
+        self.tok, self.eos, self.bad_turn, self.turn = tokenizer, eos, bad_turn, 0
+
+    def generate(self, prompts, *, n=1, max_tokens=512, temperature=1.0, top_p=1.0, seed=0, stop_token_ids=()):
+        import re
+
+        from pcsd.rollout.backends import Sample
+
+        out = []
+        for ids in prompts:
+            text = self.tok.decode(ids)
+            task = re.search(r"Your task is to: (.*)\.\n", text).group(1)
+            adm = text[text.rindex("are: \n[\n"):]
+            if "'search[<your query>]'" in adm:
+                act = f"search[{task}]"
+            elif "'click[buy now]'" in adm:
+                act = "click[buy now]"
+            else:
+                act = re.search(r"'(click\[b[0-9a-z]{9}\])'", adm).group(1)
+            think = "" if self.turn == self.bad_turn else "<think>go</think>"
+            ids_out = self.tok.encode(f"{think}<action>{act}</action>") + [self.eos]
+            out.append([Sample(token_ids=ids_out, logprobs=[0.0] * len(ids_out), finished=True)])
+        self.turn += 1
+        return out
+
+
+@pytest.fixture(scope="module")
+def tiny_builder(tmp_path_factory):
+    from pcsd.testing import make_tiny_model
+
+    path = make_tiny_model(tmp_path_factory.mktemp("tiny_ws"), seed=0)
+    pb = P.PromptBuilder("webshop", history_length=2, max_prompt_tokens=None, tokenizer_dir=path)
+    return pb, pb.tokenizer.encode("<|im_end|>")[0]
+
+
+def test_rollouts_on_webshop(webshop_data: Path, tiny_builder) -> None:
+    from pcsd.envs.webshop import WebShop
+    from pcsd.rollout.loop import collect_rollouts
+
+    pb, eos = tiny_builder
+    shop = WebShop.load(webshop_data, seed=0, variant="verl")
+    goals = [600, 601, 602, 603, 604, 605]
+    rb = collect_rollouts(_ShopperBackend(pb.tokenizer, eos, bad_turn=1), pb, goals, 2, max_steps=15,
+                          success_reward=10.0, invalid_action_penalty=0.1, env_kind="webshop",
+                          env_options={"shop": shop})
+    n = len(goals) * 2
+    assert rb.num_trajectories == n and rb.length.tolist() == [3] * n  # search, open, buy
+    assert rb.action_valid.view(-1, n).tolist() == [[True] * n, [False] * n, [True] * n]
+    assert rb.task == [shop.goal(g)["instruction_text"] for g in goals for _ in range(2)]
+    for e in range(n):  # the same actions replayed on a plain env give the recorded score
+        env = shop.env()
+        env.reset(goals[e // 2])
+        acts = [a for t, a in zip(rb.traj_id.tolist(), rb.actions) if t == e]
+        *_, (obs, r, done, info) = [env.step(a) for a in acts]
+        assert done and float(r) == float(rb.score[e])
+        assert bool(rb.won[e]) == (float(r) == 1.0)
+        assert float(rb.reward[e]) == pytest.approx(10.0 * (float(r) == 1.0) - 0.1)
+    assert 0 < float(rb.score.mean()) < 1
+    # the first prompt of env 0 is the verl prompt of the reset page, chat-encoded
+    obs0, info0 = shop.env().reset(goals[0])
+    task = P.webshop_task(obs0)
+    av = info0["available_actions"]
+    expected = pb.encode_batch([dict(task=task, observation=P.format_webshop_observation(obs0, task),
+                                     admissible=P.webshop_actions(av["has_search_bar"], av["clickables"]))])[0]
+    assert rb.prompt_ids[0] == expected
+
+
+def test_evaluation_reports_score_and_acc(webshop_data: Path, tiny_builder) -> None:
+    from omegaconf import OmegaConf
+
+    from pcsd.envs.webshop import WebShop
+    from pcsd.eval.run import EvalResult, evaluate, render_table
+
+    pb, eos = tiny_builder
+    shop = WebShop.load(webshop_data, seed=1000, variant="verl")
+    cfg = OmegaConf.create(dict(env=dict(name="webshop", max_steps=15, num_threads=0),
+                                rollout=dict(max_response_tokens=128),
+                                eval=dict(greedy=False, temperature=0.4, skills=False, batch_size=0,
+                                          protocol="full")))
+    goals = [0, 1, 2, 3, 4, 5, 6, 7]
+    out = evaluate(_ShopperBackend(pb.tokenizer, eos), pb, goals, cfg, label="scripted", split="webshop",
+                   env_options={"shop": shop})
+    scores = [g["score"] for g in out["games"]]
+    assert out["env"] == "webshop" and len(scores) == 8
+    assert out["score"] == pytest.approx(100.0 * sum(scores) / 8)
+    assert out["acc"] == pytest.approx(100.0 * sum(s == 1.0 for s in scores) / 8) == out["overall"]
+    assert 0 < out["score"] < 100
+    table = render_table([out])
+    assert "| **Method** | **Score** | **Acc** | **Pick** |" in table
+    assert f"| scripted | {out['score']:.1f} | {out['acc']:.1f} | – |" in table
+    # next to ALFWorld's: one row per method
+    alf = EvalResult(label="scripted", split="valid_seen", games=[]).to_dict()
+    both = render_table([alf, out])
+    assert f"| scripted | {out['score']:.1f} | {out['acc']:.1f} | – | – | – | – | – | – | 0.0 |" in both
+    assert both.count("| scripted |") == 1

@@ -39,7 +39,8 @@ from typing import Any
 
 from pcsd import _native
 
-__all__ = ["WebShop", "WebShopEnv", "WebShopStepError", "GOAL_SETS", "VARIANTS", "run_expert"]
+__all__ = ["WebShop", "WebShopEnv", "WebShopStepError", "GOAL_SETS", "VARIANTS", "run_expert", "VALIDATION_GOALS",
+           "TRAIN_GOALS_START", "VALIDATION_SEED_OFFSET", "train_goal_indices", "draw_goals", "resolve_data_dir"]
 
 GOAL_SETS = ("synthetic", "human")
 VARIANTS = ("upstream", "verl")
@@ -241,3 +242,52 @@ def run_expert(env: WebShopEnv, goal_index: int, max_steps: int = 15) -> tuple[l
         _, r, done, _ = env.step(a)
         reward = float(r)
     return actions, reward, done
+
+
+# ----------------------------------------------------------------------------- the agent setups' goal splits
+# verl-agent / ZJU-REAL/SDAR (FACTS.md, "verl-agent / SDAR wrapper"): validation goals are indices
+# range(500) of a worker's goal list, training goals range(500, len(goals)); every reset of the
+# environment manager draws `RandomState(manager_seed).choice(idxs, env_num, replace=False)` with one
+# persistent generator (manager seed env.seed for training, env.seed + 1000 for validation).
+VALIDATION_GOALS = range(0, 500)
+TRAIN_GOALS_START = 500
+VALIDATION_SEED_OFFSET = 1000
+
+
+def train_goal_indices(num_goals: int) -> range:
+    """The training goal indices of a synthetic goal list of ``num_goals`` goals."""
+    _int_arg("num_goals", num_goals, TRAIN_GOALS_START + 1)
+    return range(TRAIN_GOALS_START, num_goals)
+
+
+def draw_goals(indices: range | list[int], count: int, seed: int, draw: int = 0) -> list[int]:
+    """The goal indices draw number ``draw`` (0 = the first reset) of verl-agent's environment
+    manager makes: ``count`` distinct indices from ``indices`` with
+    ``numpy.random.RandomState(seed)``, the generator advanced by the ``draw`` earlier draws."""
+    import numpy as np
+
+    idxs = list(indices)
+    _int_arg("count", count, 1)
+    _int_arg("seed", seed, 0)
+    _int_arg("draw", draw, 0)
+    if count > len(idxs):
+        raise ValueError(f"count: expected at most {len(idxs)} goals (the indices to draw from), got {count}")
+    rng = np.random.RandomState(seed)
+    for _ in range(draw):
+        rng.choice(idxs, size=count, replace=False)
+    return [int(i) for i in rng.choice(idxs, size=count, replace=False)]
+
+
+def resolve_data_dir(data_dir: str | os.PathLike[str] | None, arg: str = "data_dir") -> str:
+    """The WebShop folder to load: ``data_dir``, else ``$WEBSHOP_DATA``; a folder holding
+    ``items_shuffle_1000.json`` itself or in ``data/``. Raises ValueError naming ``arg``."""
+    if data_dir is None:
+        data_dir = os.environ.get("WEBSHOP_DATA") or None
+        if data_dir is None:
+            raise ValueError(f"{arg}: WebShop needs its data folder: set {arg} or the WEBSHOP_DATA environment "
+                             "variable to the folder holding data/items_shuffle_1000.json")
+    p = Path(os.fspath(data_dir)).expanduser()
+    if not ((p / "items_shuffle_1000.json").is_file() or (p / "data" / "items_shuffle_1000.json").is_file()):
+        what = "no such folder" if not p.is_dir() else "no items_shuffle_1000.json there or in data/"
+        raise ValueError(f"{arg}={p}: {what} (expected the WebShop folder holding data/items_shuffle_1000.json)")
+    return str(p)

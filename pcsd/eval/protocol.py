@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 
 from pcsd.eval.games import EvalError, game_task_type
 
-__all__ = ["PROTOCOLS", "PAPER_EPISODES", "VALIDATION_SEED_OFFSET", "paper_episodes", "stratified_subset",
+__all__ = ["PROTOCOLS", "webshop_validation_goals", "PAPER_EPISODES", "VALIDATION_SEED_OFFSET", "paper_episodes", "stratified_subset",
            "wilson_interval", "protocol_games"]
 
 PROTOCOLS = ("full", "paper")
@@ -114,3 +114,21 @@ def protocol_games(games: Sequence[str], protocol: str, episodes: int = 0, seed:
     if protocol == "paper":
         return paper_episodes(games, episodes or PAPER_EPISODES, seed, validation_index)
     raise EvalError(f"protocol={protocol!r} is unknown: expected one of {', '.join(PROTOCOLS)}")
+
+
+def webshop_validation_goals(protocol: str, episodes: int = 0, seed: int = 0, validation_index: int = 0) -> list[int]:
+    """The WebShop goal indices (of the validation shop, seed ``seed + 1000``) validation number
+    ``validation_index`` plays: ``episodes`` (0 = 128) distinct goals of ``range(500)`` drawn with
+    ``RandomState(seed + 1000)`` as verl-agent's validation manager draws them; ``paper`` takes
+    draw ``validation_index`` of that generator, ``full`` always draw 0 (fixed goals). See
+    :mod:`pcsd.train.webshop` for how this maps verl-agent's per-worker seeds onto one shop."""
+    from pcsd.envs.webshop import VALIDATION_GOALS, VALIDATION_SEED_OFFSET, draw_goals
+
+    if protocol not in PROTOCOLS:
+        raise EvalError(f"protocol={protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+    n = episodes or PAPER_EPISODES
+    try:
+        return draw_goals(VALIDATION_GOALS, n, seed + VALIDATION_SEED_OFFSET,
+                          validation_index if protocol == "paper" else 0)
+    except (TypeError, ValueError) as exc:
+        raise EvalError(f"episodes={episodes!r}, seed={seed!r}, validation_index={validation_index!r}: {exc}") from None

@@ -56,6 +56,10 @@ class RolloutBatch:
     task: list[str]  # (N,)
     # --- bookkeeping ---
     timings: RolloutTimings = field(default_factory=RolloutTimings)
+    # (N,) float64 task score in [0, 1]: WebShop's purchase reward at the episode's end (0 without a
+    # purchase), ALFWorld's won as 0/1; None where the batch was not made by collect_rollouts
+    score: Optional[Tensor] = None
+    env_errors: int = 0  # WebShop episodes ended by a step the original raises on
 
     @property
     def num_rows(self) -> int:
@@ -108,13 +112,21 @@ def collect_rollouts(
         backend: a generation backend (``vllm`` or ``hf``).
         builder: the prompt builder (student and teacher prompts, chat template, tokeniser).
         games: one game file per group; environment ``i`` plays ``games[i // group_size]``. For env
-            kinds without game files (``dummy``) the number of groups instead.
+            kinds without game files (``dummy``) the number of groups instead; for ``webshop`` one
+            goal index per group (of the shop in ``env_options["shop"]``).
+        env_kind: ``alfworld`` (default), ``webshop`` or ``dummy``. WebShop runs as verl-agent's
+            wrapper does (:mod:`pcsd.text.prompts`): the task is the page's instruction, the page
+            text and the clickables are reformatted for the prompt, the response is projected with
+            :func:`~pcsd.text.prompts.project_webshop_action` (invalid: tags missing, no think
+            block, CJK characters; not an admissibility check), ``won`` is score 1, and a step the
+            original WebShop raises on ends that episode unwon (counted in ``env_errors``).
         student_skills: the student sees the skills too (Skill-GRPO and the starred evaluations).
         teacher_prompts: also build the teacher prompts (needed for distillation).
         progress: optional callable ``progress(done_envs, total_envs)``.
     """
     from pcsd.envs.pool import EnvPool
-    from pcsd.text.prompts import parse_action
+    from pcsd.text.prompts import (format_webshop_observation, parse_action, project_webshop_action,
+                                   webshop_actions, webshop_task)
 
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -125,16 +137,30 @@ def collect_rollouts(
     timings = RolloutTimings()
     n_envs = num_groups * group_size
     t0 = time.perf_counter()
+    webshop = env_kind == "webshop"
+    opts = dict(env_options or {})
+    if webshop:
+        if isinstance(games, int):
+            raise ValueError("games: env kind 'webshop' needs one goal index per group, got a count")
+        opts["goals"] = list(games)
     pool = EnvPool(env_kind, n_envs, group_size=group_size,
-                   games=None if isinstance(games, int) else list(games), max_steps=max_steps,
-                   num_threads=num_threads, seed=seed, **(env_options or {}))
+                   games=None if (isinstance(games, int) or webshop) else list(games), max_steps=max_steps,
+                   num_threads=num_threads, seed=seed, **opts)
     first = pool.reset()
     timings.env += time.perf_counter() - t0
-    obs = dict(zip(first.env_id.tolist(), first.obs))
-    adm = dict(zip(first.env_id.tolist(), first.admissible))
+    ids = first.env_id.tolist()
     tasks = {e: pool.task_of(e) for e in range(n_envs)}  # (task_type, task)
+    if webshop:  # verl-agent's agent text: the instruction, the reformatted page, search[...]/click[...]
+        tasks = {e: (tasks[e][0], webshop_task(o)) for e, o in zip(ids, first.obs)}
+        obs = {e: format_webshop_observation(o, tasks[e][1]) for e, o in zip(ids, first.obs)}
+        adm = {e: webshop_actions(bool(sb), a) for e, sb, a in zip(ids, first.has_search_bar, first.admissible)}
+    else:
+        obs = dict(zip(ids, first.obs))
+        adm = dict(zip(ids, first.admissible))
     history: dict[int, list[tuple[str, str]]] = {e: [] for e in range(n_envs)}
     won = torch.zeros(n_envs, dtype=torch.bool)
+    score = torch.zeros(n_envs, dtype=torch.float64)
+    env_errors = 0
     length = torch.zeros(n_envs, dtype=torch.int64)
     penalty = torch.zeros(n_envs, dtype=torch.float32)
     rows_prompt, rows_teacher, rows_resp, rows_lp = [], [], [], []
@@ -161,7 +187,7 @@ def collect_rollouts(
             for k, e in enumerate(active):
                 s = out[k][0]
                 text = builder.tokenizer.decode(s.token_ids)
-                parsed = parse_action(text, adm[e])
+                parsed = project_webshop_action(text) if webshop else parse_action(text, adm[e])
                 actions.append(parsed.action)
                 rows_prompt.append(student[k])
                 rows_teacher.append(teacher[k])
@@ -180,13 +206,21 @@ def collect_rollouts(
             timings.env += time.perf_counter() - t0
             still = []
             for k, e in enumerate(res.env_id.tolist()):
-                if res.error[k]:
+                if res.error[k] and not webshop:
                     raise RuntimeError(f"environment {e} failed: {res.error[k]}")
                 history[e].append((obs[e], actions[k]))
                 length[e] += 1
-                obs[e], adm[e] = res.obs[k], res.admissible[k]
+                if res.error[k]:  # where the original WebShop raises (e.g. search[<a> ...]): episode over
+                    env_errors += 1
+                    continue
+                if webshop:
+                    obs[e] = format_webshop_observation(res.obs[k], tasks[e][1])
+                    adm[e] = webshop_actions(bool(res.has_search_bar[k]), res.admissible[k])
+                else:
+                    obs[e], adm[e] = res.obs[k], res.admissible[k]
                 if res.done[k]:
                     won[e] = bool(res.won[k])
+                    score[e] = float(res.score[k]) if webshop else float(won[e])
                 else:
                     still.append(e)
             active = still
@@ -206,5 +240,5 @@ def collect_rollouts(
         reward=reward, won=won, length=length,
         traj_group=torch.arange(n_envs, dtype=torch.int64) // group_size,
         task_type=[tasks[e][0] for e in range(n_envs)], task=[tasks[e][1] for e in range(n_envs)],
-        timings=timings,
+        timings=timings, score=score, env_errors=env_errors,
     )

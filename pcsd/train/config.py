@@ -73,6 +73,9 @@ class EnvConfig:
     distractors: Optional[int] = None  # objects besides the task's own
     task_types: Optional[List[str]] = None  # procedural task types (None = all six, in rotation)
     rooms: Optional[List[str]] = None  # procedural rooms (None = any room the task type allows)
+    # WebShop (name=webshop; pcsd.train.webshop): the folder holding data/ and facts/ (None = $WEBSHOP_DATA)
+    webshop_data: Optional[str] = None  # synthetic goals (6,910 on the 1k set), as the agent setups
+    webshop_variant: str = "verl"  # verl (verl-agent/SDAR's seeding, the paper's) | upstream (princeton-nlp)
 
 
 @dataclass
@@ -180,7 +183,8 @@ class TrainConfig:
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "env.name": ("alfworld",),
+    "env.name": ("alfworld", "webshop"),
+    "env.webshop_variant": ("verl", "upstream"),
     "env.source": ("procedural", "files"),
     "env.split": ("train", "valid_seen", "valid_unseen"),
     "rollout.backend": ("vllm", "hf"),
@@ -401,6 +405,12 @@ def _validate(cfg: DictConfig) -> None:
     if not 0 < cfg.algo.clip_eps < 1:
         raise ConfigError(f"algo.clip_eps must be in (0, 1), got {cfg.algo.clip_eps}")
     _validate_ranges(cfg)
+    if cfg.env.name == "webshop":
+        from pcsd.train.webshop import check_webshop_config
+
+        problem = check_webshop_config(cfg)
+        if problem:
+            raise ConfigError(problem)
     if not (cfg.algo.grpo or cfg.algo.distill or cfg.optim.steps == 0):
         raise ConfigError("algo.grpo and algo.distill are both false: nothing to train "
                           "(use optim.steps=0 for the Vanilla baseline)")
@@ -454,7 +464,7 @@ def _validate_ranges(cfg: DictConfig) -> None:
         raise ConfigError(f"optim.tokens_per_microbatch={cfg.optim.tokens_per_microbatch} is smaller than one "
                           f"row (rollout.max_prompt_tokens + rollout.max_response_tokens = {row}); raise it to "
                           f">= {row} or lower the prompt/response budgets")
-    if cfg.eval.protocol == "paper" and cfg.eval.split == "train":
+    if cfg.eval.protocol == "paper" and cfg.eval.split == "train" and cfg.env.name == "alfworld":
         raise ConfigError("eval.protocol=paper draws validation episodes from valid_seen or valid_unseen, "
                           "not eval.split=train")
     problem = precision.check(cfg)

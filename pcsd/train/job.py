@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pcsd.envs.procedural import write_games
 from pcsd.eval.games import split_games
-from pcsd.eval.protocol import protocol_games
+from pcsd.eval.protocol import protocol_games, webshop_validation_goals
 from pcsd.eval.run import evaluate, render_table
 from pcsd.models import eos_id, load_model, resolve_device
 from pcsd.progress import ProgressReporter
@@ -44,7 +44,7 @@ from pcsd.train.distributed import DistContext, single_process
 from pcsd.train.metrics import MetricsLogger, step_record
 from pcsd.train.precision import (cast_items, export_model, fsdp_policy, frozen_copy, precision_of,
                                   prepare_student, torch_dtype)
-from pcsd.train.sft import expert_episodes, game_corpus, sft_examples, sft_warmup
+from pcsd.train.sft import expert_episodes, game_corpus, sft_examples, sft_warmup, webshop_expert_episodes
 from pcsd.train.update import update_step
 
 __all__ = ["Job", "procedural_knobs", "train"]
@@ -82,6 +82,10 @@ class Job:
     eval_pool: list[str] = field(default_factory=list)  # the games evaluations draw from
     eval_games: list[str] = field(default_factory=list)  # the first evaluation's episodes
     eval_split: str = "procedural"
+    # env.name=webshop (pcsd.train.webshop): the training shop (seed s) and the validation shop (s + 1000);
+    # train_games / eval_games then hold goal indices of those shops
+    train_shop: Any = None
+    val_shop: Any = None
     # load_student / warm_up
     episodes: list = field(default_factory=list)  # the warm-up's expert episodes (rank 0, new runs)
     model_dir: Optional[Path] = None  # the base model (tokenizer source)
@@ -103,6 +107,15 @@ class Job:
     stopped_at: Optional[int] = None
     phases: dict[str, float] = field(default_factory=dict)  # wall seconds per phase
     gap_recorder: Any = None  # pcsd.train.gaps.GapRecorder with run.record_gaps
+
+    @property
+    def webshop(self) -> bool:
+        return self.cfg.env.name == "webshop"
+
+    @property
+    def eval_env_options(self) -> Optional[dict]:
+        """The rollout loop's ``env_options`` of an evaluation (the validation shop for WebShop)."""
+        return {"shop": self.val_shop} if self.webshop else None
 
     @property
     def warm_up_here(self) -> bool:
@@ -157,7 +170,11 @@ def setup(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext]) -> Job:
         return write_games(out_dir, count, seed, **kw)
 
     knobs = procedural_knobs(cfg)
-    if cfg.env.source == "procedural":
+    if cfg.env.name == "webshop":  # goal indices are drawn per step (pcsd.train.webshop.train_goals)
+        from pcsd.train.webshop import load_shops
+
+        job.train_shop, job.val_shop = load_shops(cfg)
+    elif cfg.env.source == "procedural":
         pool_n = max(64, cfg.rollout.tasks_per_step * max(cfg.optim.steps, 1))
         job.train_games = games_at(run_dir / "games" / "train", pool_n, TRAIN_GAMES_SEED, **knobs)
         # protocol full: eval.episodes generated games, each once; paper: 128 draws from 48 games
@@ -167,7 +184,8 @@ def setup(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext]) -> Job:
         job.train_games = split_games(cfg.env.split)
         job.eval_pool = split_games(cfg.eval.split)
     job.eval_games = eval_episodes(job, 0)
-    job.eval_split = "procedural" if cfg.env.source == "procedural" else cfg.eval.split
+    job.eval_split = ("webshop" if job.webshop else "procedural" if cfg.env.source == "procedural"
+                      else cfg.eval.split)
     job.summary = {"preset": cfg.preset, "method": cfg.method, "rule": cfg.rule, "run_dir": str(run_dir),
                    "world_size": ctx.world_size, "eval_episodes": len(job.eval_games)}
     return job
@@ -182,9 +200,15 @@ def load_student(job: Job) -> None:
     cfg, ctx = job.cfg, job.ctx
     if job.warm_up_here:
         t0 = time.time()
-        sft_games = write_games(job.run_dir / "games" / "sft", cfg.optim.sft_games, SFT_GAMES_SEED,
-                                **procedural_knobs(cfg))
-        job.episodes = expert_episodes(sft_games, cfg.env.max_steps, cfg.optim.sft_navigation)
+        if job.webshop:  # the native expert on training goals (its won episodes are the examples)
+            from pcsd.envs.webshop import draw_goals, train_goal_indices
+
+            goals = draw_goals(train_goal_indices(job.train_shop.num_goals), cfg.optim.sft_games, SFT_GAMES_SEED)
+            job.episodes = webshop_expert_episodes(job.train_shop, goals, cfg.env.max_steps)
+        else:
+            sft_games = write_games(job.run_dir / "games" / "sft", cfg.optim.sft_games, SFT_GAMES_SEED,
+                                    **procedural_knobs(cfg))
+            job.episodes = expert_episodes(sft_games, cfg.env.max_steps, cfg.optim.sft_navigation)
         job.summary["sft_expert_success"] = 100.0 * sum(ep.won for ep in job.episodes) / len(job.episodes)
         job.summary["sft_expert_seconds"] = time.time() - t0
     if cfg.model.path:
@@ -197,11 +221,11 @@ def load_student(job: Job) -> None:
             # heads of 32 dimensions (the smallest vLLM's CPU attention takes): more heads to copy with
             make_tiny_model(job.model_dir, hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_layers,
                             num_heads=max(1, cfg.model.tiny_hidden_size // 32), seed=cfg.run.seed,
-                            corpus=game_corpus(job.episodes))
+                            corpus=game_corpus(job.episodes, env=cfg.env.name))
         dist_utils.barrier(ctx)
         job.say(f"tiny model written to {job.model_dir}")
     job.student = load_model(job.model_dir, ctx.device, cfg.model.param_dtype)
-    job.builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
+    job.builder = PromptBuilder(cfg.env.name, history_length=cfg.env.history_length,
                                 max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=job.model_dir,
                                 enable_thinking=cfg.model.enable_thinking)  # student and teacher prompts alike
     job.base_dir = job.model_dir
@@ -216,7 +240,8 @@ def warm_up(job: Job) -> None:
     policy_dir = job.run_dir / "sft-model"
     if job.warm_up_here:
         t0 = time.time()
-        examples = sft_examples(job.builder, job.episodes, eos_id(job.builder),
+        episodes = [ep for ep in job.episodes if ep.won] if job.webshop else job.episodes
+        examples = sft_examples(job.builder, episodes, eos_id(job.builder),
                                 teacher_share=cfg.optim.sft_teacher_share, seed=cfg.run.seed)
         losses = sft_warmup(job.student, examples, steps=cfg.optim.sft_steps, lr=cfg.optim.sft_lr,
                             batch_size=cfg.optim.sft_batch_size, seed=cfg.run.seed,
@@ -293,6 +318,8 @@ def eval_episodes(job: Job, index: int) -> list[str]:
     every game of the pool (``eval.episodes``: a stratified subset), ``paper`` the draw verl-agent's
     validation ``index`` makes with ``env.seed = run.seed`` (:mod:`pcsd.eval.protocol`)."""
     cfg = job.cfg
+    if job.webshop:
+        return webshop_validation_goals(cfg.eval.protocol, int(cfg.eval.episodes), int(cfg.run.seed), index)
     episodes = cfg.eval.episodes if (cfg.eval.protocol == "paper" or cfg.env.source != "procedural") else 0
     return protocol_games(job.eval_pool, cfg.eval.protocol, episodes, seed=cfg.run.seed, validation_index=index)
 
@@ -306,7 +333,7 @@ def validation_index(cfg: DictConfig, step: int) -> int:
 def _evaluate(job: Job, label: str, bar: str, step: int = 0) -> dict:
     index = validation_index(job.cfg, step)
     out = evaluate(job.backend, job.builder, eval_episodes(job, index), job.cfg, seed=EVAL_SEED, label=label,
-                   split=job.eval_split, progress=job.progress.rollout(bar))
+                   split=job.eval_split, progress=job.progress.rollout(bar), env_options=job.eval_env_options)
     out["settings"].update(validation_index=index, draw_seed=job.cfg.run.seed)
     return out
 
@@ -319,8 +346,11 @@ def start(job: Job) -> None:
     if ckpt is None:
         if ctx.is_main:
             job.before = _evaluate(job, "before RL", "eval before")
-            job.say(f"success before RL: {job.before['overall']:.1f}% {job.before['per_category']}")
+            job.say(f"success before RL: {job.before['overall']:.1f}% {job.before['per_category']}"
+                    + _webshop_text(job.before))
             job.summary["success_before"] = job.before["overall"]
+            if job.webshop:
+                job.summary.update(score_before=job.before["score"], acc_before=job.before["acc"])
             job.summary["success_before_per_task"] = job.before["per_task"]
         job.summary = dist_utils.broadcast_object(job.summary, ctx)
         return
@@ -367,7 +397,12 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
     sync. Returns the step's metrics record (batch totals over every rank)."""
     cfg, ctx, rb_builder = job.cfg, job.ctx, job.builder
     t0 = time.time()
-    games = [job.train_games[job.rng.randrange(len(job.train_games))] for _ in range(cfg.rollout.tasks_per_step)]
+    if job.webshop:  # draw `step` of verl-agent's training manager (pcsd.train.webshop)
+        from pcsd.train.webshop import train_goals
+
+        games: list = train_goals(cfg, job.train_shop, step)
+    else:
+        games = [job.train_games[job.rng.randrange(len(job.train_games))] for _ in range(cfg.rollout.tasks_per_step)]
     mine = dist_utils.split_groups(len(games), ctx)  # whole groups per rank
     rb = collect_rollouts(job.backend, rb_builder, games[mine.start:mine.stop], cfg.rollout.group_size,
                           max_steps=cfg.env.max_steps, max_response_tokens=cfg.rollout.max_response_tokens,
@@ -376,7 +411,8 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
                           stop_token_ids=[eos_id(rb_builder)], success_reward=cfg.algo.success_reward,
                           invalid_action_penalty=cfg.rollout.invalid_action_penalty,
                           student_skills=cfg.algo.student_skills, num_threads=cfg.env.num_threads,
-                          progress=job.progress.rollout("rollout"))
+                          progress=job.progress.rollout("rollout"), env_kind=cfg.env.name,
+                          env_options={"shop": job.train_shop} if job.webshop else None)
     job.backend.sleep()
     st = update_step(job.student, job.frozen, job.opt, rb, cfg, step, ctx, progress=job.progress.phase,
                      record=job.gap_recorder.for_step(step + 1) if job.gap_recorder else None)
@@ -384,6 +420,8 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
     t_sync = time.time()
     sync_generation_weights(job)
     rec = step_record(step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0)
+    if job.webshop and rb.score is not None:  # this rank's batch: WebShop Score (100 x mean task score)
+        rec.update(score=100.0 * float(rb.score.mean()), env_errors=rb.env_errors)
     if ctx.distributed:  # the batch's totals over every rank (per-category success: this rank's)
         n_traj, r_sum, won_sum, len_sum, n_rows, valid_sum = dist_utils.global_sum(
             [rb.num_trajectories, float(rb.reward.sum()), float(rb.won.float().sum()),
@@ -408,6 +446,8 @@ def rl_loop(job: Job) -> None:
             val = None
             if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.optim.steps and ctx.is_main:
                 val = _evaluate(job, f"step {done}", "validation", step=done)  # periodic validation
+                if job.webshop:
+                    rec.update(val_score=val["score"], val_acc=val["acc"])
                 rec.update(val_success=val["overall"],
                            **{f"val_success/{c}": v for c, v in val["per_category"].items() if v is not None})
             if metrics is not None:
@@ -430,8 +470,10 @@ def rl_loop(job: Job) -> None:
         if job.stopped_at is None and ctx.is_main:
             after = _evaluate(job, "after RL", "eval after", step=cfg.optim.steps)
             metrics.log_eval("after", after, step=cfg.optim.steps)
-            job.say(f"success after RL: {after['overall']:.1f}% {after['per_category']}")
+            job.say(f"success after RL: {after['overall']:.1f}% {after['per_category']}" + _webshop_text(after))
             job.summary.update(success_after=after["overall"], success_after_per_task=after["per_task"])
+            if job.webshop:
+                job.summary.update(score_after=after["score"], acc_after=after["acc"])
             table = render_table([e for e in (job.before, after) if e is not None])
             (job.run_dir / "eval.md").write_text(table)
             (job.run_dir / "eval.json").write_text(json.dumps(dict(before=job.before, after=after), indent=2))
@@ -459,3 +501,10 @@ def finish(job: Job) -> dict[str, Any]:
     job.summary.update(steps=cfg.optim.steps, wall_seconds=time.time() - job.t_start,
                        phase_seconds={k: round(v, 2) for k, v in job.phases.items()})
     return dist_utils.broadcast_object(job.summary, ctx)
+
+
+def _webshop_text(result: dict) -> str:
+    """`` (WebShop Score x, Acc y)`` for a WebShop evaluation, else nothing."""
+    if result.get("env") != "webshop":
+        return ""
+    return f" (WebShop Score {result['score']:.1f}, Acc {result['acc']:.1f})"

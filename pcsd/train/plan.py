@@ -47,7 +47,8 @@ BUILTIN_SHAPES: dict[str, dict[str, Any]] = {
                        tie_word_embeddings=True),
 }
 #: preset -> built-in shape used when model.path is not set
-PRESET_SHAPES = {"alfworld-qwen2.5-3b": "qwen2.5-3b", "alfworld-qwen3-1.7b": "qwen3-1.7b"}
+PRESET_SHAPES = {"alfworld-qwen2.5-3b": "qwen2.5-3b", "alfworld-qwen3-1.7b": "qwen3-1.7b",
+                 "webshop-qwen2.5-3b": "qwen2.5-3b", "webshop-qwen3-1.7b": "qwen3-1.7b"}
 _BYTES = {"float32": 4, "bfloat16": 2}
 
 

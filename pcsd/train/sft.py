@@ -27,7 +27,7 @@ import torch
 from pcsd.envs.experts import ExpertEpisode, play_expert
 from pcsd.ops.scoring import score_packed
 
-__all__ = ["expert_episodes", "game_corpus", "task_parts", "think_for", "sft_examples", "lr_factor",
+__all__ = ["expert_episodes", "webshop_expert_episodes", "game_corpus", "task_parts", "think_for", "sft_examples", "lr_factor",
            "sft_warmup", "SCHEDULES"]
 
 #: learning-rate schedules of the warm-up
@@ -40,22 +40,58 @@ def expert_episodes(games: Sequence[str], max_steps: int, navigation: str = "pla
     return [play_expert(path, max_steps, navigation) for path in games]
 
 
-def game_corpus(episodes: Sequence[ExpertEpisode]) -> list[str]:
+def webshop_expert_episodes(shop, goals: Sequence[int], max_steps: int) -> list[ExpertEpisode]:
+    """One episode of the native WebShop's scripted expert (:meth:`pcsd.envs.webshop.WebShopEnv.
+    expert_action`: search with the instruction, open the goal's product, choose its options, buy)
+    per goal index of ``shop``, recorded as the agent sees it (verl-agent's text, as the rollouts
+    build it): ``task`` the instruction, each step's observation reformatted and its admissible
+    ``search[...]`` / ``click[...]`` list; ``won`` = score 1."""
+    from pcsd.text.prompts import format_webshop_observation, webshop_actions, webshop_task
+
+    env = shop.env()
+    out = []
+    for g in goals:
+        obs, info = env.reset(int(g))
+        task = webshop_task(obs)
+        ep = ExpertEpisode(task=task, task_type="webshop")
+        done, reward = False, 0.0
+        while not done and len(ep.steps) < max_steps:
+            action = env.expert_action()
+            if action is None:
+                break
+            av = info["available_actions"]
+            ep.steps.append((format_webshop_observation(obs, task),
+                             webshop_actions(av["has_search_bar"], av["clickables"]), action.lower()))
+            obs, reward, done, info = env.step(action)
+        ep.won = bool(done) and float(reward) == 1.0
+        out.append(ep)
+    return out
+
+
+def game_corpus(episodes: Sequence[ExpertEpisode], env: str = "alfworld") -> list[str]:
     r"""Tokenizer training text from played episodes: each task, observation and action, each
-    admissible list written the way the prompts list them (``'go to cabinet 1'\n 'look'``), and
-    the skills the teacher prompts prepend for each task type (so they cost fewer tokens)."""
+    admissible list written the way the prompts list them (ALFWorld ``'go to cabinet 1'\n 'look'``,
+    WebShop ``'click[buy now]',`` per line), and the skills the teacher prompts prepend for each
+    task type (so they cost fewer tokens)."""
     from pcsd.text.prompts import retrieve_skills
 
     lines: list[str] = []
-    skills_of: dict[str, str] = {}
+    seen: set[str] = set()  # ALFWorld: skills per task type; WebShop: per product category (task text)
     for ep in episodes:
-        skills_of.setdefault(ep.task_type, retrieve_skills(ep.task))
-    lines += list(skills_of.values())
+        key = ep.task_type if env == "alfworld" else ep.task
+        if key not in seen:
+            seen.add(key)
+            text = retrieve_skills(ep.task, env=env)
+            if text not in lines:
+                lines.append(text)
     for ep in episodes:
         lines.append(f"Your task is to: {ep.task}")
         for obs, adm, action in ep.steps:
             lines.append(obs)
-            lines.append("[" + "\n ".join(f"'{c}'" for c in adm) + "]")
+            if env == "webshop":
+                lines.append("[\n" + "\n".join(f"'{c}'," for c in adm) + "\n]")
+            else:
+                lines.append("[" + "\n ".join(f"'{c}'" for c in adm) + "]")
             lines.append(f"<action>{action}</action>")
     return lines
 
@@ -86,7 +122,7 @@ def think_for(task: str, action: str) -> str:
     every turn of every rollout, and on a CPU generation is the larger part of the default's time.
     Naming the object and target at every step is what a small model needs: the action then copies
     them from a few tokens back instead of from the task line far up the prompt."""
-    verb = action.split(" ", 1)[0]
+    verb = re.split(r"[\s\[]", action, maxsplit=1)[0]  # ALFWorld "take ...", WebShop "click[...]"
     parts = task_parts(task)
     return f"{parts[0]} to {parts[1]}. Next: {verb}." if parts else f"Next: {verb}."
 
