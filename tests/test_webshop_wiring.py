@@ -314,3 +314,66 @@ def test_evaluation_reports_score_and_acc(webshop_data: Path, tiny_builder) -> N
     both = render_table([alf, out])
     assert f"| scripted | {out['score']:.1f} | {out['acc']:.1f} | – | – | – | – | – | – | 0.0 |" in both
     assert both.count("| scripted |") == 1
+
+
+def test_eval_cli_webshop_split(webshop_data: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    """``python -m pcsd.eval --split webshop``: validation goals, Score and Acc in the table."""
+    from pcsd.eval import cli as ev
+    from pcsd.testing import make_tiny_model
+
+    monkeypatch.delenv("WEBSHOP_DATA", raising=False)
+    path = make_tiny_model(tmp_path / "m", seed=0)
+    base = ["--model", str(path), "--label", "Tiny", "--backend", "hf", "--device", "cpu", "--max-steps", "2",
+            "--max-response-tokens", "8", "--quiet", "--split", "webshop", "--count", "2"]
+    assert ev.main(base + ["--out", str(tmp_path / "a")]) == 2
+    assert "webshop_data" in capsys.readouterr().err  # no data folder: an error naming it
+    assert ev.main(base + ["--out", str(tmp_path / "a"), "--webshop-data", str(webshop_data)]) == 0
+    doc = json.loads((tmp_path / "a" / "results.json").read_text())
+    (res,) = doc["results"]
+    assert res["env"] == "webshop" and res["episodes"] == 2 and res["score"] is not None
+    from pcsd.eval.protocol import webshop_validation_goals
+
+    assert [g["game"] for g in res["games"]] == [str(g) for g in webshop_validation_goals("full")[:2]]
+    assert "| **Method** | **Score** | **Acc** |" in (tmp_path / "a" / "table.md").read_text()
+
+
+def test_every_method_resolves_with_the_webshop_presets(webshop_data: Path, monkeypatch) -> None:
+    from omegaconf import OmegaConf
+
+    from pcsd.train.config import available_presets, load_config
+    from pcsd.train.methods import METHODS, available_methods
+
+    monkeypatch.setenv("WEBSHOP_DATA", str(webshop_data))
+    presets = [p for p in available_presets() if "webshop" in p]
+    assert set(presets) >= {"webshop-qwen2.5-3b", "webshop-qwen3-1.7b", "tiny-cpu-webshop"}
+    for preset in presets:
+        for m in available_methods():
+            cfg = load_config([f"preset={preset}", f"method={m}"])
+            assert cfg.method == m and cfg.env.name == "webshop"
+            for key, val in METHODS[m]["overrides"].items():
+                assert OmegaConf.select(cfg, key) == val, (preset, m, key)
+
+
+def test_training_smoke_run(webshop_data: Path, tmp_path: Path, child_env: dict) -> None:
+    """``python -m pcsd.train preset=tiny-cpu-webshop`` cut to 2 SFT steps and 1 RL step (hf backend):
+    the expert warm-up, the evaluations with Score/Acc and the WebShop step metrics all run."""
+    import subprocess
+    import sys
+
+    env = dict(child_env, WEBSHOP_DATA=str(webshop_data))
+    args = ["preset=tiny-cpu-webshop", "rollout.backend=hf", "optim.sft_steps=2", "optim.sft_games=6",
+            "optim.sft_batch_size=2", "optim.steps=1", "rollout.tasks_per_step=1", "rollout.group_size=2",
+            "env.max_steps=8", "rollout.max_response_tokens=8", "eval.episodes=2", "model.tiny_layers=1",
+            f"run.dir={tmp_path / 'run'}", "run.progress=false", "run.tensorboard=false"]
+    r = subprocess.run([sys.executable, "-m", "pcsd.train", *args], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    for key in ("score_before", "acc_before", "score_after", "acc_after", "sft_expert_success"):
+        assert summary[key] is not None, key
+    assert summary["sft_expert_success"] > 50  # the native expert wins most goals
+    rec = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert rec["step"] == 1 and 0 <= rec["score"] <= 100
+    ev = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert ev["after"]["env"] == "webshop" and ev["after"]["episodes"] == 2
+    assert "| **Method** | **Score** | **Acc** |" in (tmp_path / "run" / "eval.md").read_text()

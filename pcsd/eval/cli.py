@@ -19,6 +19,14 @@ Two protocols (:mod:`pcsd.eval.protocol`, ``docs/eval-protocol.md``):
 
 Both print a 95 % Wilson interval for Overall under the table.
 
+WebShop (``--split webshop``, alone or beside ALFWorld splits: ``--split valid_seen,webshop``):
+``--episodes`` (default 128) distinct validation goals of the validation shop (``--draw-seed`` +
+1000, verl-agent's seeding), drawn as verl-agent's validation manager draws them (``--protocol
+paper``: validation ``--validation-index``; ``full``: always the first draw, fixed goals); data from
+``--webshop-data``, else the run's ``env.webshop_data``, else ``$WEBSHOP_DATA``. Reports Score (100 x
+mean task score) and Acc (% of episodes with score 1) in Table 1's WebShop columns. Defaults for a
+model that was not trained on WebShop: 15 steps, prompts of 4,096 tokens.
+
 Seeds: the games are played in batches of ``--batch-size`` (0 = all at once); a batch's sampling
 seed is ``seed + crc32(name of its first game)``, so with ``--batch-size 1`` every game has its
 own seed and its result does not depend on which other games are evaluated with it. A game's
@@ -131,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--label", action="append", default=None,
                     help="row label per --model (default: the run's method, e.g. PCSD, GRPO)")
     ap.add_argument("--split", default="valid_seen",
-                    help=f"comma-separated, of {', '.join(SPLITS)} (default valid_seen)")
+                    help=f"comma-separated, of {', '.join(SPLITS + (WEBSHOP,))} (default valid_seen)")
     ap.add_argument("--count", type=int, default=0, help="only the first N games (after --task-types)")
     ap.add_argument("--protocol", default="full", choices=["full", "paper"],
                     help="full: every game once (default); paper: 128 episodes drawn as verl-agent validates")
@@ -153,6 +161,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="split=procedural: distractor objects (default: the run's env.distractors, else drawn)")
     ap.add_argument("--receptacles", type=int, default=None,
                     help="split=procedural: receptacles per game (default: the run's env.receptacles, else drawn)")
+    ap.add_argument("--webshop-data", default=None,
+                    help="split=webshop: the WebShop folder (default: the run's env.webshop_data, else $WEBSHOP_DATA)")
     ap.add_argument("--temperature", type=float, default=0.4)
     ap.add_argument("--greedy", action="store_true", help="temperature 0")
     ap.add_argument("--skills", action="store_true", help="skills in the student prompt (starred rows)")
@@ -167,6 +177,35 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None, help="output folder (default <run>/eval or eval-<time>)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     return ap
+
+
+WEBSHOP = "webshop"  # the --split name of the WebShop validation goals
+
+
+def _draw_seed(args: argparse.Namespace, run_cfg: dict) -> int:
+    return args.draw_seed if args.draw_seed is not None else int(run_cfg.get("run", {}).get("seed", 0) or 0)
+
+
+def _webshop_setup(args: argparse.Namespace, run_cfg: dict) -> tuple[list[int], dict]:
+    """The WebShop goal indices to play and the rollout loop's ``env_options`` (the validation shop)."""
+    from pcsd.envs.webshop import VALIDATION_SEED_OFFSET, WebShop, resolve_data_dir
+    from pcsd.eval.protocol import webshop_validation_goals
+
+    if args.games_file or args.task_types:
+        raise EvalError("games_file / task_types select ALFWorld games; split=webshop plays validation goals "
+                        "(use --episodes / --count)")
+    run_env = run_cfg.get("env", {}) or {}
+    try:
+        root = resolve_data_dir(args.webshop_data or run_env.get("webshop_data"), "webshop_data")
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
+    seed = _draw_seed(args, run_cfg)
+    goals = webshop_validation_goals(args.protocol, args.episodes, seed, args.validation_index)
+    if args.count:
+        goals = goals[:args.count]
+    shop = WebShop.load(root, goals="synthetic", seed=seed + VALIDATION_SEED_OFFSET,
+                        variant=str(run_env.get("webshop_variant") or "verl"))
+    return goals, {"shop": shop}
 
 
 def _resolve_games(split: str, args: argparse.Namespace, out_dir: Path, run_cfg: dict) -> list[str]:
@@ -192,7 +231,7 @@ def _resolve_games(split: str, args: argparse.Namespace, out_dir: Path, run_cfg:
 
     tts = args.task_types.split(",") if args.task_types else None
     games = select_games(games, count=args.count, task_types=tts)
-    draw_seed = args.draw_seed if args.draw_seed is not None else int(run_cfg.get("run", {}).get("seed", 0) or 0)
+    draw_seed = _draw_seed(args, run_cfg)
     return protocol_games(games, args.protocol, args.episodes, seed=draw_seed, validation_index=args.validation_index)
 
 
@@ -207,8 +246,8 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
 
     splits = [s.strip() for s in args.split.split(",") if s.strip()]
     for s in splits:
-        if s not in SPLITS:
-            raise EvalError(f"split={s!r} is unknown: expected one of {', '.join(SPLITS)}")
+        if s not in SPLITS + (WEBSHOP,):
+            raise EvalError(f"split={s!r} is unknown: expected one of {', '.join(SPLITS + (WEBSHOP,))}")
     if args.games_file and len(splits) > 1:
         raise EvalError("games_file names one list of games: give a single --split (its row label)")
     if args.label is not None and len(args.label) != len(args.model):
@@ -232,7 +271,10 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
         from omegaconf import OmegaConf
 
         first_run = OmegaConf.to_container(OmegaConf.load(models[0][2] / "config.yaml"))
-    game_lists = {s: _resolve_games(s, args, out_dir, first_run) for s in splits}
+    game_lists: dict = {s: _resolve_games(s, args, out_dir, first_run) for s in splits if s != WEBSHOP}
+    webshop_options = None
+    if WEBSHOP in splits:
+        game_lists[WEBSHOP], webshop_options = _webshop_setup(args, first_run)
     temp = 0.0 if args.greedy else args.temperature
     device = resolve_device(args.device)
     results: list[EvalResult] = []
@@ -245,19 +287,36 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
 
                 rc = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
             env_c, roll_c = rc.get("env", {}), rc.get("rollout", {})
-            max_steps = args.max_steps or env_c.get("max_steps", 50)
-            max_resp = args.max_response_tokens or roll_c.get("max_response_tokens", 512)
-            max_prompt = args.max_prompt_tokens or roll_c.get("max_prompt_tokens", 2048)
+            run_env = env_c.get("name", "alfworld")
+
+            def setting(arg, run_value, alfworld: int, webshop: int, env: str) -> int:
+                # the flag, else the run's (when it trained on this env), else the env's default
+                if arg:
+                    return arg
+                if run_value is not None and run_env == env:
+                    return run_value
+                return webshop if env == WEBSHOP else alfworld
+
+            def limits(env: str) -> tuple[int, int, int]:
+                return (setting(args.max_steps, env_c.get("max_steps"), 50, 15, env),
+                        setting(args.max_response_tokens, roll_c.get("max_response_tokens"),
+                                512, 512, env),
+                        setting(args.max_prompt_tokens, roll_c.get("max_prompt_tokens"),
+                                2048, 4096, env))
+
+            envs = sorted({WEBSHOP if s == WEBSHOP else "alfworld" for s in splits})
+            max_len = max(p + r for _, r, p in map(limits, envs))
             hist = env_c.get("history_length", 2) if args.history_length is None else args.history_length
             thinking = ({"true": True, "false": False}[args.enable_thinking] if args.enable_thinking
                         else rc.get("model", {}).get("enable_thinking"))
-            builder = PromptBuilder("alfworld", history_length=hist, max_prompt_tokens=max_prompt,
-                                    tokenizer_dir=tok_dir, enable_thinking=thinking)
+            builders = {env: PromptBuilder(env, history_length=hist, max_prompt_tokens=limits(env)[2],
+                                           tokenizer_dir=tok_dir, enable_thinking=thinking) for env in envs}
+            builder = builders[envs[0]]
             backend_name = usable_backend(args.backend, reporter.print)
             if backend_name == "vllm":
                 backend = make_backend("vllm", model_path=model_dir, seed=args.seed,
                                        dtype="float32" if device.type == "cpu" else "bfloat16",
-                                       max_model_len=max_prompt + max_resp)
+                                       max_model_len=max_len)
             else:
                 model = load_model(model_dir, device).eval()
                 backend = make_backend("hf", model=model, pad_token_id=eos_id(builder))
@@ -265,20 +324,22 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
             try:
                 for s in splits:
                     games = game_lists[s]
+                    env = WEBSHOP if s == WEBSHOP else "alfworld"
+                    max_steps, max_resp, max_prompt = limits(env)
                     t0 = time.perf_counter()
-                    res = play_games(backend, builder, games, max_steps=max_steps, max_response_tokens=max_resp,
-                                     temperature=temp, seed=args.seed, skills=args.skills,
-                                     batch_size=args.batch_size, stop_token_ids=[eos_id(builder)],
-                                     progress=reporter.rollout(f"eval {label} {s}"))
+                    res = play_games(backend, builders[env], games, max_steps=max_steps,
+                                     max_response_tokens=max_resp, temperature=temp, seed=args.seed,
+                                     skills=args.skills, batch_size=args.batch_size,
+                                     stop_token_ids=[eos_id(builder)], progress=reporter.rollout(f"eval {label} {s}"),
+                                     env=env, env_options=webshop_options if env == WEBSHOP else None)
                     settings = dict(model=str(model_dir), backend=backend_name, temperature=temp, seed=args.seed,
                                     skills=args.skills, batch_size=args.batch_size, max_steps=max_steps,
                                     max_response_tokens=max_resp, max_prompt_tokens=max_prompt,
                                     history_length=hist, enable_thinking=thinking, protocol=args.protocol,
                                     validation_index=args.validation_index,
-                                    draw_seed=args.draw_seed if args.draw_seed is not None
-                                    else int(first_run.get("run", {}).get("seed", 0) or 0),
+                                    draw_seed=_draw_seed(args, first_run),
                                     seconds=time.perf_counter() - t0)
-                    results.append(EvalResult(label=label, split=s, games=res, settings=settings))
+                    results.append(EvalResult(label=label, split=s, games=res, settings=settings, env=env))
             finally:
                 backend.close()
                 del backend
