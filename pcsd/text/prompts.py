@@ -166,7 +166,10 @@ class PromptBuilder:
     """Builds student and teacher prompts for one environment.
 
     Args:
-        env: ``"alfworld"`` or ``"webshop"``.
+        env: ``"alfworld"`` or ``"webshop"``. WebShop: verl-agent's template byte for byte, and a
+            prompt with history longer than 13,000 characters uses the no-history template
+            (verl-agent's rule); pass the task, observation and actions formatted by
+            :func:`webshop_task`, :func:`format_webshop_observation` and :func:`webshop_actions`.
         history_length: ``H``, the number of most recent observation-action pairs shown after the
             first step (0 disables history).
         max_prompt_tokens: budget on the chat-formatted student prompt (measured with the
