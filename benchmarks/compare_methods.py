@@ -92,12 +92,14 @@ def _eval_after(run_dir: Path) -> tuple[float, list[int], list[str]]:
 
 
 def run_all(methods: list[str], seeds: list[int], out: Path, overrides: list[str], timeout: float,
-            teacher_check: bool = True, warm_up: Path | None = None, jobs: int = 1) -> tuple[dict, dict]:
+            teacher_check: bool = True, warm_up: Path | None = None, jobs: int = 1,
+            train: bool = True) -> tuple[dict, dict]:
     """Per seed: the warm-up, the teacher check (the SFT model with the skills in its prompt,
     ``method=skill-prompt``), then every method's RL from the SFT model. The evaluation before RL
     is the warm-up's (``eval.before=false`` in the method runs: the same model, games and seed).
     ``warm_up``: one warm-up run directory for every seed (the seeds then vary the RL only).
-    ``jobs``: method runs at a time (each with ``OMP_NUM_THREADS`` = cores / jobs)."""
+    ``jobs``: method runs at a time (each with ``OMP_NUM_THREADS`` = cores / jobs). ``train=False``:
+    only collect the runs that finished (a partial comparison)."""
     from concurrent.futures import ThreadPoolExecutor
 
     teacher: dict = {}
@@ -114,6 +116,8 @@ def run_all(methods: list[str], seeds: list[int], out: Path, overrides: list[str
         key = "shared" if warm_up is not None else seed
         if teacher_check and key not in teacher:
             rd = out / ("teacher-check" if warm_up is not None else f"seed-{seed}/teacher-check")
+            if not train and not (rd / "summary.json").is_file():
+                continue
             if not (rd / "summary.json").is_file():
                 _train([f"run.dir={rd}", "method=skill-prompt", f"run.seed={seed}", f"model.path={_model(warm)}",
                         *overrides, "optim.steps=0", "optim.sft_steps=0", "eval.before=false"], timeout,
@@ -133,13 +137,16 @@ def run_all(methods: list[str], seeds: list[int], out: Path, overrides: list[str
                 *overrides, "optim.sft_steps=0", "eval.before=false"], timeout, out / f"{m}-{seed}.log",
                extra_env={"OMP_NUM_THREADS": str(threads)} if jobs > 1 else None)
 
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
-        list(pool.map(one, todo))
+    if train:
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            list(pool.map(one, todo))
     runs: dict = {}
     for seed in seeds:
         before, games_before, names_before = _eval_after(warm_of[seed])
         for m in methods:
             rd = out / f"seed-{seed}" / m
+            if not train and not (rd / "summary.json").is_file():
+                continue
             s = json.loads((rd / "summary.json").read_text())
             after, games_after, names = _eval_after(rd)
             if names != names_before:
@@ -209,6 +216,29 @@ def report(summary: dict, baseline: str, runs: dict) -> None:
     Console(width=None if sys.stdout.isatty() else 180).print(t)
 
 
+def markdown(summary: dict, baseline: str, runs: dict, teacher: dict) -> str:
+    """The table of :func:`report` and the teacher check, in markdown (``compare.md``)."""
+    f = lambda ms: f"{ms[0]:.1f} ± {ms[1]:.1f}" if not math.isnan(ms[1]) else f"{ms[0]:.1f}"  # noqa: E731
+    lines = []
+    if teacher:
+        lines += ["| policy (same SFT model, before RL) | success % |", "|---|---|",
+                  f"| student, no skills | {f(teacher['student'])} |",
+                  f"| teacher, skills in the prompt | {f(teacher['teacher'])} |",
+                  f"| teacher - student (pp) | {teacher['diff'][0]:+.1f} (game-paired SE {teacher['diff_game_se']:.1f}) |",
+                  ""]
+    lines += [f"| method | seeds | before % | after % | rise (pp) | after - {baseline} (pp) | game-paired SE | "
+              "mean gap (last step) | gate (last step) |", "|---|---|---|---|---|---|---|---|---|"]
+    for m, r in summary.items():
+        last = [runs[m][s]["curve"][-1] for s in r["seeds"] if runs[m][s]["curve"]]
+        gap = sum(x["gap"] for x in last) / len(last) if last else float("nan")
+        gate = sum(x["gate"] for x in last) / len(last) if last else float("nan")
+        lines.append(f"| {m} | {len(r['seeds'])} | {f(r['before'])} | {f(r['after'])} | {f(r['rise'])} | "
+                     + (f"{r['vs_base'][0]:+.1f} ± {r['vs_base'][1]:.1f}" if "vs_base" in r else "-") + " | "
+                     + (f"{r['vs_base_game_se']:.1f}" if "vs_base_game_se" in r else "-")
+                     + f" | {gap:+.3f} | {gate:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(runs: dict, out: Path) -> list[Path]:
     import matplotlib
 
@@ -262,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-up", type=Path, help="one finished warm-up run directory (method=vanilla with "
                     "the same overrides) for every seed: the seeds then vary the RL only")
     ap.add_argument("--jobs", type=int, default=1, help="method runs at a time (each with cores/jobs threads)")
+    ap.add_argument("--collect", action="store_true",
+                    help="train nothing: summarize the runs under --out that finished (a partial comparison)")
     ap.add_argument("--no-teacher-check", action="store_true",
                     help="skip the teacher check (the SFT model evaluated with the skills in its prompt)")
     args = ap.parse_args(argv)
@@ -278,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     runs, teacher = run_all(methods, seeds, out, overrides, args.timeout, not args.no_teacher_check,
-                            args.warm_up.resolve() if args.warm_up else None, args.jobs)
+                            args.warm_up.resolve() if args.warm_up else None, args.jobs, not args.collect)
     summary = summarize(runs, args.baseline)
     teacher_summary = summarize_teacher(teacher)
     if teacher_summary:
@@ -289,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(game-paired SE {t['diff_game_se']:.1f})")
     report(summary, args.baseline, runs)
     figs = plot(runs, out)
+    (out / "compare.md").write_text(markdown(summary, args.baseline, runs, teacher_summary))
     from pcsd.bench.common import machine_line
 
     (args.json or out / "compare.json").write_text(json.dumps(dict(
