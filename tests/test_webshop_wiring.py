@@ -191,6 +191,8 @@ def test_presets_validate_and_plan(webshop_data: Path, preset: str, monkeypatch:
         ("env.webshop_data=/nonexistent/webshop", "env.webshop_data"),
         ("env.rooms=[kitchen]", "env.rooms"),
         ("eval.episodes=501", "eval.episodes"),
+        ("env.usual_place=0.5", "env.usual_place"),
+        ("optim.sft_teacher_demos=skills", "optim.sft_teacher_demos"),
     ],
 )
 def test_bad_webshop_config(webshop_data: Path, override: str, named: str, monkeypatch) -> None:

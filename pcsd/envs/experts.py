@@ -26,13 +26,18 @@ sorted receptacle order (cyclic; the first one from the starting point), and a c
 is opened on arrival. The planner still decides what to do at a receptacle (take, heat, put, use
 the lamp, ...). It wins the same games given more steps; RL can then find the shortcuts (going to
 the goal named in the task directly).
+
+``search_first`` (``plan`` navigation): receptacle types (the name without its number, e.g.
+``"dresser"``) that the search visits before the others, e.g. the types a skill text names as
+where such objects are usually kept (:func:`pcsd.train.sft.skill_search_first`); the search is
+otherwise the same (sorted order, unvisited receptacles only).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Collection, Optional
 
 from pcsd.envs.alfworld import AlfworldGame
 
@@ -61,11 +66,12 @@ class ObservationExpert:
     """An expert restricted to observed information (see the module docstring). One instance plays
     one episode: call :meth:`act` with each new observation."""
 
-    def __init__(self, game: AlfworldGame, navigation: str = "plan"):
+    def __init__(self, game: AlfworldGame, navigation: str = "plan", search_first: Collection[str] = ()):
         if navigation not in NAVIGATIONS:
             raise ValueError(f"navigation={navigation!r}: expected one of {', '.join(NAVIGATIONS)}")
         self.game = game
         self.navigation = navigation
+        self.search_first = frozenset(search_first)
         self.seen: set[str] = set()  # names ("plate 1") that appeared in an observation
         self.visited: set[str] = set()  # receptacles arrived at
         self.opened: set[str] = set()
@@ -108,9 +114,10 @@ class ObservationExpert:
         here = self.location
         if here is not None and f"open {here}" in admissible and here not in self.opened:
             return f"open {here}"
-        for a in admissible:
-            if a.startswith(_GO) and a[len(_GO):] not in self.visited:
-                return a
+        unvisited = [a for a in admissible if a.startswith(_GO) and a[len(_GO):] not in self.visited]
+        preferred = [a for a in unvisited if a[len(_GO):].rsplit(" ", 1)[0] in self.search_first]
+        if preferred or unvisited:
+            return (preferred or unvisited)[0]
         return first  # everything visited: the object must be somewhere seen; follow the plan
 
 
@@ -128,14 +135,16 @@ class ObservationExpert:
         return next((a for a in gos if a > here_cmd), gos[0])
 
 
-def play_expert(path: str, max_steps: int, navigation: str = "plan") -> ExpertEpisode:
-    """Plays the game at ``path`` with an :class:`ObservationExpert` for at most ``max_steps``."""
+def play_expert(path: str, max_steps: int, navigation: str = "plan",
+                search_first: Optional[Callable[[str], Collection[str]]] = None) -> ExpertEpisode:
+    """Plays the game at ``path`` with an :class:`ObservationExpert` for at most ``max_steps``;
+    ``search_first``: task description -> the receptacle types to search first."""
     if max_steps < 1:
         raise ValueError(f"max_steps: expected at least 1, got {max_steps}")
     g = AlfworldGame.from_file(path, max_steps=max_steps)
     obs, info = g.reset()
     ep = ExpertEpisode(task=g.task, task_type=g.task_type)
-    expert = ObservationExpert(g, navigation)
+    expert = ObservationExpert(g, navigation, search_first(g.task) if search_first is not None else ())
     expert.observe(obs)
     for _ in range(max_steps):
         adm = list(info["admissible_commands"])

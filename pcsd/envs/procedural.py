@@ -10,6 +10,8 @@ Knobs (difficulty):
   room          one of :data:`ROOMS`; must be allowed for the task type (:func:`task_rooms`).
   receptacles   total number of receptacles; range per room from :func:`receptacle_range`.
   distractors   number of objects besides the task's own, ``0..MAX_DISTRACTORS``.
+  usual_place   probability (default 0) that the task's object starts in its class's usual
+                place (:func:`usual_places`), where the room has one.
 Any knob left as ``None`` is drawn from values typical of the room.
 """
 
@@ -41,7 +43,9 @@ __all__ = [
     "generate_game_json",
     "receptacle_range",
     "task_rooms",
+    "usual_places",
     "write_game",
+    "write_games",
 ]
 
 
@@ -82,6 +86,13 @@ def task_rooms(task_type: str) -> tuple[str, ...]:
     return tuple(_native_call(mod.gen_task_rooms, _check_task(task_type)))
 
 
+def usual_places() -> dict[str, str]:
+    """The generated houses' convention of where objects are kept (the ``usual_place`` knob):
+    object class -> receptacle class, e.g. ``{"KeyChain": "Dresser", ...}``."""
+    mod = _native.require("_envpool")
+    return dict(mod.gen_usual_places())
+
+
 def receptacle_range(room: str) -> tuple[int, int]:
     """Inclusive ``(min, max)`` of the ``receptacles`` knob in a room."""
     mod = _native.require("_envpool")
@@ -95,11 +106,17 @@ def generate_game_json(
     room: str | None = None,
     receptacles: int | None = None,
     distractors: int | None = None,
+    usual_place: float = 0.0,
 ) -> str:
     """The text of a new ``game.tw-pddl`` file of ``task_type`` (one of :data:`TASK_TYPES`).
 
     Raises ValueError naming the argument for an unknown task type or room, a room the task
     cannot be set in, or a knob out of range; TypeError for a non-int seed or knob.
+
+    ``usual_place`` (0..1, default 0): probability that the task's object starts in its class's
+    usual place (a fixed convention of the generated houses, e.g. keychains in dressers; see
+    :func:`usual_places`) where the room has one that may hold it. 0 gives the same games as
+    before the knob existed.
     """
     _check_task(task_type)
     _check_int("seed", seed, optional=False)
@@ -109,9 +126,14 @@ def generate_game_json(
         _check_room(room)
     _check_int("receptacles", receptacles, optional=True)
     _check_int("distractors", distractors, optional=True)
+    if isinstance(usual_place, bool) or not isinstance(usual_place, (int, float)):
+        raise TypeError(f"usual_place={usual_place!r}: expected a number in [0, 1]")
+    if not 0.0 <= usual_place <= 1.0:
+        raise ValueError(f"usual_place={usual_place} is out of range: expected a probability in [0, 1]")
     mod = _native.require("_envpool")
     return _native_call(
-        mod.generate_game_json, task_type, seed, room=room, receptacles=receptacles, distractors=distractors
+        mod.generate_game_json, task_type, seed, room=room, receptacles=receptacles, distractors=distractors,
+        usual_place=float(usual_place),
     )
 
 

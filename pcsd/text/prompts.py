@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ __all__ = [
     "ParsedAction",
     "PromptBuilder",
     "PromptTooLongError",
+    "SkillRepository",
     "classify_alfworld_task",
     "format_webshop_observation",
     "parse_action",
@@ -162,6 +164,73 @@ def _messages(messages: Sequence[Mapping[str, str]]) -> list[tuple[str, str]]:
     return out
 
 
+ALFWORLD_TASK_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
+                       "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place")
+_KEYWORD = re.compile(r"^[a-z0-9]+$")
+
+
+class SkillRepository:
+    """A skills folder that replaces the built-in skill repository in the teacher prompt.
+
+    Layout (every file optional, at least one present; markdown, UTF-8):
+
+    * ``general.md``: always retrieved;
+    * ``<task_type>.md`` (ALFWorld only; the six task types' names): retrieved for tasks of that
+      type (the same keyword classification as the built-in skills);
+    * ``keywords/<word>.md`` (``word``: lower-case letters and digits): retrieved when ``word`` is
+      a whole word of the task description (case-insensitive), in the files' sorted order.
+
+    The retrieved texts are joined like the built-in ones and wrapped in the same header and
+    footer. Like the built-in skills they should hold task-level knowledge, not instance answers.
+
+    Raises:
+        FileNotFoundError: ``folder`` does not exist or is not a folder.
+        ValueError: a ``.md`` file the layout does not know, a task-type file for WebShop, or a
+            folder with no skill file; the message names the file.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], env: EnvName = "alfworld") -> None:
+        self.env = _check_env(env)
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise FileNotFoundError(f"skills folder {str(self.folder)!r} does not exist or is not a folder")
+        self.general: str | None = None
+        self.task_types: dict[str, str] = {}
+        self.keywords: dict[str, str] = {}
+        for f in sorted(self.folder.rglob("*.md")):
+            rel = f.relative_to(self.folder)
+            text = f.read_text(encoding="utf-8").strip()
+            if rel.parts == ("general.md",):
+                self.general = text
+            elif len(rel.parts) == 1 and f.stem in ALFWORLD_TASK_TYPES and self.env == "alfworld":
+                self.task_types[f.stem] = text
+            elif len(rel.parts) == 2 and rel.parts[0] == "keywords" and _KEYWORD.match(f.stem):
+                self.keywords[f.stem] = text
+            else:
+                raise ValueError(
+                    f"skills folder {str(self.folder)!r}: unexpected file {str(rel)!r}; expected general.md, "
+                    + ("<task_type>.md (" + ", ".join(ALFWORLD_TASK_TYPES) + "), " if self.env == "alfworld" else "")
+                    + "or keywords/<word>.md (word: lower-case letters and digits)")
+        if self.general is None and not self.task_types and not self.keywords:
+            raise ValueError(f"skills folder {str(self.folder)!r} holds no skill file (*.md)")
+
+    def retrieve(self, task: str) -> str:
+        """The skills for ``task``: general, task type, keywords (in that order), joined."""
+        parts = [self.general] if self.general else []
+        if self.task_types:
+            tt = classify_alfworld_task(task)
+            if tt in self.task_types:
+                parts.append(self.task_types[tt])
+        words = set(re.findall(r"[a-z0-9]+", task.lower()))
+        parts += [t for w, t in sorted(self.keywords.items()) if w in words]
+        return "\n\n".join(p for p in parts if p)
+
+    def block(self, task: str) -> str:
+        """The skill block of the teacher prompt (header, skills, footer, blank line)."""
+        m = _mod()
+        return f"{m.SKILL_HEADER}\n{self.retrieve(task)}\n{m.SKILL_FOOTER}\n\n"
+
+
 class PromptBuilder:
     """Builds student and teacher prompts for one environment.
 
@@ -182,6 +251,8 @@ class PromptBuilder:
         enable_thinking: passed to the chat template when not None (see :class:`ChatTokenizer`).
         num_threads: threads :meth:`build_batch` runs on; 0 (default) shares one pool of one
             thread per core with the other native batch calls.
+        skills: a :class:`SkillRepository` or its folder: the teacher prompts' skills come from it
+            instead of the built-in repository (None: the built-in skills).
 
     Raises:
         ValueError: bad ``env``/``history_length``/``max_prompt_tokens``, or a chat template that
@@ -197,8 +268,11 @@ class PromptBuilder:
         tokenizer_dir: str | os.PathLike[str] | None = None,
         enable_thinking: bool | None = None,
         num_threads: int = 0,
+        skills: SkillRepository | str | os.PathLike[str] | None = None,
     ) -> None:
         self.env: str = _check_env(env)
+        self.skills: SkillRepository | None = (
+            skills if isinstance(skills, SkillRepository) or skills is None else SkillRepository(skills, self.env))
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 0:
             raise ValueError(f"num_threads: expected a non-negative int, got {num_threads!r}")
         if isinstance(history_length, bool) or not isinstance(history_length, int) or history_length < 0:
@@ -269,6 +343,8 @@ class PromptBuilder:
         step: int = 0,
     ) -> str:
         """The teacher prompt: retrieved skills, then exactly the student prompt."""
+        if self.skills is not None:
+            return self.skills.block(task) + self.build(task, observation, admissible, history, step)
         return self._inner.build_teacher(
             task, observation, _str_list("admissible", admissible), _history(history), _step(step)
         )
@@ -314,6 +390,12 @@ class PromptBuilder:
             raise ValueError("tokenizer_dir: build_batch needs a PromptBuilder built with tokenizer_dir")
         if system is not None and not isinstance(system, str):
             raise ValueError(f"system: expected str or None, got {type(system).__name__}")
+        if teacher and self.skills is not None:
+            # the student prompts, each after its task's skill block from the user's folder
+            students = self._inner.build_batch(requests, False, system, True)
+            texts = [self.skills.block(str(r["task"])) + text for r, (text, _) in zip(requests, students)]
+            ids = self.encode_chat(texts, system)
+            return list(zip(texts, ids)) if with_text else ids
         return self._inner.build_batch(requests, bool(teacher), system, with_text)
 
     def encode_chat(self, prompts: Sequence[str], system: str | None = None) -> list[list[int]]:

@@ -76,6 +76,11 @@ class EnvConfig:
     # WebShop (name=webshop; pcsd.train.webshop): the folder holding data/ and facts/ (None = $WEBSHOP_DATA)
     webshop_data: Optional[str] = None  # synthetic goals (6,910 on the 1k set), as the agent setups
     webshop_variant: str = "verl"  # verl (verl-agent/SDAR's seeding, the paper's) | upstream (princeton-nlp)
+    # probability that a procedural task object starts in its class's usual place (pcsd.envs.procedural)
+    usual_place: float = 0.0
+    # the teacher's skill repository: a folder replacing the built-in skills (pcsd.text.prompts.SkillRepository);
+    # a relative path is looked up in the current folder, then next to the presets (pcsd/train/configs/)
+    skills_dir: Optional[str] = None
 
 
 @dataclass
@@ -139,6 +144,9 @@ class OptimConfig:
     sft_schedule: str = "cosine"  # cosine (linear warm-up, cosine decay) | constant
     sft_navigation: str = "plan"  # how the SFT expert moves: plan (the planner's go-tos) | sweep (next receptacle)
     sft_teacher_share: float = 0.0  # share of warm-up steps also shown with the teacher's prompt (skills)
+    # what the teacher's-prompt examples demonstrate: same (the student's expert steps) | skills (the expert
+    # that searches first the receptacle types its task's retrieved skills name)
+    sft_teacher_demos: str = "same"
 
 
 @dataclass
@@ -151,6 +159,7 @@ class EvalConfig:
     greedy: bool = False
     skills: bool = False  # the starred variants: skills at evaluation
     batch_size: int = 0  # games played together (0 = all at once; 1 = a seed per game, see pcsd.eval)
+    before: bool = True  # false: no evaluation before RL (e.g. the starting model was evaluated already)
 
 
 @dataclass
@@ -198,6 +207,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "eval.protocol": ("full", "paper"),
     "optim.sft_schedule": ("cosine", "constant"),
     "optim.sft_navigation": ("plan", "sweep"),
+    "optim.sft_teacher_demos": ("same", "skills"),
     "optim.joint_frozen_pass": ("auto", "always", "never"),
     "run.device": ("auto", "cpu", "cuda"),
 }
@@ -400,6 +410,7 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(f"optim.sft_games must be >= 1 when optim.sft_steps > 0, got {cfg.optim.sft_games}")
     if not 0 <= cfg.optim.sft_teacher_share <= 1:
         raise ConfigError(f"optim.sft_teacher_share must be in [0, 1], got {cfg.optim.sft_teacher_share}")
+    _validate_skills(cfg)
     if not isinstance(cfg.run.record_gaps, bool):
         raise ConfigError(f"run.record_gaps must be true or false, got {cfg.run.record_gaps!r}")
     if not 0 < cfg.algo.clip_eps < 1:
@@ -414,6 +425,32 @@ def _validate(cfg: DictConfig) -> None:
     if not (cfg.algo.grpo or cfg.algo.distill or cfg.optim.steps == 0):
         raise ConfigError("algo.grpo and algo.distill are both false: nothing to train "
                           "(use optim.steps=0 for the Vanilla baseline)")
+
+
+def resolve_skills_dir(value: str) -> Path:
+    """``env.skills_dir`` as a folder: absolute, else relative to the current folder if it exists
+    there, else relative to the presets' folder (``pcsd/train/configs/``)."""
+    p = Path(value).expanduser()
+    if p.is_absolute() or p.exists():
+        return p.resolve()
+    return (PRESET_DIR / p).resolve()
+
+
+def _validate_skills(cfg: DictConfig) -> None:
+    """``env.usual_place``, ``env.skills_dir`` (the folder must load as a skill repository) and
+    ``optim.sft_teacher_demos``."""
+    if not 0 <= cfg.env.usual_place <= 1:
+        raise ConfigError(f"env.usual_place must be a probability in [0, 1], got {cfg.env.usual_place}")
+    if cfg.env.skills_dir is not None:
+        from pcsd.text.prompts import SkillRepository
+
+        try:
+            SkillRepository(resolve_skills_dir(cfg.env.skills_dir), cfg.env.name)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"env.skills_dir={cfg.env.skills_dir}: {exc}") from None
+    if cfg.optim.sft_teacher_demos == "skills" and cfg.optim.sft_teacher_share <= 0:
+        raise ConfigError("optim.sft_teacher_demos=skills shows the skill-reading expert in the teacher's-prompt "
+                          "examples, of which there are none: set optim.sft_teacher_share > 0")
 
 
 def _validate_ranges(cfg: DictConfig) -> None:

@@ -44,7 +44,8 @@ from pcsd.train.distributed import DistContext, single_process
 from pcsd.train.metrics import MetricsLogger, step_record
 from pcsd.train.precision import (cast_items, export_model, fsdp_policy, frozen_copy, precision_of,
                                   prepare_student, torch_dtype)
-from pcsd.train.sft import expert_episodes, game_corpus, sft_examples, sft_warmup, webshop_expert_episodes
+from pcsd.train.sft import (expert_episodes, game_corpus, sft_examples, sft_warmup, skill_search_first,
+                            webshop_expert_episodes)
 from pcsd.train.update import update_step
 
 __all__ = ["Job", "procedural_knobs", "train"]
@@ -56,9 +57,11 @@ EVAL_SEED = 12345  # rollout seed of the evaluations before and after RL
 
 def procedural_knobs(cfg: DictConfig) -> dict[str, Any]:
     """The generator's knobs set in the config (``env.receptacles``, ``env.distractors``,
-    ``env.task_types``, ``env.rooms``) as keyword arguments of
+    ``env.task_types``, ``env.rooms``, ``env.usual_place``) as keyword arguments of
     :func:`pcsd.envs.procedural.write_games`."""
     kw: dict[str, Any] = {k: int(cfg.env[k]) for k in ("receptacles", "distractors") if cfg.env.get(k) is not None}
+    if cfg.env.get("usual_place"):
+        kw["usual_place"] = float(cfg.env.usual_place)
     if cfg.env.get("task_types") is not None:
         kw["task_types"] = tuple(cfg.env.task_types)
     if cfg.env.get("rooms") is not None:
@@ -88,6 +91,7 @@ class Job:
     val_shop: Any = None
     # load_student / warm_up
     episodes: list = field(default_factory=list)  # the warm-up's expert episodes (rank 0, new runs)
+    teacher_episodes: Optional[list] = None  # the skill-following expert's (optim.sft_teacher_demos=skills)
     model_dir: Optional[Path] = None  # the base model (tokenizer source)
     base_dir: Optional[Path] = None  # what RL starts from: the base, or the SFT model
     student: Any = None
@@ -191,6 +195,17 @@ def setup(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext]) -> Job:
     return job
 
 
+def skill_repository(cfg: DictConfig):
+    """The teacher's skills from ``env.skills_dir`` (a :class:`pcsd.text.prompts.SkillRepository`),
+    or None for the built-in ones."""
+    from pcsd.text.prompts import SkillRepository
+    from pcsd.train.config import resolve_skills_dir
+
+    if cfg.env.get("skills_dir") is None:
+        return None
+    return SkillRepository(resolve_skills_dir(cfg.env.skills_dir), cfg.env.name)
+
+
 def load_student(job: Job) -> None:
     """The student model and the prompt builder. Without ``model.path`` the tiny model is
     generated, its tokenizer trained on the text of the warm-up's expert episodes (played first)
@@ -209,6 +224,11 @@ def load_student(job: Job) -> None:
             sft_games = write_games(job.run_dir / "games" / "sft", cfg.optim.sft_games, SFT_GAMES_SEED,
                                     **procedural_knobs(cfg))
             job.episodes = expert_episodes(sft_games, cfg.env.max_steps, cfg.optim.sft_navigation)
+            if cfg.optim.sft_teacher_demos == "skills":  # the expert that follows the teacher's skills
+                job.teacher_episodes = expert_episodes(sft_games, cfg.env.max_steps, cfg.optim.sft_navigation,
+                                                       skill_search_first(skill_repository(cfg)))
+                job.summary["sft_skill_expert_success"] = (
+                    100.0 * sum(ep.won for ep in job.teacher_episodes) / len(job.teacher_episodes))
         job.summary["sft_expert_success"] = 100.0 * sum(ep.won for ep in job.episodes) / len(job.episodes)
         job.summary["sft_expert_seconds"] = time.time() - t0
     if cfg.model.path:
@@ -221,13 +241,14 @@ def load_student(job: Job) -> None:
             # heads of 32 dimensions (the smallest vLLM's CPU attention takes): more heads to copy with
             make_tiny_model(job.model_dir, hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_layers,
                             num_heads=max(1, cfg.model.tiny_hidden_size // 32), seed=cfg.run.seed,
-                            corpus=game_corpus(job.episodes, env=cfg.env.name))
+                            corpus=game_corpus(job.episodes, skill_repository(cfg), env=cfg.env.name))
         dist_utils.barrier(ctx)
         job.say(f"tiny model written to {job.model_dir}")
     job.student = load_model(job.model_dir, ctx.device, cfg.model.param_dtype)
     job.builder = PromptBuilder(cfg.env.name, history_length=cfg.env.history_length,
                                 max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=job.model_dir,
-                                enable_thinking=cfg.model.enable_thinking)  # student and teacher prompts alike
+                                enable_thinking=cfg.model.enable_thinking,  # student and teacher prompts alike
+                                skills=skill_repository(cfg))
     job.base_dir = job.model_dir
 
 
@@ -242,7 +263,8 @@ def warm_up(job: Job) -> None:
         t0 = time.time()
         episodes = [ep for ep in job.episodes if ep.won] if job.webshop else job.episodes
         examples = sft_examples(job.builder, episodes, eos_id(job.builder),
-                                teacher_share=cfg.optim.sft_teacher_share, seed=cfg.run.seed)
+                                teacher_share=cfg.optim.sft_teacher_share, seed=cfg.run.seed,
+                                teacher_episodes=job.teacher_episodes)
         losses = sft_warmup(job.student, examples, steps=cfg.optim.sft_steps, lr=cfg.optim.sft_lr,
                             batch_size=cfg.optim.sft_batch_size, seed=cfg.run.seed,
                             prompt_weight=cfg.optim.sft_prompt_weight, schedule=cfg.optim.sft_schedule,
@@ -344,7 +366,7 @@ def start(job: Job) -> None:
     ctx, ckpt = job.ctx, job.ckpt
     job.progress.start()
     if ckpt is None:
-        if ctx.is_main:
+        if ctx.is_main and job.cfg.eval.before:
             job.before = _evaluate(job, "before RL", "eval before")
             job.say(f"success before RL: {job.before['overall']:.1f}% {job.before['per_category']}"
                     + _webshop_text(job.before))
@@ -438,7 +460,7 @@ def rl_loop(job: Job) -> None:
     job.phases = {"sft": float(job.summary.get("sft_seconds", 0.0))}
     with (MetricsLogger(job.run_dir, tensorboard=cfg.run.tensorboard) if ctx.is_main
           else contextlib.nullcontext(None)) as metrics:
-        if metrics is not None and job.ckpt is None:
+        if metrics is not None and job.ckpt is None and job.before is not None:
             metrics.log_eval("before", job.before, step=0)
         for step in range(job.first_step, cfg.optim.steps):
             rec = rl_step(job, step)

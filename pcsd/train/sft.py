@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from typing import Callable, Optional, Sequence
+from typing import Callable, Collection, Optional, Sequence
 
 import torch
 
@@ -34,10 +34,12 @@ __all__ = ["expert_episodes", "webshop_expert_episodes", "game_corpus", "task_pa
 SCHEDULES = ("cosine", "constant")
 
 
-def expert_episodes(games: Sequence[str], max_steps: int, navigation: str = "plan") -> list[ExpertEpisode]:
+def expert_episodes(games: Sequence[str], max_steps: int, navigation: str = "plan",
+                    search_first: Optional[Callable[[str], Collection[str]]] = None) -> list[ExpertEpisode]:
     """One :class:`pcsd.envs.experts.ObservationExpert` episode per game file, in order
-    (``navigation``: ``plan`` or ``sweep``, see :mod:`pcsd.envs.experts`)."""
-    return [play_expert(path, max_steps, navigation) for path in games]
+    (``navigation``: ``plan`` or ``sweep``, see :mod:`pcsd.envs.experts`; ``search_first``: task ->
+    receptacle types searched first, e.g. :func:`skill_search_first`)."""
+    return [play_expert(path, max_steps, navigation, search_first) for path in games]
 
 
 def webshop_expert_episodes(shop, goals: Sequence[int], max_steps: int) -> list[ExpertEpisode]:
@@ -68,22 +70,40 @@ def webshop_expert_episodes(shop, goals: Sequence[int], max_steps: int) -> list[
     return out
 
 
-def game_corpus(episodes: Sequence[ExpertEpisode], env: str = "alfworld") -> list[str]:
+def skill_search_first(skills) -> Callable[[str], frozenset[str]]:
+    """For the expert of the teacher's-prompt examples (``optim.sft_teacher_demos=skills``): task ->
+    the words of the task's retrieved skills (``skills``: a :class:`pcsd.text.prompts.SkillRepository`,
+    or None for the built-in skills); the expert searches first the receptacles whose type is one
+    of them (a skill saying "keychains are usually kept in a dresser" sends it to the dressers)."""
+    from pcsd.text.prompts import retrieve_skills
+
+    def words(task: str) -> frozenset[str]:
+        text = skills.retrieve(task) if skills is not None else retrieve_skills(task)
+        return frozenset(re.findall(r"[a-z]+", text.lower()))
+
+    return words
+
+
+def game_corpus(episodes: Sequence[ExpertEpisode], skills=None, env: str = "alfworld") -> list[str]:
     r"""Tokenizer training text from played episodes: each task, observation and action, each
     admissible list written the way the prompts list them (ALFWorld ``'go to cabinet 1'\n 'look'``,
-    WebShop ``'click[buy now]',`` per line), and the skills the teacher prompts prepend for each
-    task type (so they cost fewer tokens)."""
+    WebShop ``'click[buy now]',`` per line), and the skills the teacher prompts prepend (so they
+    cost fewer tokens): the built-in skills of each ALFWorld task type / WebShop task, or with
+    ``skills``, a :class:`pcsd.text.prompts.SkillRepository`, every file of that folder."""
     from pcsd.text.prompts import retrieve_skills
 
     lines: list[str] = []
-    seen: set[str] = set()  # ALFWorld: skills per task type; WebShop: per product category (task text)
-    for ep in episodes:
-        key = ep.task_type if env == "alfworld" else ep.task
-        if key not in seen:
-            seen.add(key)
-            text = retrieve_skills(ep.task, env=env)
-            if text not in lines:
-                lines.append(text)
+    if skills is not None:
+        lines += [t for t in (skills.general, *skills.task_types.values(), *skills.keywords.values()) if t]
+    else:
+        seen: set[str] = set()  # ALFWorld: skills per task type; WebShop: per product category (task text)
+        for ep in episodes:
+            key = ep.task_type if env == "alfworld" else ep.task
+            if key not in seen:
+                seen.add(key)
+                text = retrieve_skills(ep.task, env=env)
+                if text not in lines:
+                    lines.append(text)
     for ep in episodes:
         lines.append(f"Your task is to: {ep.task}")
         for obs, adm, action in ep.steps:
@@ -128,7 +148,8 @@ def think_for(task: str, action: str) -> str:
 
 
 def sft_examples(builder, episodes: Sequence[ExpertEpisode], eos_id: int, teacher_share: float = 0.0,
-                 seed: int = 0) -> list[tuple[list[int], list[int]]]:
+                 seed: int = 0, teacher_episodes: Optional[Sequence[ExpertEpisode]] = None
+                 ) -> list[tuple[list[int], list[int]]]:
     """``(prompt ids, response ids)`` for every expert step, the prompt built exactly as in a
     rollout (``builder``: :class:`pcsd.text.prompts.PromptBuilder`; history = the episode's earlier
     observation-action pairs), the response ``<think>…</think><action>…</action>`` + ``eos_id``.
@@ -136,7 +157,11 @@ def sft_examples(builder, episodes: Sequence[ExpertEpisode], eos_id: int, teache
     ``teacher_share`` (0..1): for that share of the steps (drawn with ``seed``) one more example
     with the teacher's prompt (skills prepended) and the same response, so that a generated model
     also learns to act with the skills in its context - the frozen teacher of PCSD is this model
-    reading those prompts."""
+    reading those prompts.
+
+    ``teacher_episodes`` (optional): the teacher's-prompt examples come from these episodes
+    instead (each of their steps with probability ``teacher_share``), e.g. the expert that follows
+    the skills (``optim.sft_teacher_demos=skills``); the student's examples are unchanged."""
     if not 0.0 <= teacher_share <= 1.0:
         raise ValueError(f"teacher_share: expected a number in [0, 1], got {teacher_share}")
     rng = random.Random(seed)
@@ -150,6 +175,20 @@ def sft_examples(builder, episodes: Sequence[ExpertEpisode], eos_id: int, teache
             with_teacher.append(teacher_share > 0 and rng.random() < teacher_share)
             hist = hist + [(obs, action)]
     student = builder.encode_batch(reqs)
+    if teacher_episodes is not None:
+        t_reqs, t_resps = [], []
+        for ep in teacher_episodes:
+            hist = []
+            for obs, adm, action in ep.steps:
+                if teacher_share > 0 and rng.random() < teacher_share:
+                    t_reqs.append(dict(task=ep.task, observation=obs, admissible=adm, history=hist, step=len(hist)))
+                    text = f"<think>{think_for(ep.task, action)}</think><action>{action}</action>"
+                    t_resps.append(builder.tokenizer.encode(text) + [eos_id])
+                hist = hist + [(obs, action)]
+        out = list(zip(student, resps))
+        out += list(zip(builder.encode_batch(t_reqs, teacher=True), t_resps)) if t_reqs else []
+        random.Random(seed + 1).shuffle(out)
+        return out
     teacher = iter(builder.encode_batch([r for r, t in zip(reqs, with_teacher) if t], teacher=True))
     out = []
     for ids, resp, t in zip(student, resps, with_teacher):

@@ -49,6 +49,12 @@ def check_webshop_config(cfg: Any) -> Optional[str]:
     for key in _ALFWORLD_ONLY:
         if OmegaConf.select(cfg, key) is not None:
             return f"{key} is a procedural ALFWorld setting; env.name=webshop has none (leave it null)"
+    if cfg.env.get("usual_place", 0.0):
+        return (f"env.usual_place={cfg.env.usual_place} is a procedural ALFWorld setting; env.name=webshop has "
+                "none (leave it 0)")
+    if cfg.optim.get("sft_teacher_demos", "same") == "skills":
+        return ("optim.sft_teacher_demos=skills uses the ALFWorld expert that follows the skills; "
+                "env.name=webshop has only the plain expert (expected optim.sft_teacher_demos=same)")
     try:
         webshop_data_dir(cfg)
     except ValueError as exc:

@@ -9,12 +9,12 @@ fn value_error(e: GenError) -> PyErr {
     PyValueError::new_err(e.to_string())
 }
 
-/// generate_game_json(task_type, seed, room=None, receptacles=None, distractors=None) -> str
+/// generate_game_json(task_type, seed, room=None, receptacles=None, distractors=None, usual_place=0.0) -> str
 ///
 /// The text of a new `game.tw-pddl` file. Raises ValueError naming the argument for an unknown
 /// task type or room, or a knob out of range.
 #[pyfunction]
-#[pyo3(signature = (task_type, seed, room=None, receptacles=None, distractors=None))]
+#[pyo3(signature = (task_type, seed, room=None, receptacles=None, distractors=None, usual_place=0.0))]
 fn generate_game_json(
     py: Python<'_>,
     task_type: &str,
@@ -22,10 +22,11 @@ fn generate_game_json(
     room: Option<&str>,
     receptacles: Option<usize>,
     distractors: Option<usize>,
+    usual_place: f64,
 ) -> PyResult<String> {
     let task: TaskType = task_type.parse().map_err(value_error)?;
     let room: Option<Room> = room.map(str::parse).transpose().map_err(value_error)?;
-    let config = GenConfig { room, num_receptacles: receptacles, num_distractors: distractors };
+    let config = GenConfig { room, num_receptacles: receptacles, num_distractors: distractors, usual_place };
     py.detach(|| alfworld_gen::generate(task, seed, &config)).map_err(value_error)
 }
 
@@ -33,6 +34,12 @@ fn generate_game_json(
 #[pyfunction]
 fn gen_task_types() -> Vec<&'static str> {
     TaskType::ALL.iter().map(|t| t.as_str()).collect()
+}
+
+/// The generator's usual places: (object class, receptacle class) pairs.
+#[pyfunction]
+fn gen_usual_places() -> Vec<(&'static str, &'static str)> {
+    alfworld_gen::vocab::USUAL_PLACES.to_vec()
 }
 
 /// The room names.
@@ -59,6 +66,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(generate_game_json, m)?)?;
     m.add_function(wrap_pyfunction!(gen_task_types, m)?)?;
     m.add_function(wrap_pyfunction!(gen_rooms, m)?)?;
+    m.add_function(wrap_pyfunction!(gen_usual_places, m)?)?;
     m.add_function(wrap_pyfunction!(gen_receptacle_range, m)?)?;
     m.add_function(wrap_pyfunction!(gen_task_rooms, m)?)?;
     m.add("GEN_MAX_DISTRACTORS", alfworld_gen::MAX_DISTRACTORS)?;

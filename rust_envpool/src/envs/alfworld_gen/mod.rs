@@ -149,7 +149,7 @@ impl FromStr for Room {
 }
 
 /// Difficulty knobs. `None` lets the generator draw a value typical of the room.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct GenConfig {
     /// Room type; must be one of the task type's rooms ([`TaskType::rooms`]).
     pub room: Option<Room>,
@@ -157,6 +157,11 @@ pub struct GenConfig {
     pub num_receptacles: Option<usize>,
     /// Number of objects besides the task's own objects (0..=[`MAX_DISTRACTORS`]).
     pub num_distractors: Option<usize>,
+    /// Probability (0..=1) that a task object starts in its class's usual place
+    /// ([`vocab::usual_place`]) when the room has one that may hold it; otherwise (and always at
+    /// 0, the default) its receptacle class is drawn uniformly. 0 draws nothing extra from the
+    /// game's random stream, so games are byte-identical to those without the knob.
+    pub usual_place: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -169,6 +174,8 @@ pub enum GenError {
     RoomNotAllowed { task: TaskType, room: Room, allowed: String },
     #[error("{knob}={value} is out of range: expected {expected}")]
     OutOfRange { knob: &'static str, value: usize, expected: String },
+    #[error("usual_place={0} is out of range: expected a probability in [0, 1]")]
+    UsualPlaceOutOfRange(String),
 }
 
 /// Generates one game and returns the text of its `game.tw-pddl` file.
@@ -186,6 +193,9 @@ pub fn generate_game(task_type: TaskType, seed: u64, config: &GenConfig) -> Resu
 /// Checks the knobs and returns the rooms the game may be set in.
 fn validate(task: TaskType, config: &GenConfig) -> Result<Vec<Room>, GenError> {
     let allowed = task.rooms();
+    if !(0.0..=1.0).contains(&config.usual_place) {
+        return Err(GenError::UsualPlaceOutOfRange(config.usual_place.to_string()));
+    }
     if let Some(room) = config.room {
         if !allowed.contains(&room) {
             return Err(GenError::RoomNotAllowed {

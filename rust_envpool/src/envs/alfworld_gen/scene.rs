@@ -267,7 +267,7 @@ struct Plan {
     lamp_host: Option<&'static str>,
 }
 
-fn plan_task(rng: &mut ChaCha8Rng, task: TaskType, room: Room) -> Plan {
+fn plan_task(rng: &mut ChaCha8Rng, task: TaskType, room: Room, usual_place: f64) -> Plan {
     let spec = vocab::room_spec(room);
     let room_classes: Vec<&'static str> = spec.slots.iter().map(|s| s.0).collect();
     let flag = task_flag(task);
@@ -296,7 +296,15 @@ fn plan_task(rng: &mut ChaCha8Rng, task: TaskType, room: Room) -> Plan {
         .filter(|&s| Some(s) != goal && vocab::can_contain(s, target.name))
         .collect();
     let n_targets = if task == TaskType::PickTwoObjAndPlace { 2 } else { 1 };
-    let sources = (0..n_targets).map(|_| *sources_ok.choose(rng).unwrap()).collect();
+    // the usual place (if the room has it and it may serve as a source) with probability
+    // `usual_place`; no draw at 0, so the default stream is unchanged
+    let usual = vocab::usual_place(target.name).filter(|u| sources_ok.contains(u));
+    let sources = (0..n_targets)
+        .map(|_| match usual {
+            Some(u) if usual_place > 0.0 && rng.gen_bool(usual_place) => u,
+            _ => *sources_ok.choose(rng).unwrap(),
+        })
+        .collect();
     let lamp_host = if task == TaskType::LookAtObjInLight {
         let hosts: Vec<&'static str> = room_classes.iter().copied().filter(|c| vocab::can_host_lamp(c)).collect();
         Some(*hosts.choose(rng).expect("look rooms have lamp hosts"))
@@ -312,7 +320,7 @@ pub(crate) fn build(task: TaskType, seed: u64, rooms: &[Room], config: &GenConfi
     rng.set_stream(task.index());
     let room = *rooms.choose(&mut rng).expect("validated non-empty");
     let spec = vocab::room_spec(room);
-    let plan = plan_task(&mut rng, task, room);
+    let plan = plan_task(&mut rng, task, room, config.usual_place);
 
     // ---- receptacle counts
     let mut counts: BTreeMap<&'static str, usize> = spec.slots.iter().map(|s| (s.0, s.1)).collect();

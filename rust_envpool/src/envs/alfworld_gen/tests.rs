@@ -6,7 +6,7 @@ use super::vocab::{self, CLEAN, COOL, HEAT, PICK, TOGGLE};
 use super::*;
 
 fn cfg(room: Option<Room>, r: Option<usize>, d: Option<usize>) -> GenConfig {
-    GenConfig { room, num_receptacles: r, num_distractors: d }
+    GenConfig { room, num_receptacles: r, num_distractors: d, ..GenConfig::default() }
 }
 
 /// A plain reference of the ALFRED domain's rules, played on the generated scene (not on the
@@ -422,4 +422,35 @@ fn reference_simulator_rejects_broken_walkthroughs() {
         let take = g.walkthrough.iter().find(|c| c.starts_with("take ")).unwrap();
         assert!(Sim::new(&g).step(take).is_err(), "{task}: took from afar");
     }
+}
+
+#[test]
+fn usual_place_knob() {
+    // 0 (the default) leaves every game byte-identical; out of range is an error naming the knob
+    for task in TaskType::ALL {
+        let zero = GenConfig { usual_place: 0.0, ..GenConfig::default() };
+        assert_eq!(generate(task, 9, &zero).unwrap(), generate(task, 9, &GenConfig::default()).unwrap());
+    }
+    let bad = GenConfig { usual_place: 1.5, ..GenConfig::default() };
+    assert!(generate(TaskType::PickAndPlaceSimple, 1, &bad).unwrap_err().to_string().contains("usual_place=1.5"));
+    // at 1 every task object with a usual place its room may use starts there; at 0 far fewer do
+    let share = |p: f64| {
+        let (mut at_home, mut with_home) = (0, 0);
+        for seed in 0..300 {
+            let c = GenConfig { usual_place: p, room: Some(Room::Bedroom), ..GenConfig::default() };
+            let g = generate_game(TaskType::PickAndPlaceSimple, seed, &c).unwrap();
+            let o = &g.objects[g.task_objects[0]];
+            let Some(home) = vocab::usual_place(o.class) else { continue };
+            if g.goal_class == Some(home) || !vocab::room_spec(Room::Bedroom).slots.iter().any(|s| s.0 == home) {
+                continue;
+            }
+            with_home += 1;
+            at_home += (g.receptacles[o.receptacle.unwrap()].class == home) as usize;
+        }
+        (at_home, with_home)
+    };
+    let (a1, n1) = share(1.0);
+    assert!(n1 > 100 && a1 == n1, "{a1}/{n1}");
+    let (a0, n0) = share(0.0);
+    assert!((a0 as f64) < 0.6 * n0 as f64, "{a0}/{n0}");
 }

@@ -166,6 +166,41 @@ pub const RECEPTACLES: &[RecClass] = &[
     RecClass { name: "TowelHolder", openable: 0.0, y: (1.00, 1.60), contains: &["Towel"] },
 ];
 
+/// Where objects of a class are usually kept (the generator's `usual_place` knob): a fixed,
+/// type-level convention of the generated houses (like "keychains are kept in dressers"), used
+/// only where the room has that receptacle class and it may hold the object. Objects not listed
+/// have no usual place. Every entry is a receptacle class that may contain the object (tested).
+pub const USUAL_PLACES: &[(&str, &str)] = &[
+    ("AlarmClock", "SideTable"),
+    ("Book", "Shelf"),
+    ("Bowl", "Cabinet"),
+    ("Box", "ArmChair"),
+    ("CD", "Drawer"),
+    ("Candle", "Cabinet"),
+    ("CellPhone", "Drawer"),
+    ("Cloth", "Dresser"),
+    ("CreditCard", "Safe"),
+    ("KeyChain", "Dresser"),
+    ("Laptop", "ArmChair"),
+    ("Mug", "Shelf"),
+    ("Newspaper", "Cabinet"),
+    ("Pen", "Drawer"),
+    ("Pencil", "DiningTable"),
+    ("Pillow", "ArmChair"),
+    ("Plate", "Shelf"),
+    ("RemoteControl", "SideTable"),
+    ("Statue", "Shelf"),
+    ("TissueBox", "Dresser"),
+    ("Vase", "Cabinet"),
+    ("Watch", "Safe"),
+    ("WateringCan", "Cabinet"),
+];
+
+/// The usual place of an object class ([`USUAL_PLACES`]), if it has one.
+pub fn usual_place(oclass: &str) -> Option<&'static str> {
+    USUAL_PLACES.iter().find(|(o, _)| *o == oclass).map(|(_, r)| *r)
+}
+
 /// Receptacle classes that can also hold a desk lamp (which is not in any `canContain` list: it
 /// never moves).
 pub fn can_host_lamp(rclass: &str) -> bool {
@@ -286,6 +321,14 @@ pub fn room_spec(room: Room) -> &'static RoomSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usual_places_may_hold_their_objects() {
+        for (o, r) in USUAL_PLACES {
+            assert!(obj_class(o).is_some(), "{o} is an object class");
+            assert!(can_contain(r, o), "{r} may hold {o}");
+        }
+    }
 
     #[test]
     fn tables_are_consistent() {
