@@ -3,6 +3,7 @@ expert that follows the skills and the ``tiny-cpu-skills`` preset (issue 15, par
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -136,3 +137,27 @@ def test_sft_examples_with_teacher_episodes(tmp_path):
     assert len(both) == n_student + sum(len(e.steps) for e in reader)
     with_skills = [ids for ids, _ in both if "Privileged Skill Information" in pb.tokenizer.decode(ids)]
     assert len(with_skills) == sum(len(e.steps) for e in reader)
+
+
+def test_smoke_of_the_toy_preset_without_the_evaluation_before(tmp_path):
+    """tiny-cpu-skills' own path, shortened: the skills folder in the tokenizer's corpus, the
+    skill-following expert plays, and eval.before=false skips the
+    evaluation before RL (no success_before, one evaluation in evals.jsonl)."""
+    from pcsd.train.cli import main
+
+    run = tmp_path / "run"
+    assert main([f"run.dir={run}", "preset=tiny-cpu-skills", "rollout.backend=hf", "optim.sft_steps=3",
+                 "optim.sft_games=6", "optim.steps=1", "rollout.tasks_per_step=1", "rollout.group_size=2",
+                 "rollout.max_response_tokens=8", "env.max_steps=2", "eval.episodes=2", "eval.before=false",
+                 "run.tensorboard=false"]) == 0
+    s = json.loads((run / "summary.json").read_text())
+    assert s["preset"] == "tiny-cpu-skills" and "success_before" not in s and s["success_after"] is not None
+    assert s["sft_skill_expert_success"] >= 0
+    evals = [json.loads(x)["name"] for x in (run / "evals.jsonl").read_text().splitlines() if x.strip()]
+    assert evals == ["after"]
+    # the tokenizer's corpus holds every file of the skills folder (not the built-in skills)
+    from pcsd.train.sft import game_corpus
+
+    repo = P.SkillRepository(resolve_skills_dir("skills/usual-places"))
+    corpus = game_corpus([], repo)
+    assert set(repo.keywords.values()) <= set(corpus) and P.retrieve_skills("put some keychain on sofa") not in corpus
