@@ -24,8 +24,8 @@ from typing import Iterator, Sequence
 
 from pcsd.eval.games import EvalError, game_task_type
 
-__all__ = ["PROTOCOLS", "webshop_validation_goals", "PAPER_EPISODES", "VALIDATION_SEED_OFFSET", "paper_episodes", "stratified_subset",
-           "wilson_interval", "protocol_games"]
+__all__ = ["PROTOCOLS", "PAPER_EPISODES", "VALIDATION_SEED_OFFSET", "paper_episodes", "stratified_subset",
+           "wilson_interval", "protocol_games", "webshop_validation_goals"]
 
 PROTOCOLS = ("full", "paper")
 PAPER_EPISODES = 128  # data.val_batch_size in verl-agent's / SDAR's ALFWorld scripts

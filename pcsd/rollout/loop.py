@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -150,13 +150,22 @@ def collect_rollouts(
     timings.env += time.perf_counter() - t0
     ids = first.env_id.tolist()
     tasks = {e: pool.task_of(e) for e in range(n_envs)}  # (task_type, task)
-    if webshop:  # verl-agent's agent text: the instruction, the reformatted page, search[...]/click[...]
+    if webshop:  # the task is the reset page's instruction
         tasks = {e: (tasks[e][0], webshop_task(o)) for e, o in zip(ids, first.obs)}
-        obs = {e: format_webshop_observation(o, tasks[e][1]) for e, o in zip(ids, first.obs)}
-        adm = {e: webshop_actions(bool(sb), a) for e, sb, a in zip(ids, first.has_search_bar, first.admissible)}
-    else:
-        obs = dict(zip(ids, first.obs))
-        adm = dict(zip(ids, first.admissible))
+    obs: dict[int, str] = {}
+    adm: dict[int, list[str]] = {}
+
+    def see(e: int, page: str, admissible: list[str], search_bar: Any) -> None:
+        """What env ``e``'s next prompt shows; WebShop as verl-agent's agent text (the reformatted
+        page and its search[...]/click[...] list)."""
+        if webshop:
+            obs[e] = format_webshop_observation(page, tasks[e][1])
+            adm[e] = webshop_actions(bool(search_bar), admissible)
+        else:
+            obs[e], adm[e] = page, admissible
+
+    for k, e in enumerate(ids):
+        see(e, first.obs[k], first.admissible[k], first.has_search_bar[k] if webshop else None)
     history: dict[int, list[tuple[str, str]]] = {e: [] for e in range(n_envs)}
     won = torch.zeros(n_envs, dtype=torch.bool)
     score = torch.zeros(n_envs, dtype=torch.float64)
@@ -213,11 +222,7 @@ def collect_rollouts(
                 if res.error[k]:  # where the original WebShop raises (e.g. search[<a> ...]): episode over
                     env_errors += 1
                     continue
-                if webshop:
-                    obs[e] = format_webshop_observation(res.obs[k], tasks[e][1])
-                    adm[e] = webshop_actions(bool(res.has_search_bar[k]), res.admissible[k])
-                else:
-                    obs[e], adm[e] = res.obs[k], res.admissible[k]
+                see(e, res.obs[k], res.admissible[k], res.has_search_bar[k] if webshop else None)
                 if res.done[k]:
                     won[e] = bool(res.won[k])
                     score[e] = float(res.score[k]) if webshop else float(won[e])
