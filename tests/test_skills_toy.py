@@ -161,3 +161,58 @@ def test_smoke_of_the_toy_preset_without_the_evaluation_before(tmp_path):
     repo = P.SkillRepository(resolve_skills_dir("skills/usual-places"))
     corpus = game_corpus([], repo)
     assert set(repo.keywords.values()) <= set(corpus) and P.retrieve_skills("put some keychain on sofa") not in corpus
+    # the run keeps a copy of what its teacher read, and pcsd.eval --skills on the run reads that copy
+    own = P.SkillRepository(run / "skills")
+    assert (own.general, own.task_types, own.keywords) == (repo.general, repo.task_types, repo.keywords)
+    from pcsd.eval.cli import main as eval_main
+
+    assert eval_main(["--model", str(run), "--skills", "--split", "procedural", "--procedural-games", "2",
+                      "--backend", "hf", "--device", "cpu", "--max-steps", "1", "--max-response-tokens", "4",
+                      "--quiet", "--out", str(tmp_path / "ev")]) == 0
+    (res,) = json.loads((tmp_path / "ev" / "results.json").read_text())["results"]
+    assert res["settings"]["skills"] and res["settings"]["skills_dir"] == str(run / "skills")
+    assert res["label"].endswith("*")
+
+
+def test_saved_repository_retrieves_the_same(tmp_path):
+    repo = P.SkillRepository(_repo(tmp_path / "a", {
+        "general.md": "G\n", "pick_heat_then_place_in_recep.md": "  HEAT\n\n", "keywords/apple.md": "A\nB\n"}))
+    copy = P.SkillRepository(repo.save(tmp_path / "b"))
+    for task in ("heat some apple and put it in fridge", "put a pen on desk"):
+        assert copy.block(task) == repo.block(task)
+    with pytest.raises(FileExistsError, match="exists already"):
+        repo.save(tmp_path / "b")
+
+
+def test_eval_skills_folder_choice_and_errors(tmp_path, capsys):
+    """pcsd.eval: --skills-dir for every environment; a run's own copy for its environment; a run
+    that trained with a skills folder but holds no copy is an error naming the way out; a bad
+    --skills-dir fails before any model loads."""
+    import argparse
+
+    from pcsd.eval.cli import EvalError, _skill_repositories, main as eval_main
+
+    folder = _repo(tmp_path / "s", {"general.md": "G", "keywords/mug.md": "M"})
+    args = argparse.Namespace(skills=True, skills_dir=str(folder))
+    repos = _skill_repositories(args, None, {}, ["alfworld", "webshop"])
+    assert all(r.folder == folder for r in repos.values())
+    run = tmp_path / "run"
+    (run / "skills").mkdir(parents=True)
+    (run / "skills" / "general.md").write_text("RUN")
+    cfg = {"env": {"name": "alfworld", "skills_dir": "anywhere"}}
+    plain = argparse.Namespace(skills=True, skills_dir=None)
+    repos = _skill_repositories(plain, run, cfg, ["alfworld", "webshop"])
+    assert repos["alfworld"].general == "RUN" and repos["webshop"] is None
+    assert _skill_repositories(argparse.Namespace(skills=False, skills_dir=None), run, cfg, ["alfworld"]) == {
+        "alfworld": None}
+    assert _skill_repositories(plain, run, {"env": {}}, ["alfworld"]) == {"alfworld": None}  # built-in skills
+    (run / "skills" / "general.md").unlink()
+    (run / "skills").rmdir()
+    with pytest.raises(EvalError, match="holds no copy of it.*--skills-dir"):
+        _skill_repositories(plain, run, cfg, ["alfworld"])
+    assert eval_main(["--model", str(tmp_path / "no-model"), "--skills-dir", str(tmp_path / "nope"),
+                      "--split", "procedural", "--quiet"]) == 2
+    assert "skills_dir=" in capsys.readouterr().err
+    (tmp_path / "s" / "pick_heat_then_place_in_recep.md").write_text("H")  # a task-type file: ALFWorld only
+    with pytest.raises(EvalError, match="skills_dir=.*unexpected file 'pick_heat_then_place_in_recep.md'"):
+        _skill_repositories(args, None, {}, ["webshop"])

@@ -27,6 +27,11 @@ paper``: validation ``--validation-index``; ``full``: always the first draw, fix
 mean task score) and Acc (% of episodes with score 1) in Table 1's WebShop columns. Defaults for a
 model that was not trained on WebShop: 15 steps, prompts of 4,096 tokens.
 
+Skills (``--skills``, the starred rows): the student prompt starts with the skills, as the
+teacher's does. They come from ``--skills-dir`` (a folder in the layout of ``env.skills_dir``), else,
+for a run that trained with ``env.skills_dir``, from the copy the trainer keeps in ``<run>/skills/``,
+else from the built-in skills.
+
 Seeds: the games are played in batches of ``--batch-size`` (0 = all at once); a batch's sampling
 seed is ``seed + crc32(name of its first game)``, so with ``--batch-size 1`` every game has its
 own seed and its result does not depend on which other games are evaluated with it. A game's
@@ -45,7 +50,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from pcsd.eval.games import (DEFAULT_SEED, RULE_LABELS, SPLITS, EvalError, procedural_eval_games, read_games_file,
                              select_games, split_games)
@@ -166,6 +171,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=0.4)
     ap.add_argument("--greedy", action="store_true", help="temperature 0")
     ap.add_argument("--skills", action="store_true", help="skills in the student prompt (starred rows)")
+    ap.add_argument("--skills-dir", default=None,
+                    help="the skills folder for --skills (implies it; layout of env.skills_dir); default: a run's "
+                         "own copy (<run>/skills/, when it trained with env.skills_dir), else the built-in skills")
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
     ap.add_argument("--batch-size", type=int, default=0, help="games played together (0 = all)")
     ap.add_argument("--backend", default="vllm", choices=["vllm", "hf"])
@@ -180,6 +188,38 @@ def _parser() -> argparse.ArgumentParser:
 
 
 WEBSHOP = "webshop"  # the --split name of the WebShop validation goals
+
+
+def _skill_repositories(args: argparse.Namespace, run_dir: Optional[Path], run_cfg: dict,
+                        envs: Sequence[str]) -> dict:
+    """The skills each environment's prompts read with ``--skills``: ``--skills-dir`` for every
+    environment, else the run's own copy (``<run>/skills/``, written by the trainer when it ran with
+    ``env.skills_dir``) for the environment it trained on, else None (the built-in skills)."""
+    from pcsd.text.prompts import SkillRepository
+
+    repos: dict = {env: None for env in envs}
+    if args.skills_dir is not None:
+        for env in envs:
+            try:
+                repos[env] = SkillRepository(Path(args.skills_dir).expanduser(), env)
+            except (OSError, ValueError) as exc:
+                raise EvalError(f"skills_dir={args.skills_dir}: {exc}") from None
+        return repos
+    run_env = run_cfg.get("env", {}) or {}
+    if not args.skills or run_dir is None or run_env.get("skills_dir") is None:
+        return repos
+    env = str(run_env.get("name") or "alfworld")
+    if env not in repos:
+        return repos
+    own = run_dir / "skills"
+    if not own.is_dir():
+        raise EvalError(f"model={run_dir}: the run trained with env.skills_dir={run_env['skills_dir']} but holds no "
+                        f"copy of it (skills/); pass that folder as --skills-dir")
+    try:
+        repos[env] = SkillRepository(own, env)
+    except (OSError, ValueError) as exc:
+        raise EvalError(f"model={run_dir}: {exc}") from None
+    return repos
 
 
 def _draw_seed(args: argparse.Namespace, run_cfg: dict) -> int:
@@ -261,6 +301,9 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
             raise EvalError(f"{name}={v}: expected > 0")
     if args.temperature < 0:
         raise EvalError(f"temperature={args.temperature}: expected >= 0")
+    if args.skills_dir is not None:  # checked before any model loads
+        args.skills = True
+        _skill_repositories(args, None, {}, sorted({WEBSHOP if s == WEBSHOP else "alfworld" for s in splits}))
     models = [resolve_model(m) for m in args.model]
     out_dir = Path(args.out) if args.out else (
         models[0][2] / "eval" if len(models) == 1 and models[0][2] is not None
@@ -309,8 +352,10 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
             hist = env_c.get("history_length", 2) if args.history_length is None else args.history_length
             thinking = ({"true": True, "false": False}[args.enable_thinking] if args.enable_thinking
                         else rc.get("model", {}).get("enable_thinking"))
+            repos = _skill_repositories(args, run_dir, rc, envs)
             builders = {env: PromptBuilder(env, history_length=hist, max_prompt_tokens=limits(env)[2],
-                                           tokenizer_dir=tok_dir, enable_thinking=thinking) for env in envs}
+                                           tokenizer_dir=tok_dir, enable_thinking=thinking, skills=repos[env])
+                        for env in envs}
             builder = builders[envs[0]]
             backend_name = usable_backend(args.backend, reporter.print)
             if backend_name == "vllm":
@@ -334,6 +379,7 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
                                      env=env, env_options=webshop_options if env == WEBSHOP else None)
                     settings = dict(model=str(model_dir), backend=backend_name, temperature=temp, seed=args.seed,
                                     skills=args.skills, batch_size=args.batch_size, max_steps=max_steps,
+                                    skills_dir=None if repos[env] is None else str(repos[env].folder),
                                     max_response_tokens=max_resp, max_prompt_tokens=max_prompt,
                                     history_length=hist, enable_thinking=thinking, protocol=args.protocol,
                                     validation_index=args.validation_index,

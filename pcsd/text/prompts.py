@@ -230,6 +230,23 @@ class SkillRepository:
         m = _mod()
         return f"{m.SKILL_HEADER}\n{self.retrieve(task)}\n{m.SKILL_FOOTER}\n\n"
 
+    def save(self, folder: str | os.PathLike[str]) -> Path:
+        """Writes the skills as read (one file each, in the layout above) to ``folder``, which must
+        not exist yet; a repository loaded from it retrieves the same texts. The trainer keeps such
+        a copy in the run directory (``skills/``), so that the run's evaluation with skills reads
+        what its teacher read."""
+        dest = Path(folder)
+        if dest.exists():
+            raise FileExistsError(f"skills folder {str(dest)!r} exists already: save writes a new folder")
+        (dest / "keywords").mkdir(parents=True)
+        if self.general is not None:
+            (dest / "general.md").write_text(self.general + "\n", encoding="utf-8")
+        for name, text in self.task_types.items():
+            (dest / f"{name}.md").write_text(text + "\n", encoding="utf-8")
+        for word, text in self.keywords.items():
+            (dest / "keywords" / f"{word}.md").write_text(text + "\n", encoding="utf-8")
+        return dest
+
 
 class PromptBuilder:
     """Builds student and teacher prompts for one environment.

@@ -148,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
                     OmegaConf.to_yaml(cfg, resolve=True))
             else:
                 OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+                if cfg.env.skills_dir is not None:  # what the teacher reads, for pcsd.eval --skills
+                    from pcsd.train.job import skill_repository
+
+                    skill_repository(cfg).save(run_dir / "skills")
         from pcsd import native_info
         from pcsd.train.job import train
 
