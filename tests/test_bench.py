@@ -28,6 +28,17 @@ def _load(out, name):
     return data
 
 
+def test_worker_cpu_is_counted_thread_by_thread():
+    """A pool's threads exiting between two readings (an earlier pool collected meanwhile) must not
+    make the workers' CPU time negative (it once gave a serial share of nan under load)."""
+    before = {10: 5_000, 11: 7_000, 12: 900_000}  # 12: a thread of a dropped pool
+    after = {10: 8_000, 11: 7_500, 13: 1_000}  # 13: a thread started meanwhile
+    assert common._worker_cpu_delta(before, after) == 3_000 + 500 + 1_000
+    assert common._worker_cpu_delta(after, after) == 0
+    per = common.pool_worker_cpu_by_thread()
+    assert per is None or all(isinstance(t, int) and ns >= 0 for t, ns in per.items())
+
+
 def test_measure_median_and_spread():
     calls = []
     m = common.measure(lambda: calls.append(1), repeats=3, warmup=2)

@@ -58,24 +58,37 @@ def measure(fn: Callable[[], Any], repeats: int, warmup: int = 1, sync: Callable
 POOL_THREAD_PREFIX = "pcsd-envpool-"  # the native pool names its worker threads pcsd-envpool-<i>
 
 
-def pool_worker_cpu_ns() -> int | None:
-    """CPU time (ns) used so far by this process's env-pool worker threads, from Linux
-    ``/proc/self/task/*/schedstat``; None where that is not available."""
+def pool_worker_cpu_by_thread() -> dict[int, int] | None:
+    """CPU time (ns) used so far by each of this process's env-pool worker threads (by thread id),
+    from Linux ``/proc/self/task/*/schedstat``; None where that is not available."""
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
         return None
-    total = 0
+    out: dict[int, int] = {}
     for tid in tids:
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 if not f.read().startswith(POOL_THREAD_PREFIX):
                     continue
             with open(f"/proc/self/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
+                out[int(tid)] = int(f.read().split()[0])
         except (OSError, ValueError, IndexError):
             continue  # the thread exited meanwhile
-    return total
+    return out
+
+
+def pool_worker_cpu_ns() -> int | None:
+    """CPU time (ns) used so far by this process's env-pool worker threads; None where
+    ``/proc/self/task/*/schedstat`` is not available."""
+    per = pool_worker_cpu_by_thread()
+    return None if per is None else sum(per.values())
+
+
+def _worker_cpu_delta(before: dict[int, int], after: dict[int, int]) -> int:
+    """Worker CPU spent between two readings, thread by thread: a thread that exited meanwhile
+    (an earlier pool dropped by the garbage collector) takes nothing away, a new one counts whole."""
+    return sum(max(0, ns - before.get(tid, 0)) for tid, ns in after.items())
 
 
 def measure_pool(fn: Callable[[], Any], repeats: int, env_steps: int) -> dict:
@@ -91,12 +104,12 @@ def measure_pool(fn: Callable[[], Any], repeats: int, env_steps: int) -> dict:
     cpu = {}
 
     def timed() -> None:
-        m0, w0 = time.thread_time_ns(), pool_worker_cpu_ns()
+        m0, w0 = time.thread_time_ns(), pool_worker_cpu_by_thread()
         fn()
-        m1, w1 = time.thread_time_ns(), pool_worker_cpu_ns()
+        m1, w1 = time.thread_time_ns(), pool_worker_cpu_by_thread()
         cpu["serial"] = cpu.get("serial", 0) + (m1 - m0)
         if w0 is not None and w1 is not None:
-            cpu["worker"] = cpu.get("worker", 0) + (w1 - w0)
+            cpu["worker"] = cpu.get("worker", 0) + _worker_cpu_delta(w0, w1)
 
     fn()  # warm-up, untimed and not counted
     m = measure(timed, repeats, warmup=0)
