@@ -172,6 +172,7 @@ def make_tiny_model(
     seed: int = 0,
     template: str = "qwen2.5",
     corpus: Sequence[str] = (),
+    words: Sequence[str] = (),
 ) -> Path:
     """Write a tiny Qwen2-architecture causal LM with its tokenizer to ``path``.
 
@@ -189,6 +190,10 @@ def make_tiny_model(
             commands of the games the model will play, so that their object and receptacle names
             become single tokens: a small model copies a name from its prompt far more easily
             when the name is one token).
+        words: strings that become one token each wherever they occur (added, non-special tokens
+            after the BPE vocabulary, which grows by their number), e.g. WebShop's product ids,
+            which Qwen's pre-tokenizer otherwise cuts digit by digit. Non-empty, no whitespace,
+            no duplicates.
 
     Returns:
         The model directory, loadable with ``AutoTokenizer`` / ``AutoModelForCausalLM``.
@@ -223,9 +228,24 @@ def make_tiny_model(
 
     if isinstance(corpus, str):
         raise TypeError("corpus: expected a sequence of strings, got one str")
+    if isinstance(words, str):
+        raise TypeError("words: expected a sequence of strings, got one str")
+    words = list(words)
+    bad = next((w for w in words if not isinstance(w, str) or not w or any(c.isspace() for c in w)), None)
+    if bad is not None:
+        raise ValueError(f"words: expected non-empty strings without whitespace, got {bad!r}")
+    if len(set(words)) != len(words):
+        raise ValueError("words: expected distinct strings, got duplicates")
     tok = _train_tokenizer(vocab_size, seed, corpus)
     if tok.get_vocab_size() > vocab_size:
         raise ValueError(f"vocab_size: trained {tok.get_vocab_size()} tokens > {vocab_size}")
+    if words:
+        from tokenizers import AddedToken
+
+        # after every learned id: the BPE part stays what it would be without them
+        tok.add_tokens([AddedToken(w, single_word=False, lstrip=False, rstrip=False, normalized=False)
+                        for w in words])
+        vocab_size = max(vocab_size, tok.get_vocab_size())
     tok.save(str(out / "tokenizer.json"))
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     added = {
@@ -235,6 +255,9 @@ def make_tiny_model(
         }
         for t in SPECIAL_TOKENS
     }
+    for w in words:  # transformers keeps only the added tokens listed here
+        added[str(tok.token_to_id(w))] = {"content": w, "lstrip": False, "normalized": False, "rstrip": False,
+                                          "single_word": False, "special": False}
     tok_cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "added_tokens_decoder": added,

@@ -95,3 +95,34 @@ def test_bad_arguments(tmp_path):
         T.make_tiny_model(tmp_path, template="llama3")
     with pytest.raises(ValueError, match="vocab_size"):
         T.make_tiny_model(tmp_path, vocab_size=10)
+    with pytest.raises(ValueError, match="words: expected non-empty strings without whitespace"):
+        T.make_tiny_model(tmp_path, words=["b00abc", "two words"])
+    with pytest.raises(ValueError, match="words: expected distinct"):
+        T.make_tiny_model(tmp_path, words=["b00abc", "b00abc"])
+    with pytest.raises(TypeError, match="words: expected a sequence"):
+        T.make_tiny_model(tmp_path, words="b00abc")
+
+
+def test_words_are_one_token_in_transformers_and_in_the_native_builder(tmp_path):
+    """WebShop's product ids as whole tokens: transformers and pcsd's Rust tokenizer agree, the
+    ids decode back to the text, and the BPE part is the same as without the words."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pcsd.text.prompts import PromptBuilder
+
+    words = ["b000j3hzxs", "b09309hmmj", "b07q2sp4y5"]
+    plain = AutoTokenizer.from_pretrained(T.make_tiny_model(tmp_path / "plain"))
+    d = T.make_tiny_model(tmp_path / "m", words=words)
+    tok = AutoTokenizer.from_pretrained(d)
+    assert len(tok) == len(plain) + 3
+    assert AutoModelForCausalLM.from_pretrained(d).config.vocab_size >= len(tok)
+    text = "'click[b09309hmmj]',\n<action>click[b000j3hzxs]</action> B09309HMMJ b07q2sp4y5x"
+    ids = tok(text)["input_ids"]
+    assert tok.decode(ids) == text
+    pieces = [tok.decode([i]) for i in ids]
+    assert "b09309hmmj" in pieces and "b000j3hzxs" in pieces and "b07q2sp4y5" in pieces
+    assert "B09309HMMJ" not in pieces  # case-sensitive: the page's upper-case id stays cut
+    assert plain("a small model")["input_ids"] == tok("a small model")["input_ids"]
+    native = PromptBuilder("webshop", tokenizer_dir=d).encode_chat([text])[0]
+    ref = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    assert native == list(ref["input_ids"] if hasattr(ref, "keys") else ref)

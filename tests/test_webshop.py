@@ -352,3 +352,15 @@ def test_num_products_random_reset_and_expert(webshop_data: Path) -> None:
         assert done and len(actions) <= 15
         wins += reward == 1.0
     assert wins >= 7  # of 10
+
+
+def test_product_ids_are_the_catalogues(webshop_data: Path) -> None:
+    shop = WebShop.load(webshop_data / "data", goals="synthetic", seed=0)
+    ids = shop.product_ids
+    assert len(ids) == shop.num_products == len(set(ids)) == 1000
+    assert all(len(a) == 10 and a.isalnum() and a == a.upper() for a in ids)
+    env = shop.env()
+    env.reset(0)
+    _, _, _, info = env.step("search[shoes]")
+    shown = [c for c in info["available_actions"]["clickables"] if c.startswith("b0")]
+    assert shown and set(shown) <= {a.lower() for a in ids}

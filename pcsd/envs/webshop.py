@@ -191,6 +191,12 @@ class WebShop:
         return self._s.num_products
 
     @property
+    def product_ids(self) -> list[str]:
+        """Every product's ASIN in catalogue order, as the pages show them (``click[...]`` takes
+        them lower-cased)."""
+        return self._s.product_ids
+
+    @property
     def show_attrs(self) -> bool:
         return self._s.show_attrs
 

@@ -239,9 +239,12 @@ def load_student(job: Job) -> None:
         job.model_dir = job.run_dir / "base-model"
         if ctx.is_main and not (job.model_dir / "config.json").exists():
             # heads of 32 dimensions (the smallest vLLM's CPU attention takes): more heads to copy with
+            # WebShop: every product id one token (as the clickables write them), so that a click
+            # copies one token from the action list instead of an id cut digit by digit
+            ids = sorted({a.lower() for a in job.train_shop.product_ids}) if job.webshop else []
             make_tiny_model(job.model_dir, hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_layers,
                             num_heads=max(1, cfg.model.tiny_hidden_size // 32), seed=cfg.run.seed,
-                            corpus=game_corpus(job.episodes, skill_repository(cfg), env=cfg.env.name))
+                            corpus=game_corpus(job.episodes, skill_repository(cfg), env=cfg.env.name), words=ids)
         dist_utils.barrier(ctx)
         job.say(f"tiny model written to {job.model_dir}")
     job.student = load_model(job.model_dir, ctx.device, cfg.model.param_dtype)

@@ -138,6 +138,12 @@ impl PyWebShop {
         self.shop.catalog.products.len()
     }
 
+    /// Every product's ASIN, in catalogue order (as the pages show them; clickables lower-case them).
+    #[getter]
+    fn product_ids(&self) -> Vec<String> {
+        self.shop.catalog.products.iter().map(|p| p.asin.clone()).collect()
+    }
+
     #[getter]
     fn show_attrs(&self) -> bool {
         self.shop.config.show_attrs
