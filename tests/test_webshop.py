@@ -160,6 +160,54 @@ def test_noop_and_done_semantics(webshop_data: Path) -> None:
         assert info["available_actions"] == {"has_search_bar": False, "clickables": []}
 
 
+def _open_item(env: WebShopEnv, products: list, asin: str) -> tuple[str, dict]:
+    """search[<q> query] (the products of that query in file order, 10 a page), next pages, the product."""
+    query = next(p["query"] for p in products if p["asin"] == asin).lower().strip()
+    same = [p["asin"] for p in products if p["query"].lower().strip() == query]
+    env.step(f"search[<q> {query}]")
+    for _ in range(same.index(asin) // 10):
+        env.step("click[next >]")
+    obs, r, done, info = env.step(f"click[{asin.lower()}]")
+    assert (r, done) == (0.0, False) and f"/item_page/{env.goal_index}/{asin}/" in info["url"]
+    return obs, info
+
+
+def test_option_groups_with_a_repeated_value_or_none(webshop_data: Path) -> None:
+    """Products off the public traces, checked step for step on the original: B08G14B779 lists the size
+    '26 inch x 10 inch' twice (data: '26 inch x 10 inch', '26 Inch x 10 Inch'), B09DG92LJL has a null
+    option group. The item page shows every radio of a group; the clickables are a dict keyed by value
+    (one slot); a null group is skipped by the loader; the goals' cartesian product keeps the repeat;
+    a colour prefix of the goal's colour still matches (thefuzz sees str() of the goal's (name, value))."""
+    products = json.loads((webshop_data / "data" / "items_shuffle_1000.json").read_text())
+    shop = _shop(str(webshop_data), "upstream_synth", 0)
+    goals = {i: shop.goal(i) for i in range(shop.num_goals)}
+    mine = [g for g in goals.values() if g["asin"] == "B08G14B779"]
+    assert len(mine) == 8  # 4 colours x 2 (equal) sizes
+    texts = sorted(g["instruction_text"].split(", and price")[0] for g in mine)
+    assert texts[0::2] == texts[1::2]
+    gi = next(i for i, g in goals.items()
+              if g["asin"] == "B08G14B779" and g["goal_options"] == {"color": "pink purple", "size": "26 inch x 10 inch"})
+    env = shop.env()
+    env.reset(gi)
+    obs, info = _open_item(env, products, "B08G14B779")
+    sizes = ["26 inch x 10 inch"] * 2
+    want_opts = ["color", "pink", "pink light blue", "pink purple", "pink rose", "size", *sizes]
+    assert obs.split(" [SEP] ")[4:12] == want_opts
+    assert info["available_actions"]["clickables"] == [
+        "back to search", "< prev", "description", "features", "reviews", "buy now",
+        "pink", "pink light blue", "pink purple", "pink rose", "26 inch x 10 inch"]
+    env.step("click[26 inch x 10 inch]")
+    env.step("click[pink]")
+    obs, r, done, info = env.step("click[buy now]")
+    assert done and r == 1.0 and info["reward_info"]["r_option"] == 1.0
+    assert '[SEP] options [SEP] {"color": "pink", "size": "26 inch x 10 inch"} [SEP]' in obs
+    env.reset(gi)
+    obs, info = _open_item(env, products, "B09DG92LJL")  # {'Color': None}
+    assert obs.split(" [SEP] ")[3:5] == ["< Prev", next(p["name"] for p in products if p["asin"] == "B09DG92LJL").strip()]
+    assert info["available_actions"]["clickables"] == [
+        "back to search", "< prev", "description", "features", "reviews", "buy now"]
+
+
 # ----------------------------------------------------------------------------- bad input, one class each
 def test_bad_data_dir(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="data_dir"):
