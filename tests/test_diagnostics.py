@@ -144,6 +144,37 @@ def test_cli_quality_alignment_writes_table_json_and_figure(tmp_path, tiny_model
     assert "quality_alignment" in d and d["rank_robustness"]["source"].startswith("expert trajectories")
 
 
+def test_quality_alignment_reads_a_skills_folder(tmp_path, tiny_model):
+    """With a user's skills folder (env.skills_dir), the teacher context is that folder's block and
+    the shuffled context the block of another task whose retrieved skills differ; a folder that
+    retrieves the same text for every task cannot be shuffled."""
+    from pcsd.diagnostics.alignment import ExpertPair, score_contexts
+    from pcsd.models import eos_id, load_model
+    from pcsd.text.prompts import PromptBuilder, SkillRepository
+
+    folder = tmp_path / "skills"
+    (folder / "keywords").mkdir(parents=True)
+    (folder / "keywords" / "apple.md").write_text("Apples are kept in the fridge.")
+    (folder / "keywords" / "mug.md").write_text("Mugs are kept in the cabinets.")
+    repo = SkillRepository(folder)
+    builder = PromptBuilder("alfworld", tokenizer_dir=tiny_model, skills=repo)
+    tasks = ["put some apple in garbagecan", "put some mug in coffeemachine", "put some apple on table"]
+    pairs = [ExpertPair(dict(task=t, observation="You arrive at fridge 1.", admissible=["look", "go to fridge 1"],
+                             history=[], step=0), "pick_and_place_simple", "go to fridge 1", i)
+             for i, t in enumerate(tasks)]
+    model = load_model(tiny_model, torch.device("cpu"), "float32").eval()
+    sc = score_contexts(model, builder, pairs, eos_id(builder), seed=0)
+    assert all(repo.retrieve(o) != repo.retrieve(t) for o, t in zip(sc.shuffled_types, tasks))
+    assert not np.array_equal(sc.logp["teacher"], sc.logp["student"])
+    assert not np.array_equal(sc.logp["shuffled"], sc.logp["teacher"])
+    (folder / "keywords" / "mug.md").unlink()
+    (folder / "general.md").write_text("Look everywhere.")
+    (folder / "keywords" / "apple.md").unlink()
+    same = PromptBuilder("alfworld", tokenizer_dir=tiny_model, skills=SkillRepository(folder))
+    with pytest.raises(ValueError, match="retrieves the same skills for every task"):
+        score_contexts(model, same, pairs, eos_id(same), seed=0)
+
+
 def test_cli_rank_robustness_on_fresh_rollouts(tmp_path, tiny_model):
     """Without recorded gaps the model plays fresh rollouts and scores them with and without skills."""
     from pcsd.diagnostics.cli import main

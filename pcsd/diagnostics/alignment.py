@@ -118,7 +118,9 @@ class Scored:
 def score_contexts(model, builder, pairs: Sequence[ExpertPair], eos: int, seed: int = 0,
                    tokens_per_pass: int = 8192) -> Scored:
     """Scores every pair's response under the contexts ``student``, ``teacher``, ``removed``
-    (= the student prompt) and ``shuffled`` (another task type's skills, drawn with ``seed``)."""
+    (= the student prompt) and ``shuffled`` (another task type's skills, drawn with ``seed``; with
+    a builder that reads a skills folder, the folder's skills of another task of the pairs whose
+    retrieved skills differ, and ``shuffled_types`` holds that task)."""
     from pcsd.ops.scoring import score_packed
     from pcsd.train.sft import think_for
 
@@ -130,12 +132,24 @@ def score_contexts(model, builder, pairs: Sequence[ExpertPair], eos: int, seed: 
     teacher = builder.encode_batch(reqs, teacher=True)
     shuffled_texts, shuffled_types = [], []
     types = sorted(TASK_TYPE_EXAMPLES)
+    repo = getattr(builder, "skills", None)  # a user's skill folder (env.skills_dir), else the built-in skills
+    tasks = sorted({p.request["task"] for p in pairs})
     for p in pairs:
-        other = rng.choice([t for t in types if t != p.task_type])
-        shuffled_types.append(other)
         r = p.request
         s = builder.build(r["task"], r["observation"], r["admissible"], r["history"], r["step"])
-        shuffled_texts.append(_skill_prefix(builder, TASK_TYPE_EXAMPLES[other], r) + s)
+        if repo is None:  # another task type's skills
+            other = rng.choice([t for t in types if t != p.task_type])
+            shuffled_types.append(other)
+            shuffled_texts.append(_skill_prefix(builder, TASK_TYPE_EXAMPLES[other], r) + s)
+        else:  # the skills the folder retrieves for another task of the episodes, when they differ
+            own = repo.retrieve(r["task"])
+            others = [t for t in tasks if repo.retrieve(t) != own]
+            if not others:
+                raise ValueError(f"skills folder {str(repo.folder)!r} retrieves the same skills for every task "
+                                 "of these episodes: nothing to shuffle")
+            other = rng.choice(others)
+            shuffled_types.append(other)
+            shuffled_texts.append(repo.block(other) + s)
     shuffled = builder.encode_chat(shuffled_texts)
     tok = builder.tokenizer
     responses, spans = [], []

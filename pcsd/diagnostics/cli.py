@@ -95,6 +95,17 @@ def _run_config(args):
     return load_config([])
 
 
+def _skills(args, cfg):
+    """The teacher's skills: a run's own copy (``<run>/skills/``), else its ``env.skills_dir``,
+    else None (the built-in skills)."""
+    from pcsd.text.prompts import SkillRepository
+    from pcsd.train.job import skill_repository
+
+    if args.run_dir and cfg.env.get("skills_dir") is not None and (Path(args.run_dir) / "skills").is_dir():
+        return SkillRepository(Path(args.run_dir) / "skills", cfg.env.name)
+    return skill_repository(cfg)
+
+
 def _scored(args, console):
     """Expert pairs scored by the model in every context (see pcsd.diagnostics.alignment)."""
     import torch
@@ -125,7 +136,8 @@ def _scored(args, console):
     torch.manual_seed(args.seed)
     model = load_model(model_dir, device, "float32" if device.type == "cpu" else "auto").eval()
     builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
-                            max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=model_dir)
+                            max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=model_dir,
+                            skills=_skills(args, cfg))
     sc = score_contexts(model, builder, pairs, eos_id(builder), seed=args.seed,
                         tokens_per_pass=cfg.optim.tokens_per_microbatch)
     console.print(f"[pcsd.diagnostics] scored {len(pairs)} expert state-action pairs ({src}) with {model_dir} "
@@ -155,7 +167,8 @@ def _rollout_gaps(args, console):
     torch.manual_seed(args.seed)
     model = load_model(model_dir, device, "float32" if device.type == "cpu" else "auto").eval()
     builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
-                            max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=model_dir)
+                            max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=model_dir,
+                            skills=_skills(args, cfg))
     from pcsd.diagnostics.report import out_dir_for
 
     base = Path(args.run_dir) if args.run_dir else out_dir_for(args.out, None)
