@@ -144,6 +144,16 @@ def test_cli_quality_alignment_writes_table_json_and_figure(tmp_path, tiny_model
     assert "quality_alignment" in d and d["rank_robustness"]["source"].startswith("expert trajectories")
 
 
+def test_cli_quality_alignment_with_the_skill_following_expert(tmp_path, tiny_model):
+    from pcsd.diagnostics.cli import main
+
+    out = tmp_path / "out"
+    assert main(["quality-alignment", "--model", str(tiny_model), "--games", "2", "--max-pairs", "4",
+                 "--expert", "skills", "--out", str(out), "--quiet"]) == 0
+    d = json.loads((out / "diagnostics.json").read_text())["quality_alignment"]
+    assert d["num_pairs"] == 4 and "expert that follows the skills" in d["episodes_source"]
+
+
 def test_quality_alignment_reads_a_skills_folder(tmp_path, tiny_model):
     """With a user's skills folder (env.skills_dir), the teacher context is that folder's block and
     the shuffled context the block of another task whose retrieved skills differ; a folder that

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
         sp.add_argument("--games", type=int, default=24, help="procedural games the expert plays (model scoring)")
         sp.add_argument("--episodes", help="recorded episodes (JSON/JSONL) instead of the native expert's")
+        sp.add_argument("--expert", default="observation", choices=("observation", "skills"),
+                        help="the native expert: observation-only (default), or the one that searches first "
+                             "where the teacher's skills point (optim.sft_teacher_demos=skills)")
         sp.add_argument("--max-pairs", type=int, default=0, help="at most this many state-action pairs (0: all)")
         sp.add_argument("--quiet", action="store_true", help="no table on stdout")
 
@@ -129,8 +132,15 @@ def _scored(args, console):
 
         base = Path(args.run_dir) if args.run_dir else out_dir_for(args.out, None)
         games = write_games(base / "games" / "diagnostics", args.games, DIAG_GAMES_SEED, **procedural_knobs(cfg))
-        episodes = expert_episodes(games, cfg.env.max_steps, cfg.optim.sft_navigation)
-        src = f"{len(games)} procedural games played by the observation-only expert"
+        if args.expert == "skills":
+            from pcsd.train.sft import skill_search_first
+
+            episodes = expert_episodes(games, cfg.env.max_steps, cfg.optim.sft_navigation,
+                                       skill_search_first(_skills(args, cfg)))
+            src = f"{len(games)} procedural games played by the expert that follows the skills"
+        else:
+            episodes = expert_episodes(games, cfg.env.max_steps, cfg.optim.sft_navigation)
+            src = f"{len(games)} procedural games played by the observation-only expert"
     pairs = expert_pairs(episodes, args.max_pairs)
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
