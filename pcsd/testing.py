@@ -248,16 +248,15 @@ def make_tiny_model(
         vocab_size = max(vocab_size, tok.get_vocab_size())
     tok.save(str(out / "tokenizer.json"))
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    # every added token (the specials, then ``words``) as tokenizer.json has it: transformers keeps
+    # only the added tokens listed here
     added = {
-        str(ids[t]): {
-            "content": t, "lstrip": False, "normalized": False, "rstrip": False,
-            "single_word": False, "special": True,
+        str(i): {
+            "content": a.content, "lstrip": a.lstrip, "normalized": a.normalized, "rstrip": a.rstrip,
+            "single_word": a.single_word, "special": a.special,
         }
-        for t in SPECIAL_TOKENS
+        for i, a in sorted(tok.get_added_tokens_decoder().items())
     }
-    for w in words:  # transformers keeps only the added tokens listed here
-        added[str(tok.token_to_id(w))] = {"content": w, "lstrip": False, "normalized": False, "rstrip": False,
-                                          "single_word": False, "special": False}
     tok_cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "added_tokens_decoder": added,

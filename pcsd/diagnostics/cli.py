@@ -119,6 +119,7 @@ def _scored(args, console):
 
     cfg = _run_config(args)
     model_dir = _model_dir(args)
+    skills = _skills(args, cfg)
     t0 = time.time()
     if args.episodes:
         episodes = load_episodes(args.episodes)
@@ -136,7 +137,7 @@ def _scored(args, console):
             from pcsd.train.sft import skill_search_first
 
             episodes = expert_episodes(games, cfg.env.max_steps, cfg.optim.sft_navigation,
-                                       skill_search_first(_skills(args, cfg)))
+                                       skill_search_first(skills))
             src = f"{len(games)} procedural games played by the expert that follows the skills"
         else:
             episodes = expert_episodes(games, cfg.env.max_steps, cfg.optim.sft_navigation)
@@ -147,7 +148,7 @@ def _scored(args, console):
     model = load_model(model_dir, device, "float32" if device.type == "cpu" else "auto").eval()
     builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
                             max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=model_dir,
-                            skills=_skills(args, cfg))
+                            skills=skills)
     sc = score_contexts(model, builder, pairs, eos_id(builder), seed=args.seed,
                         tokens_per_pass=cfg.optim.tokens_per_microbatch)
     console.print(f"[pcsd.diagnostics] scored {len(pairs)} expert state-action pairs ({src}) with {model_dir} "

@@ -301,9 +301,10 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
             raise EvalError(f"{name}={v}: expected > 0")
     if args.temperature < 0:
         raise EvalError(f"temperature={args.temperature}: expected >= 0")
+    envs = sorted({WEBSHOP if s == WEBSHOP else "alfworld" for s in splits})
     if args.skills_dir is not None:  # checked before any model loads
         args.skills = True
-        _skill_repositories(args, None, {}, sorted({WEBSHOP if s == WEBSHOP else "alfworld" for s in splits}))
+        _skill_repositories(args, None, {}, envs)
     models = [resolve_model(m) for m in args.model]
     out_dir = Path(args.out) if args.out else (
         models[0][2] / "eval" if len(models) == 1 and models[0][2] is not None
@@ -347,7 +348,6 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
                         setting(args.max_prompt_tokens, roll_c.get("max_prompt_tokens"),
                                 2048, 4096, env))
 
-            envs = sorted({WEBSHOP if s == WEBSHOP else "alfworld" for s in splits})
             max_len = max(p + r for _, r, p in map(limits, envs))
             hist = env_c.get("history_length", 2) if args.history_length is None else args.history_length
             thinking = ({"true": True, "false": False}[args.enable_thinking] if args.enable_thinking
