@@ -95,7 +95,7 @@ class EnvPool:
         num_envs: int,
         *,
         group_size: int = 1,
-        games: list[str] | None = None,
+        games: list[str | tuple[str, str]] | None = None,
         max_steps: int = 0,
         num_threads: int = 0,
         auto_reset: bool = False,

@@ -315,6 +315,15 @@ def test_bad_call_arguments_raise_and_change_nothing():
         p.step(["look"], np.array([[0]]))
     with pytest.raises(ValueError, match=r"env_ids\[0\]: expected an int, got float"):
         p.step(["look"], np.array([0.0]))
+    # ids beyond int64 (the native type) are a ValueError like any bad id, not an OverflowError
+    for big in (2**64, 2**63, -(2**63) - 1):
+        for call in (lambda: p.step(["look"], [big]), lambda: p.reset([big]), lambda: p.send(["a"], [big]),
+                     lambda: p.send_reset([big])):
+            with pytest.raises(ValueError, match=r"env_ids: env ids must fit in int64"):
+                call()
+        with pytest.raises(ValueError, match=r"env_id: env ids must fit in int64"):
+            p.task_of(big)
+    assert p.outstanding == 0
 
 
 def test_out_of_range_ids_are_reported_per_env():

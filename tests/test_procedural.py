@@ -157,3 +157,83 @@ def test_write_games_rooms_rotate_within_what_each_task_allows(tmp_path):
         write_games(tmp_path / "y", 2, 0, rooms=("attic",))
     with pytest.raises(ValueError, match="task_types: expected at least one"):
         write_games(tmp_path / "z", 2, 0, ())
+
+
+# ----------------------------------------------------------------------------- games on demand
+# sha256 (first 16 hex digits) of files the file-based write_games wrote before games were generated
+# on demand (pcsd at b5ba070): the tiny-cpu preset's training knobs, and the default knobs
+BEFORE_TINY = {0: ("00000-pick_and_place_simple.tw-pddl", "693172fb3199146a"),
+               1: ("00001-look_at_obj_in_light.tw-pddl", "800b476ee3d4fa3e"),
+               5: ("00005-look_at_obj_in_light.tw-pddl", "21bdfa412756c7bd"),
+               12: ("00012-pick_and_place_simple.tw-pddl", "5b3247dbf4571d1e"),
+               69: ("00069-look_at_obj_in_light.tw-pddl", "d21dfdf19f338458")}
+BEFORE_DEFAULT = {0: ("00000-pick_and_place_simple.tw-pddl", "714fa90936849a79"),
+                  1: ("00001-look_at_obj_in_light.tw-pddl", "25b1b383089ae93e"),
+                  5: ("00005-pick_two_obj_and_place.tw-pddl", "0d3112d515df33a5"),
+                  12: ("00012-pick_and_place_simple.tw-pddl", "76529ea359c14fed")}
+TINY = dict(task_types=("pick_and_place_simple", "look_at_obj_in_light"), rooms=("livingroom", "bedroom"),
+            receptacles=6, distractors=0)
+
+
+def _digest(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode("ascii")).hexdigest()[:16]
+
+
+def test_games_on_demand_are_the_games_the_files_held(tmp_path):
+    """Same seeds, same games: a ProceduralGames item's text is byte for byte the file the
+    file-based list wrote before (digests recorded then), and write_games writes those bytes."""
+    from pcsd.envs.procedural import ProceduralGames, write_games
+
+    for knobs, before, count in ((TINY, BEFORE_TINY, 70), ({}, BEFORE_DEFAULT, 13)):
+        games = ProceduralGames(count, 1000, **knobs)
+        paths = write_games(tmp_path / str(count), count, 1000, **knobs)
+        assert len(games) == len(paths) == count
+        for i, (name, digest) in before.items():
+            assert games[i].name == str(games[i]) == name
+            assert _digest(games[i].text()) == digest, (i, name)
+            assert paths[i].endswith(name) and _digest(open(paths[i]).read()) == digest
+
+
+def test_a_list_of_any_length_costs_no_disk_and_no_memory():
+    """10**12 games: made in O(1), any item on access (the last one too), the same on every access."""
+    import time
+
+    from pcsd.envs.procedural import ProceduralGames
+
+    t0 = time.perf_counter()
+    games = ProceduralGames(10**12, 1000, **TINY)
+    assert time.perf_counter() - t0 < 1.0 and len(games) == 10**12
+    last = games[-1]
+    assert last == games[10**12 - 1] and last.seed == 1000 + 10**12 - 1
+    assert last.name == f"{10**12 - 1:05d}-look_at_obj_in_light.tw-pddl"
+    assert json.loads(last.text())["pcsd_gen"]["room"] in ("livingroom", "bedroom")
+    assert [g.name for g in games[:3]] == [games[i].name for i in range(3)]
+    with pytest.raises(IndexError):
+        games[10**12]
+    with pytest.raises(ValueError, match="distractors=-1"):
+        ProceduralGames(4, 0, distractors=-1)  # a bad knob is an error at once, not when a game is played
+    with pytest.raises(ValueError, match="seed"):
+        ProceduralGames(10, 2**64 - 5)
+
+
+def test_the_pool_plays_a_generated_game_as_it_plays_its_file(tmp_path):
+    """An EnvPool given ProceduralGame items (no files) steps exactly as one given their files."""
+    from pcsd.envs.pool import EnvPool
+    from pcsd.envs.procedural import ProceduralGames, write_games
+
+    games = ProceduralGames(3, 77, **TINY)
+    paths = write_games(tmp_path, 3, 77, **TINY)
+    runs = []
+    for arg in (list(games), paths):
+        with EnvPool("alfworld", 6, group_size=2, games=arg, max_steps=5) as pool:
+            out = [pool.reset()]
+            for _ in range(4):
+                out.append(pool.step([adm[-1] for adm in out[-1].admissible]))
+            runs.append([(b.obs, b.admissible, b.reward.tolist(), b.done.tolist()) for b in out])
+            assert [pool.task_of(e) for e in range(6)][::2] == [
+                (g.task_type, pool.task_of(2 * k)[1]) for k, g in enumerate(games)]
+    assert runs[0] == runs[1]
+    with pytest.raises(ValueError, match=r"games\[0\]: expected a game file path or a ProceduralGame"):
+        EnvPool("alfworld", 1, games=[3.5])

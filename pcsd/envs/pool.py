@@ -45,11 +45,14 @@ import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from pcsd import _native
+
+if TYPE_CHECKING:
+    from pcsd.envs.procedural import ProceduralGame
 
 __all__ = ["ENV_KINDS", "EnvKind", "EnvPool", "MAX_ENVS", "StepBatch"]
 
@@ -186,6 +189,15 @@ def _env_ids(env_ids: Iterable[Any], arg: str = "env_ids") -> list[int]:
     return out
 
 
+def _call(fn: Callable[..., Any], *args: Any, arg: str = "env_ids") -> Any:
+    """A native call taking env ids: an id beyond int64 (the native type) is a ValueError like any
+    other bad id, not the OverflowError of the conversion."""
+    try:
+        return fn(*args)
+    except OverflowError:
+        raise ValueError(f"{arg}: env ids must fit in int64 (|id| < 2**63); the pool's ids are 0..num_envs-1") from None
+
+
 def _actions(actions: Iterable[Any]) -> list[str]:
     if type(actions) is list and set(map(type, actions)) <= {str}:
         return actions  # plain strs (the common case, checked in C)
@@ -201,6 +213,23 @@ def _actions(actions: Iterable[Any]) -> list[str]:
     return items
 
 
+def _game_arg(k: int, game: Any) -> str | tuple[str, str]:
+    """A game of an ALFWorld pool for the native side: a file path, or ``(name, text)`` for a
+    :class:`pcsd.envs.procedural.ProceduralGame` (generated now, never written to disk)."""
+    from pcsd.envs.procedural import ProceduralGame
+
+    if isinstance(game, ProceduralGame):
+        return game.name, game.text()
+    try:
+        path = os.fspath(game)
+    except TypeError:
+        raise ValueError(f"games[{k}]: expected a game file path or a ProceduralGame, "
+                         f"got {type(game).__name__}") from None
+    if not os.path.isfile(path):
+        raise ValueError(f"games[{k}]: no such game file: {path}")
+    return os.fsdecode(path)
+
+
 def _int_arg(name: str, v: Any, minimum: int) -> int:
     if not _is_int(v) or v < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {v!r}")
@@ -214,7 +243,8 @@ class EnvPool:
         kind: env kind, a key of :data:`ENV_KINDS` (``"dummy"``; ``"alfworld"`` once built in).
         num_envs: number of envs; a multiple of ``group_size``.
         group_size: envs per game (GRPO group); env ``i`` plays game ``i // group_size``.
-        games: for kinds that play game files, one path per group (``num_envs // group_size``).
+        games: for kinds that play game files, one per group (``num_envs // group_size``): a path,
+            or a :class:`pcsd.envs.procedural.ProceduralGame` (generated here, no file).
         max_steps: per-episode step limit (``truncated`` when hit); ``None``: no limit.
         num_threads: worker threads; 0 uses one per core.
         auto_reset: the auto-reset rule (see the module docs); off: finished envs wait for ``reset``.
@@ -228,7 +258,7 @@ class EnvPool:
         num_envs: int,
         *,
         group_size: int = 1,
-        games: Sequence[str | os.PathLike[str]] | None = None,
+        games: Sequence[str | os.PathLike[str] | ProceduralGame] | None = None,
         max_steps: int | None = 50,
         num_threads: int = 0,
         auto_reset: bool = False,
@@ -245,19 +275,17 @@ class EnvPool:
         if num_envs % group_size:
             raise ValueError(f"num_envs: must be a multiple of group_size ({group_size}), got {num_envs}")
         num_groups = num_envs // group_size
-        game_paths: list[str] | None = None
+        game_paths: list[str | tuple[str, str]] | None = None
         if spec.needs_games:
             if games is None or isinstance(games, (str, bytes)):
                 raise ValueError(f"games: env kind {kind!r} needs a list of game file paths, one per group")
-            game_paths = [os.fspath(g) for g in games]
-            if len(game_paths) != num_groups:
+            game_list = list(games)
+            if len(game_list) != num_groups:
                 raise ValueError(
                     f"games: expected one game per group ({num_envs} envs / group_size {group_size} = "
-                    f"{num_groups}), got {len(game_paths)}"
+                    f"{num_groups}), got {len(game_list)}"
                 )
-            for k, g in enumerate(game_paths):
-                if not os.path.isfile(g):
-                    raise ValueError(f"games[{k}]: no such game file: {g}")
+            game_paths = [_game_arg(k, g) for k, g in enumerate(game_list)]
         elif games is not None:
             raise ValueError(f"games: env kind {kind!r} plays no game files; pass games=None")
         native_shop = None
@@ -364,7 +392,7 @@ class EnvPool:
     def reset(self, env_ids: Iterable[int] | None = None) -> StepBatch:
         """Resets the given envs (default: all) and returns their first observations, in id order."""
         ids = list(range(self.num_envs)) if env_ids is None else _env_ids(env_ids)
-        return StepBatch._from_columns(self._pool.reset(ids))
+        return StepBatch._from_columns(_call(self._pool.reset, ids))
 
     def step(self, actions: Sequence[str], env_ids: Iterable[int] | None = None) -> StepBatch:
         """Steps each env id with its action (default ids: ``0..len(actions)``, which must be all
@@ -378,15 +406,15 @@ class EnvPool:
             ids = list(range(self.num_envs))
         else:
             ids = _env_ids(env_ids)
-        return StepBatch._from_columns(self._pool.step(acts, ids))
+        return StepBatch._from_columns(_call(self._pool.step, acts, ids))
 
     def send(self, actions: Sequence[str], env_ids: Iterable[int]) -> None:
         """Queues a step for each env id and returns at once; collect the results with :meth:`recv`."""
-        self._pool.send(_actions(actions), _env_ids(env_ids))
+        _call(self._pool.send, _actions(actions), _env_ids(env_ids))
 
     def send_reset(self, env_ids: Iterable[int]) -> None:
         """Queues a reset for each env id and returns at once."""
-        self._pool.send_reset(_env_ids(env_ids))
+        _call(self._pool.send_reset, _env_ids(env_ids))
 
     def recv(self, batch_size: int | None = None) -> StepBatch:
         """Waits for the first ``batch_size`` outstanding requests to finish (default: all
@@ -397,7 +425,7 @@ class EnvPool:
 
     def task_of(self, env_id: int) -> tuple[str, str]:
         """``(task_type, task description)`` of one env."""
-        return tuple(self._pool.task_of(_env_ids([env_id], "env_id")[0]))  # type: ignore[return-value]
+        return tuple(_call(self._pool.task_of, _env_ids([env_id], "env_id")[0], arg="env_id"))  # type: ignore[return-value]
 
     def close(self) -> None:
         """Stops the pool; requests not yet started are dropped. Later calls raise RuntimeError."""

@@ -13,13 +13,21 @@ Knobs (difficulty):
   usual_place   probability (default 0) that the task's object starts in its class's usual
                 place (:func:`usual_places`), where the room has one.
 Any knob left as ``None`` is drawn from values typical of the room.
+
+Lists of games: :class:`ProceduralGames` is the fixed list ``count`` games long (game ``i``: task
+type ``task_types[i % len]``, seed ``seed + i``) as a sequence of :class:`ProceduralGame`, each
+named as its file would be and generated only when it is played: an env pool takes it as it
+takes a game file (:class:`pcsd.envs.pool.EnvPool`), so a list of any length costs neither disk
+nor memory (the trainer's training games). :func:`write_games` writes the same list as files.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, overload
 
 from pcsd import _native
 
@@ -38,6 +46,8 @@ GAME_FILENAME = "game.tw-pddl"
 __all__ = [
     "GAME_FILENAME",
     "MAX_DISTRACTORS",
+    "ProceduralGame",
+    "ProceduralGames",
     "ROOMS",
     "TASK_TYPES",
     "generate_game_json",
@@ -155,38 +165,100 @@ def write_game(path: str | os.PathLike[str], task_type: str, seed: int, **knobs:
     return out
 
 
+@dataclass(frozen=True)
+class ProceduralGame:
+    """One generated game, named by its generator arguments; its text is made when it is needed.
+
+    ``name`` is the file name :func:`write_games` gives it (``NNNNN-<task type>.tw-pddl``), and
+    ``str(game)`` is that name, so evaluation names and seeds (:func:`pcsd.eval.games.game_name`)
+    are those of the file. An :class:`pcsd.envs.pool.EnvPool` plays it without a file."""
+
+    name: str
+    task_type: str
+    seed: int
+    knobs: tuple[tuple[str, Any], ...] = ()  # generate_game_json's keyword arguments
+
+    def text(self) -> str:
+        """The ``game.tw-pddl`` text (the bytes :meth:`write` writes)."""
+        return generate_game_json(self.task_type, self.seed, **dict(self.knobs))
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Writes the game to ``path`` (see :func:`write_game`)."""
+        return write_game(path, self.task_type, self.seed, **dict(self.knobs))
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ProceduralGames(Sequence[ProceduralGame]):
+    """The fixed list of ``count`` games: game ``i`` has task type ``task_types[i % len(task_types)]``
+    and seed ``seed + i``; with ``rooms``, it is set in the rooms of ``rooms`` its task type allows, in
+    rotation (a task type that none of them allows is a ValueError). ``knobs`` are
+    :func:`generate_game_json`'s (``receptacles``, ``distractors``, ``usual_place``), checked here.
+    Items are made on access (O(1) memory for any ``count``); equal arguments give equal games."""
+
+    def __init__(self, count: int, seed: int, task_types: Sequence[str] = TASK_TYPES,
+                 rooms: Sequence[str] | None = None, **knobs: Any) -> None:
+        _check_int("count", count, optional=False)
+        _check_int("seed", seed, optional=False)
+        if not task_types or isinstance(task_types, str):
+            raise ValueError("task_types: expected at least one task type")
+        self.task_types = tuple(_check_task(tt) for tt in task_types)
+        self.rooms: dict[str, tuple[str, ...]] | None = None
+        if rooms is not None:
+            given = [_check_room(r) for r in rooms]
+            self.rooms = {}
+            for tt in self.task_types:
+                self.rooms[tt] = tuple(r for r in given if r in task_rooms(tt))
+                if not self.rooms[tt]:
+                    raise ValueError(f"rooms={given}: task type {tt} can only be set in "
+                                     f"{', '.join(task_rooms(tt))}")
+        unknown = set(knobs) - {"receptacles", "distractors", "usual_place"}
+        if unknown:
+            raise TypeError(f"unknown knob(s) {sorted(unknown)}: expected receptacles, distractors, usual_place")
+        if seed + max(count - 1, 0) >= 2**64:
+            raise ValueError(f"seed={seed}: the last game's seed {seed + count - 1} is not below 2**64")
+        self.count, self.seed, self.knobs = count, seed, dict(knobs)
+        if count:  # a bad knob is an error here, not when a game is first played
+            self[0].text()
+
+    def __len__(self) -> int:
+        return self.count
+
+    @overload
+    def __getitem__(self, i: int) -> ProceduralGame: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[ProceduralGame]: ...
+
+    def __getitem__(self, i: int | slice) -> ProceduralGame | list[ProceduralGame]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self.count))]
+        k = int(i) + self.count if int(i) < 0 else int(i)
+        if not 0 <= k < self.count:
+            raise IndexError(f"game index {i} out of range for {self.count} games")
+        tt = self.task_types[k % len(self.task_types)]
+        kw = dict(self.knobs)
+        if self.rooms is not None:
+            kw["room"] = self.rooms[tt][(k // len(self.task_types)) % len(self.rooms[tt])]
+        return ProceduralGame(f"{k:05d}-{tt}.tw-pddl", tt, self.seed + k, tuple(sorted(kw.items())))
+
+    def __repr__(self) -> str:
+        return f"ProceduralGames(count={self.count}, seed={self.seed}, task_types={self.task_types})"
+
+
 def write_games(out_dir: str | os.PathLike[str], count: int, seed: int,
                 task_types: Sequence[str] = TASK_TYPES, rooms: Sequence[str] | None = None,
                 **knobs: object) -> list[str]:
-    """A fixed list of ``count`` games in ``out_dir``: game ``i`` is ``NNNNN-<task type>.tw-pddl`` with
-    task type ``task_types[i % len(task_types)]`` and seed ``seed + i``; files already there are
-    reused (the list is the same on every call with the same arguments).
-
-    ``rooms`` (optional) restricts the rooms: game ``i`` is set in the rooms of ``rooms`` its task
-    type allows, in rotation; a task type that none of them allows is a ValueError."""
-    if not task_types:
-        raise ValueError("task_types: expected at least one task type")
-    for tt in task_types:
-        _check_task(tt)
-    allowed: dict[str, list[str]] = {}
-    if rooms is not None:
-        for r in rooms:
-            _check_room(r)
-        for tt in task_types:
-            allowed[tt] = [r for r in rooms if r in task_rooms(tt)]
-            if not allowed[tt]:
-                raise ValueError(f"rooms={list(rooms)}: task type {tt} can only be set in "
-                                 f"{', '.join(task_rooms(tt))}")
+    """The files of :class:`ProceduralGames` ``(count, seed, task_types, rooms, **knobs)`` in
+    ``out_dir``: game ``i`` is ``NNNNN-<task type>.tw-pddl``; files already there are reused (the
+    list is the same on every call with the same arguments)."""
+    games = ProceduralGames(count, seed, task_types, rooms, **knobs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for i in range(count):
-        tt = task_types[i % len(task_types)]
-        p = out / f"{i:05d}-{tt}.tw-pddl"
+    for g in games:
+        p = out / g.name
         if not p.exists():
-            kw = dict(knobs)
-            if rooms is not None:
-                kw["room"] = allowed[tt][(i // len(task_types)) % len(allowed[tt])]
-            write_game(p, tt, seed + i, **kw)
+            g.write(p)
         paths.append(str(p))
     return paths

@@ -8,7 +8,7 @@ use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 
-use crate::envs::alfworld::{AlfworldEnv, GameSpec};
+use crate::envs::alfworld::{AlfworldEnv, GameSpec, LoadError};
 use crate::envs::webshop::WebShopEnv;
 use crate::envs::dummy::{DummyConfig, DummyEnv};
 use crate::envs::TextEnv;
@@ -30,6 +30,24 @@ fn requests(actions: &[Bound<'_, PyString>]) -> Vec<Op> {
             )),
         })
         .collect()
+}
+
+/// One game of an ALFWorld pool: a `game.tw-pddl` file, or `(name, text)`: the text of such a file
+/// held in memory (procedural games generated on demand, `pcsd.envs.procedural.ProceduralGame`),
+/// `name` standing for its path in messages and `source`.
+#[derive(FromPyObject)]
+enum GameArg {
+    Path(String),
+    Text(String, String),
+}
+
+impl GameArg {
+    fn load(&self) -> Result<GameSpec, LoadError> {
+        match self {
+            GameArg::Path(p) => GameSpec::from_path(p),
+            GameArg::Text(name, text) => GameSpec::from_json_str(text, name),
+        }
+    }
 }
 
 fn pool_err(e: PoolError) -> PyErr {
@@ -214,7 +232,7 @@ impl PyEnvPool {
 #[pymethods]
 impl PyEnvPool {
     /// kind: "dummy" (options: episode_len, busy_iters, panic_at_step); games: one entry per group
-    /// for kinds that load game files. num_envs = number of groups * group_size. str_cache=False:
+    /// for kinds that load game files (a path, or a `(name, text)` pair: the file's text in memory). num_envs = number of groups * group_size. str_cache=False:
     /// no string ids, every string is built anew (the plain path the shared strings are tested
     /// against).
     #[new]
@@ -225,7 +243,7 @@ impl PyEnvPool {
         kind: &str,
         num_envs: i64,
         group_size: i64,
-        games: Option<Vec<String>>,
+        games: Option<Vec<GameArg>>,
         max_steps: i64,
         num_threads: i64,
         auto_reset: bool,
@@ -299,7 +317,7 @@ impl PyEnvPool {
             "alfworld" => {
                 let games = games.ok_or_else(|| {
                     PyValueError::new_err(
-                        "games: env kind 'alfworld' needs a list of game file paths, one per group",
+                        "games: env kind 'alfworld' needs a list of game files (paths or (name, text) pairs), one per group",
                     )
                 })?;
                 if games.len() != num_groups {
@@ -315,7 +333,7 @@ impl PyEnvPool {
                     .detach(|| {
                         games
                             .iter()
-                            .map(|p| GameSpec::from_path(p).map(Arc::new))
+                            .map(|g| g.load().map(Arc::new))
                             .collect::<Result<Vec<_>, _>>()
                     })
                     .map_err(|e| PyValueError::new_err(format!("games: {e}")))?;
