@@ -70,6 +70,11 @@ def test_bad_arguments_exit_with_a_named_error(capsys):
     with pytest.raises(SystemExit) as e:
         bench_main(["env", "--mp-envs", "0"])
     assert e.value.code == 2 and "--mp-envs" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # more envs than a pool holds: refused before any game is made
+        bench_main(["env", "--tiny", "--no-real", "--sizes", "100000000"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert "argument --sizes: at most 1048576 envs per pool (the native pool's limit), got 100000000" in err
 
 
 def test_op(tmp_path):

@@ -75,6 +75,14 @@ def test_cli_plan_prints_and_loads_nothing(capsys, monkeypatch):
     assert "does NOT fit" in capsys.readouterr().out
     assert cli.main(["preset=alfworld-qwen2.5-3b", "--plan", "--gpus", "0"]) == 2
     assert "--gpus must be > 0" in capsys.readouterr().err
+    for args, message in ((["--gpu-memory-gb", "nan"], "--gpu-memory-gb must be a finite number, got 'nan'"),
+                          (["--gpu-memory-gb=inf"], "--gpu-memory-gb must be a finite number, got 'inf'"),
+                          (["--gpu-memory-gb", "1e9"], "--gpu-memory-gb must be at most 4096, got 1e+09"),
+                          (["--gpus", str(10**12)], "--gpus must be at most 65536, got 1e+12"),
+                          (["--gpus", "1.5"], "--gpus must be a whole number, got '1.5'")):
+        assert cli.main(["preset=alfworld-qwen2.5-3b", "--plan", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.strip() == f"pcsd.train: {message}", err
 
 
 def test_a_run_whose_plan_cannot_fit_stops_before_loading(capsys, monkeypatch):

@@ -249,9 +249,18 @@ def test_bad_action(webshop_data: Path) -> None:
     env.reset(0)
     with pytest.raises(TypeError, match="action"):
         env.step(None)  # type: ignore[arg-type]
-    # a lone surrogate is text the engine can take (it cannot match a clickable): a no-op
-    obs, r, done, _ = env.step("click[\ud800]")
-    assert (r, done) == (0, False)
+    # a lone surrogate has no UTF-8 form: refused and not sent, as the pool reports it as that env's error
+    with pytest.raises(ValueError, match="action is not valid text.*not sent to the env"):
+        env.step("click[\ud800]")
+    assert env.steps == 0
+    from pcsd.envs.pool import EnvPool
+
+    shop = _shop(str(webshop_data), "upstream_synth", 0)
+    pool = EnvPool("webshop", 1, shop=shop, goals=[0])
+    pool.reset()
+    err = pool.step(["click[\ud800]"]).error[0]
+    assert "actions[0] is not valid text" in err and "not sent to the env" in err
+    pool.close()
 
 
 def test_original_exceptions_are_step_errors(webshop_data: Path) -> None:

@@ -440,8 +440,19 @@ DEFAULTS: dict[str, tuple] = dict(sizes=([128, 1024, 4096], [128, 1024], [16]), 
                 webshop_products=(100_000, 20_000, 2_000))
 
 
+def pool_size(s: str) -> int:
+    """A ``--sizes`` value: a positive int no larger than the native pool's limit (checked before
+    any game is made, not when the pool of that size is built)."""
+    from pcsd.envs.pool import MAX_ENVS
+
+    v = pos_int(s)
+    if v > MAX_ENVS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_ENVS} envs per pool (the native pool's limit), got {v}")
+    return v
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sizes", type=pos_int, nargs="+", help="pool sizes (envs)")
+    p.add_argument("--sizes", type=pool_size, nargs="+", help="pool sizes (envs)")
     p.add_argument("--threads", type=pos_int, nargs="+",
                    help="native pool threads and mp-pool worker processes (default 1 .. all cores)")
     p.add_argument("--steps", type=pos_int, help="native steps per env per timed repeat (default: one episode cycle)")

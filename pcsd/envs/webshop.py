@@ -95,8 +95,17 @@ class WebShopEnv:
         return self._e.reset(goal_index)
 
     def step(self, action: str) -> tuple[str, Any, bool, dict[str, Any]]:
+        """One action. A str that is not valid text (a lone surrogate such as ``"\\ud800"``, which
+        has no UTF-8 form) is a ValueError and is not sent to the env, as the env pool reports it
+        as that env's error."""
         if not isinstance(action, str):
             raise TypeError(f"action must be a str, got {type(action).__name__}")
+        if not action.isascii():
+            try:
+                action.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"action is not valid text (UnicodeEncodeError: {exc}); "
+                                 "the action was not sent to the env") from None
         return self._e.step(action)
 
     def observe(self) -> tuple[str, dict[str, Any]]:
