@@ -60,6 +60,13 @@ def test_seeded_rollouts_repeat(setup):
     assert c.response_ids != a.response_ids
 
 
+def test_the_largest_run_seed_gives_valid_sampling_seeds(setup):
+    """run.seed may be 2**31 - 1: the trainer's rollout seed (seed * 100_000 + step) times the
+    loop's per-turn factor passes 2**64, and is reduced to a seed the generators take."""
+    rb = run(setup, seed=(2**31 - 1) * 100_000, episode_len=1, groups=1, g=2)
+    assert rb.num_rows == 2
+
+
 def test_turn_one_end_and_step_limit(setup):
     one = run(setup, episode_len=1)
     assert one.length.tolist() == [1] * 6 and one.num_rows == 6
@@ -92,3 +99,43 @@ def test_vllm_rollout_on_alfworld_games(setup, tmp_path, vllm_available):
     torch.testing.assert_close(beh, lp, rtol=0, atol=1e-4)
     t = rb.timings
     assert t.total > 0 and t.generation > 0 and 0 <= t.outside_model_share() <= 1
+
+
+def test_an_over_long_prompt_ends_its_episode_not_the_run(setup):
+    """Games whose first prompt is over the budget even without history: those episodes end at once,
+    unwon and counted (RolloutBatch.prompt_overflow, the evaluation's prompt_overflows and its table
+    note); the others play on, every prompt within the budget. Before: PromptTooLongError ended all."""
+    from pcsd.envs.pool import EnvPool
+    from pcsd.envs.procedural import ProceduralGames
+    from pcsd.eval.run import EvalResult, play_games, render_table
+
+    backend, _, eos, _ = setup
+    path = setup[1].tokenizer.tokenizer_dir
+    games = list(ProceduralGames(8, 300, distractors=30))
+    unbounded = PromptBuilder("alfworld", history_length=2, max_prompt_tokens=None, tokenizer_dir=path)
+    with EnvPool("alfworld", len(games), games=games) as pool:
+        first = pool.reset()
+        tasks = [pool.task_of(e)[1] for e in range(len(games))]
+    size = [len(unbounded.encode_batch([dict(task=tasks[e], observation=first.obs[k],
+                                             admissible=first.admissible[k])])[0])
+            for k, e in enumerate(first.env_id.tolist())]
+    budget = sorted(size)[len(size) // 2]
+    over = [n > budget for n in size]
+    assert 0 < sum(over) < len(games)
+    builder = PromptBuilder("alfworld", history_length=2, max_prompt_tokens=budget, tokenizer_dir=path)
+    rb = collect_rollouts(backend, builder, games, 1, max_steps=3, max_response_tokens=8, seed=0,
+                          stop_token_ids=[eos])
+    for e, o in enumerate(over):
+        if o:  # ended before its first turn
+            assert rb.prompt_overflow[e] and rb.length[e] == 0 and not rb.won[e] and e not in rb.traj_id.tolist()
+        else:
+            assert rb.length[e] >= 1
+    assert rb.prompt_overflows >= sum(over) and rb.prompt_overflows == int(rb.prompt_overflow.sum())
+    assert all(len(p) <= budget for p in rb.prompt_ids)
+    res = play_games(backend, builder, games, max_steps=3, max_response_tokens=8, temperature=0.4,
+                     stop_token_ids=[eos])
+    assert all(g.prompt_overflow and not g.won and g.steps == 0 for g, o in zip(res, over) if o)
+    doc = EvalResult(label="m", split="procedural", games=res).to_dict()
+    assert doc["prompt_overflows"] >= sum(over)
+    assert "Episodes ended unwon because a prompt exceeded the token budget even without history: m (procedural)" \
+        in render_table([doc])

@@ -37,6 +37,11 @@ seed is ``seed + crc32(name of its first game)``, so with ``--batch-size 1`` eve
 own seed and its result does not depend on which other games are evaluated with it. A game's
 name is its path below the split folder (real games) or its file name (procedural games).
 
+Prompts over ``--max-prompt-tokens`` (default: the run's ``rollout.max_prompt_tokens``) are built
+without their history; a prompt still over it ends that episode unwon (the training's rule,
+:mod:`pcsd.rollout.loop`): each result's ``prompt_overflow``, the row's ``prompt_overflows`` and a
+note under the table count them. A budget smaller than the template itself is refused.
+
 Output: the markdown table on stdout and in ``<out>/table.md``, and ``<out>/results.json`` with
 every game's result (game, task type, category, won, steps, seed). The trainer's evaluation
 before and after RL calls :func:`evaluate`, the same code.
@@ -100,6 +105,11 @@ def resolve_model(path: str | os.PathLike[str]) -> tuple[Path, Path, Optional[Pa
             model_dir = max(cands, key=lambda d: (_checkpoint_step(d, p), d.stat().st_mtime))
     else:
         raise EvalError(f"model={str(p)!r}: neither a HF checkpoint (config.json) nor a run directory (config.yaml)")
+    from pcsd.models import check_model_dir
+
+    problem = check_model_dir(model_dir)
+    if problem:
+        raise EvalError(f"model={str(p)!r}: {problem}")
     tok_cands = [model_dir]
     if run_dir is not None:
         tok_cands += [run_dir / "sft-model", run_dir / "base-model"]
@@ -357,6 +367,11 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
                                            tokenizer_dir=tok_dir, enable_thinking=thinking, skills=repos[env])
                         for env in envs}
             builder = builders[envs[0]]
+            for env, b in builders.items():  # a budget no prompt of the template fits in
+                least = b.min_prompt_tokens()
+                if least is not None and limits(env)[2] < least:
+                    raise EvalError(f"max_prompt_tokens={limits(env)[2]} ({env}) cannot hold a single prompt: the "
+                                    f"template alone is {least} tokens with this tokenizer; give --max-prompt-tokens")
             backend_name = usable_backend(args.backend, reporter.print)
             if backend_name == "vllm":
                 backend = make_backend("vllm", model_path=model_dir, seed=args.seed,
@@ -400,10 +415,12 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    from pcsd.models import ModelLoadError
+
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         table, doc = run_cli(args)
-    except (EvalError, FileNotFoundError) as exc:
+    except (EvalError, FileNotFoundError, ModelLoadError) as exc:
         print(f"pcsd.eval: error: {exc}", file=sys.stderr)
         return 2
     print(table, end="")

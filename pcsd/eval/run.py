@@ -27,6 +27,8 @@ class GameResult:
     seed: int  # sampling seed of the batch the game was played in
     actions: list[str] = field(default_factory=list)  # the actions sent to the game, in order
     score: Optional[float] = None  # WebShop: the task score q in [0, 1]; None for ALFWorld
+    # the episode ended (unwon) because a prompt exceeded max_prompt_tokens even without history
+    prompt_overflow: bool = False
 
 
 @dataclass
@@ -85,12 +87,17 @@ class EvalResult:
 
         return wilson_interval(sum(g.won for g in self.games), len(self.games))
 
+    @property
+    def prompt_overflows(self) -> int:
+        """Episodes ended (unwon) by a prompt over the token budget."""
+        return sum(g.prompt_overflow for g in self.games)
+
     def to_dict(self) -> dict[str, Any]:
         extra = dict(score=self.score, acc=self.acc) if self.env == "webshop" else {}
         return dict(label=self.label, split=self.split, env=self.env, overall=self.overall,
                     overall_ci95=list(self.overall_ci95), per_category=self.per_category(), **extra,
-                    counts=self.counts(), episodes=len(self.games), settings=self.settings,
-                    games=[asdict(g) for g in self.games])
+                    counts=self.counts(), episodes=len(self.games), prompt_overflows=self.prompt_overflows,
+                    settings=self.settings, games=[asdict(g) for g in self.games])
 
 
 
@@ -137,7 +144,7 @@ def play_games(backend, builder, games: Sequence[str], *, max_steps: int = 50, m
             q = float(rb.score[i]) if env == "webshop" and rb.score is not None else None
             results.append(GameResult(game=str(g), task_type=tt, category=CATEGORIES.get(tt, tt),
                                       won=bool(rb.won[i]), steps=int(rb.length[i]), seed=s, actions=acts[i],
-                                      score=q))
+                                      score=q, prompt_overflow=bool(rb.prompt_overflow[i])))
     return results
 
 
@@ -242,8 +249,12 @@ def render_table(results: Sequence[EvalResult | dict]) -> str:
             lo, hi = w.get("overall_ci95") or _wilson_of(w)
             cis.append(f"{w['label'] or 'model'} (WebShop Acc) [{lo:.1f}, {hi:.1f}]")
     what = "Success rate (%). " if al else ""
+    cut = [f"{r['label'] or 'model'} ({r.get('split') or r.get('env')}) {r['prompt_overflows']}"
+           for r in rows if r.get("prompt_overflows")]
+    over = ("Episodes ended unwon because a prompt exceeded the token budget even without history: "
+            + "; ".join(cut) + " (raise rollout.max_prompt_tokens / --max-prompt-tokens).\n") if cut else ""
     return ("\n".join(lines) + "\n\n" + what + "; ".join(notes) + ". * = skills at evaluation.\n"
-            + ("Overall" if al else "Acc") + ", 95 % Wilson interval: " + "; ".join(cis) + ".\n")
+            + ("Overall" if al else "Acc") + ", 95 % Wilson interval: " + "; ".join(cis) + ".\n" + over)
 
 
 def _how(settings: dict) -> str:

@@ -5,6 +5,13 @@ and tokenises the student prompts (and the teacher prompts, same context plus sk
 active environments in parallel, the backend samples one response per environment, the parser
 extracts the action, and the pool steps every active environment at once. An environment that
 finishes leaves the batch immediately, so each turn only generates for environments still playing.
+
+Over-long prompts: the prompt builder drops the interaction history of a prompt over
+``max_prompt_tokens`` (the no-history template, as verl-agent's WebShop manager does over 13,000
+characters); a prompt still over the budget ends that episode, unwon, before its turn is generated
+(``RolloutBatch.prompt_overflow``, counted in the step's metrics and the evaluation's results). The
+run goes on: verl-agent/SDAR's scripts (``data.truncation='error'``) would stop the whole run, and
+cutting tokens from a prompt would hide the task or the admissible actions from the policy.
 """
 
 from __future__ import annotations
@@ -60,6 +67,8 @@ class RolloutBatch:
     # purchase), ALFWorld's won as 0/1; None where the batch was not made by collect_rollouts
     score: Optional[Tensor] = None
     env_errors: int = 0  # WebShop episodes ended by a step the original raises on
+    # (N,) bool: the episode ended because its prompt exceeded max_prompt_tokens even without history
+    prompt_overflow: Optional[Tensor] = None
 
     @property
     def num_rows(self) -> int:
@@ -83,6 +92,30 @@ class RolloutBatch:
 
     def num_tokens(self) -> int:
         return sum(len(r) for r in self.response_ids)
+
+    @property
+    def prompt_overflows(self) -> int:
+        """Episodes ended by an over-long prompt."""
+        return 0 if self.prompt_overflow is None else int(self.prompt_overflow.sum())
+
+
+def _encode_within_budget(builder, requests: list[dict], teacher: bool) -> list[Optional[list[int]]]:
+    """``builder.encode_batch``; where a prompt is over the budget even without history
+    (``PromptTooLongError``), that request's entry is None (the others are encoded one by one:
+    only when a batch holds such a prompt)."""
+    from pcsd.text import prompts
+
+    too_long = prompts.PromptTooLongError
+    try:
+        return list(builder.encode_batch(requests, teacher=teacher))
+    except too_long:
+        out: list[Optional[list[int]]] = []
+        for r in requests:
+            try:
+                out.append(builder.encode_batch([r], teacher=teacher)[0])
+            except too_long:
+                out.append(None)
+        return out
 
 
 def collect_rollouts(
@@ -170,6 +203,7 @@ def collect_rollouts(
     won = torch.zeros(n_envs, dtype=torch.bool)
     score = torch.zeros(n_envs, dtype=torch.float64)
     env_errors = 0
+    overflow = torch.zeros(n_envs, dtype=torch.bool)
     length = torch.zeros(n_envs, dtype=torch.int64)
     penalty = torch.zeros(n_envs, dtype=torch.float32)
     rows_prompt, rows_teacher, rows_resp, rows_lp = [], [], [], []
@@ -181,14 +215,27 @@ def collect_rollouts(
             t0 = time.perf_counter()
             reqs = [dict(task=tasks[e][1], observation=obs[e], admissible=adm[e], history=history[e],
                          step=len(history[e])) for e in active]
-            student = builder.encode_batch(reqs, teacher=student_skills)
+            encoded = _encode_within_budget(builder, reqs, student_skills)
+            if any(ids is None for ids in encoded):  # over the budget without history: the episode ends
+                keep = [k for k, ids in enumerate(encoded) if ids is not None]
+                for k, e in enumerate(active):
+                    overflow[e] = encoded[k] is None
+                active, reqs = [active[k] for k in keep], [reqs[k] for k in keep]
+                encoded = [encoded[k] for k in keep]
+                if not active:
+                    timings.prompts += time.perf_counter() - t0
+                    if progress is not None:
+                        progress(n_envs, n_envs)
+                    break
+            student = [ids for ids in encoded if ids is not None]
             teacher = builder.encode_batch(reqs, teacher=True) if teacher_prompts else student
             timings.prompts += time.perf_counter() - t0
 
             t0 = time.perf_counter()
             out = backend.generate(student, n=1, max_tokens=max_response_tokens,
                                    temperature=temperature, top_p=top_p,
-                                   seed=seed * 1_000_003 + turn * 7919, stop_token_ids=stop_token_ids)
+                                   seed=(seed * 1_000_003 + turn * 7919) % 2**63,  # a seed torch/vLLM take
+                                   stop_token_ids=stop_token_ids)
             timings.generation += time.perf_counter() - t0
 
             t0 = time.perf_counter()
@@ -245,5 +292,5 @@ def collect_rollouts(
         reward=reward, won=won, length=length,
         traj_group=torch.arange(n_envs, dtype=torch.int64) // group_size,
         task_type=[tasks[e][0] for e in range(n_envs)], task=[tasks[e][1] for e in range(n_envs)],
-        timings=timings, score=score, env_errors=env_errors,
+        timings=timings, score=score, env_errors=env_errors, prompt_overflow=overflow,
     )

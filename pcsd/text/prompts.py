@@ -318,6 +318,16 @@ class PromptBuilder:
         """Whether prompts are checked against ``max_prompt_tokens`` (needs a tokenizer)."""
         return bool(self._inner.budget_enforced)
 
+    def min_prompt_tokens(self, system: str | None = None) -> int | None:
+        """Tokens of the smallest student prompt the template can give: no history, a one-character
+        task, an empty observation and no admissible actions, chat-formatted. A ``max_prompt_tokens``
+        below it fits no prompt at all. None without a tokenizer."""
+        if self.tokenizer is None:
+            return None
+        bare = _mod().PromptBuilder(self.env, 0, None, None, 1)  # no budget, no history
+        text = bare.build_detailed("x", "", [], [], 0)[0]
+        return len(self.tokenizer.encode_chat([text], system)[0])
+
     def build_detailed(
         self,
         task: str,

@@ -75,13 +75,15 @@ def category_success(task_types: Sequence[str], won: Sequence[bool]) -> dict[str
 def step_record(step: int, rb, stats: Mapping[str, Any], *, step_seconds: float,
                 sync_seconds: float = 0.0) -> dict[str, Any]:
     """The flat per-step record: rollout results (reward, success overall and per category, turns,
-    valid actions), the update statistics, tokens/s and the time per phase."""
+    valid actions, episodes ended by an over-long prompt), the update statistics, tokens/s and the
+    time per phase."""
     won = rb.won.tolist()
     tokens = rb.num_tokens()
     rec: dict[str, Any] = dict(
         step=step, reward=float(rb.reward.mean()), success=100.0 * float(rb.won.float().mean()),
         **category_success(rb.task_type, won),
         turns=float(rb.length.float().mean()), valid_actions=float(rb.action_valid.float().mean()),
+        prompt_overflows=rb.prompt_overflows,  # episodes ended: prompt over rollout.max_prompt_tokens
         rollout_seconds=rb.timings.total, outside_model_share=rb.timings.outside_model_share(),
         gen_tokens_per_s=tokens / max(rb.timings.generation, 1e-9),
         tokens_per_s=tokens / max(step_seconds, 1e-9),
