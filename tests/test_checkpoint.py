@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -171,3 +172,63 @@ def test_bad_arguments(tmp_path):
         ck.apply_model_state(model, {"nope.weight": torch.zeros(1)})
     with pytest.raises(ck.CheckpointError, match="missing from the checkpoint"):
         ck.apply_model_state(model, {})
+
+
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    else:  # one byte changed, same size: only the checksum sees it
+        k = len(data) // 2
+        path.write_bytes(data[:k] + bytes([data[k] ^ 0x40]) + data[k + 1:])
+
+
+@pytest.mark.parametrize("file,how", [("model/model.safetensors", "truncate"), ("optimizer.pt", "truncate"),
+                                      ("optimizer.pt", "flip"), ("rng.pt", "flip"),
+                                      ("model/model.safetensors", "flip")])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, file, how):
+    """Checksums recorded when each checkpoint completed: a damaged file in the newest one (truncated,
+    or one byte changed) is found, that checkpoint skipped with one warning, the previous one loaded;
+    the damaged one named alone is an error, and no intact one at all is an error."""
+    model = _model()
+    opt = _stepped(model)
+    p1, p2 = _save(tmp_path, 1, model, opt), _save(tmp_path, 2, model, opt)
+    table = json.loads((p2 / ck.CHECKSUMS).read_text())["files"]
+    assert {"model/model.safetensors", "optimizer.pt", "rng.pt", "state.json", "config.yaml"} <= set(table)
+    assert ck.verify_checksums(p2) is None
+    _damage(p2 / file, how)
+    problem = ck.verify_checksums(p2)
+    assert problem.startswith(file) and ("truncated" in problem if how == "truncate" else "checksum" in problem)
+    said: list[str] = []
+    loaded = ck.load_checkpoint(tmp_path, warn=said.append)
+    assert loaded.step == 1 and loaded.path == p1
+    assert said == [f"checkpoint {p2} is damaged ({problem}); skipped"]
+    with pytest.raises(ck.CheckpointError, match=rf"checkpoint {p2} is damaged: {file}"):
+        ck.load_checkpoint(p2)
+    _damage(p1 / "optimizer.pt", "truncate")
+    with pytest.raises(ck.CheckpointError, match="no intact checkpoint \\(damaged: step-00000002, step-00000001\\)"):
+        ck.load_checkpoint(tmp_path, warn=said.append)
+
+
+def test_a_damaged_checkpoint_from_before_checksums_is_skipped_when_it_fails_to_load(tmp_path):
+    model = _model()
+    opt = _stepped(model)
+    _save(tmp_path, 1, model, opt)
+    p2 = _save(tmp_path, 2, model, opt)
+    (p2 / ck.CHECKSUMS).unlink()  # as an older pcsd wrote it
+    _damage(p2 / "optimizer.pt", "truncate")
+    said: list[str] = []
+    assert ck.load_checkpoint(tmp_path, warn=said.append).step == 1
+    assert len(said) == 1 and said[0].startswith(f"checkpoint {p2} is damaged (") and said[0].endswith("; skipped")
+
+
+def test_the_saved_warm_up_is_atomic_and_checked(tmp_path):
+    model = _model()
+    out = ck.save_model_dir(tmp_path / "sft-model", model, extra={"summary": {"sft_examples": 3}})
+    assert (out / ck.COMPLETE_MARKER).is_file() and ck.load_model_dir_state(out) == {"summary": {"sft_examples": 3}}
+    assert not list(tmp_path.glob(".tmp-*"))
+    _damage(out / "model.safetensors", "flip")
+    with pytest.raises(ck.CheckpointError, match="sft-model is damaged: model.safetensors differs"):
+        ck.load_model_dir_state(out)
+    (out / ck.COMPLETE_MARKER).unlink()  # never completed: as if absent
+    assert ck.load_model_dir_state(out) is None and ck.load_model_dir_state(tmp_path / "none") is None

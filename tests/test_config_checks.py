@@ -4,6 +4,7 @@ of bad input), PCSD's with the op's own messages; a model.path without config.js
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pcsd.train.config import ConfigError, load_config
 
@@ -66,3 +67,128 @@ def test_model_path_without_config_json_is_one_line(tmp_path, capsys):
     assert f"model.path={tmp_path}: no config.json there" in err
     assert main([f"model.path={tmp_path}/nope"]) == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- issue 22, part 2
+def _one_line(err: str, needle: str, only: bool = True) -> None:
+    """stderr holds one error line (``only``: and nothing else; after a run started, the libraries'
+    progress bars may be there too), naming what it must, and no traceback."""
+    assert "Traceback" not in err, err[-3000:]
+    lines = [ln for ln in err.splitlines() if ln.strip() and (only or ln.startswith("pcsd.train:"))]
+    assert len(lines) == 1 and needle in lines[0], err[-3000:]
+
+
+@pytest.mark.parametrize("override,message", [
+    ("run.seed=-1", "run.seed must be in [0, 2147483647], got -1"),
+    ("run.seed=4294967296", "run.seed must be in [0, 2147483647], got 4294967296"),
+    ("env.num_threads=-1", "env.num_threads must be >= 0, got -1"),
+    ("optim.sft_steps=-5", "optim.sft_steps must be >= 0, got -5"),
+    ("model.tiny_hidden_size=0", "model.tiny_hidden_size must be >= 32"),
+    ("model.tiny_hidden_size=100", "divisible by its head count"),
+    ("model.tiny_layers=-1", "model.tiny_layers must be >= 1, got -1"),
+    ("rollout.tasks_per_step=1000000", "4000000 envs per rank, more than the env pool holds (1048576)"),
+])
+def test_values_that_failed_late_are_caught_when_the_config_is_read(override, message, tmp_path, capsys):
+    """Each was accepted, or failed after the warm-up with a traceback (run.seed=-1 naming the
+    derived seed -100000): now one line, exit 2, before the run folder exists."""
+    from pcsd.train.cli import main
+
+    with pytest.raises(ConfigError) as exc:
+        load_config([override])
+    assert message in str(exc.value)
+    assert main([override, f"run.dir={tmp_path / 'run'}"]) == 2
+    _one_line(capsys.readouterr().err, message)
+    assert not (tmp_path / "run").exists()
+
+
+def test_cuda_without_a_gpu_is_one_line(tmp_path, capsys):
+    from pcsd.train.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    assert main(["run.device=cuda", f"run.dir={tmp_path / 'run'}"]) == 2
+    _one_line(capsys.readouterr().err, "run.device=cuda, but torch sees no CUDA GPU")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from pcsd.testing import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=1, seed=3)
+
+
+def test_a_damaged_model_folder_is_one_line_naming_the_file(tmp_path, tiny_model, capsys):
+    """A corrupt config.json or truncated weights under model.path: refused when the config is
+    read, naming the file; load_model (the run's own sft-model/, base-model/) says the same."""
+    import shutil
+
+    from pcsd.models import ModelLoadError, load_model
+    from pcsd.train.cli import main
+
+    bad_json = tmp_path / "bad-json"
+    shutil.copytree(tiny_model, bad_json)
+    (bad_json / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"], ')
+    truncated = tmp_path / "truncated"
+    shutil.copytree(tiny_model, truncated)
+    weights = truncated / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size - 100)
+    for folder, message in ((bad_json, f"{bad_json / 'config.json'}: not valid JSON"),
+                            (truncated, f"{weights}: truncated")):
+        assert main([f"model.path={folder}", f"run.dir={tmp_path / 'run'}"]) == 2
+        _one_line(capsys.readouterr().err, f"model.path: {message}")
+        with pytest.raises(ModelLoadError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            load_model(folder, torch.device("cpu"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_prompt_budget_no_prompt_fits_is_refused_at_config_read(tiny_model):
+    from pcsd.text.prompts import PromptBuilder
+
+    least = PromptBuilder("alfworld", tokenizer_dir=tiny_model, max_prompt_tokens=None).min_prompt_tokens()
+    assert 50 < least < 1024
+    with pytest.raises(ConfigError, match=rf"rollout.max_prompt_tokens={least - 1} cannot hold a single prompt: "
+                                          rf"the alfworld template alone .* is {least} tokens"):
+        load_config([f"model.path={tiny_model}", f"rollout.max_prompt_tokens={least - 1}"])
+    assert load_config([f"model.path={tiny_model}", f"rollout.max_prompt_tokens={least}"])
+
+
+def test_a_corrupt_config_yaml_on_resume_is_one_line(tmp_path, capsys):
+    from pcsd.train.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for text, message in (("model: {path: [unclosed\n", "is not a readable config"),
+                          ("- a\n- b\n", "is not a config (a YAML mapping of keys)"),
+                          (b"\xff\xfe\x00garbage", "is not a readable config")):
+        (run / "config.yaml").write_bytes(text if isinstance(text, bytes) else text.encode())
+        assert main(["--resume", str(run)]) == 2
+        _one_line(capsys.readouterr().err, f"run.resume={run}: {run / 'config.yaml'} {message}")
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_earlier_checkpoints(tmp_path, tiny_model, capsys,
+                                                                                     monkeypatch):
+    import errno
+
+    from pcsd.train import checkpoint as ck
+    from pcsd.train.cli import main
+
+    real = torch.save
+
+    def full_disk(obj, f, *a, **k):  # the second checkpoint's optimizer state does not fit
+        if "step-00000002" in str(f) and str(f).endswith("optimizer.pt"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(f))
+        return real(obj, f, *a, **k)
+
+    monkeypatch.setattr(ck.torch, "save", full_disk)
+    run = tmp_path / "run"
+    args = ["rollout.backend=hf", "optim.sft_steps=0", "env.max_steps=1", "rollout.tasks_per_step=1",
+            "rollout.group_size=2", "rollout.max_response_tokens=4", "eval.episodes=1", "optim.steps=2",
+            "run.save_every=1", f"model.path={tiny_model}", f"run.dir={run}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    _one_line(err, "No space left on device; the run's complete checkpoints are intact", only=False)
+    assert "optimizer.pt" in err and f"--resume {run}" in err
+    assert [s for s, _ in ck.list_checkpoints(run)] == [1] and ck.load_checkpoint(run).step == 1
+    assert not list((run / "checkpoints").glob(".tmp-*"))

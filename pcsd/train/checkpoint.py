@@ -8,6 +8,7 @@ Layout of one checkpoint, ``<run_dir>/checkpoints/step-<NNNNNNNN>/``::
                       trainer's own random.Random states (game sampling), by name
     state.json        step, trainer state (summary so far, ...), torch thread count, torch version
     config.yaml       the resolved run configuration
+    checksums.json    every file above: its size and CRC-32, recorded when the checkpoint completes
     COMPLETE          written last; a directory without it is never loaded
 
 Atomicity: everything is written into ``checkpoints/.tmp-step-<N>-<pid>`` (same parent, so the
@@ -15,28 +16,40 @@ final rename never crosses a file system), every file and the directory are fsyn
 is written and fsync'ed, then the directory is renamed into place with :func:`os.replace` and the
 parent directory is fsync'ed. A crash at any point leaves either no ``step-<N>`` directory or a
 complete one; stale ``.tmp-*`` directories are removed by the next save. :func:`latest_checkpoint`
-only returns directories holding ``COMPLETE`` (and whose files all exist), so a damaged or
-half-copied checkpoint is skipped rather than loaded.
+only returns directories holding ``COMPLETE`` (and whose files all exist), so a half-copied
+checkpoint is skipped rather than loaded.
+
+Damage after the fact (a truncated ``.safetensors`` or ``optimizer.pt``, a flipped bit): resuming
+from a run folder (:func:`load_checkpoint` of the run dir) checks every file against
+``checksums.json`` and falls back to the newest intact checkpoint, with a one-line warning per
+damaged one; a checkpoint from before checksums existed counts as damaged when it fails to load.
+The warm-up's model (``sft-model/``, :func:`save_model_dir`) is written and checked the same way.
+Checking costs one read of the files (CRC-32, about 0.5-1.5 s per GB and core; files in parallel).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
+import warnings
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 import torch
 
 __all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
-           "capture_rng", "restore_rng", "CheckpointError", "COMPLETE_MARKER"]
+           "capture_rng", "restore_rng", "CheckpointError", "COMPLETE_MARKER", "CHECKSUMS", "write_checksums",
+           "verify_checksums", "save_model_dir", "load_model_dir_state"]
 
 COMPLETE_MARKER = "COMPLETE"
+CHECKSUMS = "checksums.json"
 _STEP_RE = re.compile(r"^step-(\d{8})$")
 _REQUIRED = ("model", "optimizer.pt", "rng.pt", "state.json", "config.yaml", COMPLETE_MARKER)
 
@@ -114,6 +127,65 @@ def _fsync_tree(root: Path) -> None:
         _fsync_dir(Path(dirpath))
 
 
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb", buffering=0) as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            crc = zlib.crc32(chunk, crc)  # releases the GIL on large buffers: files hash in parallel
+    return crc
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (CHECKSUMS, COMPLETE_MARKER))
+
+
+def _crcs(paths: list[Path]) -> list[int]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    if len(paths) < 2:
+        return [_crc32(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(len(paths), os.cpu_count() or 1, 8)) as ex:
+        return list(ex.map(_crc32, paths))
+
+
+def write_checksums(root: str | os.PathLike[str]) -> Path:
+    """Records the size and CRC-32 of every file below ``root`` in ``root/checksums.json``."""
+    root = Path(root)
+    files = _files(root)
+    table = {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "crc32": c}
+             for p, c in zip(files, _crcs(files))}
+    out = root / CHECKSUMS
+    out.write_text(json.dumps({"algorithm": "crc32", "files": table}, indent=1))
+    return out
+
+
+def verify_checksums(root: str | os.PathLike[str]) -> Optional[str]:
+    """What differs from ``root/checksums.json`` (a file missing, of another size or CRC-32), or
+    None when every recorded file is intact. Sizes are compared first (a truncated file costs no
+    read); a folder without ``checksums.json`` gives None (nothing recorded to check)."""
+    root = Path(root)
+    path = root / CHECKSUMS
+    if not path.is_file():
+        return None
+    try:
+        table = json.loads(path.read_text())["files"]
+        expected = {name: (int(v["size"]), int(v["crc32"])) for name, v in table.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return f"{path} is damaged"
+    files = []
+    for name, (size, _) in sorted(expected.items()):
+        f = root / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} has {f.stat().st_size} bytes, {size} when written (truncated)"
+        files.append(f)
+    for f, crc in zip(files, _crcs(files)):
+        if crc != expected[f.relative_to(root).as_posix()][1]:
+            return f"{f.relative_to(root).as_posix()} differs from what was written (checksum)"
+    return None
+
+
 def _step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:08d}"
 
@@ -181,6 +253,7 @@ def save_checkpoint(run_dir: str | os.PathLike[str], step: int, model, optimizer
                 "torch_version": torch.__version__}
         (tmp / "state.json").write_text(json.dumps(meta, indent=2))
         (tmp / "config.yaml").write_text(config_yaml)
+        write_checksums(tmp)
         _fsync_tree(tmp)
         (tmp / COMPLETE_MARKER).write_text(f"{step}\n")
         _fsync_file(tmp / COMPLETE_MARKER)
@@ -215,15 +288,7 @@ def _load_model_state(model_dir: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
-    """Loads a checkpoint directory (a ``step-N`` folder, or a run directory: its newest one)."""
-    p = Path(path)
-    if not _STEP_RE.match(p.name):
-        found = latest_checkpoint(p)
-        if found is None:
-            raise CheckpointError(f"{p}: no complete checkpoint (expected {p}/checkpoints/step-NNNNNNNN/"
-                                  f"{COMPLETE_MARKER})")
-        p = found
+def _read(p: Path) -> Checkpoint:
     missing = [r for r in _REQUIRED if not (p / r).exists()]
     if missing:
         raise CheckpointError(f"{p} is not a complete checkpoint: missing {', '.join(missing)}")
@@ -233,6 +298,103 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         optimizer_state=torch.load(p / "optimizer.pt", map_location="cpu", weights_only=False),
         rng=torch.load(p / "rng.pt", map_location="cpu", weights_only=False),
         state=meta.get("state", {}), config_yaml=(p / "config.yaml").read_text())
+
+
+def _damage(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def load_checkpoint(path: str | os.PathLike[str], *, warn: Optional[Callable[[str], None]] = None,
+                    verify: bool = True) -> Checkpoint:
+    """Loads a checkpoint directory (a ``step-N`` folder), or a run directory's newest intact one.
+
+    Every file is checked against ``checksums.json`` first (``verify``). In a run directory a
+    damaged checkpoint is skipped for the next older one, ``warn`` (default: ``warnings.warn``)
+    getting one line per skipped checkpoint; a ``step-N`` folder that is damaged is a
+    :class:`CheckpointError`, as is a run directory with no intact checkpoint."""
+    from safetensors import SafetensorError
+
+    warn = warn or (lambda msg: warnings.warn(msg, stacklevel=3))
+    p = Path(path)
+    # a truncated pickle raises EOFError / UnpicklingError / RuntimeError ("PytorchStreamReader failed ...")
+    damaged_load = (OSError, EOFError, RuntimeError, ValueError, SafetensorError, pickle.UnpicklingError)
+    if _STEP_RE.match(p.name):
+        problem = verify_checksums(p) if verify else None
+        if problem:
+            raise CheckpointError(f"checkpoint {p} is damaged: {problem}")
+        try:
+            return _read(p)
+        except CheckpointError:
+            raise
+        except damaged_load as exc:
+            raise CheckpointError(f"checkpoint {p} is damaged: {_damage(exc)}") from None
+    found = list_checkpoints(p)
+    if not found:
+        raise CheckpointError(f"{p}: no complete checkpoint (expected {p}/checkpoints/step-NNNNNNNN/"
+                              f"{COMPLETE_MARKER})")
+    skipped = []
+    for _step, cp in reversed(found):
+        problem = verify_checksums(cp) if verify else None
+        if problem is None:
+            try:
+                ck = _read(cp)
+            except (CheckpointError, *damaged_load) as exc:
+                problem = _damage(exc)
+            else:
+                return ck
+        skipped.append(cp.name)
+        warn(f"checkpoint {cp} is damaged ({problem}); skipped")
+    raise CheckpointError(f"{p}: no intact checkpoint (damaged: {', '.join(skipped)})")
+
+
+def save_model_dir(out: str | os.PathLike[str], model, *, tokenizer_dir: Optional[str | os.PathLike[str]] = None,
+                   extra: Optional[Mapping[str, Any]] = None) -> Path:
+    """Writes ``model`` (``save_pretrained``) with the tokenizer files of ``tokenizer_dir`` and
+    ``extra`` (JSON, as ``pcsd-state.json``) to ``out`` atomically, with ``checksums.json`` and
+    ``COMPLETE`` (the warm-up's model, ``sft-model/``): a crash leaves the old folder or none."""
+    out = Path(out)
+    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer_dir is not None:
+            for pat in ("*token*", "chat_template*", "vocab*", "merges*", "special_tokens_map*"):
+                for f in Path(tokenizer_dir).glob(pat):
+                    if f.is_file():
+                        shutil.copyfile(f, tmp / f.name)
+        (tmp / "pcsd-state.json").write_text(json.dumps(dict(extra or {}), indent=2))
+        write_checksums(tmp)
+        _fsync_tree(tmp)
+        (tmp / COMPLETE_MARKER).write_text("1\n")
+        _fsync_file(tmp / COMPLETE_MARKER)
+        if out.exists():
+            old = out.with_name(f".tmp-old-{out.name}-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+        _fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def load_model_dir_state(path: str | os.PathLike[str]) -> Optional[dict[str, Any]]:
+    """The ``extra`` state of a complete, intact :func:`save_model_dir` folder; None when the folder
+    is absent or incomplete. A folder whose files differ from its checksums is a CheckpointError."""
+    p = Path(path)
+    if not (p / COMPLETE_MARKER).is_file():
+        return None
+    problem = verify_checksums(p)
+    if problem:
+        raise CheckpointError(f"{p} is damaged: {problem}")
+    try:
+        return json.loads((p / "pcsd-state.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{p} is damaged: {_damage(exc)}") from None
 
 
 def apply_model_state(model, state: Mapping[str, torch.Tensor]) -> None:

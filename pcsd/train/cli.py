@@ -8,11 +8,17 @@
     torchrun --nproc_per_node=4 -m pcsd.train preset=...    # FSDP2 over 4 processes
 
 Resolves the configuration (see :mod:`pcsd.train.config`; methods in :mod:`pcsd.train.methods`), creates the
-run directory (``run.dir``, printed at start), saves the resolved config there, and runs the
-training job. Every run writes ``summary.json`` in its run directory and checkpoints under
-``checkpoints/`` (every ``run.save_every`` steps and at the end). ``--resume RUN_DIR`` (or
-``run.resume=RUN_DIR``) continues a run from its newest complete checkpoint with the run's saved
-configuration; overrides that would change the run's meaning are refused.
+run directory (``run.dir``, printed at start) and locks it for this run (:mod:`pcsd.train.rundir`: a
+folder in use is refused; a new run into a non-empty folder is refused unless ``run.overwrite=true``,
+which moves the old content to ``<run.dir>.replaced-<time>/``), saves the resolved config there, and
+runs the training job. Every run writes ``summary.json`` in its run directory, the warm-up's model
+(``sft-model/``) when it ends, and checkpoints under ``checkpoints/`` (every ``run.save_every`` steps
+and at the end). ``--resume RUN_DIR`` (or ``run.resume=RUN_DIR``) continues a run from its newest
+intact checkpoint (a damaged one is skipped with a warning), else from its saved warm-up, with the
+run's saved configuration; overrides that would change the run's meaning are refused.
+
+A bad value or file is one line on stderr and exit status 2; Ctrl-C one line with the ``--resume``
+command and exit status 130.
 
 Under torchrun (``WORLD_SIZE`` > 1) the student and the frozen teacher/reference are sharded with
 FSDP2, each rank plays its share of the task groups, and rank 0 writes every file.
@@ -23,6 +29,7 @@ not fit); a run on CUDA whose plan does not fit the GPU stops before loading any
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -32,20 +39,31 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from pcsd.train.config import ConfigError, DictConfig, load_config, resume_config
+from pcsd.train.rundir import RunDirError, claim_run_dir
+
+#: a write that failed for want of space or permission (a full disk while checkpointing, ...)
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
 
 
 def make_run_dir(cfg: DictConfig, create: bool = True) -> Path:
+    """``run.dir``, or a new ``runs/<preset>-<method>-<time>`` (``-2``, ``-3``, ... when taken)."""
     if cfg.run.dir:
         path = Path(cfg.run.dir)
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = Path("runs") / f"{cfg.preset}-{cfg.method}-{stamp}"
+        k = 1
+        while path.exists():
+            k += 1
+            path = Path("runs") / f"{cfg.preset}-{cfg.method}-{stamp}-{k}"
     if create:
         path.mkdir(parents=True, exist_ok=True)
     return path.resolve()
 
 
 _VALUED = ("--resume", "--gpus", "--gpu-memory-gb")
+#: bounds of --plan's inputs (far beyond any machine; values past them make the plan's figures absurd)
+MAX_PLAN_GPUS, MAX_PLAN_GPU_GB = 65536, 4096.0
 _OPTIONS = "--resume RUN_DIR, --plan [--gpus N] [--gpu-memory-gb G], -h/--help"
 
 
@@ -86,19 +104,27 @@ def parse_args(argv: list[str]) -> tuple[list[str], str | None]:
 def plan_for(cfg: DictConfig, opts: dict[str, str]):
     """The memory plan for ``--gpus`` (default: ``WORLD_SIZE`` or 1) GPUs of ``--gpu-memory-gb``
     GiB (default: this machine's first GPU, else 80)."""
+    import math
+
     from pcsd.train.plan import GiB, device_memory_bytes, memory_plan
 
-    def number(name: str, default: float, kind=float) -> float:
+    def number(name: str, default: float, kind, limit: float) -> float:
+        raw = opts.get(name, default)
         try:
-            v = kind(opts.get(name, default))
+            v = kind(raw)
         except ValueError:
-            raise ConfigError(f"{name} must be a number, got {opts[name]!r}") from None
+            what = "a whole number" if kind is int else "a number"
+            raise ConfigError(f"{name} must be {what}, got {raw!r}") from None
+        if not math.isfinite(v):
+            raise ConfigError(f"{name} must be a finite number, got {raw!r}")
         if v <= 0:
             raise ConfigError(f"{name} must be > 0, got {v}")
+        if v > limit:  # beyond any machine: the plan's arithmetic would mean nothing
+            raise ConfigError(f"{name} must be at most {limit:g}, got {v:g}")
         return v
 
-    gpus = int(number("--gpus", int(os.environ.get("WORLD_SIZE", 1)), int))
-    mem = number("--gpu-memory-gb", (device_memory_bytes() or 80 * GiB) / GiB)
+    gpus = int(number("--gpus", int(os.environ.get("WORLD_SIZE", 1)), int, MAX_PLAN_GPUS))
+    mem = number("--gpu-memory-gb", (device_memory_bytes() or 80 * GiB) / GiB, float, MAX_PLAN_GPU_GB)
     return memory_plan(cfg, gpus, int(mem * GiB))
 
 
@@ -128,30 +154,39 @@ def main(argv: list[str] | None = None) -> int:
             print(plan.render(), file=sys.stderr)
             raise ConfigError("the memory plan above does not fit this GPU; change the setting it names "
                               "(python -m pcsd.train ... --plan shows the plan without starting)")
+        _check_device(cfg)
     except (ConfigError, PlanError) as exc:
         print(f"pcsd.train: {exc}", file=sys.stderr)
         return 2
+    from pcsd.models import ModelLoadError
     from pcsd.train import distributed as dist_utils
+    from pcsd.train.checkpoint import CheckpointError
 
+    # errors of the user's input or files, reported in one line (exit status 2)
+    user_errors = (ConfigError, RunDirError, CheckpointError, ModelLoadError)
     ctx = dist_utils.init_distributed(device=cfg.run.device)
+    lock = None
+    run_dir = None
     try:
         t0 = time.time()
         if not cfg.run.dir:  # every rank must use rank 0's directory name
             cfg.run.dir = dist_utils.broadcast_object(str(make_run_dir(cfg, create=False)), ctx)
-        run_dir = make_run_dir(cfg, create=ctx.is_main)
-        dist_utils.barrier(ctx)
+        run_dir = make_run_dir(cfg, create=False)
+        problem = None
+        if ctx.is_main:  # the folder is this run's alone (pcsd.train.rundir), then the config goes in
+            try:
+                lock, aside = claim_run_dir(run_dir, resume=bool(cfg.run.resume), overwrite=bool(cfg.run.overwrite))
+                if aside is not None:
+                    print(f"[pcsd] run.overwrite=true: the old content of {run_dir} was moved to {aside}")
+                _write_config(cfg, run_dir)
+            except RunDirError as exc:
+                problem = str(exc)
+        problem = dist_utils.broadcast_object(problem, ctx)
+        if problem:
+            print(f"pcsd.train: {problem}", file=sys.stderr)
+            return 2
         if ctx.is_main:
             print(f"[pcsd] run directory: {run_dir}")
-            if cfg.run.resume:
-                # the run's meaning is unchanged (checked); record this invocation's settings
-                (run_dir / f"config.resume-{time.strftime('%Y%m%d-%H%M%S')}.yaml").write_text(
-                    OmegaConf.to_yaml(cfg, resolve=True))
-            else:
-                OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-                if cfg.env.skills_dir is not None:  # what the teacher reads, for pcsd.eval --skills
-                    from pcsd.train.job import skill_repository
-
-                    skill_repository(cfg).save(run_dir / "skills")
         from pcsd import native_info
         from pcsd.train.job import train
 
@@ -162,9 +197,52 @@ def main(argv: list[str] | None = None) -> int:
         if ctx.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             print(f"[pcsd] summary: {json.dumps(summary)}")
+    except user_errors as exc:  # one line: what is wrong and where (no traceback)
+        print(f"pcsd.train: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno not in _DISK_ERRNOS:
+            raise
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"pcsd.train: cannot write{where}: {exc.strerror or exc}; the run's complete checkpoints are intact "
+              f"(free space or fix the folder, then: python -m pcsd.train --resume {run_dir})", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if run_dir is not None and ctx.is_main:
+            print(f"\npcsd.train: interrupted; continue with python -m pcsd.train --resume {run_dir}", file=sys.stderr)
+        return 130
     finally:
+        if lock is not None:
+            lock.release()
         dist_utils.shutdown(ctx)
     return 0
+
+
+def _write_config(cfg: DictConfig, run_dir: Path) -> None:
+    """A new run's ``config.yaml`` (and its skills folder); a resumed run records this invocation's
+    settings beside it (its meaning is unchanged: checked by :func:`resume_config`)."""
+    try:
+        if cfg.run.resume:
+            (run_dir / f"config.resume-{time.strftime('%Y%m%d-%H%M%S')}.yaml").write_text(
+                OmegaConf.to_yaml(cfg, resolve=True))
+        else:
+            OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+            if cfg.env.skills_dir is not None:  # what the teacher reads, for pcsd.eval --skills
+                from pcsd.train.job import skill_repository
+
+                skill_repository(cfg).save(run_dir / "skills")
+    except OSError as exc:
+        raise RunDirError(f"run.dir={run_dir}: cannot write there ({exc.strerror or exc})") from None
+
+
+def _check_device(cfg: DictConfig) -> None:
+    """``run.device=cuda`` needs a GPU that torch can use."""
+    if cfg.run.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("run.device=cuda, but torch sees no CUDA GPU (torch.cuda.is_available() is false); "
+                              "use run.device=cpu or run.device=auto")
 
 
 def _plan_on_this_gpu(cfg: DictConfig):

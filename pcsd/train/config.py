@@ -171,6 +171,8 @@ class RunConfig:
     keep_last: int = 3  # keep the newest K checkpoints (0 = all)
     stop_after: int = 0  # stop after this many steps in total, with a checkpoint (0 = run to the end)
     resume: Optional[str] = None  # a run directory: continue from its newest complete checkpoint
+    # a new run into a non-empty run.dir: move what it holds to <run.dir>.replaced-<time>/ first (else refused)
+    overwrite: bool = False
     log_every: int = 1
     progress: Optional[bool] = None  # rich progress bars; None = on an interactive terminal outside CI
     tensorboard: bool = True  # per-step scalars to <run dir>/tensorboard as well as metrics.jsonl
@@ -248,7 +250,7 @@ def valid_keys() -> list[str]:
 
 # Keys a resumed run may change without changing what the run computes.
 RESUME_MUTABLE = ("run.resume", "run.dir", "run.save_every", "run.keep_last", "run.stop_after",
-                  "run.log_every", "run.record_gaps", "env.num_threads")
+                  "run.log_every", "run.record_gaps", "env.num_threads", "run.overwrite")
 
 # a resumed run may continue on another machine, where vLLM's share of each GPU differs
 RESUME_MUTABLE += ("rollout.gpu_memory_utilization",)
@@ -333,8 +335,19 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Di
     saved_path = run / "config.yaml"
     if not saved_path.is_file():
         raise ConfigError(f"run.resume={run}: no config.yaml there (not a pcsd run directory)")
-    saved = OmegaConf.load(saved_path)
+    try:
+        saved = OmegaConf.load(saved_path)
+    except Exception as exc:  # yaml's ScannerError / ParserError, OmegaConf's errors, undecodable bytes
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"run.resume={run}: {saved_path} is not a readable config ({first})") from None
+    if not isinstance(saved, DictConfig):
+        raise ConfigError(f"run.resume={run}: {saved_path} is not a config (a YAML mapping of keys)")
+    if (_cli_value([o for o in (overrides or []) if "=" in o], "run.overwrite") or "").lower() in ("true", "1", "yes"):
+        raise ConfigError("run.overwrite=true starts a new run in the folder, --resume continues the run there: "
+                          "give one of them")
     overrides = [o for o in (overrides or []) if o.split("=", 1)[0].strip() not in ("run.resume", "run.dir")]
+    # the saved run.overwrite belonged to its start; a resumed run never moves its own folder's content
+    overrides.append("run.overwrite=false")
     for o in overrides:
         if "=" in o and o.split("=", 1)[0].strip() in ("preset", "method"):
             k, v = o.split("=", 1)
@@ -416,6 +429,7 @@ def _validate(cfg: DictConfig) -> None:
     if not 0 < cfg.algo.clip_eps < 1:
         raise ConfigError(f"algo.clip_eps must be in (0, 1), got {cfg.algo.clip_eps}")
     _validate_ranges(cfg)
+    _validate_run_inputs(cfg)
     if cfg.env.name == "webshop":
         from pcsd.train.webshop import check_webshop_config
 
@@ -425,6 +439,65 @@ def _validate(cfg: DictConfig) -> None:
     if not (cfg.algo.grpo or cfg.algo.distill or cfg.optim.steps == 0):
         raise ConfigError("algo.grpo and algo.distill are both false: nothing to train "
                           "(use optim.steps=0 for the Vanilla baseline)")
+
+
+#: run.seed's range: numpy's generators (the paper protocol's draws) take seeds below 2**32, and the
+#: rollout seeds derived from it ((seed * 100_000 + step) * ranks + rank) must stay in int64
+MAX_SEED = 2**31 - 1
+
+
+def _validate_run_inputs(cfg: DictConfig) -> None:
+    """Seeds, thread counts, the tiny model's shape, the env pool's size and the model folder: what
+    would otherwise fail after the warm-up (or not at all), checked when the config is read."""
+    import os
+
+    from pcsd.envs.pool import MAX_ENVS
+    from pcsd.models import check_model_dir
+
+    if not 0 <= cfg.run.seed <= MAX_SEED:
+        raise ConfigError(f"run.seed must be in [0, {MAX_SEED}], got {cfg.run.seed}")
+    for key in ("env.num_threads", "optim.sft_steps"):
+        if OmegaConf.select(cfg, key) < 0:
+            raise ConfigError(f"{key} must be >= 0, got {OmegaConf.select(cfg, key)}")
+    if cfg.model.path is None:  # the generated tiny model: heads of hidden_size // 32 (>= 32) dimensions
+        h = cfg.model.tiny_hidden_size
+        if h < 32 or h % max(1, h // 32):
+            raise ConfigError(f"model.tiny_hidden_size must be >= 32 and divisible by its head count (hidden_size "
+                              f"// 32, heads of >= 32 dimensions), e.g. a multiple of 32; got {h}")
+        if cfg.model.tiny_layers < 1:
+            raise ConfigError(f"model.tiny_layers must be >= 1, got {cfg.model.tiny_layers}")
+    ws = os.environ.get("WORLD_SIZE", "1")
+    ranks = int(ws) if ws.isdigit() and int(ws) > 0 else 1
+    envs = -(-cfg.rollout.tasks_per_step // ranks) * cfg.rollout.group_size
+    if envs > MAX_ENVS:
+        raise ConfigError(f"rollout.tasks_per_step x rollout.group_size = {envs} envs per rank, more than the env "
+                          f"pool holds ({MAX_ENVS}); lower rollout.tasks_per_step or rollout.group_size")
+    if cfg.model.path is not None and Path(cfg.model.path).is_dir() and (Path(cfg.model.path) / "config.json").is_file():
+        problem = check_model_dir(cfg.model.path)
+        if problem:
+            raise ConfigError(f"model.path: {problem}")
+        if (Path(cfg.model.path) / "tokenizer.json").is_file():
+            from pcsd.text.prompts import PromptBuilder
+
+            try:
+                builder = PromptBuilder(cfg.env.name, history_length=0, max_prompt_tokens=None,
+                                        tokenizer_dir=cfg.model.path, enable_thinking=cfg.model.enable_thinking)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"model.path={cfg.model.path}: its tokenizer does not load ({exc})") from None
+            problem = prompt_budget_problem(builder, cfg.rollout.max_prompt_tokens)
+            if problem:
+                raise ConfigError(problem)
+
+
+def prompt_budget_problem(builder, max_prompt_tokens: int, key: str = "rollout.max_prompt_tokens") -> Optional[str]:
+    """Why ``max_prompt_tokens`` can hold no prompt of ``builder``'s template (a
+    :class:`pcsd.text.prompts.PromptBuilder` with a tokenizer), or None."""
+    least = builder.min_prompt_tokens()
+    if least is None or max_prompt_tokens >= least:
+        return None
+    return (f"{key}={max_prompt_tokens} cannot hold a single prompt: the {builder.env} template alone (no history, a "
+            f"one-letter task, an empty observation, no actions) is {least} tokens under this model's chat template; "
+            f"raise it well above {least} (observations and admissible actions come on top)")
 
 
 def resolve_skills_dir(value: str) -> Path:

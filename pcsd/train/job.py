@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from pcsd.envs.procedural import write_games
+from pcsd.envs.procedural import ProceduralGames, write_games
 from pcsd.eval.games import split_games
 from pcsd.eval.protocol import protocol_games, webshop_validation_goals
 from pcsd.eval.run import evaluate, render_table
@@ -80,8 +82,10 @@ class Job:
     t_start: float
     summary: dict[str, Any] = field(default_factory=dict)
     ckpt: Any = None  # the checkpoint resumed from (pcsd.train.checkpoint.Checkpoint) or None
+    # a resumed run without an RL checkpoint: the saved warm-up's state (RL starts from sft-model/), else None
+    warmup_saved: Optional[dict] = None
     # setup
-    train_games: list[str] = field(default_factory=list)
+    train_games: Sequence = field(default_factory=list)  # game paths, ProceduralGames or (WebShop) goals
     eval_pool: list[str] = field(default_factory=list)  # the games evaluations draw from
     eval_games: list[str] = field(default_factory=list)  # the first evaluation's episodes
     eval_split: str = "procedural"
@@ -123,8 +127,10 @@ class Job:
 
     @property
     def warm_up_here(self) -> bool:
-        """SFT runs on rank 0 of a new run with ``optim.sft_steps`` > 0."""
-        return self.cfg.optim.sft_steps > 0 and self.ckpt is None and self.ctx.is_main
+        """SFT runs on rank 0 with ``optim.sft_steps`` > 0, unless a resumed run has its result
+        (an RL checkpoint or the saved warm-up)."""
+        return (self.cfg.optim.sft_steps > 0 and self.ckpt is None and self.warmup_saved is None
+                and self.ctx.is_main)
 
     @property
     def metrics_path(self) -> Path:
@@ -152,8 +158,6 @@ def setup(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext]) -> Job:
     """Seeds, the checkpoint to resume from, the training and evaluation games, the summary."""
     from rich.console import Console
 
-    from pcsd.train.checkpoint import load_checkpoint
-
     ctx = ctx or single_process(resolve_device(cfg.run.device))
     # "[pcsd]" is text, not a rich style tag; no wrapping; only rank 0 prints
     job = Job(cfg, run_dir, ctx, Console(quiet=not ctx.is_main, markup=False, soft_wrap=True), time.time())
@@ -162,9 +166,8 @@ def setup(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext]) -> Job:
     if ctx.distributed and cfg.rollout.tasks_per_step < ctx.world_size:
         raise ValueError(f"rollout.tasks_per_step={cfg.rollout.tasks_per_step} must be >= the number of "
                          f"ranks ({ctx.world_size}): every rank plays whole groups")
-    job.ckpt = load_checkpoint(run_dir) if cfg.run.resume else None
-    if job.ckpt is not None:
-        job.say(f"resuming from {job.ckpt.path} (step {job.ckpt.step})")
+    if cfg.run.resume:
+        resume_point(job)
 
     def games_at(out_dir: Path, count: int, seed: int, **kw) -> list[str]:
         # rank 0 writes the files, the others read the same paths
@@ -179,8 +182,9 @@ def setup(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext]) -> Job:
 
         job.train_shop, job.val_shop = load_shops(cfg)
     elif cfg.env.source == "procedural":
+        # generated when played (pcsd.envs.procedural.ProceduralGames): no files, any length
         pool_n = max(64, cfg.rollout.tasks_per_step * max(cfg.optim.steps, 1))
-        job.train_games = games_at(run_dir / "games" / "train", pool_n, TRAIN_GAMES_SEED, **knobs)
+        job.train_games = ProceduralGames(pool_n, TRAIN_GAMES_SEED, **knobs)
         # protocol full: eval.episodes generated games, each once; paper: 128 draws from 48 games
         n_pool = (cfg.eval.episodes or 48) if cfg.eval.protocol == "full" else 48
         job.eval_pool = games_at(run_dir / "games" / "eval", n_pool, EVAL_GAMES_SEED, **knobs)
@@ -193,6 +197,42 @@ def setup(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext]) -> Job:
     job.summary = {"preset": cfg.preset, "method": cfg.method, "rule": cfg.rule, "run_dir": str(run_dir),
                    "world_size": ctx.world_size, "eval_episodes": len(job.eval_games)}
     return job
+
+
+def resume_point(job: Job) -> None:
+    """Where a resumed run continues: its newest intact RL checkpoint (damaged ones are skipped
+    with a warning, :func:`pcsd.train.checkpoint.load_checkpoint`); without one, RL from step 0
+    on the saved warm-up (``sft-model/``); without that either, the run starts over. Rank 0
+    decides and checks the files; the other ranks load what it chose."""
+    from pcsd.train.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint,
+                                       load_model_dir_state)
+
+    ctx, run_dir = job.ctx, job.run_dir
+    choice: dict[str, Any] = {"ckpt": None, "warmup": None}
+    if ctx.is_main:
+        if list_checkpoints(run_dir):
+            try:
+                job.ckpt = load_checkpoint(run_dir, warn=lambda m: job.say(f"warning: {m}"))
+                choice["ckpt"] = str(job.ckpt.path)
+            except CheckpointError as exc:
+                job.say(f"warning: {exc}")
+        if job.ckpt is None and job.cfg.optim.sft_steps > 0:
+            try:
+                choice["warmup"] = load_model_dir_state(run_dir / "sft-model")
+            except CheckpointError as exc:
+                job.say(f"warning: {exc}; the warm-up runs again")
+    choice = dist_utils.broadcast_object(choice, ctx)
+    if choice["ckpt"] is not None:
+        if job.ckpt is None:  # the other ranks: the checkpoint rank 0 checked
+            job.ckpt = load_checkpoint(Path(choice["ckpt"]), verify=False)
+        job.say(f"resuming from {job.ckpt.path} (step {job.ckpt.step})")
+    elif choice["warmup"] is not None:
+        job.warmup_saved = choice["warmup"]
+        job.say(f"resuming: no RL checkpoint yet; RL starts at step 0 from the saved warm-up {run_dir / 'sft-model'}")
+    elif job.cfg.optim.sft_steps > 0:
+        job.say("resuming: neither an RL checkpoint nor a finished warm-up; the run starts over with the warm-up")
+    else:
+        job.say("resuming: no RL checkpoint yet; RL starts at step 0")
 
 
 def skill_repository(cfg: DictConfig):
@@ -242,9 +282,13 @@ def load_student(job: Job) -> None:
             # WebShop: every product id one token (as the clickables write them), so that a click
             # copies one token from the action list instead of an id cut digit by digit
             ids = sorted({a.lower() for a in job.train_shop.product_ids}) if job.webshop else []
-            make_tiny_model(job.model_dir, hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_layers,
+            tmp = job.run_dir / f".tmp-base-model-{os.getpid()}"  # renamed into place when whole
+            make_tiny_model(tmp, hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_layers,
                             num_heads=max(1, cfg.model.tiny_hidden_size // 32), seed=cfg.run.seed,
                             corpus=game_corpus(job.episodes, skill_repository(cfg), env=cfg.env.name), words=ids)
+            if job.model_dir.exists():  # an incomplete one (no config.json), written before writes were atomic
+                shutil.rmtree(job.model_dir)
+            os.replace(tmp, job.model_dir)
         dist_utils.barrier(ctx)
         job.say(f"tiny model written to {job.model_dir}")
     job.student = load_model(job.model_dir, ctx.device, cfg.model.param_dtype)
@@ -252,12 +296,19 @@ def load_student(job: Job) -> None:
                                 max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=job.model_dir,
                                 enable_thinking=cfg.model.enable_thinking,  # student and teacher prompts alike
                                 skills=skill_repository(cfg))
+    from pcsd.train.config import ConfigError, prompt_budget_problem
+
+    problem = prompt_budget_problem(job.builder, cfg.rollout.max_prompt_tokens)  # the tiny model's tokenizer is new
+    if problem:
+        raise ConfigError(problem)
     job.base_dir = job.model_dir
 
 
 def warm_up(job: Job) -> None:
     """SFT on the expert episodes (so that RL has signal): rank 0 trains and saves the model to
     ``sft-model/``; the other ranks, and a resumed run, load the saved one."""
+    from pcsd.train.checkpoint import CheckpointError, save_model_dir
+
     cfg, ctx = job.cfg, job.ctx
     if cfg.optim.sft_steps <= 0:
         return
@@ -276,16 +327,18 @@ def warm_up(job: Job) -> None:
         job.summary["sft_examples"] = len(examples)
         job.summary["sft_loss_first_last"] = [losses[0], losses[-1]]
         job.summary["sft_seconds"] = time.time() - t0
-        job.student.save_pretrained(policy_dir)
-        for pattern in ("*token*", "chat_template*"):
-            for f in job.model_dir.glob(pattern):
-                (policy_dir / f.name).write_bytes(f.read_bytes())
+        # the warm-up's result, written atomically with checksums: --resume continues from it
+        save_model_dir(policy_dir, job.student, tokenizer_dir=job.model_dir,
+                       extra={"summary": {k: v for k, v in job.summary.items() if k.startswith("sft_")}})
+        job.say(f"warm-up saved to {policy_dir}")
     dist_utils.barrier(ctx)
     job.base_dir = policy_dir
-    if job.ckpt is not None or not ctx.is_main:
+    if job.ckpt is not None or job.warmup_saved is not None or not ctx.is_main:
         if not (policy_dir / "config.json").is_file():
-            raise FileNotFoundError(f"{policy_dir}: the SFT model of this run is missing")
+            raise CheckpointError(f"{policy_dir}: the warm-up's model of this run is missing")
         job.student = load_model(policy_dir, ctx.device, cfg.model.param_dtype)
+        if job.warmup_saved is not None:  # what the summary said about the warm-up
+            job.summary.update(job.warmup_saved.get("summary", {}))
 
 
 def build_models(job: Job) -> None:
@@ -369,6 +422,8 @@ def start(job: Job) -> None:
     ctx, ckpt = job.ctx, job.ckpt
     job.progress.start()
     if ckpt is None:
+        if ctx.is_main and job.cfg.run.resume:  # RL starts over: the records of the attempt before go
+            _cut_records(job, -1)
         if ctx.is_main and job.cfg.eval.before:
             job.before = _evaluate(job, "before RL", "eval before")
             job.say(f"success before RL: {job.before['overall']:.1f}% {job.before['per_category']}"
@@ -387,16 +442,27 @@ def start(job: Job) -> None:
     job.before = ckpt.state.get("eval_before")
     job.summary["world_size"] = ctx.world_size
     job.first_step = ckpt.step
-    if ctx.is_main and job.metrics_path.exists():  # drop records written after the checkpoint
-        for path in (job.metrics_path, job.run_dir / "evals.jsonl"):
-            if path.exists():
-                keep = [ln for ln in path.read_text().splitlines()
-                        if ln.strip() and json.loads(ln).get("step", 0) <= job.first_step]
-                path.write_text("".join(ln + "\n" for ln in keep))
+    if ctx.is_main:  # drop records written after the checkpoint
+        _cut_records(job, job.first_step)
     if ckpt.state.get("torch_threads") not in (None, torch.get_num_threads()):
         job.say(f"note: the checkpoint was written with {ckpt.state['torch_threads']} torch threads, this "
                 f"process has {torch.get_num_threads()}: CPU results may differ in the last bits")
     restore_rng(ckpt.rng, {"games": job.rng})  # every RNG exactly as the uninterrupted run had it
+
+
+def _cut_records(job: Job, last_step: int) -> None:
+    """Keeps the lines of ``metrics.jsonl`` and ``evals.jsonl`` up to step ``last_step`` (-1: none);
+    a line cut short by a crash is dropped."""
+    def step_of(line: str) -> float:
+        try:
+            return json.loads(line).get("step", 0)
+        except ValueError:
+            return float("inf")
+
+    for path in (job.metrics_path, job.run_dir / "evals.jsonl"):
+        if path.exists():
+            keep = [ln for ln in path.read_text().splitlines() if ln.strip() and step_of(ln) <= last_step]
+            path.write_text("".join(ln + "\n" for ln in keep))
 
 
 def save(job: Job, done: int) -> None:

@@ -1,0 +1,168 @@
+"""A run folder belongs to one training at a time, and a new run never mixes with an old one.
+
+:func:`claim_run_dir` is called by rank 0 before anything is written:
+
+* **Lock.** ``<run dir>/.pcsd-lock`` is opened and locked with ``fcntl.flock`` (exclusive, not
+  blocking) for the run's whole life. The kernel drops the lock when the process ends, however it
+  ends (``kill -9`` included), so a crashed run never leaves its folder stuck; a second training
+  into a folder in use is refused with the holder's pid. The file stays (it is not the lock, the
+  flock on it is) and records the last holder.
+* **New runs start empty.** A new run (no ``--resume``) into a folder holding anything but the lock
+  file is refused: it would mix its metrics and checkpoints with the old ones, and a later
+  ``--resume`` would load the old checkpoint under the new config. ``--resume`` continues the run
+  in the folder; ``run.overwrite=true`` starts a new run there after moving everything the folder
+  held into a sibling folder ``<run dir>.replaced-<time>/`` (a rename: instant, on the same file
+  system, nothing deleted; delete that folder yourself when it is not needed).
+* **Writable.** A folder that cannot be created or written (read-only file system, permissions)
+  is a :class:`RunDirError` naming it, before any work.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Optional
+
+__all__ = ["LOCK_NAME", "RunDirError", "RunLock", "claim_run_dir"]
+
+LOCK_NAME = ".pcsd-lock"
+
+
+class RunDirError(ValueError):
+    """The run folder cannot be used (in use, holds another run, not writable); one line."""
+
+
+class RunLock:
+    """The lock on a run folder, held until :meth:`release` (or the process ends)."""
+
+    def __init__(self, run_dir: Path, fd: int) -> None:
+        self.run_dir, self._fd = run_dir, fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            import fcntl
+
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _holder(lock_path: Path) -> str:
+    """Who holds the lock, from what its holder wrote: ``pid N on HOST, since TIME``. A holder pid
+    that no longer runs on this host means a process it forked (e.g. a generation engine) lives on
+    with the lock's file description."""
+    try:
+        text = lock_path.read_text().strip()
+    except OSError:
+        return "another process"
+    if not text:
+        return "another process"
+    words = text.split()
+    if len(words) >= 4 and words[0] == "pid" and words[1].isdigit() and words[3].rstrip(",") == socket.gethostname():
+        try:
+            os.kill(int(words[1]), 0)
+        except ProcessLookupError:
+            return (f"{text}; that process has ended, but a process it started still holds the lock: "
+                    f"fuser -v {lock_path} names it")
+        except OSError:
+            pass
+    return text
+
+
+def _lock(run_dir: Path) -> RunLock:
+    import fcntl
+
+    path = run_dir / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise RunDirError(f"run.dir={run_dir}: cannot write there ({exc.strerror or exc})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise RunDirError(f"run.dir={run_dir} is in use by another training ({_holder(path)}); wait for it "
+                              f"to end, or choose another run.dir") from None
+        raise RunDirError(f"run.dir={run_dir}: cannot lock {path} ({exc.strerror or exc})") from None
+    try:  # who holds it, for the message a second training gets
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                  .encode(), 0)
+        os.fsync(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise RunDirError(f"run.dir={run_dir}: cannot write there ({exc.strerror or exc})") from None
+    return RunLock(run_dir, fd)
+
+
+def _contents(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_NAME)
+
+
+def _move_aside(run_dir: Path, names: list[str]) -> Path:
+    """Moves ``names`` (entries of ``run_dir``) into a new sibling ``<run dir>.replaced-<time>``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = run_dir.with_name(f"{run_dir.name}.replaced-{stamp}")
+    k = 1
+    while aside.exists():
+        k += 1
+        aside = run_dir.with_name(f"{run_dir.name}.replaced-{stamp}-{k}")
+    try:
+        aside.mkdir()
+        for name in names:
+            os.rename(run_dir / name, aside / name)
+    except OSError as exc:
+        raise RunDirError(f"run.overwrite=true: cannot move the old content of {run_dir} to {aside} "
+                          f"({exc.strerror or exc}); nothing of it was deleted") from None
+    return aside
+
+
+def claim_run_dir(run_dir: str | os.PathLike[str], *, resume: bool, overwrite: bool = False) -> tuple[RunLock, Optional[Path]]:
+    """Creates ``run_dir`` if needed, locks it and checks that this run may use it (see the module
+    docs). Returns the lock (hold it for the run's life) and, with ``overwrite`` on a folder that
+    held something, the folder its old content was moved to (else None).
+
+    Raises:
+        RunDirError: the folder cannot be created or written, is in use, or holds something and
+            neither ``resume`` nor ``overwrite`` is given; ``resume`` and ``overwrite`` together.
+    """
+    path = Path(run_dir)
+    if resume and overwrite:
+        raise RunDirError("run.overwrite=true starts a new run in the folder, --resume continues the run there: "
+                          "give one of them")
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"run.dir={path} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunDirError(f"run.dir={path}: cannot create it ({exc.strerror or exc})") from None
+    lock = _lock(path)
+    try:
+        held = _contents(path)
+        if resume or not held:
+            return lock, None
+        if not overwrite:
+            what = ("a run" if "config.yaml" in held else "files that are not a run")
+            shown = ", ".join(n + ("/" if (path / n).is_dir() else "") for n in held[:5]) + (", ..." if len(held) > 5
+                                                                                          else "")
+            raise RunDirError(f"run.dir={path} is not empty: it holds {what} ({shown}); continue a run with "
+                              f"--resume {path}, start over with run.overwrite=true (moves the old content "
+                              f"to a sibling folder), or choose another run.dir")
+        return lock, _move_aside(path, held)
+    except BaseException:
+        lock.release()
+        raise
