@@ -19,11 +19,11 @@ class ModelLoadError(ValueError):
     the message names the folder or file and what is wrong, in one line."""
 
 
-def check_model_dir(path: str | Path) -> Optional[str]:
+def check_model_dir(path: str | Path, weights: bool = True) -> Optional[str]:
     """What is wrong with a Hugging Face checkpoint folder, read without loading a tensor, or None:
-    ``config.json`` missing or not JSON, no weights, a weight file of the index missing, a
-    ``*.safetensors`` file shorter than its own header says (truncated) or with a header that is not
-    JSON. The message names the file."""
+    ``config.json`` missing or not JSON, no weights (with ``weights``; ``--plan`` needs only the
+    config), a weight file of the index missing, a ``*.safetensors`` file shorter than its own header
+    says (truncated) or with a header that is not JSON. The message names the file."""
     p = Path(path)
     cfg = p / "config.json"
     if not cfg.is_file():
@@ -43,7 +43,7 @@ def check_model_dir(path: str | Path) -> Optional[str]:
         if missing:
             return f"{index}: names weight files that are missing: {', '.join(missing[:4])}"
         files = [p / f for f in named]
-    if not files and not any(p.glob("*.bin")) and not any(p.glob("*.pt")):
+    if weights and not files and not any(p.glob("*.bin")) and not any(p.glob("*.pt")):
         return f"{p}: no weights (*.safetensors, *.bin) in the folder"
     for f in files:
         problem = _safetensors_problem(f)

@@ -145,8 +145,11 @@ def test_missing_alfworld_data_is_an_error(monkeypatch):
 
 
 def fake_checkpoint(d: Path, tokenizer: bool = False) -> Path:
+    from safetensors.torch import save_file
+
     d.mkdir(parents=True)
     (d / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(4)}, str(d / "model.safetensors"))
     if tokenizer:
         (d / "tokenizer.json").write_text("{}")
     return d
@@ -173,6 +176,13 @@ def test_resolve_model_from_a_checkpoint_or_a_run_dir(tmp_path):
         ev.resolve_model(fake_checkpoint(tmp_path / "notok"))
     with pytest.raises(ev.EvalError, match="neither a HF checkpoint"):
         ev.resolve_model(tmp_path)
+    weights = final / "model.safetensors"  # damaged: one line naming the file, before anything loads
+    weights.write_bytes(weights.read_bytes()[:-8])
+    with pytest.raises(ev.EvalError, match=f"{weights}: truncated"):
+        ev.resolve_model(run)
+    (final / "model.safetensors").unlink()
+    with pytest.raises(ev.EvalError, match="no weights"):
+        ev.resolve_model(final)
 
 
 def cli(tiny, tmp_path, *extra):

@@ -473,7 +473,7 @@ def _validate_run_inputs(cfg: DictConfig) -> None:
         raise ConfigError(f"rollout.tasks_per_step x rollout.group_size = {envs} envs per rank, more than the env "
                           f"pool holds ({MAX_ENVS}); lower rollout.tasks_per_step or rollout.group_size")
     if cfg.model.path is not None and Path(cfg.model.path).is_dir() and (Path(cfg.model.path) / "config.json").is_file():
-        problem = check_model_dir(cfg.model.path)
+        problem = check_model_dir(cfg.model.path, weights=False)  # no weights: --plan needs none, a run's load says so
         if problem:
             raise ConfigError(f"model.path: {problem}")
         if (Path(cfg.model.path) / "tokenizer.json").is_file():
