@@ -141,6 +141,20 @@ def test_seed_is_deterministic_and_envs_do_not_share_random() -> None:
     alone = [episode(TextArenaEnv("2048-v0-super-easy"), s) for s in (5, 6)]
     assert alone[0] != alone[1]
     assert alone[0] == episode(TextArenaEnv("2048-v0-super-easy"), 5)
+    # the reference: TextArena alone on the global `random`, the same seed -> the same boards
+    import copy
+
+    import textarena as ta
+
+    raw, env = ta.make("2048-v0-super-easy-raw"), TextArenaEnv("2048-v0-super-easy")
+    raw.reset(num_players=1, seed=5)
+    env.reset(seed=5)
+    boards = [[copy.deepcopy(g.state.game_state["board"]) for g in (raw, env._game)]]
+    for m in moves:
+        raw.step(m)
+        env.step(m)
+        boards.append([copy.deepcopy(g.state.game_state["board"]) for g in (raw, env._game)])
+    assert all(mine == theirs for theirs, mine in boards) and boards[0][0] != boards[-1][0]
     a, b = TextArenaEnv("2048-v0-super-easy"), TextArenaEnv("2048-v0-super-easy")
     random.seed(123)
     before = random.getstate()
