@@ -246,3 +246,40 @@ def test_missing_package_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
             make("http://127.0.0.1:1")
         msg = one_line(e)
         assert "'websockets' package" in msg and "pcsd[openenv]" in msg
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_started_server_ends_with_its_parent(child_env: dict[str, str], tmp_path: Path) -> None:
+    """A process that started a server and is killed (no atexit, no stop()) leaves nothing behind:
+    the server notices its parent is gone and exits."""
+    import subprocess
+    import time
+
+    script = ("import sys, time\nfrom pcsd.envs.openenv import OpenEnvServer\n"
+              f"s = OpenEnvServer('health_only:app', app_dir={FIXTURES!r}).start()\n"
+              "print(s.process.pid, flush=True)\ntime.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=child_env,
+                              cwd=tmp_path)
+    server_pid = 0
+    try:
+        server_pid = int(parent.stdout.readline())
+        assert running(server_pid)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while running(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not running(server_pid), f"the server (pid {server_pid}) outlived its parent by 10 s"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        if server_pid and running(server_pid):
+            os.kill(server_pid, signal.SIGKILL)
