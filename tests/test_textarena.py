@@ -157,19 +157,20 @@ def test_seed_is_deterministic_and_envs_do_not_share_random() -> None:
     assert all(mine == theirs for theirs, mine in boards) and boards[0][0] != boards[-1][0]
     a, b = TextArenaEnv("2048-v0-super-easy"), TextArenaEnv("2048-v0-super-easy")
     random.seed(123)
-    before = random.getstate()
     ra, rb = [a.reset(seed=5)], [b.reset(seed=6)]
     for m in moves:
         ra.append(a.step(m))
         random.random()  # the caller draws too
         rb.append(b.step(m))
     assert [ra, rb] == alone
-    random.setstate(before)
-    random.random()
-    expected = random.getstate()
-    random.setstate(before)
-    random.random()
-    assert random.getstate() == expected
+    after = random.getstate()
+    random.seed(123)
+    for _ in moves:
+        random.random()
+    assert random.getstate() == after  # the envs drew nothing from the caller's `random`
+    check("2048-v0-super-easy")  # nor does check's trial reset
+    TextArenaEnv("2048-v0-super-easy").reset(seed=1)
+    assert random.getstate() == after
 
 
 # --- TowerOfHanoi -----------------------------------------------------------------------------------
@@ -276,6 +277,12 @@ def test_unknown_game_id() -> None:
     with pytest.raises(TypeError) as e:
         check("")
     one_line(e)
+
+
+def test_bad_game_kwargs() -> None:
+    with pytest.raises(ValueError) as e:
+        TextArenaEnv("GuessTheNumber-v0", max_numbr=50)
+    assert "cannot be made here: TypeError:" in one_line(e) and "'max_numbr'" in str(e.value)
 
 
 def test_game_that_cannot_start_here(monkeypatch: pytest.MonkeyPatch) -> None:

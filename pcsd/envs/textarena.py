@@ -67,6 +67,23 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _RANDOM_FUNCS = tuple(n for n in dir(random) if getattr(getattr(random, n), "__self__", None) is random.random.__self__)
 
 
+def _random_methods(rng: random.Random) -> list[tuple[str, Any]]:
+    return [(name, getattr(rng, name)) for name in _RANDOM_FUNCS]
+
+
+def _with_random(methods: list[tuple[str, Any]], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn`` with a ``Random``'s methods (:func:`_random_methods`) behind the ``random`` module's
+    functions."""
+    outer = [(name, getattr(random, name)) for name, _ in methods]
+    for name, method in methods:
+        setattr(random, name, method)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        for name, function in outer:
+            setattr(random, name, function)
+
+
 def _textarena() -> Any:
     try:
         import textarena
@@ -177,16 +194,14 @@ def _open(env_id: Any, kwargs: Mapping[str, Any]) -> tuple[Any, Any, Any]:
         raise ValueError(f"env_id {env_id!r}: the TextArena game cannot be made here: {type(e).__name__}: "
                          f"{_one_line(str(e))}") from None
     why = None
-    outer = random.getstate()
+    own = _random_methods(random.Random())  # the caller's `random` stays as it is
     try:
-        game.reset(num_players=1, seed=0)
+        _with_random(own, game.reset, num_players=1, seed=0)
     except Exception as e:
-        why = _player_count_error(ta, env_id, kwargs)
+        why = _with_random(own, _player_count_error, ta, env_id, kwargs)
         if why is None:
             raise ValueError(f"env_id {env_id!r}: the TextArena game cannot start here: {type(e).__name__}: "
                              f"{_one_line(str(e))}") from None
-    finally:
-        random.setstate(outer)
     if why is None and not isinstance(game.state, ta.SinglePlayerState):
         why = f"not a single-player game (its state is a {type(game.state).__name__})"
     if why is not None:
@@ -218,8 +233,7 @@ class TextArenaEnv:
         self._ta = ta
         self._env = env  # the id's wrappers: actions go through them
         self._game = game  # the bare game: its raw messages, state and outcome
-        rng = random.Random()  # this env's `random` (seeded by the game's reset)
-        self._random = [(name, getattr(rng, name)) for name in _RANDOM_FUNCS]
+        self._random = _random_methods(random.Random())  # this env's `random` (seeded by the game's reset)
         self._live = False
         expert = EXPERTS.get(type(game).__name__)
         if expert is not None:
@@ -227,17 +241,6 @@ class TextArenaEnv:
 
     def __repr__(self) -> str:
         return f"TextArenaEnv({self.env_id!r})"
-
-    def _own_random(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn`` with this env's ``Random`` behind the ``random`` module's functions."""
-        outer = [(name, getattr(random, name)) for name, _ in self._random]
-        for name, method in self._random:
-            setattr(random, name, method)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            for name, function in outer:
-                setattr(random, name, function)
 
     def _messages(self) -> list[tuple[int, str, Any]]:
         _, messages = self._game.get_observation()
@@ -250,7 +253,7 @@ class TextArenaEnv:
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
         if options:
             raise ValueError(f"options: TextArena games take no reset options, got {sorted(options)}")
-        self._own_random(self._env.reset, num_players=1, seed=seed)
+        _with_random(self._random, self._env.reset, num_players=1, seed=seed)
         messages = self._messages()
         prompt_type = self._ta.ObservationType.PROMPT
         task = "\n".join(text for _, text, kind in messages if kind == prompt_type)
@@ -267,7 +270,7 @@ class TextArenaEnv:
         if not self._live:
             raise RuntimeError(f"{self.env_id}: step() before reset() or after the game ended; call reset()")
         errors_before = self._game.state.error_count
-        done, _ = self._own_random(self._env.step, action)
+        done, _ = _with_random(self._random, self._env.step, action)
         obs = self._text(self._messages())
         info: dict[str, Any] = {"task_type": self.env_id}
         if not done:
