@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
 import socket
-import subprocess
 import sys
 import zipfile
 from pathlib import Path

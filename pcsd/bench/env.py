@@ -440,7 +440,7 @@ HELP = "native env pool vs the real alfworld engine (alone and in a process pool
 #: sizes: (full, --quick, --tiny); --tiny is for the tests (seconds)
 DEFAULTS: dict[str, tuple] = dict(sizes=([128, 1024, 4096], [128, 1024], [16]), repeats=(5, 3, 2), games=(64, 16, 2),
                 real_games=(4, 2, 1), stream_len=(10, 10, 3), mp_envs=(16, 4, 2),
-                webshop_products=([100_000, 1_181_436], [20_000], [2_000]))
+                webshop_products=([100_000], [20_000], [2_000]))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -460,7 +460,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-real", action="store_true", help="skip the real alfworld engine (alone and mp pool)")
     p.add_argument("--webshop", help="WebShop data folder (default $WEBSHOP_DATA): adds the WebShop rows")
     p.add_argument("--webshop-products", type=pos_int, nargs="+",
-                   help="products in the synthetic WebShop scale rows (the full catalogue: 1181436)")
+                   help="products in the synthetic WebShop scale rows (the full catalogue, 1181436: "
+                        "benchmarks/webshop_catalogue.py)")
 
 
 run = cmd_env

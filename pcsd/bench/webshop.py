@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import random
 import statistics
 import tempfile
 import time

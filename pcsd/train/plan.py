@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 GiB = 1024 ** 3
