@@ -197,9 +197,9 @@ class VLLMBackend(GenerationBackend):
     def __init__(self, model_path: str | Path, *, dtype: str = "auto", seed: int = 0,
                  max_model_len: int = 4096, kv_cache_bytes: Optional[int] = None,
                  gpu_memory_utilization: float = 0.4, enable_sleep: Optional[bool] = None, **_: Any):
-        path = Path(model_path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"model path {path} has no config.json (not a HF checkpoint)")
+        from pcsd.models import resolve_model_path
+
+        path = resolve_model_path(model_path, "model_path")  # a folder, or a model id's local snapshot
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         try:

@@ -507,9 +507,10 @@ def _validate_ranges(cfg: DictConfig) -> None:
     problem = precision.check(cfg)
     if problem:
         raise ConfigError(problem)
-    if cfg.model.path is not None:
-        p = Path(cfg.model.path)
-        if not (p / "config.json").is_file():
-            what = "no such folder" if not p.exists() else "no config.json there"
-            raise ConfigError(f"model.path={p}: {what} (expected a Hugging Face checkpoint directory holding "
-                              f"config.json, e.g. a local copy of Qwen/Qwen2.5-3B-Instruct)")
+    if cfg.model.path is not None:  # a checkpoint folder, or a Hugging Face model id (cached, or offline: must be)
+        from pcsd.models import ModelNotFound, check_model_spec
+
+        try:
+            check_model_spec(str(cfg.model.path))
+        except ModelNotFound as exc:
+            raise ConfigError(str(exc)) from None

@@ -35,7 +35,7 @@ from pcsd.envs.procedural import write_games
 from pcsd.eval.games import split_games
 from pcsd.eval.protocol import protocol_games, webshop_validation_goals
 from pcsd.eval.run import evaluate, render_table
-from pcsd.models import eos_id, load_model, resolve_device
+from pcsd.models import eos_id, load_model, resolve_device, resolve_model_path
 from pcsd.progress import ProgressReporter
 from pcsd.rollout.backends import make_backend, usable_backend
 from pcsd.rollout.loop import collect_rollouts
@@ -231,8 +231,12 @@ def load_student(job: Job) -> None:
                     100.0 * sum(ep.won for ep in job.teacher_episodes) / len(job.teacher_episodes))
         job.summary["sft_expert_success"] = 100.0 * sum(ep.won for ep in job.episodes) / len(job.episodes)
         job.summary["sft_expert_seconds"] = time.time() - t0
-    if cfg.model.path:
-        job.model_dir = Path(cfg.model.path)
+    if cfg.model.path:  # a folder, or a Hugging Face model id: its snapshot (rank 0 fetches it first)
+        if ctx.is_main:
+            job.model_dir = resolve_model_path(cfg.model.path)
+        dist_utils.barrier(ctx)
+        if not ctx.is_main:
+            job.model_dir = resolve_model_path(cfg.model.path, download=False)
     else:
         from pcsd.testing import make_tiny_model
 

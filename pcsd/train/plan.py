@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 GiB = 1024 ** 3
@@ -101,11 +100,15 @@ class Shape:
 
 
 def model_shape(cfg: Any) -> Shape:
-    """The shape of ``model.path`` (its config.json), or the preset's built-in shape."""
-    if cfg.model.path:
-        p = Path(cfg.model.path) / "config.json"
-        if not p.is_file():
-            raise PlanError(f"model.path={cfg.model.path}: no config.json there")
+    """The shape of ``model.path`` (its config.json: a folder's, or a model id's from the Hugging Face
+    cache or Hub), or the preset's built-in shape."""
+    if cfg.model.path:  # a folder, or a Hugging Face model id (its config.json alone is fetched)
+        from pcsd.models import ModelNotFound, model_config_file
+
+        try:
+            p = model_config_file(cfg.model.path)
+        except ModelNotFound as exc:
+            raise PlanError(str(exc)) from None
         return Shape.from_config(json.loads(p.read_text()), str(cfg.model.path))
     key = PRESET_SHAPES.get(cfg.preset)
     if key is None:
