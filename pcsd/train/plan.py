@@ -337,7 +337,7 @@ def _update_rows(s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str) -> li
     return rows
 
 
-def _hf_generation(s: Shape, cfg: Any, n: int) -> tuple[int, int, str]:
+def hf_generation_bytes(s: Shape, cfg: Any, n: int) -> tuple[int, int, str]:
     """(sequences per generate call, bytes, how) of the hf backend's generate (weights apart)."""
     m, r = cfg.model, cfg.rollout
     bc = _BYTES[m.compute_dtype]
@@ -403,7 +403,7 @@ def memory_plan(cfg: Any, world_size: int, device_bytes: int, shape: Optional[Sh
         else:
             rows.append(Row("hf generation: cast weights", P * bc if mixed else 0,
                             "autocast's cached casts" if mixed else "none (compute = param dtype)", "rollout"))
-        _, gen, how = _hf_generation(s, cfg, n)
+        _, gen, how = hf_generation_bytes(s, cfg, n)
         rows.append(Row("hf generation (KV, prefill, logits)", gen, how, "rollout"))
     rows += _update_rows(s, cfg, n, config_microbatch(cfg, varlen), backend)
     plan.rows = rows
