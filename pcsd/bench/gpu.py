@@ -50,6 +50,7 @@ import importlib.util
 import json
 import math
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -65,7 +66,8 @@ NAME = "gpu"
 HELP = "prove the GPU path: op, fused loss, update_step, a 3B-shaped update vs the plan, hf/vLLM generation, CUDA tests"
 DEFAULTS: dict[str, tuple] = {}  # shapes come from --small
 
-#: a Qwen2.5-3B-Instruct config.json's fields (the plan's built-in shape) and a small model of the same kind
+#: --small's model: Qwen2.5-3B's architecture (qwen2: q/k/v bias, tied embeddings) at a small size, as the
+#: config.json fields of pcsd.train.plan.BUILTIN_SHAPES (which gives the full-size one)
 SMALL_SHAPE = dict(model_type="qwen2", hidden_size=128, intermediate_size=352, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=4096,
                    tie_word_embeddings=True)  # head_dim 32: vLLM's CPU attention takes 32, not 16
@@ -109,7 +111,6 @@ class Ctx:
     small: bool
     out: Path
     root: Optional[Path]  # the repository (its tests/), when found
-    log: Callable[[str], None] = print
     cache: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -629,16 +630,12 @@ def part_cuda_tests(part: Part, ctx: Ctx) -> None:
     # -P: import the installed pcsd, not the source tree of the current folder
     cmd = [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "cuda", "-rs",
            str(ctx.root / "tests")]
-    res = subprocess.run(cmd, cwd=ctx.root, capture_output=True, text=True, timeout=420)
+    res = subprocess.run(cmd, cwd=ctx.root, capture_output=True, text=True, timeout=300)
     log.write_text(res.stdout + res.stderr)
     last = (res.stdout.strip().splitlines() or [""])[-1]
-    counts = {k: 0 for k in ("passed", "failed", "skipped", "error", "deselected")}
-    for piece in last.replace("=", " ").split(","):
-        words = piece.split()
-        for i, w in enumerate(words[1:], 1):
-            key = w.rstrip("s") if w.rstrip("s") in counts else w
-            if key in counts and words[i - 1].isdigit():
-                counts[key] = int(words[i - 1])
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "error": 0, "deselected": 0}
+    for num, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", last):
+        counts[word.rstrip("s") if word.startswith("error") else word] = int(num)
     part.add(command=" ".join(cmd), returncode=res.returncode, log=log.name, **counts)
     part.check("pytest -m cuda exits 0", res.returncode == 0, last)
     part.check("at least one CUDA test ran", counts["passed"] > 0, last)
@@ -689,7 +686,8 @@ def markdown(payload: dict) -> str:
             text += "; goal missed: " + "; ".join(missed)
         lines.append(f"| {p['name']} | {p['status']} | {p['seconds']:.1f} | {text.replace('|', '/')} |")
     s = payload["summary"]
-    lines += ["", f"{s['pass']} passed, {s['fail']} failed, {s['skipped']} skipped in {payload['seconds']:.0f} s"]
+    lines += ["", f"{s['pass']} passed, {s['fail']} failed, {s['skipped']} skipped in {payload['seconds']:.0f} s"
+              + (f"; not run (yet): {', '.join(payload['pending'])}" if payload["pending"] else "")]
     return "\n".join(lines) + "\n"
 
 
@@ -720,6 +718,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parts", nargs="+", choices=list(PARTS), help="run only these parts (default: all, in order)")
 
 
+def write(ctx: Ctx, info: dict, parts: list[Part], args: argparse.Namespace, t0: float, todo: list[str]) -> dict:
+    """``gpu.json`` and ``gpu.md`` as they stand (written after every part: a run stopped by a
+    time limit keeps what it measured; ``pending`` names the parts not run yet)."""
+    summary = {k: sum(p.status == k for p in parts) for k in ("pass", "fail", "skipped")}
+    payload = dict(benchmark="gpu", device=ctx.device.type, small=ctx.small, seconds=time.perf_counter() - t0,
+                   machine=info, summary=summary, parts=[vars(p) for p in parts], pending=todo,
+                   args={k: v for k, v in vars(args).items() if k != "func"})
+    (ctx.out / "gpu.json").write_text(json.dumps(payload, indent=2, default=str))
+    (ctx.out / "gpu.md").write_text(markdown(payload))
+    return payload
+
+
 def run(args: argparse.Namespace) -> dict:
     small = bool(args.small or args.quick or args.tiny)
     ctx = Ctx(resolve_device(args.device), small, Path(args.out), repo_root())
@@ -729,23 +739,20 @@ def run(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     info = machine()
     print(f"[gpu] {info['line']}; device {ctx.device}{', small shapes' if small else ''}", flush=True)
-    parts = []
-    for name in args.parts or list(PARTS):
+    names = list(args.parts or PARTS)
+    parts: list[Part] = []
+    write(ctx, info, parts, args, t0, names)
+    for i, name in enumerate(names):
         print(f"[gpu] {name} ...", flush=True)
         part = run_part(name, ctx)
         parts.append(part)
         print(f"[gpu] {name}: {part.status} in {part.seconds:.1f} s: {part.summary if part.status == 'pass' else part.reason}",
               flush=True)
+        write(ctx, info, parts, args, t0, names[i + 1:])
     ctx.cache.clear()
     _free()
-    summary = {k: sum(p.status == k for p in parts) for k in ("pass", "fail", "skipped")}
-    payload = dict(benchmark="gpu", device=ctx.device.type, small=small, seconds=time.perf_counter() - t0,
-                   machine=info, summary=summary, parts=[vars(p) for p in parts],
-                   args={k: v for k, v in vars(args).items() if k != "func"})
-    (ctx.out / "gpu.json").write_text(json.dumps(payload, indent=2, default=str))
-    md = markdown(payload)
-    (ctx.out / "gpu.md").write_text(md)
-    print(md)
-    if summary["fail"]:
-        raise SystemExit(f"{summary['fail']} part(s) failed: see {ctx.out / 'gpu.json'}")
+    payload = write(ctx, info, parts, args, t0, [])
+    print(markdown(payload))
+    if payload["summary"]["fail"]:
+        raise SystemExit(f"{payload['summary']['fail']} part(s) failed: see {ctx.out / 'gpu.json'}")
     return payload
