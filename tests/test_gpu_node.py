@@ -44,12 +44,26 @@ def cargo_built_library() -> Path:
     return Path(info["path"])
 
 
+RUST_TOOLS = {"cargo", "rustc", "rustup", "rustdoc", "cargo-clippy", "cargo-fmt"}
+
+
 def no_cargo_env(tmp: Path) -> dict[str, str]:
-    """This environment with cargo out of reach: PATH without any folder holding cargo, CARGO_HOME,
-    RUSTUP_HOME and HOME in empty folders."""
+    """This environment with cargo out of reach: on PATH, a folder holding cargo is replaced by a
+    folder of links to its other programs (cargo may live in /usr/bin beside the compiler);
+    CARGO_HOME, RUSTUP_HOME and HOME point to empty folders."""
     env = dict(os.environ)
-    env["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep)
-                                  if d and not (Path(d) / "cargo").exists())
+    dirs = []
+    for i, d in enumerate(p for p in env.get("PATH", "").split(os.pathsep) if p):
+        if not (Path(d) / "cargo").exists():
+            dirs.append(d)
+            continue
+        farm = tmp / f"path-{i}"
+        farm.mkdir(parents=True, exist_ok=True)
+        for prog in Path(d).iterdir():
+            if prog.name not in RUST_TOOLS and not (farm / prog.name).exists():
+                (farm / prog.name).symlink_to(prog)
+        dirs.append(str(farm))
+    env["PATH"] = os.pathsep.join(dirs)
     for key in ("HOME", "CARGO_HOME", "RUSTUP_HOME"):
         env[key] = str(tmp / key.lower())
         Path(env[key]).mkdir(parents=True, exist_ok=True)

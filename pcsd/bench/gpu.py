@@ -129,7 +129,8 @@ def machine() -> dict[str, Any]:
     from pcsd.bench.common import machine_line
 
     info: dict[str, Any] = dict(line=machine_line(), python=platform.python_version(), platform=platform.platform(),
-                                torch=torch.__version__, cuda=torch.version.cuda, cuda_available=torch.cuda.is_available())
+                                torch=torch.__version__, cuda=torch.version.cuda,
+                                cuda_available=torch.cuda.is_available())
     for key, dist in (("transformers", "transformers"), ("vllm", "vllm"), ("flash_attn", "flash-attn"),
                       ("numpy", "numpy")):
         info[key] = _dist_version(dist) if importlib.util.find_spec(key) else None
@@ -245,10 +246,11 @@ def part_op(part: Part, ctx: Ctx) -> None:
         if not hasattr(_native.kernels(), "pcsd_weights_cuda"):
             part.check("pcsd._C has CUDA kernels", False, f"built without them: {_native.kernels().build_info()}")
             return
-        level, impl, ref, what = ("quick" if ctx.small else "full"), op_cases.run_cuda, op_cases.run_cpu, "CUDA vs CPU kernel"
+        level, what = ("quick" if ctx.small else "full"), "CUDA vs CPU kernel"
+        impl, ref = op_cases.run_cuda, op_cases.run_cpu
     else:
-        level, impl, ref, what = "small" if ctx.small else "quick", op_cases.run_cpu, op_cases.run_reference, \
-            "CPU kernel vs torch reference (float64)"
+        level, what = ("small" if ctx.small else "quick"), "CPU kernel vs torch reference (float64)"
+        impl, ref = op_cases.run_cpu, op_cases.run_reference
     n, errs = op_cases.correctness(level, impl, ref, log=None)
     part.check(f"{what}: {n} cases of tools/cuda_selftest.py ({level})", not errs, "; ".join(errs[:5]))
     tokens = 1_000_000 if ctx.small else 10_000_000
@@ -338,7 +340,8 @@ def part_fused(part: Part, ctx: Ctx) -> None:
         mem = (f"; peak {part.figures['fused_bf16_peak_allocated_GiB']:.2f} vs "
                f"{part.figures['reference_bf16_peak_allocated_GiB']:.2f} GiB")
     part.summary = (f"{n} tokens x V {vocab:,}: grad_weight error {errs['grad_weight']['fused_bf16']:.1e} "
-                    f"(plain bf16 {errs['grad_weight']['plain_bf16']:.1e}); fused {speed:.2f}x the full-logits speed{mem}")
+                    f"(plain bf16 {errs['grad_weight']['plain_bf16']:.1e}); fused {speed:.2f}x the full-logits "
+                    f"speed{mem}")
 
 
 # ----------------------------------------------------------------------------- update_step: device vs CPU
@@ -415,8 +418,8 @@ def part_paper_update(part: Part, ctx: Ctx) -> None:
     varlen = uses_varlen_attention(student)
     shape = Shape.from_config(conf, "qwen2.5-3b" if not ctx.small else "small qwen2")
     tokens = sum(len(p) + len(r) for p, r in zip(rb.prompt_ids, rb.response_ids))
-    part.add(rows=rb.num_rows, tokens=tokens, response_tokens=rb.num_tokens(), attention="varlen" if varlen else "padded",
-             parameters=shape.params(), tokens_per_microbatch=cfg.optim.tokens_per_microbatch)
+    part.add(rows=rb.num_rows, tokens=tokens, response_tokens=rb.num_tokens(),
+             attention="varlen" if varlen else "padded", parameters=shape.params(), tokens_per_microbatch=cfg.optim.tokens_per_microbatch)
     try:
         update_step(student, frozen, opt, rb, cfg, step=0)  # the first: AdamW allocates its state
         sides = {}
@@ -746,8 +749,8 @@ def run(args: argparse.Namespace) -> dict:
         print(f"[gpu] {name} ...", flush=True)
         part = run_part(name, ctx)
         parts.append(part)
-        print(f"[gpu] {name}: {part.status} in {part.seconds:.1f} s: {part.summary if part.status == 'pass' else part.reason}",
-              flush=True)
+        said = part.summary if part.status == "pass" else part.reason
+        print(f"[gpu] {name}: {part.status} in {part.seconds:.1f} s: {said}", flush=True)
         write(ctx, info, parts, args, t0, names[i + 1:])
     ctx.cache.clear()
     _free()
