@@ -201,6 +201,10 @@ def shape_conf(ctx: Ctx) -> dict[str, Any]:
     return SMALL_SHAPE if ctx.small else BUILTIN_SHAPES["qwen2.5-3b"]
 
 
+def shape_name(ctx: Ctx) -> str:
+    return "small qwen2" if ctx.small else "qwen2.5-3b"
+
+
 def student_model(ctx: Ctx):
     """The randomly initialised Qwen2.5-3B-shaped (``--small``: small) student in fp32 on the
     device, made once and shared by the parts that need it. The final norm's weight is scaled by
@@ -416,7 +420,7 @@ def part_paper_update(part: Part, ctx: Ctx) -> None:
     student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     opt = torch.optim.AdamW(student.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     varlen = uses_varlen_attention(student)
-    shape = Shape.from_config(conf, "qwen2.5-3b" if not ctx.small else "small qwen2")
+    shape = Shape.from_config(conf, shape_name(ctx))
     tokens = sum(len(p) + len(r) for p, r in zip(rb.prompt_ids, rb.response_ids))
     part.add(rows=rb.num_rows, tokens=tokens, response_tokens=rb.num_tokens(),
              attention="varlen" if varlen else "padded", parameters=shape.params(), tokens_per_microbatch=cfg.optim.tokens_per_microbatch)
@@ -512,7 +516,7 @@ def part_hf_generation(part: Part, ctx: Ctx) -> None:
              tokens_per_s=gen_tokens / secs, mean_abs_logprob_diff=gap, max_abs_logprob_diff=float(
                  (behaviour - bf16).abs().max()), bf16_vs_fp32_mean_abs=noise, **mem)
     if ctx.cuda:
-        shape = Shape.from_config(conf, "qwen2.5-3b")
+        shape = Shape.from_config(conf, shape_name(ctx))
         _, gen, how = hf_generation_bytes(shape, cfg, 1)
         P = shape.params()
         predicted = P * 4 + P * 2 + gen  # fp32 weights + autocast's casts + KV, prefill and logits
