@@ -135,8 +135,8 @@ def _is_oom(exc: BaseException) -> bool:
 #: generation_config.json may set e.g. ``repetition_penalty``, which transformers would apply):
 #: the processors that run are :class:`_SampledLogprobs` and then temperature and top-p, so tokens
 #: are drawn from the distribution whose raw log-probs are recorded, as vLLM does.
-_RAW_DISTRIBUTION = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, min_length=0, min_new_tokens=0,
-                         renormalize_logits=False, remove_invalid_values=False)
+_RAW_DISTRIBUTION = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, min_length=0, renormalize_logits=False,
+                         remove_invalid_values=False)
 
 
 class _SampledLogprobs:
