@@ -158,12 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, PlanError) as exc:
         print(f"pcsd.train: {exc}", file=sys.stderr)
         return 2
-    from pcsd.models import ModelLoadError
+    from pcsd.models import ModelLoadError, ModelNotFound
     from pcsd.train import distributed as dist_utils
     from pcsd.train.checkpoint import CheckpointError
 
     # errors of the user's input or files, reported in one line (exit status 2)
-    user_errors = (ConfigError, RunDirError, CheckpointError, ModelLoadError)
+    user_errors = (ConfigError, RunDirError, CheckpointError, ModelLoadError, ModelNotFound)
     ctx = dist_utils.init_distributed(device=cfg.run.device)
     lock = None
     run_dir = None
@@ -188,11 +188,16 @@ def main(argv: list[str] | None = None) -> int:
         if ctx.is_main:
             print(f"[pcsd] run directory: {run_dir}")
         from pcsd import native_info
+        from pcsd.rollout.backends import UnsupportedVLLM
         from pcsd.train.job import train
 
         if ctx.is_main:
             print(f"[pcsd] native modules: {json.dumps(native_info())}")
-        summary = train(cfg, run_dir, ctx)
+        try:
+            summary = train(cfg, run_dir, ctx)
+        except UnsupportedVLLM as exc:  # the installed vLLM, not the run, is at fault: one line
+            print(f"pcsd.train: {exc}", file=sys.stderr)
+            return 2
         summary.setdefault("wall_seconds", time.time() - t0)
         if ctx.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

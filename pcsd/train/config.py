@@ -94,6 +94,7 @@ class RolloutConfig:
     top_p: float = 1.0
     invalid_action_penalty: float = 0.0
     gpu_memory_utilization: float = 0.4  # vLLM's share of each GPU (its weights + KV cache); see --plan
+    sync_bucket_mb: float = 512.0  # the weight sync to the generation engine streams buckets of at most this many MiB
 
 
 @dataclass
@@ -253,7 +254,7 @@ RESUME_MUTABLE = ("run.resume", "run.dir", "run.save_every", "run.keep_last", "r
                   "run.log_every", "run.record_gaps", "env.num_threads", "run.overwrite")
 
 # a resumed run may continue on another machine, where vLLM's share of each GPU differs
-RESUME_MUTABLE += ("rollout.gpu_memory_utilization",)
+RESUME_MUTABLE += ("rollout.gpu_memory_utilization", "rollout.sync_bucket_mb")
 
 
 def _cli_value(overrides: list[str], key: str) -> Optional[str]:
@@ -407,7 +408,7 @@ def _validate(cfg: DictConfig) -> None:
                                   f"or set algo.pcsd.{k}={v}")
     positive = ["rollout.tasks_per_step", "rollout.group_size", "rollout.max_prompt_tokens",
                 "rollout.max_response_tokens", "env.max_steps", "optim.tokens_per_microbatch",
-                "optim.ppo_epochs", "optim.sft_batch_size"]
+                "optim.ppo_epochs", "optim.sft_batch_size", "rollout.sync_bucket_mb"]
     for key in positive:
         if OmegaConf.select(cfg, key) <= 0:
             raise ConfigError(f"{key} must be > 0, got {OmegaConf.select(cfg, key)}")
@@ -472,21 +473,41 @@ def _validate_run_inputs(cfg: DictConfig) -> None:
     if envs > MAX_ENVS:
         raise ConfigError(f"rollout.tasks_per_step x rollout.group_size = {envs} envs per rank, more than the env "
                           f"pool holds ({MAX_ENVS}); lower rollout.tasks_per_step or rollout.group_size")
-    if cfg.model.path is not None and Path(cfg.model.path).is_dir() and (Path(cfg.model.path) / "config.json").is_file():
-        problem = check_model_dir(cfg.model.path, weights=False)  # no weights: --plan needs none, a run's load says so
+    folder = _model_folder_now(cfg.model.path)
+    if folder is not None:
+        problem = check_model_dir(folder, weights=False)  # no weights: --plan needs none, a run's load says so
         if problem:
             raise ConfigError(f"model.path: {problem}")
-        if (Path(cfg.model.path) / "tokenizer.json").is_file():
+        if (folder / "tokenizer.json").is_file():
             from pcsd.text.prompts import PromptBuilder
 
             try:
                 builder = PromptBuilder(cfg.env.name, history_length=0, max_prompt_tokens=None,
-                                        tokenizer_dir=cfg.model.path, enable_thinking=cfg.model.enable_thinking)
+                                        tokenizer_dir=str(folder), enable_thinking=cfg.model.enable_thinking)
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"model.path={cfg.model.path}: its tokenizer does not load ({exc})") from None
             problem = prompt_budget_problem(builder, cfg.rollout.max_prompt_tokens)
             if problem:
                 raise ConfigError(problem)
+
+
+def _model_folder_now(path) -> Optional[Path]:
+    """The folder ``model.path`` names that can be read now without a download: a checkpoint
+    folder with ``config.json``, or a Hugging Face model id's snapshot already in the cache; else
+    None (the id's own check, :func:`pcsd.models.check_model_spec`, and the load say what is wrong)."""
+    from pcsd.models import ModelNotFound, is_model_id, resolve_model_path
+
+    if path is None:
+        return None
+    p = Path(str(path)).expanduser()
+    if p.is_dir() and (p / "config.json").is_file():
+        return p
+    if not is_model_id(str(path)):
+        return None
+    try:
+        return resolve_model_path(str(path), download=False)
+    except ModelNotFound:
+        return None
 
 
 def prompt_budget_problem(builder, max_prompt_tokens: int, key: str = "rollout.max_prompt_tokens") -> Optional[str]:
@@ -580,9 +601,10 @@ def _validate_ranges(cfg: DictConfig) -> None:
     problem = precision.check(cfg)
     if problem:
         raise ConfigError(problem)
-    if cfg.model.path is not None:
-        p = Path(cfg.model.path)
-        if not (p / "config.json").is_file():
-            what = "no such folder" if not p.exists() else "no config.json there"
-            raise ConfigError(f"model.path={p}: {what} (expected a Hugging Face checkpoint directory holding "
-                              f"config.json, e.g. a local copy of Qwen/Qwen2.5-3B-Instruct)")
+    if cfg.model.path is not None:  # a checkpoint folder, or a Hugging Face model id (cached, or offline: must be)
+        from pcsd.models import ModelNotFound, check_model_spec
+
+        try:
+            check_model_spec(str(cfg.model.path))
+        except ModelNotFound as exc:
+            raise ConfigError(str(exc)) from None
