@@ -471,6 +471,27 @@ def test_train_config_and_plan_take_a_model_id(hub, tmp_path, monkeypatch):
         load_config(["preset=alfworld-qwen2.5-3b", "model.path=pcsd-test/absent"])
 
 
+def test_a_cached_model_id_is_checked_as_a_folder_is(hub, tmp_path, monkeypatch):
+    """A model id already in the cache is read at config read as a folder is (the prompt budget
+    against its template), and a damaged snapshot is one line naming the file when it loads."""
+    import torch
+
+    from pcsd.models import ModelLoadError, load_model, resolve_model_path
+    from pcsd.train.config import ConfigError, load_config
+
+    load_config(["model.path=pcsd-test/tiny", "rollout.max_prompt_tokens=16"])  # not cached: the load checks it
+    snap = resolve_model_path("pcsd-test/tiny")
+    with pytest.raises(ConfigError, match=r"^rollout\.max_prompt_tokens=16 cannot hold a single prompt"):
+        load_config(["model.path=pcsd-test/tiny", "rollout.max_prompt_tokens=16"])
+    weights = snap / "model.safetensors"  # a link into the cache's blobs: the blob is cut
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size - 100)
+    with pytest.raises(ConfigError, match=f"^model.path: {weights}: truncated"):
+        load_config(["model.path=pcsd-test/tiny"])
+    with pytest.raises(ModelLoadError, match=f"^{weights}: truncated"):
+        load_model("pcsd-test/tiny", torch.device("cpu"))
+
+
 # ----------------------------------------------------------------------------- the README's commands
 def readme_first_run() -> list[str]:
     text = (REPO / "README.md").read_text()
