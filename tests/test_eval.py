@@ -176,6 +176,13 @@ def test_resolve_model_from_a_checkpoint_or_a_run_dir(tmp_path):
         ev.resolve_model(fake_checkpoint(tmp_path / "notok"))
     with pytest.raises(ev.EvalError, match="neither a HF checkpoint"):
         ev.resolve_model(tmp_path)
+    warm = tmp_path / "warm"  # a run stopped after its warm-up: no RL model yet, the message names sft-model
+    warm.mkdir()
+    (warm / "config.yaml").write_text("rule: pcsd\nmodel: {path: null}\n")
+    fake_checkpoint(warm / "sft-model", tokenizer=True)
+    with pytest.raises(ev.EvalError, match=f"without final-model/ or any checkpoint \\(its warm-up's model: "
+                                           f"--model {warm / 'sft-model'}\\)$"):
+        ev.resolve_model(warm)
     weights = final / "model.safetensors"  # damaged: one line naming the file, before anything loads
     weights.write_bytes(weights.read_bytes()[:-8])
     with pytest.raises(ev.EvalError, match=f"{weights}: truncated"):

@@ -110,7 +110,9 @@ def resolve_model(path: str | os.PathLike[str]) -> tuple[Path, Path, Optional[Pa
             skip = {"base-model", "sft-model"}
             cands = [c.parent for c in p.rglob("config.json") if c.parent.name not in skip]
             if not cands:
-                raise EvalError(f"model={str(p)!r}: a run directory without final-model/ or any checkpoint")
+                warm = (f" (its warm-up's model: --model {p / 'sft-model'})"
+                        if (p / "sft-model" / "config.json").is_file() else "")
+                raise EvalError(f"model={str(p)!r}: a run directory without final-model/ or any checkpoint{warm}")
             model_dir = max(cands, key=lambda d: (_checkpoint_step(d, p), d.stat().st_mtime))
     else:
         raise EvalError(f"model={str(p)!r}: neither a HF checkpoint (config.json) nor a run directory (config.yaml)")
