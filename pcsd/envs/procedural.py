@@ -218,12 +218,12 @@ class ProceduralGames(Sequence[ProceduralGame]):
             raise TypeError(f"unknown knob(s) {sorted(unknown)}: expected receptacles, distractors, usual_place")
         if seed + max(count - 1, 0) >= 2**64:
             raise ValueError(f"seed={seed}: the last game's seed {seed + count - 1} is not below 2**64")
-        self.count, self.seed, self.knobs = count, seed, dict(knobs)
+        self._count, self.seed, self.knobs = count, seed, dict(knobs)
         if count:  # a bad knob is an error here, not when a game is first played
             self[0].text()
 
     def __len__(self) -> int:
-        return self.count
+        return self._count
 
     @overload
     def __getitem__(self, i: int) -> ProceduralGame: ...
@@ -232,10 +232,10 @@ class ProceduralGames(Sequence[ProceduralGame]):
 
     def __getitem__(self, i: int | slice) -> ProceduralGame | list[ProceduralGame]:
         if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(self.count))]
-        k = int(i) + self.count if int(i) < 0 else int(i)
-        if not 0 <= k < self.count:
-            raise IndexError(f"game index {i} out of range for {self.count} games")
+            return [self[k] for k in range(*i.indices(self._count))]
+        k = int(i) + self._count if int(i) < 0 else int(i)
+        if not 0 <= k < self._count:
+            raise IndexError(f"game index {i} out of range for {self._count} games")
         tt = self.task_types[k % len(self.task_types)]
         kw = dict(self.knobs)
         if self.rooms is not None:
@@ -243,7 +243,7 @@ class ProceduralGames(Sequence[ProceduralGame]):
         return ProceduralGame(f"{k:05d}-{tt}.tw-pddl", tt, self.seed + k, tuple(sorted(kw.items())))
 
     def __repr__(self) -> str:
-        return f"ProceduralGames(count={self.count}, seed={self.seed}, task_types={self.task_types})"
+        return f"ProceduralGames(count={self._count}, seed={self.seed}, task_types={self.task_types})"
 
 
 def write_games(out_dir: str | os.PathLike[str], count: int, seed: int,

@@ -204,8 +204,7 @@ def resume_point(job: Job) -> None:
     with a warning, :func:`pcsd.train.checkpoint.load_checkpoint`); without one, RL from step 0
     on the saved warm-up (``sft-model/``); without that either, the run starts over. Rank 0
     decides and checks the files; the other ranks load what it chose."""
-    from pcsd.train.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint,
-                                       load_model_dir_state)
+    from pcsd.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_model_dir_state
 
     ctx, run_dir = job.ctx, job.run_dir
     choice: dict[str, Any] = {"ckpt": None, "warmup": None}
