@@ -37,6 +37,7 @@ from torch import Tensor
 
 from pcsd.ops.kernels import pcsd_weights
 from pcsd.ops.losses import skill_sd_token_loss
+from pcsd.ops.segments import segment_sum
 
 __all__ = ["WeightRule", "register_rule", "get_rule", "available_rules", "rlsd_advantages"]
 
@@ -166,12 +167,13 @@ def _sdar_norm(gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor] = None, *
     if (cu.dim() != 1 or cu.numel() < 1 or int(cu[0]) != 0 or int(cu[-1]) != gap.numel()
             or bool((cu.diff() < 0).any())):
         raise ValueError(f"cu_seqlens must rise from 0 to T={gap.numel()}, got {cu.tolist()[:8]}")
-    # per-response sums from float64 prefix sums: deterministic on every device (no atomics)
-    zero = torch.zeros(1, dtype=torch.float64, device=g.device)
-    gs, ms = (torch.cat([zero, torch.cumsum(x.double(), 0)]) for x in (g, m))
-    gsum, cnt = gs[cu[1:]] - gs[cu[:-1]], ms[cu[1:]] - ms[cu[:-1]]
+    # per-response float64 sums, deterministic on every device (no atomics) and without the
+    # cancellation of prefix-sum differences (a response of tiny gates after large ones)
+    lens = cu.diff()
+    seg = torch.repeat_interleave(torch.arange(lens.numel(), device=g.device), lens, output_size=gap.numel())
+    gsum, cnt = (segment_sum(x.double(), seg, lens.numel()) for x in (g, m))
     mean = torch.where(cnt > 0, gsum / cnt.clamp_min(1.0), torch.ones_like(gsum))
-    return g / torch.repeat_interleave(mean, cu.diff(), output_size=gap.numel()).to(g.dtype)
+    return g / mean[seg].to(g.dtype)
 
 
 def rlsd_lambda(step: int, lam0: float = 0.5, decay_steps: int = 100) -> float:
