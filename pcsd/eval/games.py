@@ -17,7 +17,7 @@ PROCEDURAL_EVAL_SEED = 900_000
 DEFAULT_SEED = 12345
 
 #: method labels of the paper's rows, by weighting rule (GRPO + distillation presets)
-RULE_LABELS = {"pcsd": "PCSD", "uniform": "GRPO+OPSD", "sdar": "SDAR", "rlsd": "RLSD"}
+RULE_LABELS = {"pcsd": "PCSD", "uniform": "GRPO+OPSD", "sdar": "SDAR", "sdar-norm": "SDAR-norm", "rlsd": "RLSD"}
 
 
 class EvalError(ValueError):
