@@ -425,7 +425,7 @@ class EnvPool:
 
     def task_of(self, env_id: int) -> tuple[str, str]:
         """``(task_type, task description)`` of one env."""
-        return tuple(_call(self._pool.task_of, _env_ids([env_id], "env_id")[0], arg="env_id"))  # type: ignore[return-value]
+        return tuple(_call(self._pool.task_of, _env_ids([env_id], "env_id")[0], arg="env_id"))
 
     def close(self) -> None:
         """Stops the pool; requests not yet started are dropped. Later calls raise RuntimeError."""

@@ -106,7 +106,9 @@ def _pcsd_variant(name: str, doc: str, adaptive: bool = True, trend: bool = True
     unread = ({"tau_low", "tau_high"} if not adaptive else set()) | ({"gamma"} if not trend else set())
 
     def fn(gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor] = None, **p: Any) -> Tensor:
-        return pcsd_weights(gap, cu_seqlens, mask, adaptive=adaptive, trend=trend, **p)
+        w = pcsd_weights(gap, cu_seqlens, mask, adaptive=adaptive, trend=trend, **p)
+        assert isinstance(w, Tensor)  # the weights alone (return_stats is not a rule parameter)
+        return w
 
     defaults = {k: v for k, v in {**_PCSD_DEFAULTS, **pins}.items() if k not in unread}
     register_rule(name, "weights", doc, pins=pins, **defaults)(fn)
