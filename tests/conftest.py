@@ -61,6 +61,11 @@ def real_alfworld() -> None:
 
 
 @pytest.fixture(scope="session")
+def gymnasium_available() -> None:
+    _need_module("gymnasium", "Gymnasium text environment test")
+
+
+@pytest.fixture(scope="session")
 def vllm_available() -> None:
     _need_module("vllm", "vLLM backend test")
 

@@ -114,3 +114,9 @@ class NeedsArg:
 
 def not_a_class():
     raise ValueError("cannot build this one")
+
+
+class NoExpert(Counter):
+    """No expert_action: the trainer skips the warm-up with a message."""
+
+    expert_action = None

@@ -25,7 +25,8 @@ are text (``gymnasium.spaces.Text``) follows the protocol as it is.
 or ``env.id=<Gymnasium id>``, with ``env.kwargs``) and builds it; it is what worker processes
 receive (:mod:`pcsd.envs.pypool`). :func:`read_reset` / :func:`read_step` check one call's result
 against the protocol and keep what pcsd reads (:class:`Observation`), with one-line messages naming
-what is wrong (:class:`ProtocolError`).
+what is wrong (:class:`ProtocolError`); :func:`check_reset` / :func:`check_step` are the same checks
+returning plain tuples (the worker processes' fast path).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-__all__ = ["EnvBuildError", "EnvFactory", "INFO_KEYS", "Observation", "ProtocolError", "load_entry_point",
-           "read_reset", "read_step"]
+__all__ = ["EnvBuildError", "EnvFactory", "INFO_KEYS", "Observation", "ProtocolError", "check_reset", "check_step",
+           "load_entry_point", "read_reset", "read_step"]
 
 #: the ``info`` keys pcsd reads
 INFO_KEYS = ("task", "admissible_actions", "won", "task_type")
@@ -164,74 +165,93 @@ def _type(v: Any) -> str:
     return type(v).__name__
 
 
-def _info(where: str, info: Any, out: Observation) -> Observation:
-    if not isinstance(info, Mapping):
+def _is_bool(v: Any) -> bool:
+    return type(v) is bool or type(v).__name__ == "bool_"  # numpy.bool_ without importing numpy
+
+
+def _info(where: str, info: Any) -> tuple:
+    """``(task, admissible, won, task_type)`` of an info dict, checked."""
+    if type(info) is not dict and not isinstance(info, Mapping):
         raise ProtocolError(f"{where} returned info of type {_type(info)}, expected a dict")
     task = info.get("task")
-    if task is not None:
+    if task is not None and (type(task) is not str or not task.strip()):
         if not isinstance(task, str) or not task.strip():
             raise ProtocolError(f"{where} returned info['task'] = {task!r:.60}, expected a non-empty str")
-        out.task = task
+        task = str.__str__(task)
     adm = info.get("admissible_actions")
     if adm is not None:
-        if isinstance(adm, (str, bytes)) or not hasattr(adm, "__iter__"):
-            raise ProtocolError(f"{where} returned info['admissible_actions'] of type {_type(adm)}, expected a "
-                                "list of str")
-        adm = list(adm)
-        for k, a in enumerate(adm):
-            if not isinstance(a, str):
-                raise ProtocolError(f"{where} returned info['admissible_actions'][{k}] of type {_type(a)}, "
-                                    "expected str")
-        out.admissible = adm
+        if type(adm) is not list or not all(type(a) is str for a in adm):
+            if isinstance(adm, (str, bytes)) or not hasattr(adm, "__iter__"):
+                raise ProtocolError(f"{where} returned info['admissible_actions'] of type {_type(adm)}, expected "
+                                    "a list of str")
+            adm = list(adm)
+            for k, a in enumerate(adm):
+                if not isinstance(a, str):
+                    raise ProtocolError(f"{where} returned info['admissible_actions'][{k}] of type {_type(a)}, "
+                                        "expected str")
+            adm = [str.__str__(a) for a in adm]
     won = info.get("won")
     if won is not None:
         if not _is_bool(won):
             raise ProtocolError(f"{where} returned info['won'] of type {_type(won)}, expected a bool")
-        out.won = bool(won)
+        won = bool(won)
     tt = info.get("task_type")
-    if tt is not None:
+    if tt is not None and type(tt) is not str:
         if not isinstance(tt, str):
             raise ProtocolError(f"{where} returned info['task_type'] of type {_type(tt)}, expected str")
-        out.task_type = tt
-    return out
-
-
-def _is_bool(v: Any) -> bool:
-    return isinstance(v, bool) or type(v).__name__ == "bool_"  # numpy.bool_ without importing numpy
+        tt = str.__str__(tt)
+    return task, adm, won, tt
 
 
 def _text(where: str, obs: Any) -> str:
-    if not isinstance(obs, str):
-        raise ProtocolError(f"{where} returned an observation of type {_type(obs)}, expected str (pcsd trains on "
-                            "text environments: observations and actions are text)")
+    if type(obs) is not str:
+        if not isinstance(obs, str):
+            raise ProtocolError(f"{where} returned an observation of type {_type(obs)}, expected str (pcsd trains "
+                                "on text environments: observations and actions are text)")
+        return str.__str__(obs)
     return obs
 
 
-def read_reset(result: Any) -> Observation:
-    """Checks ``env.reset(...)``'s result ``(observation, info)``."""
-    if not isinstance(result, tuple) or len(result) != 2:
+def check_reset(result: Any) -> tuple:
+    """``env.reset(...)``'s result ``(observation, info)``, checked, as the tuple
+    ``(obs, 0.0, False, False, task, admissible, won, task_type)``."""
+    if type(result) is not tuple or len(result) != 2:
         raise ProtocolError(f"reset() returned {_shape(result)}, expected (observation, info)")
     obs, info = result
-    return _info("reset()", info, Observation(_text("reset()", obs)))
+    return (_text("reset()", obs), 0.0, False, False) + _info("reset()", info)
 
 
-def read_step(result: Any) -> Observation:
-    """Checks ``env.step(action)``'s result ``(observation, reward, terminated, truncated, info)``."""
-    if not isinstance(result, tuple) or len(result) != 5:
+def check_step(result: Any) -> tuple:
+    """``env.step(action)``'s result ``(observation, reward, terminated, truncated, info)``,
+    checked, as the tuple ``(obs, reward, terminated, truncated, None, admissible, won, task_type)``
+    (the task is read at reset only)."""
+    if type(result) is not tuple or len(result) != 5:
         hint = " (the old Gym API's 4-tuple? Gymnasium splits done into terminated, truncated)" if (
             isinstance(result, tuple) and len(result) == 4) else ""
         raise ProtocolError(f"step() returned {_shape(result)}, expected (observation, reward, terminated, "
                             f"truncated, info){hint}")
     obs, reward, terminated, truncated, info = result
-    if _is_bool(reward) or not isinstance(reward, numbers.Real):
-        raise ProtocolError(f"step() returned a reward of type {_type(reward)}, expected a number")
-    if not math.isfinite(float(reward)):
-        raise ProtocolError(f"step() returned the reward {float(reward)}, expected a finite number")
+    if type(reward) is not float:
+        if _is_bool(reward) or not isinstance(reward, numbers.Real):
+            raise ProtocolError(f"step() returned a reward of type {_type(reward)}, expected a number")
+        reward = float(reward)
+    if not math.isfinite(reward):
+        raise ProtocolError(f"step() returned the reward {reward}, expected a finite number")
     for name, v in (("terminated", terminated), ("truncated", truncated)):
-        if not _is_bool(v):
+        if type(v) is not bool and not _is_bool(v):
             raise ProtocolError(f"step() returned {name} of type {_type(v)}, expected a bool")
-    out = Observation(_text("step()", obs), float(reward), bool(terminated), bool(truncated))
-    return _info("step()", info, out)
+    _, adm, won, tt = _info("step()", info)
+    return (_text("step()", obs), reward, bool(terminated), bool(truncated), None, adm, won, tt)
+
+
+def read_reset(result: Any) -> Observation:
+    """Checks ``env.reset(...)``'s result ``(observation, info)`` (:func:`check_reset`)."""
+    return Observation(*check_reset(result))
+
+
+def read_step(result: Any) -> Observation:
+    """Checks ``env.step(action)``'s result (:func:`check_step`)."""
+    return Observation(*check_step(result))
 
 
 def _shape(v: Any) -> str:

@@ -21,7 +21,7 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Optional
 
-from pcsd.envs.protocol import EnvBuildError, ProtocolError, read_reset, read_step
+from pcsd.envs.protocol import EnvBuildError, ProtocolError, check_reset, check_step
 
 __all__ = ["MARK", "first_line", "main"]
 
@@ -66,8 +66,7 @@ class _WorkerState:
             res = env.reset(seed=seed, options=options)
         except Exception as exc:
             raise _EnvRaised(f"reset() raised {first_line(exc)}") from None
-        o = read_reset(res)
-        return (_plain(o.obs), 0.0, False, False, o.task, o.admissible, o.won, o.task_type)
+        return check_reset(res)
 
     def built(self, slot: int) -> Any:
         env = self.envs[slot] if slot < len(self.envs) else None
@@ -81,8 +80,7 @@ class _WorkerState:
             res = env.step(action)
         except Exception as exc:
             raise _EnvRaised(f"step() raised {first_line(exc)}") from None
-        o = read_step(res)
-        return (_plain(o.obs), o.reward, o.terminated, o.truncated, None, o.admissible, o.won, o.task_type)
+        return check_step(res)
 
     def run(self, op: tuple) -> tuple:
         """One request -> ``("ok", value)`` or ``("error", message, stage)`` (stage: ``import`` or

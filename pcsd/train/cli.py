@@ -152,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                     from pcsd.train.job import skill_repository
 
                     skill_repository(cfg).save(run_dir / "skills")
+                if cfg.env.get("template") is not None:  # the prompts' template, for resume and pcsd.eval
+                    from pcsd.train.textenv import template_source
+
+                    (run_dir / "template.jinja").write_text(template_source(cfg), encoding="utf-8")
         from pcsd import native_info
         from pcsd.train.job import train
 

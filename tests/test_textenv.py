@@ -1,0 +1,305 @@
+"""Any text environment in the trainer and the evaluation (issue 23): the config checks (one test
+per class of bad input, each one line naming the key), the text template (the Rust rendering
+against Python's jinja2 on random inputs), the skills of a text env, the rollout loop on Python
+envs (rewards, faults), and the example Gymnasium env trained end to end with its tiny preset and
+evaluated with ``python -m pcsd.eval``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jinja2
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pcsd.text.prompts import TEXT_TEMPLATE, TEXT_TEMPLATE_VARIABLES, PromptBuilder, SkillRepository
+from pcsd.train.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+GYM = ["preset=tiny-cpu-gym"]
+
+
+def _cfg(*over: str, method: str = "grpo"):
+    if any(o.startswith("env.entry_point=textenv_faults") for o in over):  # from the default preset
+        return load_config(["env.name=gym", f"method={method}", *over])
+    return load_config(GYM + [f"method={method}", *over])
+
+
+# ----------------------------------------------------------------------------- config checks
+@pytest.mark.parametrize("over,key,what", [
+    (["env.entry_point=no_such_pkg_xyz.envs:Env"], "env.entry_point=no_such_pkg_xyz.envs:Env",
+     "no module named 'no_such_pkg_xyz'"),
+    (["env.entry_point=textenv_needs_pkg:Env"], "env.entry_point=textenv_needs_pkg:Env",
+     "no module named 'no_such_package_abc' in the packages textenv_needs_pkg imports"),
+    (["env.entry_point=textenv_faults:Nope"], "env.entry_point=textenv_faults:Nope", "has no attribute 'Nope'"),
+    (["env.entry_point=textenv_faults"], "env.entry_point=textenv_faults", "expected 'module:Class'"),
+    (["env.entry_point=null"], "env.entry_point", "needs exactly one of env.entry_point"),
+    (["env.id=KeyDoor-v0"], "env.entry_point", "not both"),
+    (["env.entry_point=null", "env.id=NoSuchEnv-v7"], "env.id=NoSuchEnv-v7", "NoSuchEnv"),
+    (["env.kwargs.colours=3"], "env.kwargs=", "unexpected keyword argument 'colours'"),
+    (["env.entry_point=textenv_faults:NeedsArg"], "env.entry_point=textenv_faults:NeedsArg",
+     "missing 1 required positional argument"),
+    (["env.kwargs.colors=9"], "env.entry_point=examples.keydoor:KeyDoorEnv", "colors: expected 2..6"),
+    (["env.entry_point=textenv_faults:NonText", "env.kwargs={bad_seed: 0, at: 1}"], "env.entry_point",
+     "observation of type int, expected str"),
+    (["env.entry_point=textenv_faults:OldGymStep"], "env.entry_point", "returned a tuple of 4"),
+    (["env.entry_point=textenv_faults:Raises", "env.kwargs={bad_seed: 0, at: 0}"], "env.entry_point",
+     "reset() raised RuntimeError: boom"),
+    (["env.entry_point=textenv_faults:Hangs", "env.kwargs={bad_seed: 0, at: 1}", "env.step_timeout=1"],
+     "env.entry_point", "did not return within 1 s"),
+    (["env.entry_point=textenv_faults:Exits", "env.kwargs={bad_seed: 0, at: 1}"], "env.entry_point",
+     "worker process died (exit code 3)"),
+    (["env.eval_kwargs={colors: 1}"], "env.eval_kwargs=", "colors: expected 2..6"),
+    (["env.rooms=[bedroom]"], "env.rooms", "ALFWorld / WebShop setting"),
+    (["env.url=http://x"], "env.url", "not a setting of env.name=gym"),
+    (["eval.protocol=paper"], "eval.protocol=paper", "use eval.protocol=full"),
+    (["env.step_timeout=0"], "env.step_timeout", "must be > 0"),
+    (["env.template=no/such.jinja"], "env.template=no/such.jinja", "no such file"),
+])
+def test_bad_environment_config_is_one_line_naming_the_key(gymnasium_available, over, key, what):
+    with pytest.raises(ConfigError) as ei:
+        _cfg(*over)
+    msg = str(ei.value)
+    assert key in msg and what in msg and "\n" not in msg, msg
+
+
+def test_env_name_on_the_command_line_replaces_the_presets_environment(gymnasium_available):
+    """``env.name=gym`` over the default preset (ALFWorld's procedural games): the preset's game
+    knobs return to their defaults, its other settings stay."""
+    cfg = load_config(["env.name=gym", "env.entry_point=examples.keydoor:KeyDoorEnv", "method=grpo"])
+    assert cfg.env.rooms is None and cfg.env.receptacles is None and cfg.env.max_steps == 15
+    assert cfg.optim.sft_steps == 800  # the preset's
+    gym = load_config(GYM + ["method=grpo"])
+    assert load_config(GYM + ["env.name=alfworld", "method=grpo"]).env.kwargs == {}
+    assert gym.env.kwargs == {"colors": 3}
+
+
+def test_methods_that_read_skills_need_a_skills_folder(gymnasium_available):
+    with pytest.raises(ConfigError, match=r"env.skills_dir: method pcsd reads the teacher's skills.*method=grpo"):
+        _cfg("env.skills_dir=null", method="pcsd")
+    with pytest.raises(ConfigError, match="env.skills_dir: method skill-grpo"):
+        _cfg("env.skills_dir=null", method="skill-grpo")
+    assert _cfg("env.skills_dir=null", method="grpo").env.skills_dir is None
+    assert _cfg(method="pcsd").env.name == "gym"
+
+
+def test_python_env_keys_are_refused_for_the_native_envs():
+    with pytest.raises(ConfigError, match="env.entry_point is a setting of the Python environments"):
+        load_config(["env.entry_point=examples.keydoor:KeyDoorEnv"])
+    with pytest.raises(ConfigError, match="env.kwargs is a setting of the Python environments"):
+        load_config(["env.kwargs.colors=3"])
+
+
+@pytest.mark.parametrize("src,what", [("{% if task %}never closed", "compiling the environment's prompt template"),
+                                      ("{{ taks }}", "undefined")])
+def test_bad_template_names_env_template(gymnasium_available, tmp_path, src, what):
+    t = tmp_path / "t.jinja"
+    t.write_text(src)
+    with pytest.raises(ConfigError) as ei:
+        _cfg(f"env.template={t}")
+    assert str(ei.value).startswith(f"env.template={t}: ") and what in str(ei.value)
+
+
+def test_cli_bad_env_exits_2_with_one_line(gymnasium_available, child_env):
+    r = subprocess.run([sys.executable, "-m", "pcsd.train", "env.name=gym", "env.entry_point=nope_mod:Env",
+                        "method=grpo"], cwd=ROOT, env=child_env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pcsd.train: env.entry_point=nope_mod:Env: no module named"), lines
+
+
+# ----------------------------------------------------------------------------- the template
+def _reference(src: str, task, obs, actions, history, step, h):
+    """The template rendered by Python's jinja2 with the documented variables (the reference)."""
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=False, autoescape=False)
+    shown = history[len(history) - min(h, len(history)):] if h else []
+    first = max(step + 1 - len(shown), 1)
+    hist = [dict(step=first + j, observation=o, action=a) for j, (o, a) in enumerate(shown)]
+    lines = "\n".join(f"[Observation {x['step']}: '{x['observation']}', Action {x['step']}: '{x['action']}']"
+                      for x in hist)
+    instr = ("You should first reason step-by-step about the current situation. This reasoning process MUST be "
+             "enclosed within <think> </think> tags.\nOnce you've finished your reasoning, you should choose "
+             + ("an admissible action" if actions else "an action")
+             + " for current step and present it within <action> </action> tags.")
+    ctx = dict(task=task, observation=obs, actions=list(actions), history=hist, step=step, current_step=step + 1,
+               admissible_actions="\n ".join(f"'{a}'" for a in actions), action_history=lines, instructions=instr,
+               task_description=task, current_observation=obs, step_count=step, history_length=len(hist))
+    assert set(ctx) == set(TEXT_TEMPLATE_VARIABLES)
+    return env.from_string(src).render(**ctx)
+
+
+_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
+USER_TEMPLATE = ("{{ task | upper }} ({{ step }})\n{% for h in history %}\n{{ h.step }}. {{ h.observation }} -> "
+                 "{{ h.action }}\n{% endfor %}\n{% if actions %}choose: {{ actions | join(' | ') }}\n{% endif %}"
+                 "{{ observation.strip() }}\n")
+
+
+@settings(max_examples=60, deadline=None)
+@given(task=_text.filter(lambda t: t.strip()), obs=_text, actions=st.lists(_text, max_size=4),
+       history=st.lists(st.tuples(_text, _text), max_size=4), extra=st.integers(0, 3), h=st.integers(0, 3),
+       user=st.booleans())
+def test_text_prompts_equal_jinja2(task, obs, actions, history, extra, h, user):
+    src = USER_TEMPLATE if user else TEXT_TEMPLATE
+    step = len(history) + extra
+    b = PromptBuilder("text", history_length=h, max_prompt_tokens=None, template=USER_TEMPLATE if user else None)
+    assert b.build(task, obs, actions, history, step) == _reference(src, task, obs, actions, history, step, h)
+
+
+def test_text_builder_defaults_and_refusals():
+    b = PromptBuilder("text", max_prompt_tokens=None)
+    assert b.template == TEXT_TEMPLATE
+    assert PromptBuilder("alfworld").template is None
+    with pytest.raises(ValueError, match="`template`"):
+        PromptBuilder("alfworld", template="{{ task }}")
+    assert b.build_teacher("t", "o", []) == b.build("t", "o", [])  # no skills folder: the student's prompt
+
+
+def test_text_skills_by_task_type_and_keyword(tmp_path):
+    (tmp_path / "keywords").mkdir()
+    (tmp_path / "general.md").write_text("G")
+    (tmp_path / "GuessTheNumber-v0.md").write_text("T")
+    (tmp_path / "keywords" / "door.md").write_text("K")
+    repo = SkillRepository(tmp_path, "text")
+    assert repo.retrieve("open the door", "GuessTheNumber-v0") == "G\n\nT\n\nK"
+    assert repo.retrieve("guess", "other") == "G"
+    b = PromptBuilder("text", max_prompt_tokens=None, skills=repo)
+    t = b.build_teacher("open the door", "o", [], task_type="GuessTheNumber-v0")
+    assert t.endswith(b.build("open the door", "o", [])) and "T" in t.split("[End of Skill Information]")[0]
+    with pytest.raises(ValueError, match="unexpected file"):
+        (tmp_path / "bad name.md").write_text("x")
+        SkillRepository(tmp_path, "text")
+
+
+def test_text_format_reads_actions():
+    from pcsd.text.formats import text_format
+
+    fmt = text_format("text")
+    ok = "<think>x</think><action>anything goes</action>"
+    assert fmt.parse(ok, []).is_valid and fmt.parse(ok, []).action == "anything goes"
+    assert not fmt.parse(ok, ["go"]).is_valid and fmt.parse("<think>x</think><action>go</action>", ["go"]).is_valid
+    assert not fmt.parse("go", []).is_valid  # the format is still checked
+    assert fmt.task("the task", "first page") == "the task" and fmt.view("p", ["a"], "t") == ("p", ["a"])
+
+
+# ----------------------------------------------------------------------------- the rollout loop
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from pcsd.rollout.backends import make_backend
+    from pcsd.testing import make_tiny_model
+
+    path = make_tiny_model(tmp_path_factory.mktemp("tiny"), hidden_size=64, num_layers=2, seed=0)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    builder = PromptBuilder("text", history_length=1, max_prompt_tokens=1024, tokenizer_dir=path)
+    eos = builder.tokenizer.encode("<|im_end|>")[0]
+    return make_backend("hf", model=model, pad_token_id=eos), builder, eos
+
+
+def _roll(tiny, factory, seeds, group=2, **kw):
+    from pcsd.rollout.loop import collect_rollouts
+
+    backend, builder, eos = tiny
+    return collect_rollouts(backend, builder, seeds, group, max_steps=3, max_response_tokens=8, seed=1,
+                            stop_token_ids=[eos], env_kind="gym", env_options={"make_env": factory, **kw})
+
+
+def test_rollouts_on_a_python_env_reward_its_summed_reward(tiny):
+    from pcsd.envs.protocol import EnvFactory
+
+    rb = _roll(tiny, EnvFactory("textenv_faults:Counter", kwargs={"length": 2}), [5, 6])
+    assert rb.num_trajectories == 4 and rb.traj_group.tolist() == [0, 0, 1, 1]
+    assert rb.task == ["count 5", "count 5", "count 6", "count 6"]
+    assert rb.task_type == ["count"] * 4
+    assert rb.length.tolist() == [2] * 4 and rb.score.tolist() == [2.0] * 4  # reward 1 per step
+    assert torch.equal(rb.reward, rb.score.float()) and rb.env_errors == 0
+
+
+def test_a_faulty_env_ends_its_episode_and_the_rollout_goes_on(tiny):
+    from pcsd.envs.protocol import EnvFactory
+
+    rb = _roll(tiny, EnvFactory("textenv_faults:Exits", kwargs={"length": 3, "bad_seed": 13, "at": 2}), [12, 13])
+    assert rb.env_errors == 2  # both envs of the seed-13 group
+    assert rb.length.tolist() == [3, 3, 2, 2] and rb.score.tolist()[:2] == [3.0, 3.0]
+    assert rb.score.tolist()[2:] == [0.0, 0.0] and not rb.won[2:].any()
+    with pytest.raises(RuntimeError, match="every environment failed at reset"):
+        _roll(tiny, EnvFactory("textenv_faults:Raises", kwargs={"bad_seed": 4, "at": 0}), [4])
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_example_env_trains_end_to_end_and_evaluates(gymnasium_available, tmp_path, child_env):
+    """``python -m pcsd.train preset=tiny-cpu-gym method=pcsd`` (its warm-up on the env's expert,
+    RL with the teacher reading the example's skills, evaluations before and after), then
+    ``python -m pcsd.eval`` on the run: Success and mean reward on the run's evaluation seeds."""
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "pcsd.train", "preset=tiny-cpu-gym", "method=pcsd", f"run.dir={run}",
+                        "optim.steps=2", "optim.sft_steps=40", "optim.sft_games=64", "eval.episodes=16"],
+                       cwd=ROOT, env=child_env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((run / "summary.json").read_text())
+    assert s["steps"] == 2 and s["sft_expert_success"] == 100.0 and s["sft_examples"] > 0
+    for key in ("success_before", "success_after", "mean_reward_before", "mean_reward_after"):
+        assert s[key] is not None, key
+    assert "Mean reward" in (run / "eval.md").read_text()
+    assert (run / "skills" / "general.md").is_file()
+    r = subprocess.run([sys.executable, "-m", "pcsd.eval", "--model", str(run), "--backend", "hf", "--quiet",
+                        "--episodes", "8"], cwd=ROOT, env=child_env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "gym examples.keydoor:KeyDoorEnv" in r.stdout and "Mean reward" in r.stdout
+    doc = json.loads((run / "eval" / "results.json").read_text())
+    res = doc["results"][0]
+    assert res["env"] == "gym" and res["episodes"] == 8 and res["mean_reward"] is not None
+    assert [g["game"] for g in res["games"]] == [str(1_000_000_000 + i) for i in range(8)]
+
+
+_QUICK = ["preset=tiny-cpu-gym", "optim.sft_steps=0", "optim.steps=1", "rollout.tasks_per_step=1",
+          "rollout.group_size=2", "rollout.max_response_tokens=8", "eval.episodes=2", "env.max_steps=2",
+          "model.tiny_layers=1", "run.progress=false", "run.tensorboard=false"]
+
+
+def _train_quick(run: Path, method: str) -> dict:
+    from pcsd.train.cli import main
+
+    assert main([*_QUICK, f"method={method}", f"run.dir={run}"]) == 0
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_generated_tiny_model_without_warm_up_trains_with_and_without_a_teacher(gymnasium_available, tmp_path,
+                                                                                   monkeypatch):
+    """``optim.sft_steps=0`` with the generated tiny model (its tokenizer learns the envs' first
+    pages); RLSD (the teacher's gaps in the advantages) and Skill-GRPO (the skills in the student's
+    prompts) on the example env."""
+    monkeypatch.chdir(ROOT)  # the example env is imported from the current folder
+    for method in ("rlsd", "skill-grpo"):
+        s = _train_quick(tmp_path / method, method)
+        assert s["steps"] == 1 and "sft_examples" not in s and s["success_after"] is not None, method
+        assert (tmp_path / method / "base-model" / "tokenizer.json").is_file()
+
+
+def test_no_expert_skips_the_warm_up_with_a_message(gymnasium_available, tmp_path, monkeypatch, capsys):
+    from pcsd.train.cli import main
+
+    monkeypatch.chdir(ROOT)
+    quick = [o for o in _QUICK if not o.startswith("preset=")]  # the default preset, its env replaced
+    assert main([*quick, "env.name=gym", "env.entry_point=textenv_faults:NoExpert", "env.kwargs={length: 2}",
+                 "method=grpo", "optim.sft_steps=5", "optim.sft_games=4", "optim.steps=0",
+                 f"run.dir={tmp_path / 'r'}"]) == 0
+    assert "warm-up skipped: textenv_faults:NoExpert" in capsys.readouterr().out
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["sft_skipped"] == "no expert" and not (tmp_path / "r" / "sft-model").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["vanilla", "skill-prompt", "grpo", "opsd", "grpo+opsd", "sdar", "skill-sd",
+                                    "pcsd-fixed-n4", "pcsd-star"])
+def test_every_method_trains_on_a_python_env(gymnasium_available, tmp_path, monkeypatch, method):
+    monkeypatch.chdir(ROOT)
+    s = _train_quick(tmp_path / "r", method)
+    assert s["method"] == method and s["success_after"] is not None
