@@ -47,7 +47,7 @@ class KeyDoorEnv(gym.Env):
 
     def _page(self, text: str) -> str:
         held = f"the {self.key} key" if self.key else "nothing"
-        return f"{text} There are doors and keys of colours {', '.join(self.colors)}. You hold {held}."
+        return f"{text} Keys and doors: {', '.join(self.colors)}. You hold {held}. Exit: the {self.goal} door."
 
     def _actions(self) -> dict:
         return {"admissible_actions": [f"take {c} key" for c in self.colors] + [f"open {c} door" for c in self.colors]}

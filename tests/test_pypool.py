@@ -389,3 +389,19 @@ def test_step_batch_columns_have_the_native_types():
                         ("won", np.bool_), ("truncated", np.bool_), ("step_count", np.int64),
                         ("has_search_bar", np.bool_)):
         assert getattr(b, name).dtype == dtype, name
+
+
+def test_bench_env_python_reports_overhead_and_scaling(tmp_path):
+    """``python -m pcsd.bench env --python`` (tiny sizes): the overhead rows (wall and CPU, per env
+    step, against the plain loop) and the 1 -> 2 worker scaling rows."""
+    import json
+
+    from pcsd.bench.cli import main as bench_main
+
+    bench_main(["env", "--python", "--tiny", "--repeats", "1", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "env_python.json").read_text())["rows"]
+    over = [r for r in rows if r["measure"].startswith("overhead")]
+    scale = [r for r in rows if r["measure"].startswith("scaling")]
+    assert over and all(r["pool_us_per_step"] > 0 and "cpu_overhead_us_per_step" in r for r in over)
+    assert [r["workers"] for r in scale] == [1, 2] and scale[0]["speedup_vs_1_worker"] == 1.0
+    assert scale[1]["speedup_vs_1_worker"] > 0

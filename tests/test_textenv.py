@@ -303,3 +303,13 @@ def test_every_method_trains_on_a_python_env(gymnasium_available, tmp_path, monk
     monkeypatch.chdir(ROOT)
     s = _train_quick(tmp_path / "r", method)
     assert s["method"] == method and s["success_after"] is not None
+
+
+def test_the_docs_example_is_the_example_file_and_short():
+    """docs/environments.md shows examples/keydoor.py whole (a file a user can copy), under 60 lines,
+    and its built-in template is the one the native side renders."""
+    doc = (ROOT / "docs" / "environments.md").read_text()
+    src = (ROOT / "examples" / "keydoor.py").read_text()
+    assert f"```python\n{src}```" in doc
+    assert len(src.splitlines()) < 60
+    assert f"```jinja\n{TEXT_TEMPLATE}```" in doc

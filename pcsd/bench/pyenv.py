@@ -10,7 +10,10 @@ Two figures (issue 23):
   integer work, calibrated here): the pool's steps/s with 2 worker processes over 1.
 
 Both sides step the same envs with the same actions; the plain loop runs in this process. The
-machine's load (1-minute average) is printed beside each row: scaling needs idle cores.
+machine's load (1-minute average) is printed beside each row: scaling needs idle cores. Beside
+the wall times, CPU time per env step (this thread's, plus the workers' from
+``/proc/<pid>/schedstat``): on a loaded machine wall time measures the queue for the cores, CPU
+time what the pool itself costs (``cpu_overhead_us_per_step`` = pool CPU - plain-loop CPU).
 """
 
 from __future__ import annotations
@@ -42,6 +45,32 @@ def calibrate_busy(ms: float) -> int:
         n *= 4
 
 
+def _proc_cpu_ns(pids: list[int]) -> int:
+    """CPU time (ns) the processes ``pids`` used so far (Linux ``/proc/<pid>/schedstat``; 0 elsewhere)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def _timed(once, repeats: int, pids: list[int]) -> dict:
+    cpu = [0]
+
+    def counted() -> None:
+        c0, w0 = time.thread_time_ns(), _proc_cpu_ns(pids)
+        once()
+        cpu[0] += time.thread_time_ns() - c0 + _proc_cpu_ns(pids) - w0
+
+    once()  # warm-up, not counted
+    m = measure(counted, repeats, warmup=0)
+    m["cpu_s"] = cpu[0] / 1e9 / repeats
+    return m
+
+
 def _plain(factory: EnvFactory, num_envs: int, steps: int, repeats: int) -> dict:
     envs = [factory() for _ in range(num_envs)]
     for k, env in enumerate(envs):
@@ -52,7 +81,7 @@ def _plain(factory: EnvFactory, num_envs: int, steps: int, repeats: int) -> dict
             for env in envs:
                 env.step("left")
 
-    return measure(once, repeats)
+    return _timed(once, repeats, [])
 
 
 def _pool(factory: EnvFactory, num_envs: int, workers: int, steps: int, repeats: int) -> dict:
@@ -66,7 +95,7 @@ def _pool(factory: EnvFactory, num_envs: int, workers: int, steps: int, repeats:
             for _ in range(steps):
                 pool.step(actions)
 
-        return measure(once, repeats)
+        return _timed(once, repeats, pool.workers.pids())
 
 
 def run(args) -> dict:
@@ -85,6 +114,7 @@ def run(args) -> dict:
                              plain_us_per_step=plain["median_s"] / total * 1e6,
                              pool_us_per_step=pool["median_s"] / total * 1e6,
                              overhead_us_per_step=(pool["median_s"] - plain["median_s"]) / total * 1e6,
+                             cpu_overhead_us_per_step=(pool["cpu_s"] - plain["cpu_s"]) / total * 1e6,
                              pool_spread_rel=rel_spread(pool), load=os.getloadavg()[0]))
     iters = calibrate_busy(args.busy_ms)
     busy_env = _factory(iters)
@@ -105,7 +135,7 @@ def run(args) -> dict:
              f"~{args.busy_ms:g} ms here), {n} envs; speedup_vs_1_worker of 2 workers, goal >= 1.7 (needs 2 idle "
              "cores: see load, the 1-minute load average)"]
     cols = ["measure", "envs", "workers", "envs_per_worker", "plain_us_per_step", "pool_us_per_step",
-            "overhead_us_per_step", "steps_per_s", "speedup_vs_1_worker", "pool_spread_rel", "load"]
+            "overhead_us_per_step", "cpu_overhead_us_per_step", "steps_per_s", "speedup_vs_1_worker", "pool_spread_rel", "load"]
     return emit("env_python", "Python text envs: the worker-process pool vs the same envs in a plain loop", rows,
                 cols, Path(args.out), args, notes)
 

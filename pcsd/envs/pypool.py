@@ -106,6 +106,10 @@ def _kill(procs: list) -> None:
             pass
 
 
+#: seconds a new worker process may take to start (Python and its imports) before it counts as hung
+START_TIMEOUT = 120.0
+
+
 class EnvWorkers:
     """``num_workers`` worker processes that build envs with ``make_env`` and run requests for
     them (the machinery under :class:`PythonEnvPool`; it knows no groups or episodes).
@@ -201,9 +205,13 @@ class EnvWorkers:
                 self._replace(w)
                 out[w] = _Fault(None, "its worker process had exited; a new one took its place", retry=True)
         seen = {w: (start[w], time.monotonic()) for w in pending}
+
+        def limit(w: int) -> float:  # a worker's start (Python, imports) is not a request's time
+            return self.step_timeout if self._procs[w].ready else max(self.step_timeout, START_TIMEOUT)
+
         while pending:
             now = time.monotonic()
-            timeout = max(0.0, min(seen[w][1] + self.step_timeout for w in pending) - now)
+            timeout = max(0.0, min(seen[w][1] + limit(w) for w in pending) - now)
             conns = {id(self._procs[w].conn): w for w in pending}
             for c in wait([self._procs[w].conn for w in pending], timeout):
                 w = conns[id(c)]
@@ -216,6 +224,7 @@ class EnvWorkers:
                     continue
                 if not p.ready:  # its first message says it started; the answer follows
                     p.ready = True
+                    seen[w] = (self._mark(w), time.monotonic())
                     continue
                 out[w] = msg
                 pending.discard(w)
@@ -224,7 +233,7 @@ class EnvWorkers:
                 m = self._mark(w)
                 if m != seen[w][0]:
                     seen[w] = (m, now)
-                elif now - seen[w][1] >= self.step_timeout:
+                elif now - seen[w][1] >= limit(w):
                     out[w] = self._fault(w, start[w], len(batches[w]), hung=True)
                     pending.discard(w)
         return out
@@ -453,19 +462,19 @@ class PythonEnvPool:
                 raise RuntimeError(f"env {e}: expert_action() needs an episode in progress (state {self._state[e]})")
         res = self._send([(e, ("expert", self._slot[e])) for e in ids])
         out = []
-        for e, (ok, val) in zip(ids, res):
-            if ok != "ok":
-                raise RuntimeError(f"env {e}: {val}")
-            out.append(val)
+        for e, r in zip(ids, res):
+            if r[0] != "ok":
+                raise RuntimeError(f"env {e}: {r[1]}")
+            out.append(r[1])
         return out
 
     def has_expert(self) -> bool:
         """Whether the envs offer ``expert_action()`` (asked of env 0, built if needed)."""
         self._check_open()
-        ok, val = self._send([(0, ("has_expert", self._slot[0]))])[0]
-        if ok != "ok":
-            raise RuntimeError(f"env 0: {val}")
-        return bool(val)
+        r = self._send([(0, ("has_expert", self._slot[0]))])[0]
+        if r[0] != "ok":
+            raise RuntimeError(f"env 0: {r[1]}")
+        return bool(r[1])
 
     def close(self) -> None:
         """Closes the pool (and its worker processes, when it started them). Later calls raise."""
@@ -502,58 +511,63 @@ class PythonEnvPool:
     def _seed_of(self, e: int) -> int:
         return self._seeds[e // self._group]
 
-    def _send(self, reqs: list[tuple[int, tuple]]) -> list[tuple[str, Any]]:
-        """Runs one request per entry (env id, request) on the envs' workers; returns ``(status,
-        value)`` per entry. Envs on a replaced worker are rebuilt by replay first; a hang or crash
-        is the error of the env whose request it was in."""
-        results: list[Optional[tuple[str, Any]]] = [None] * len(reqs)
-        todo = list(range(len(reqs)))
+    def _send(self, reqs: list[tuple[int, tuple]]) -> list[tuple]:
+        """Runs one request per entry (env id, request) on the envs' workers; returns the worker's
+        result per entry (``("ok", value)`` or ``("error", message, stage)``). Envs on a replaced
+        worker are rebuilt by replay first; a hang or crash is the error of the env whose request
+        it was in."""
+        results: list[Optional[tuple]] = [None] * len(reqs)
+        todo = range(len(reqs))
         retries: dict[int, int] = {}
+        worker_of, stale = self._worker_of, self._stale
         try:
             while todo:
                 self._note_replacements()
                 batches: dict[int, list[tuple]] = {}
-                where: dict[int, list[tuple[int, bool]]] = {}  # worker -> (entry, is a replay)
+                where: dict[int, list[int]] = {}  # worker -> the entry of each request (~entry: its replay)
                 for k in todo:
                     e, op = reqs[k]
-                    w = self._worker_of[e]
-                    if self._stale[e] and op[0] != _RESET:
-                        batches.setdefault(w, []).append(
-                            ("replay", self._slot[e], self._seed_of(e), self._options, list(self._actions[e]),
-                             self._last_obs[e]))
-                        where.setdefault(w, []).append((k, True))
-                    batches.setdefault(w, []).append(op)
-                    where.setdefault(w, []).append((k, False))
+                    w = worker_of[e]
+                    b = batches.get(w)
+                    if b is None:
+                        b = batches[w] = []
+                        where[w] = []
+                    if stale[e] and op[0] != _RESET:
+                        b.append(("replay", self._slot[e], self._seed_of(e), self._options, list(self._actions[e]),
+                                  self._last_obs[e]))
+                        where[w].append(~k)
+                    b.append(op)
+                    where[w].append(k)
                 out = self._workers.run(batches)
-                todo = []
+                again_k: list[int] = []
                 for w, res in out.items():
                     if isinstance(res, _Fault):
                         retries[w] = retries.get(w, 0) + 1
                         again = res.retry and retries[w] <= 2
-                        for j, (k, replay) in enumerate(where[w]):
+                        for j, k in enumerate(where[w]):
+                            k = k if k >= 0 else ~k
                             if not again and (res.culprit is None or j == res.culprit):
                                 if results[k] is None:
-                                    results[k] = ("error", res.reason)
-                                self._stale[reqs[k][0]] = False
-                            elif results[k] is None and k not in todo:
-                                todo.append(k)  # run again on the new worker (after a replay)
-                        self._mark_lost(w, keep={reqs[k][0] for k, _ in where[w]})
+                                    results[k] = ("error", res.reason, "env")
+                                stale[reqs[k][0]] = False
+                            elif results[k] is None and k not in again_k:
+                                again_k.append(k)  # run again on the new worker (after a replay)
+                        self._mark_lost(w, keep={reqs[k if k >= 0 else ~k][0] for k in where[w]})
                         continue
-                    failed_replay: set[int] = set()
-                    for (k, replay), r in zip(where[w], res):
-                        e = reqs[k][0]
-                        if replay:
-                            if r[0] != "ok":
-                                results[k] = r[:2]
-                                failed_replay.add(k)
-                            self._stale[e] = False
-                        elif k not in failed_replay:
-                            results[k] = r[:2]
-                todo = [k for k in todo if results[k] is None]
+                    for k, r in zip(where[w], res):
+                        if k >= 0:
+                            if results[k] is None:  # else its replay failed: that is its result
+                                results[k] = r
+                            continue
+                        k = ~k
+                        stale[reqs[k][0]] = False
+                        if r[0] != "ok":
+                            results[k] = r
+                todo = [k for k in again_k if results[k] is None]
                 for k in todo:
                     e = reqs[k][0]
                     if self._state[e] == "live" and reqs[k][1][0] != _RESET:
-                        self._stale[e] = True
+                        stale[e] = True
         except BaseException:
             if any(r is None for r in results):  # interrupted (Ctrl-C) mid-call: no worker is left behind
                 self._workers.terminate()
@@ -576,18 +590,25 @@ class PythonEnvPool:
 
     def _call(self, ids: list[int], acts: list[Optional[str]], reset: bool) -> StepBatch:
         self._check_ids(ids)
-        cols = _Columns(ids)
+        cols = _Columns(len(ids))
         reqs: list[tuple[int, tuple]] = []
-        kinds: list[tuple[int, int, str]] = []  # (row, env, reset | step)
+        rows: list[int] = []
+        state, slot, n = self._state, self._slot, self._n
+        plain_text = True  # one check of every action's text (the common case); one by one when it fails
+        if not reset:
+            try:
+                "".join(acts).encode("utf-8")  # type: ignore[arg-type]
+            except UnicodeEncodeError:
+                plain_text = False
         for row, e in enumerate(ids):
-            if not 0 <= e < self._n:
-                cols.error(row, f"env id {e} out of range [0, {self._n})")
+            if not 0 <= e < n:
+                cols.error(row, f"env id {e} out of range [0, {n})")
                 continue
-            if reset or (self._state[e] == "done" and self._auto_reset):
-                reqs.append((e, (_RESET, self._slot[e], self._seed_of(e), self._options)))
-                kinds.append((row, e, _RESET))
+            st = state[e]
+            if reset or (st == "done" and self._auto_reset):
+                reqs.append((e, (_RESET, slot[e], self._seed_of(e), self._options)))
+                rows.append(row)
                 continue
-            st = self._state[e]
             if st != "live":
                 why = {"new": "was never reset (call reset first)",
                        "done": "finished its episode (auto_reset is off: reset it first)",
@@ -595,25 +616,26 @@ class PythonEnvPool:
                 cols.error(row, f"env {e} {why}")
                 continue
             a = acts[row]
-            assert a is not None
-            try:
-                a.encode("utf-8")
-            except UnicodeEncodeError:
-                cols.error(row, "action is not valid text (a lone surrogate): not sent to the env")
-                self._state[e] = "broken"
-                continue
-            reqs.append((e, (_STEP, self._slot[e], a)))
-            kinds.append((row, e, _STEP))
+            if not plain_text:
+                try:
+                    a.encode("utf-8")  # type: ignore[union-attr]
+                except UnicodeEncodeError:
+                    cols.error(row, "action is not valid text (a lone surrogate): not sent to the env")
+                    state[e] = "broken"
+                    continue
+            reqs.append((e, (_STEP, slot[e], a)))
+            rows.append(row)
         res = self._send(reqs) if reqs else []
-        for (row, e, kind), (status, val) in zip(kinds, res):
-            if status != "ok":
-                self._state[e] = "broken"
+        threshold = self._threshold
+        for row, (e, op), r in zip(rows, reqs, res):
+            if r[0] != "ok":
+                state[e] = "broken"
                 self._stale[e] = False
-                cols.error(row, f"env {e}: {val}")
+                cols.error(row, f"env {e}: {r[1]}")
                 continue
-            obs, reward, terminated, truncated, task, adm, won, task_type = val
-            if kind == _RESET:
-                self._state[e] = "live"
+            obs, reward, terminated, truncated, task, adm, won, task_type = r[1]
+            if op[0] == _RESET:
+                state[e] = "live"
                 self._actions[e] = []
                 self._score[e], self._steps[e] = 0.0, 0
                 self._task[e] = task if task is not None else obs
@@ -621,54 +643,53 @@ class PythonEnvPool:
                 self._stale[e] = False
                 done = False
             else:
-                self._actions[e].append(acts[row])  # type: ignore[arg-type]
+                self._actions[e].append(op[2])
                 self._steps[e] += 1
                 self._score[e] += reward
                 limit = self._max_steps is not None and self._steps[e] >= self._max_steps
                 done = terminated or truncated or limit
                 truncated = truncated or (limit and not terminated)
                 if done:
-                    self._state[e] = "done"
+                    state[e] = "done"
             self._last_obs[e] = obs
             if won is None:
-                won = done and self._threshold is not None and self._score[e] >= self._threshold
+                won = done and threshold is not None and self._score[e] >= threshold
             cols.put(row, obs, adm or [], reward, self._score[e], done, won, truncated,
                      task_type or self._task_type[e], self._steps[e])
-        return cols.batch()
+        return cols.batch(ids)
 
 
 class _Columns:
-    """The columns of one StepBatch, filled row by row."""
+    """The columns of one StepBatch, filled row by row (an error row: ``done``, empty, reward 0)."""
 
-    def __init__(self, ids: list[int]) -> None:
-        n = len(ids)
-        self.env_id = np.asarray(ids, dtype=np.int64)
+    def __init__(self, n: int) -> None:
         self.obs = [""] * n
         self.adm: list[list[str]] = [[] for _ in range(n)]
-        self.reward = np.zeros(n, dtype=np.float64)
-        self.score = np.zeros(n, dtype=np.float64)
-        self.done = np.zeros(n, dtype=np.bool_)
-        self.won = np.zeros(n, dtype=np.bool_)
-        self.truncated = np.zeros(n, dtype=np.bool_)
+        self.reward = [0.0] * n
+        self.score = [0.0] * n
+        self.done = [True] * n
+        self.won = [False] * n
+        self.truncated = [False] * n
         self.task_type = [""] * n
-        self.steps = np.zeros(n, dtype=np.int64)
+        self.steps = [0] * n
         self.err = [""] * n
 
     def error(self, row: int, message: str) -> None:
         self.err[row] = message
-        self.done[row] = True
 
     def put(self, row, obs, adm, reward, score, done, won, truncated, task_type, steps) -> None:
-        self.obs[row], self.adm[row] = obs, list(adm)
+        self.obs[row], self.adm[row] = obs, adm
         self.reward[row], self.score[row] = reward, score
         self.done[row], self.won[row], self.truncated[row] = done, won, truncated
         self.task_type[row], self.steps[row] = task_type, steps
 
-    def batch(self) -> StepBatch:
-        return StepBatch(env_id=self.env_id, obs=self.obs, admissible=self.adm, reward=self.reward,
-                         score=self.score, done=self.done, won=self.won, truncated=self.truncated,
-                         task_type=self.task_type, step_count=self.steps, error=self.err,
-                         has_search_bar=np.zeros(len(self.obs), dtype=np.bool_))
+    def batch(self, ids: list[int]) -> StepBatch:
+        return StepBatch(env_id=np.array(ids, dtype=np.int64), obs=self.obs, admissible=self.adm,
+                         reward=np.array(self.reward, dtype=np.float64), score=np.array(self.score, dtype=np.float64),
+                         done=np.array(self.done, dtype=np.bool_), won=np.array(self.won, dtype=np.bool_),
+                         truncated=np.array(self.truncated, dtype=np.bool_), task_type=self.task_type,
+                         step_count=np.array(self.steps, dtype=np.int64), error=self.err,
+                         has_search_bar=np.zeros(len(ids), dtype=np.bool_))
 
 
 # ----------------------------------------------------------------------------- checks and experts

@@ -457,6 +457,9 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
             thinking = ({"true": True, "false": False}[args.enable_thinking] if args.enable_thinking
                         else rc.get("model", {}).get("enable_thinking"))
             repos = _skill_repositories(args, run_dir, rc, envs)
+            if args.skills and "text" in repos and repos["text"] is None:
+                raise EvalError("skills: a Python environment has no built-in skills; evaluate a run that trained "
+                                "with env.skills_dir (its copy is used) or pass --skills-dir")
             builders = {env: PromptBuilder(env, history_length=hist, max_prompt_tokens=limits(env)[2],
                                            tokenizer_dir=tok_dir, enable_thinking=thinking, skills=repos[env],
                                            template=text_template if env == "text" else None)
