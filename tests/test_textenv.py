@@ -313,3 +313,14 @@ def test_the_docs_example_is_the_example_file_and_short():
     assert f"```python\n{src}```" in doc
     assert len(src.splitlines()) < 60
     assert f"```jinja\n{TEXT_TEMPLATE}```" in doc
+
+
+def test_text_env_demonstrations_restate_the_task():
+    """The warm-up's reasoning for a text env restates the task (the action then copies its words
+    from a few tokens back); ALFWorld's and WebShop's stay as they were."""
+    from pcsd.train.sft import think_for
+
+    assert think_for("open the red door.", "take red key", restate_task=True) == "open the red door. Next: take."
+    assert think_for("open the red door.", "take red key") == "Next: take."
+    assert think_for("put a hot apple in fridge.", "go to fridge 1", restate_task=True) == (
+        "apple to fridge. Next: go.")

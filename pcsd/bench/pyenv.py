@@ -22,7 +22,7 @@ import os
 import time
 from pathlib import Path
 
-from pcsd.bench.common import emit, measure, pos_int, rel_spread
+from pcsd.bench.common import amdahl, emit, measure, pos_int, rel_spread
 from pcsd.envs.protocol import EnvFactory
 
 
@@ -32,17 +32,17 @@ def _factory(busy_iters: int = 0) -> EnvFactory:
 
 
 def calibrate_busy(ms: float) -> int:
-    """Iterations of :func:`pcsd.envs.toy.busy` that take about ``ms`` milliseconds here."""
+    """Iterations of :func:`pcsd.envs.toy.busy` that take about ``ms`` milliseconds here: the
+    fastest of many short runs (~0.2 ms each, which the scheduler rarely interrupts), scaled."""
     from pcsd.envs.toy import busy
 
-    n = 2000
-    while True:
+    n = 1000
+    times = []
+    for _ in range(31):
         t0 = time.perf_counter()
         busy(n)
-        dt = time.perf_counter() - t0
-        if dt > 0.02:
-            return max(1, int(n * ms / 1e3 / dt))
-        n *= 4
+        times.append(time.perf_counter() - t0)
+    return max(1, int(n * ms / 1e3 / min(times)))
 
 
 def _proc_cpu_ns(pids: list[int]) -> int:
@@ -58,16 +58,18 @@ def _proc_cpu_ns(pids: list[int]) -> int:
 
 
 def _timed(once, repeats: int, pids: list[int]) -> dict:
-    cpu = [0]
+    cpu = [0, 0]  # this thread, the workers
 
     def counted() -> None:
         c0, w0 = time.thread_time_ns(), _proc_cpu_ns(pids)
         once()
-        cpu[0] += time.thread_time_ns() - c0 + _proc_cpu_ns(pids) - w0
+        cpu[0] += time.thread_time_ns() - c0
+        cpu[1] += _proc_cpu_ns(pids) - w0
 
     once()  # warm-up, not counted
     m = measure(counted, repeats, warmup=0)
-    m["cpu_s"] = cpu[0] / 1e9 / repeats
+    m["serial_cpu_s"], m["worker_cpu_s"] = cpu[0] / 1e9 / repeats, cpu[1] / 1e9 / repeats
+    m["cpu_s"] = m["serial_cpu_s"] + m["worker_cpu_s"]
     return m
 
 
@@ -125,17 +127,21 @@ def run(args) -> dict:
     for w in (1, 2):
         m = _pool(busy_env, n, w, steps, repeats)
         rates[w] = n * steps / m["median_s"]
+        share = m["serial_cpu_s"] / m["cpu_s"] if m["cpu_s"] > 0 else float("nan")
         rows.append(dict(measure=f"scaling, ~{args.busy_ms:g} ms/step env", envs=n, workers=w, envs_per_worker=n / w,
                          plain_us_per_step=plain["median_s"] / (n * steps) * 1e6,
                          pool_us_per_step=1e6 / rates[w], steps_per_s=rates[w], pool_spread_rel=rel_spread(m),
-                         speedup_vs_1_worker=rates[w] / rates[1], load=os.getloadavg()[0]))
+                         speedup_vs_1_worker=rates[w] / rates[1], serial_share=share,
+                         amdahl_bound_2=amdahl(share, 2) if w == 1 else None, load=os.getloadavg()[0]))
     notes = [f"overhead = (pool - plain loop) per env step, DirectionEnv (trivial: {rows[0]['plain_us_per_step']:.1f} "
              "us/step in the plain loop), the pool's workers in their own processes, one message per worker per "
              "call; goal <= 50 us", f"scaling: DirectionEnv with {iters:,} busy iterations per step (calibrated to "
              f"~{args.busy_ms:g} ms here), {n} envs; speedup_vs_1_worker of 2 workers, goal >= 1.7 (needs 2 idle "
-             "cores: see load, the 1-minute load average)"]
+             "cores: see load, the 1-minute load average); serial_share = the calling thread's CPU / all CPU of the "
+             "call (parent + workers), amdahl_bound_2 = 1 / (s + (1 - s) / 2), what 2 workers allow on 2 idle cores"]
     cols = ["measure", "envs", "workers", "envs_per_worker", "plain_us_per_step", "pool_us_per_step",
-            "overhead_us_per_step", "cpu_overhead_us_per_step", "steps_per_s", "speedup_vs_1_worker", "pool_spread_rel", "load"]
+            "overhead_us_per_step", "cpu_overhead_us_per_step", "steps_per_s", "speedup_vs_1_worker", "serial_share",
+            "amdahl_bound_2", "pool_spread_rel", "load"]
     return emit("env_python", "Python text envs: the worker-process pool vs the same envs in a plain loop", rows,
                 cols, Path(args.out), args, notes)
 

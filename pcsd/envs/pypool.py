@@ -46,6 +46,7 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import select
 import subprocess
 import sys
 import tempfile
@@ -53,7 +54,7 @@ import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -88,7 +89,7 @@ def _kill(procs: list) -> None:
         if p is None:
             continue
         try:
-            p.conn.send(None)
+            p.conn.send_bytes(pickle.dumps(None))
         except (OSError, ValueError):
             pass
     deadline = time.monotonic() + 2.0
@@ -199,7 +200,7 @@ class EnvWorkers:
         for w, ops in batches.items():
             start[w] = self._mark(w)
             try:
-                self._procs[w].conn.send(ops)
+                self._procs[w].conn.send_bytes(pickle.dumps(ops, pickle.HIGHEST_PROTOCOL))
                 pending.add(w)
             except (OSError, ValueError):  # it had died while idle: nothing of this call started
                 self._replace(w)
@@ -209,33 +210,43 @@ class EnvWorkers:
         def limit(w: int) -> float:  # a worker's start (Python, imports) is not a request's time
             return self.step_timeout if self._procs[w].ready else max(self.step_timeout, START_TIMEOUT)
 
+        poller = select.poll()  # one poll() over the workers' sockets (an answer, or EOF of a dead one)
+        by_fd = {}
+        for w in pending:
+            fd = self._procs[w].conn.fileno()
+            poller.register(fd, select.POLLIN)
+            by_fd[fd] = w
+
+        def done(w: int) -> None:
+            poller.unregister(self._procs[w].conn.fileno())
+            pending.discard(w)
+
         while pending:
             now = time.monotonic()
             timeout = max(0.0, min(seen[w][1] + limit(w) for w in pending) - now)
-            conns = {id(self._procs[w].conn): w for w in pending}
-            for c in wait([self._procs[w].conn for w in pending], timeout):
-                w = conns[id(c)]
+            for fd, _ in poller.poll(int(timeout * 1000) + 1):
+                w = by_fd[fd]
                 p = self._procs[w]
                 try:
-                    msg = p.conn.recv()
+                    msg = pickle.loads(p.conn.recv_bytes())
                 except (EOFError, OSError):
+                    done(w)
                     out[w] = self._fault(w, start[w], len(batches[w]), hung=False)
-                    pending.discard(w)
                     continue
                 if not p.ready:  # its first message says it started; the answer follows
                     p.ready = True
                     seen[w] = (self._mark(w), time.monotonic())
                     continue
                 out[w] = msg
-                pending.discard(w)
+                done(w)
             now = time.monotonic()
             for w in list(pending):
                 m = self._mark(w)
                 if m != seen[w][0]:
                     seen[w] = (m, now)
                 elif now - seen[w][1] >= limit(w):
+                    done(w)
                     out[w] = self._fault(w, start[w], len(batches[w]), hung=True)
-                    pending.discard(w)
         return out
 
     def _fault(self, w: int, start: tuple[int, int], n_ops: int, hung: bool) -> _Fault:

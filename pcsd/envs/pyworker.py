@@ -175,9 +175,9 @@ def main(sock_fd: int, mark_fd: int, index: int) -> None:
         except Exception as exc:
             error = f"the env factory could not be unpickled in the worker: {first_line(exc)}"
         state = _WorkerState(factory, error)
-        conn.send(("ready", os.getpid()))
+        conn.send_bytes(pickle.dumps(("ready", os.getpid())))
         while True:
-            ops = conn.recv()
+            ops = pickle.loads(conn.recv_bytes())
             if ops is None:
                 break
             out = []
@@ -187,7 +187,7 @@ def main(sock_fd: int, mark_fd: int, index: int) -> None:
                 out.append(state.run(op))
                 finished += 1
             MARK.pack_into(mm, off, started, finished)
-            conn.send(out)
+            conn.send_bytes(pickle.dumps(out, pickle.HIGHEST_PROTOCOL))
         state.close()
     except (EOFError, OSError):  # the parent went away
         pass
