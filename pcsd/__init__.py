@@ -7,7 +7,8 @@ checks it):
                    the weighting rules, GRPO advantages and token terms, the losses, packed log-probs
   pcsd.envs        the environments: the native ALFWorld engine, procedural games, experts, the pool
   pcsd.text        prompts: the Rust-backed prompt builder, skills, action parsing
-  pcsd.models      loading a causal LM, the device, the end-of-turn token
+  pcsd.models      loading a causal LM (a folder or a Hub id), the device, the end-of-turn token
+  pcsd.data        fetching the real data and models (``python -m pcsd.data`` / ``pcsd-data``)
   pcsd.rollout     generation backends (vLLM, HF) and the batched multi-turn rollout loop
   pcsd.eval        evaluation (``python -m pcsd.eval``)
   pcsd.train       the training job (``python -m pcsd.train``): config, methods, update, SFT, ...

@@ -1,5 +1,6 @@
 """Stubs for the private compiled module pcsd._envpool (rust_envpool/src/python/)."""
 
+import os
 from collections.abc import Mapping, Sequence
 
 __version__: str
@@ -143,6 +144,9 @@ class AlfworldGame:
     def source(self) -> str: ...
 # --- native WebShop (rust_envpool/src/python/webshop.rs) ---
 class WebShopStepError(RuntimeError): ...
+
+def webshop_scan_products(path: str | os.PathLike[str]) -> tuple[int, list[str]]: ...
+def webshop_json_length(path: str | os.PathLike[str]) -> int: ...
 
 class WebShop:
     @staticmethod

@@ -1,14 +1,167 @@
-"""Loading the models a job works with: the device, a Hugging Face causal LM from a checkpoint
-directory, and the end-of-turn token of a ChatML tokenizer. Shared by training, evaluation and the
-benchmarks; imports nothing of pcsd's upper layers."""
+"""Loading the models a job works with: the device, where a model is (a folder or a Hugging Face
+model id), a Hugging Face causal LM from a checkpoint directory, and the end-of-turn token of a
+ChatML tokenizer. Shared by training, evaluation, the diagnostics and the benchmarks; imports
+nothing of pcsd's upper layers.
+
+``model.path`` (and every ``--model`` of the commands) takes a local checkpoint folder or a
+Hugging Face model id (``Qwen/Qwen2.5-3B-Instruct``). An id resolves as ``transformers`` resolves
+it: to its snapshot in the Hugging Face cache (``HF_HOME`` / ``HF_HUB_CACHE``), downloaded there
+first unless ``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``); ``HF_ENDPOINT`` names a mirror.
+What the model is loaded from is always that local folder: the native prompt builder and vLLM read
+its files.
+"""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
+from typing import Optional
 
 import torch
 
-__all__ = ["compute_context", "eos_id", "load_model", "resolve_device", "set_compute_dtype"]
+__all__ = ["MODEL_FILES", "ModelNotFound", "check_model_spec", "compute_context", "eos_id", "hub_kwargs",
+           "is_model_id", "load_model", "model_config_file", "resolve_device", "resolve_model_path",
+           "set_compute_dtype"]
+
+#: the files of a model snapshot a job reads: config, tokenizer, chat template, safetensors weights
+MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class ModelNotFound(FileNotFoundError):
+    """``model.path`` names no usable model; the message is one line naming the key."""
+
+
+def is_model_id(spec: str | os.PathLike[str]) -> bool:
+    """Whether ``spec`` has the shape of a Hugging Face model id (``org/name``) and is no local path."""
+    s = os.fspath(spec)
+    return bool(_MODEL_ID.match(s)) and not Path(s).exists() and not s.startswith((".", "~"))
+
+
+def _offline() -> bool:
+    truthy = ("1", "true", "yes", "on")
+    return any(os.environ.get(v, "").strip().lower() in truthy for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_kwargs() -> dict:
+    """The hub endpoint and cache as the environment says now (``HF_ENDPOINT``, ``HF_HUB_CACHE``,
+    ``HF_HOME``): huggingface_hub reads them once at import, a job may set them later."""
+    kw: dict = {}
+    if os.environ.get("HF_ENDPOINT"):
+        kw["endpoint"] = os.environ["HF_ENDPOINT"].rstrip("/")
+    cache = os.environ.get("HF_HUB_CACHE") or (os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME")
+                                               else None)
+    if cache:
+        kw["cache_dir"] = cache
+    return kw
+
+
+def _hub_error(spec: str, key: str, exc: BaseException) -> ModelNotFound:
+    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    if isinstance(exc, GatedRepoError):
+        why = "a gated model: accept its licence on the Hub and log in (hf auth login, or HF_TOKEN)"
+    elif isinstance(exc, RepositoryNotFoundError):
+        why = "no such model on the Hub (or a private one: log in)"
+    elif isinstance(exc, RevisionNotFoundError):
+        why = "no such revision on the Hub"
+    elif isinstance(exc, LocalEntryNotFoundError):
+        why = ("not in the Hugging Face cache and the Hub cannot be reached" if not _offline() else
+               "not in the Hugging Face cache, and HF_HUB_OFFLINE is set")
+    else:
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+    return ModelNotFound(f"{key}={spec}: not a folder, and as a Hugging Face model id: {why} "
+                         f"(pcsd-data model {spec} fetches it into a folder)")
+
+
+def _local_folder(spec: str, key: str) -> Optional[Path]:
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ModelNotFound(f"{key}={p}: no config.json there (expected a Hugging Face checkpoint folder)")
+        return p
+    if p.exists():
+        raise ModelNotFound(f"{key}={p}: a file, not a folder (expected a Hugging Face checkpoint folder or a model id)")
+    if not is_model_id(spec):
+        raise ModelNotFound(f"{key}={p}: no such folder, and not a Hugging Face model id (org/name) either")
+    return None
+
+
+def _has_weights(folder: Path) -> bool:
+    """Whether a snapshot holds its weights: every shard its index names, else a safetensors file."""
+    import json
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError):
+            return False
+        return all((folder / s).is_file() for s in shards)
+    return any(folder.glob("*.safetensors"))
+
+
+def resolve_model_path(spec: str | os.PathLike[str], key: str = "model.path", *, revision: Optional[str] = None,
+                       download: bool = True) -> Path:
+    """The local folder of ``spec``: the folder itself, or a model id's snapshot in the Hugging
+    Face cache (downloaded there first when it is not cached, unless offline or ``download`` is
+    False). Raises :class:`ModelNotFound` with one line naming ``key``."""
+    spec = os.fspath(spec)
+    local = _local_folder(spec, key)
+    if local is not None:
+        return local
+    from huggingface_hub import snapshot_download
+
+    kw = hub_kwargs()
+    try:
+        path = Path(snapshot_download(spec, revision=revision, allow_patterns=MODEL_FILES, local_files_only=True,
+                                      **kw))
+        if not _has_weights(path):  # e.g. only the config.json that --plan fetched
+            from huggingface_hub.errors import LocalEntryNotFoundError
+
+            raise LocalEntryNotFoundError(f"{path} holds no weights")
+    except Exception as exc:  # not cached (whole): fetch it unless offline
+        if _offline() or not download:
+            raise _hub_error(spec, key, exc) from None
+        try:
+            path = Path(snapshot_download(spec, revision=revision, allow_patterns=MODEL_FILES, **kw))
+        except Exception as exc2:
+            raise _hub_error(spec, key, exc2) from None
+    if not (path / "config.json").is_file():
+        raise ModelNotFound(f"{key}={spec}: its snapshot {path} has no config.json (not a transformers model)")
+    return path
+
+
+def model_config_file(spec: str | os.PathLike[str], key: str = "model.path") -> Path:
+    """The ``config.json`` of ``spec`` alone (a folder's, or a model id's from the cache or the
+    Hub): what ``--plan`` reads, without fetching weights."""
+    spec = os.fspath(spec)
+    local = _local_folder(spec, key)
+    if local is not None:
+        return local / "config.json"
+    from huggingface_hub import hf_hub_download
+
+    kw = hub_kwargs()
+    try:
+        return Path(hf_hub_download(spec, "config.json", local_files_only=_offline(), **kw))
+    except Exception as exc:
+        raise _hub_error(spec, key, exc) from None
+
+
+def check_model_spec(spec: str | os.PathLike[str], key: str = "model.path") -> None:
+    """Checks ``spec`` when a config is read, before anything is loaded: a checkpoint folder, or a
+    model id that is cached or can be fetched (offline, it must be cached). Nothing is downloaded."""
+    spec = os.fspath(spec)
+    if _local_folder(spec, key) is not None or not _offline():
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    hit = try_to_load_from_cache(spec, "config.json", cache_dir=hub_kwargs().get("cache_dir"))
+    if not isinstance(hit, str):
+        raise ModelNotFound(f"{key}={spec}: not a folder, and as a Hugging Face model id: not in the Hugging Face "
+                            f"cache, and HF_HUB_OFFLINE is set (pcsd-data model {spec} fetches it into a folder)")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -18,13 +171,13 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_model(path: str | Path, device: torch.device, dtype: str = "auto"):
+    """The causal LM at ``path`` (a folder or a Hugging Face model id, see
+    :func:`resolve_model_path`) on ``device``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    p = Path(path)
     if dtype not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"dtype must be auto, float32 or bfloat16, got {dtype!r}")
-    if not (p / "config.json").is_file():
-        raise FileNotFoundError(f"model.path={p}: no config.json there (expected a HF checkpoint directory)")
+    p = resolve_model_path(path)
     cfg = AutoConfig.from_pretrained(p)
     if not any(a.endswith("ForCausalLM") for a in (cfg.architectures or [])):
         raise ValueError(f"model.path={p} is not a causal LM (architectures: {cfg.architectures})")

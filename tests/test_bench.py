@@ -257,3 +257,103 @@ def test_cli_entry_point(tmp_path, child_env):
     res = subprocess.run([sys.executable, "-m", "pcsd.bench", "logprobs", "--tokens", "x"],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=child_env)
     assert res.returncode == 2 and "--tokens" in res.stderr
+
+
+# ----------------------------------------------------------------------------- gpu: the GPU path's proof
+GPU_PARTS = ["op", "fused", "update", "paper_update", "hf_generation", "vllm", "cuda_tests"]
+
+
+def test_gpu_cpu_small_runs_every_part_that_can_run_on_a_cpu(tmp_path, child_env):
+    """What CI runs: `python -m pcsd.bench gpu --device cpu --small` (a subprocess: vLLM's CPU build
+    wants the entry point's OMP_NUM_THREADS=1)."""
+    res = subprocess.run([sys.executable, "-m", "pcsd.bench", "gpu", "--device", "cpu", "--small", "--out",
+                          str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=child_env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads((tmp_path / "gpu.json").read_text())
+    assert data["device"] == "cpu" and data["small"] is True
+    assert {"torch", "cuda", "transformers", "native", "line"} <= set(data["machine"])
+    status = {p["name"]: p["status"] for p in data["parts"]}
+    assert list(status) == GPU_PARTS
+    want_pass = {"op", "fused", "paper_update", "hf_generation"}
+    if importlib.util.find_spec("vllm") is not None:
+        want_pass.add("vllm")
+    assert {k for k, v in status.items() if v == "pass"} == want_pass, status
+    for p in data["parts"]:
+        assert p["status"] == "pass" or p["reason"], p  # a skip says why
+        assert p["status"] != "pass" or (p["checks"] and all(c["ok"] for c in p["checks"]))
+    paper = next(p for p in data["parts"] if p["name"] == "paper_update")["figures"]
+    for side in ("fused", "recompute"):
+        assert paper[side]["tokens_per_s"] > 0 and paper[side]["predicted_GiB"] > 0
+    md = (tmp_path / "gpu.md").read_text()
+    assert "| part | status | seconds | result |" in md and all(f"| {n} |" in md for n in GPU_PARTS)
+
+
+def test_gpu_part_that_fails_does_not_stop_the_others(tmp_path, monkeypatch):
+    from pcsd.bench import gpu
+
+    def broken(part, ctx):
+        raise RuntimeError("CUDA out of memory (a stand-in)")
+
+    monkeypatch.setitem(gpu.PARTS, "fused", broken)
+    with pytest.raises(SystemExit, match="1 part\\(s\\) failed"):
+        bench_main(["gpu", "--device", "cpu", "--small", "--parts", "fused", "update", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "gpu.json").read_text())
+    parts = {p["name"]: p for p in data["parts"]}
+    assert parts["fused"]["status"] == "fail" and "CUDA out of memory" in parts["fused"]["reason"]
+    assert "Traceback" in parts["fused"]["figures"]["traceback"]
+    assert parts["update"]["status"] == "skipped" and "needs --device cuda" in parts["update"]["reason"]
+    assert "| fused | fail |" in (tmp_path / "gpu.md").read_text()
+
+
+def test_gpu_failed_check_fails_its_part(tmp_path):
+    from pcsd.bench import gpu
+
+    want = gpu.update_on("cpu")
+    part = gpu.Part("update")
+    assert gpu.compare_updates(part, want, want) == 0.0 and all(c["ok"] for c in part.checks)
+    stats, grads = want
+    off = dict(grads)
+    name = next(iter(off))
+    off[name] = off[name] + 1e-3 * off[name].abs().max()
+    part = gpu.Part("update")
+    gpu.compare_updates(part, (stats, off), want)
+    failed = [c["what"] for c in part.checks if not c["ok"]]
+    assert failed == ["every gradient equal within 0.0001 of its largest element"]
+
+
+def test_gpu_bad_arguments(tmp_path, capsys):
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="--device cuda: no CUDA device here"):
+            bench_main(["gpu", "--device", "cuda", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        bench_main(["gpu", "--parts", "nope", "--out", str(tmp_path)])
+    assert "--parts: invalid choice: 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--repeats: the gpu benchmark times each part once"):
+        bench_main(["gpu", "--device", "cpu", "--repeats", "3", "--out", str(tmp_path)])
+
+
+def test_gpu_cuda_branches_run_with_a_stand_in_allocator(tmp_path, monkeypatch):
+    """The parts' CUDA-only lines (peak memory beside the plan) run here with torch.cuda's memory
+    counters standing in (no GPU): the figures are fake, the code paths and their keys are real."""
+    from pcsd.bench import gpu
+
+    class CudaCtx(gpu.Ctx):
+        @property
+        def cuda(self) -> bool:
+            return True
+
+        def sync(self) -> None:
+            pass
+
+    for fn, value in (("reset_peak_memory_stats", None), ("max_memory_allocated", 3 << 30),
+                      ("max_memory_reserved", 4 << 30), ("synchronize", None), ("empty_cache", None)):
+        monkeypatch.setattr(torch.cuda, fn, lambda *a, _v=value, **k: _v)
+    ctx = CudaCtx(torch.device("cpu"), True, tmp_path, None)
+    parts = {name: gpu.run_part(name, ctx) for name in ("fused", "paper_update", "hf_generation")}
+    for name, part in parts.items():
+        assert part.status == "pass", (name, part.reason, part.figures.get("traceback"))
+    paper = parts["paper_update"].figures
+    assert paper["fused"]["peak_allocated_GiB"] == 3.0 and paper["fused"]["measured_vs_predicted"] > 0
+    assert paper["recompute"]["predicted_lines"]["AdamW step temporaries (foreach)"] > 0
+    assert parts["hf_generation"].figures["predicted_GiB"] > 0
+    assert parts["fused"].figures["fused_bf16_peak_allocated_GiB"] == 3.0

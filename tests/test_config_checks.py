@@ -45,6 +45,7 @@ def test_pcsd_parameters_with_the_ops_messages(override, message):
     ("optim.lr=nan", "optim.lr=nan must be a finite number"),
     ("optim.lr=0", "optim.lr must be > 0"),
     ("rollout.gpu_memory_utilization=1.2", "rollout.gpu_memory_utilization must be in (0, 1)"),
+    ("rollout.sync_bucket_mb=0", "rollout.sync_bucket_mb must be > 0"),
     ("eval.every=-1", "eval.every must be >= 0"),
     ("eval.protocol=best", "eval.protocol='best' is not valid"),
 ])

@@ -48,3 +48,16 @@ def test_readme_is_a_first_screen_and_its_links_exist():
     assert len(readme.splitlines()) <= 160
     for ref in sorted(set(re.findall(r"`((?:docs|benchmarks|tools|pcsd)/[\w./-]+)`", readme))):
         assert (ROOT / ref).exists(), f"README points to {ref}, which does not exist"
+
+
+def test_readme_stands_alone():
+    """No path outside the repository (a user's clone has no ../shared/), the paper cited by its
+    title, and the first paper run's commands (their run against local servers: tests/test_data.py)."""
+    readme = (ROOT / "README.md").read_text()
+    outside = re.findall(r"(?:\.\./|/work/|/models/|/shared/)[\w./-]*", readme)
+    assert outside == [], f"README names paths outside the repository: {outside}"
+    assert "PCSD: Persistent Consistency for Self-Distillation in Agentic" in readme
+    first = readme.split("## First paper run", 1)[1].split("\n## ", 1)[0]
+    for cmd in ("pip install", "pcsd-data alfworld", "pcsd-data model Qwen/Qwen2.5-3B-Instruct", "--plan",
+                "-m pcsd.train", "python -m pcsd.eval"):
+        assert cmd in first, cmd

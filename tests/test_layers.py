@@ -18,6 +18,7 @@ ALLOWED: dict[str, set[str]] = {
     "text": set(),
     "models": set(),
     "progress": set(),
+    "data": {"envs", "models", "progress"},
     "rollout": {"envs", "text", "models"},
     "testing": {"rollout", "envs", "text", "models"},
     "eval": {"rollout", "envs", "text", "models", "progress", "testing"},

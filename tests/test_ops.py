@@ -485,6 +485,7 @@ def test_nonfinite_gap_at_masked_position_is_allowed():
     assert bool(torch.isfinite(w).all()) and float(w[1]) == 0.0 and float(w[3]) == 0.0
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_device_mismatch_is_reported():
     with pytest.raises(ValueError, match="cu_seqlens must be on gap's device"):

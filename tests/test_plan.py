@@ -55,13 +55,153 @@ def test_paper_presets_fit_the_documented_machines(preset, gpus, mem):
 
 def test_a_plan_that_does_not_fit_names_the_setting():
     cfg = load_config(["preset=alfworld-qwen2.5-3b", "optim.gradient_checkpointing=false"])
-    plan = memory_plan(cfg, 1, 80 * GiB)
+    plan = memory_plan(cfg, 1, 80 * GiB, varlen=True)
     assert not plan.fits
     text = plan.render()
     assert "does NOT fit" in text and "optim.tokens_per_microbatch to <=" in text
     assert "optim.gradient_checkpointing=true" in text
+    fit = int(text.split("optim.tokens_per_microbatch to <= ")[1].split(";")[0])
+    at = load_config(["preset=alfworld-qwen2.5-3b", "optim.gradient_checkpointing=false",
+                      f"optim.tokens_per_microbatch={fit}"])
+    over = load_config(["preset=alfworld-qwen2.5-3b", "optim.gradient_checkpointing=false",
+                        f"optim.tokens_per_microbatch={fit + 1}"])
+    assert memory_plan(at, 1, 80 * GiB, varlen=True).fits  # the advice is the largest budget that fits
+    assert not memory_plan(over, 1, 80 * GiB, varlen=True).fits
+    # padded to twice the budget, not even one row's micro-batch fits without checkpointing
+    padded = memory_plan(cfg, 1, 80 * GiB, varlen=False).render()
+    assert "tokens_per_microbatch" not in padded and "more GPUs" in padded
     small = memory_plan(load_config(["preset=alfworld-qwen2.5-3b"]), 1, 40 * GiB)
     assert not small.fits and "more GPUs" in small.render()
+    hf = memory_plan(load_config(["preset=alfworld-qwen2.5-3b", "rollout.backend=hf"]), 1, 70 * GiB, varlen=True)
+    assert not hf.fits and "the hf backend's generation does not fit" in hf.render()
+
+
+# ----------------------------------------------------------------------------- the arithmetic, by hand
+# Qwen2.5-3B: V = 151,936, H = 2,048, I = 11,008, 36 layers, 16 heads, 2 KV heads of 128, tied, q/k/v bias.
+# A layer: q 2048*2048 + k, v 2*2048*256 + o 2048*2048 + MLP 3*2048*11008 + 2 norms 2*2048 + bias 2048+2*256
+#        = 4,194,304 + 1,048,576 + 4,194,304 + 67,633,152 + 4,096 + 2,560 = 77,076,992
+# P = embeddings 151,936*2,048 (311,164,928) + 36 layers (2,774,771,712) + final norm 2,048 = 3,085,938,688
+Q25_P = 3_085_938_688
+# Qwen3-1.7B: I = 6,144, 28 layers, 16 heads, 8 KV heads of 128, tied, q/k norms (2*128), no bias.
+# A layer: 4,194,304 + 2*2048*1024 (4,194,304) + 4,194,304 + 3*2048*6144 (37,748,736) + 4,096 + 256 = 50,336,000
+# P = 311,164,928 + 28 * 50,336,000 (1,409,408,000) + 2,048 = 1,720,574,976
+Q3_P = 1_720_574_976
+V, H = 151_936, 2_048
+HEAD_W = V * H * 4  # 1,244,659,712: the float32 [V, H] lm-head gradient (and the FSDP fused copy)
+# fused tile: max(2**24 // V = 110, the longest response 512) rows of V float32 = 311,164,928
+TILE = 512 * V * 4
+
+
+def rows_of(plan):
+    return {r.item: r.size for r in plan.rows}
+
+
+def test_parameter_counts_by_hand():
+    assert Shape.from_config(BUILTIN_SHAPES["qwen2.5-3b"], "q").params() == Q25_P
+    assert Shape.from_config(BUILTIN_SHAPES["qwen3-1.7b"], "q").params() == Q3_P
+
+
+def test_qwen25_3b_on_one_80gb_gpu_by_hand():
+    cfg = load_config(["preset=alfworld-qwen2.5-3b"])  # checkpointing, 16384 tokens, fused, vLLM 0.25
+    # activations per token, checkpointed, fp32 residual (autocast), bf16 compute:
+    #   each layer's fp32 input 36*4*2048 = 294,912
+    #   one layer recomputed: norms 2*(4*2048 + 2*2048) = 24,576; q,k,v 2*(2048 + 2*256) = 5,120;
+    #   attention out 2*2048 + lse 4*16 = 4,160; MLP 2*4*11008 = 88,064; pre-rotary q,k 2*(2048+256) = 4,608
+    #   -> 126,528; the final hidden states 4*2048 = 8,192
+    per_tok = 294_912 + 126_528 + 8_192  # 429,632 B = 420 KiB
+    static = 4 * Q25_P + 4 * Q25_P + 8 * Q25_P + 2 * Q25_P + 2 * GiB  # 57,694,380,032
+    lm = HEAD_W + 16_384 * H * 4 + TILE  # [V,H] + [16384,H] + the tile = 1,690,042,368
+    for varlen, beyond in ((False, 16_384 * per_tok), (True, 0)):  # sdpa: padded to <= 2 x 16384 positions
+        plan = memory_plan(cfg, 1, 80 * GiB, varlen=varlen)
+        r = rows_of(plan)
+        assert r["AdamW step temporaries (foreach)"] == 4 * Q25_P == 12_343_754_752
+        assert r["lm-head gradient buffers"] == lm == 1_690_042_368
+        assert r["micro-batch beyond the budget"] == beyond
+        assert r["activations (16384 tokens)"] == 16_384 * per_tok == 7_039_090_688
+        assert r["vLLM CUDA graphs (asleep)"] == GiB
+        assert "FSDP lm-head weight (fused pass)" not in r
+        assert plan.static_bytes == static
+        micro = 2 * Q25_P + 16_384 * per_tok + beyond + lm + GiB  # autocast's bf16 weights ... graphs
+        step = 4 * Q25_P + GiB
+        assert plan.microbatch_bytes == micro and plan.step_bytes == step
+        assert plan.rollout_bytes == 20 * GiB
+        assert plan.peak == static + max(20 * GiB, micro, step)
+    assert memory_plan(cfg, 1, 80 * GiB, varlen=False).peak == 80_708_222_976  # 75.17 GiB: fits, 94 %
+    # vLLM's KV cache: 20 GiB - bf16 weights 2P - 1 GiB activations - 1 GiB graphs = 13,155,475,456 B;
+    # a 2560-token sequence needs 2560 * 2 * 36 * 2 * 128 * 2 = 94,371,840 B -> 139 at once
+    kv_row = [r for r in memory_plan(cfg, 1, 80 * GiB).rows if r.item == "  of which KV cache"][0]
+    assert kv_row.size == 20 * GiB - 2 * Q25_P - 2 * GiB == 13_155_475_456 and "~139 sequences" in kv_row.how
+
+
+def test_qwen3_17b_on_8_40gb_gpus_by_hand():
+    cfg = load_config(["preset=alfworld-qwen3-1.7b"])
+    plan = memory_plan(cfg, 8, 40 * GiB, varlen=False)
+    r = rows_of(plan)
+    assert r["AdamW step temporaries (foreach)"] == 4 * Q3_P // 8 == 860_287_488
+    assert r["FSDP lm-head weight (fused pass)"] == HEAD_W  # gathered once per micro-batch, float32
+    assert r["lm-head gradient buffers"] == HEAD_W + 16_384 * H * 4 + TILE
+    # FSDP2: the unsharded root (embeddings + final norm: 311,164,928 + 2,048) + 2 layers, in bf16
+    assert r["compute-dtype weights (update)"] == (311_166_976 + 2 * 50_336_000) * 2 == 823_677_952
+    # activations per token under FSDP (bf16 residual): inputs 28*2*2048 = 114,688; one layer: norms
+    # 2*(2*2048 + 2*2048) = 16,384, q,k,v 2*(2048 + 2*1024) = 8,192, attention out 2*2048 + 64 = 4,160,
+    # MLP 2*4*6144 = 49,152, pre-rotary q,k 2*(2048 + 1024) = 6,144 -> 84,032; final hidden 8,192
+    per_tok = 114_688 + 84_032 + 8_192  # 206,912
+    assert r["activations (16384 tokens)"] == 16_384 * per_tok
+    assert r["micro-batch beyond the budget"] == 16_384 * per_tok
+    assert plan.static_bytes == (4 + 4 + 8 + 2) * Q3_P // 8 + 2 * GiB  # P is a multiple of 8
+    micro = 823_677_952 + 2 * 16_384 * per_tok + (HEAD_W + 16_384 * H * 4 + TILE) + HEAD_W + GiB
+    assert plan.microbatch_bytes == micro
+    assert plan.step_bytes == 860_287_488 + GiB
+    assert plan.peak == plan.static_bytes + max(int(0.25 * 40 * GiB), micro)
+    assert plan.fits
+
+
+def test_hf_backend_generation_is_counted_by_hand():
+    cfg = load_config(["preset=alfworld-qwen2.5-3b", "rollout.backend=hf"])
+    r = rows_of(memory_plan(cfg, 1, 80 * GiB, varlen=True))
+    # 64 sequences at once (HFBackend.max_batch; the rank plays 128) of 2048 + 512 tokens:
+    kv = 64 * 2_560 * (2 * 36 * 2 * 128 * 2)  # bf16 K and V: 36,864 B per token -> 6,039,797,760
+    prefill = 64 * 2_048 * (2 * 4 * 2_048 + 3 * 2 * 11_008)  # fp32 stream + normed copy, gate/up/product
+    logits = 64 * V * (4 * 4 + 8)  # four float32 copies + int64 sort indices per entry
+    assert r["hf generation (KV, prefill, logits)"] == kv + prefill + logits == 17_077_698_560
+    assert r["hf generation: cast weights"] == 2 * Q25_P
+    assert "vLLM (rollout)" not in r and "vLLM CUDA graphs (asleep)" not in r
+    # sharded: every rank keeps a full bf16 copy to generate with (static), 32 sequences per rank
+    four = memory_plan(cfg, 4, 80 * GiB, varlen=True)
+    r4 = rows_of(four)
+    assert r4["hf generation copy (full)"] == 2 * Q25_P
+    assert r4["hf generation (KV, prefill, logits)"] == 32 * 2_560 * 36_864 + 32 * 2_048 * (
+        2 * 2 * 2_048 + 3 * 2 * 11_008) + 32 * V * 24
+    assert four.static_bytes == (4 * Q25_P // 4) * 2 + 8 * Q25_P // 4 + 2 * Q25_P // 4 + 2 * GiB + 2 * Q25_P
+
+
+def test_hf_batch_is_the_backends():
+    import inspect
+
+    from pcsd.rollout.backends import HFBackend
+    from pcsd.train.plan import HF_MAX_BATCH
+
+    assert inspect.signature(HFBackend.__init__).parameters["max_batch"].default == HF_MAX_BATCH
+
+
+def test_predict_update_for_a_batch_by_hand():
+    from pcsd.train.plan import batch_microbatch, predict_update
+
+    cfg = load_config(["preset=alfworld-qwen2.5-3b", "optim.tokens_per_microbatch=100",
+                       "rollout.max_prompt_tokens=80", "rollout.max_response_tokens=20"])
+    prompts, responses = [10, 80, 60, 5], [5, 5, 10, 0]  # sizes 15, 85 | 70 | (no response: left out)
+    padded = batch_microbatch(cfg, prompts, responses, varlen=False)
+    assert (padded.tokens, padded.base, padded.response_tokens, padded.longest_response) == (170, 100, 10, 10)
+    packed = batch_microbatch(cfg, prompts, responses, varlen=True)
+    assert (packed.tokens, packed.base, packed.response_tokens) == (100, 100, 10)
+    plan = predict_update(cfg, prompts, responses, varlen=False)
+    r = rows_of(plan)
+    assert "CUDA context + slack" not in r and "vLLM (rollout)" not in r and "vLLM CUDA graphs (asleep)" not in r
+    assert plan.static_bytes == 18 * Q25_P
+    assert r["activations (100 tokens)"] == 100 * 429_632
+    assert r["micro-batch beyond the budget"] == 70 * 429_632
+    assert r["lm-head gradient buffers"] == HEAD_W + 10 * H * 4 + 110 * V * 4  # tile: 2**24 // V = 110 rows
+    assert plan.update_bytes == max(2 * Q25_P + 170 * 429_632 + r["lm-head gradient buffers"], 4 * Q25_P)
 
 
 def test_cli_plan_prints_and_loads_nothing(capsys, monkeypatch):

@@ -1,4 +1,5 @@
-"""The benchmarks: ``python -m pcsd.bench {op,env,prompts,logprobs,step,rollout,all}``.
+"""The benchmarks: ``python -m pcsd.bench {op,env,prompts,logprobs,step,rollout,all}``, and ``gpu``,
+the proof of the GPU path (:mod:`pcsd.bench.gpu`; not part of ``all``).
 
 Every subcommand runs both sides of each comparison in the same invocation, after a warm-up,
 ``--repeats`` times, and reports the median and the spread (max - min). Each prints a rich table
@@ -10,6 +11,8 @@ headed by the machine line (CPU model, cores, GPU, torch version) and writes
     python -m pcsd.bench logprobs --tokens 2048 --hidden 64
     python -m pcsd.bench step --models real-vocab      # one GRPO + PCSD step vs the straightforward one
     python -m pcsd.bench rollout --model-path /models/Qwen2.5-3B-Instruct   # CUDA GPU only: real model
+    python -m pcsd.bench gpu --out gpu-results      # the GPU path, part by part (<= 8 min on one H100)
+    python -m pcsd.bench gpu --device cpu --small   # every part that runs on a CPU (< 2 min, CI)
 
 ``env`` sets the native pool against the real alfworld engine stepped one env at a time and in a
 Python multiprocessing pool (worker processes holding real envs); ``rollout`` sets the vLLM
@@ -17,8 +20,9 @@ backend against HF. With a CUDA GPU, ``op`` and ``logprobs`` add CUDA rows and `
 --model-path`` measures the given model's generation tokens/s and rollout split on the GPU.
 
 Layout: :mod:`pcsd.bench.common` holds what every benchmark shares (machine line, timing, tables);
-each benchmark is one module (``op``, ``env``, ``prompts``, ``logprobs``, ``step``, ``rollout``) with its
-arguments, sizes and ``run``; :mod:`pcsd.bench.cli` is the command line. The benchmarks import
+each benchmark is one module (``op``, ``env``, ``prompts``, ``logprobs``, ``step``, ``rollout``,
+``gpu`` with the self-test cases of the op in ``op_cases``) with its arguments, sizes and ``run``;
+:mod:`pcsd.bench.cli` is the command line. The benchmarks import
 from every layer below them (ops, envs, text, rollout); nothing imports ``pcsd.bench``.
 """
 

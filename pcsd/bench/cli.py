@@ -1,5 +1,6 @@
 """The ``python -m pcsd.bench`` / ``pcsd-bench`` command line: one subcommand per benchmark module
-(each module owns its arguments, its sizes and its ``run``), and ``all`` runs them in turn."""
+(each module owns its arguments, its sizes and its ``run``), and ``all`` runs the benchmarks in turn
+(``gpu``, the proof of the GPU path, runs on its own)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import time
 from types import ModuleType
 from typing import Sequence
 
-from pcsd.bench import env, logprobs, op, prompts, rollout, step
+from pcsd.bench import env, gpu, logprobs, op, prompts, rollout, step
 from pcsd.bench.common import add_common, fill_defaults
 
 #: the benchmarks in the order ``all`` runs them
 BENCHMARKS: tuple[ModuleType, ...] = (op, env, prompts, logprobs, step, rollout)
 SUBCOMMANDS: tuple[str, ...] = tuple(m.NAME for m in BENCHMARKS)
-_BY_NAME = {m.NAME: m for m in BENCHMARKS}
+#: every subcommand's module: the benchmarks and ``gpu``
+_BY_NAME = {m.NAME: m for m in BENCHMARKS + (gpu,)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,8 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ap = argparse.ArgumentParser(prog="python -m pcsd.bench", description=pcsd.bench.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{" + ",".join(SUBCOMMANDS) + ",all}")
-    for mod in BENCHMARKS:
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{" + ",".join(_BY_NAME) + ",all}")
+    for mod in _BY_NAME.values():
         p = sub.add_parser(mod.NAME, help=mod.HELP)
         add_common(p)
         mod.add_arguments(p)

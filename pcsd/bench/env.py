@@ -422,16 +422,19 @@ def cmd_env_webshop(root: Path, args) -> dict:
     from pcsd.bench import webshop
 
     rows = webshop.per_kind_rows(root, max(1, args.repeats))
-    rows.append(webshop.scale_row(root, args.webshop_products))
+    for n in args.webshop_products:
+        rows.append(webshop.scale_row(root, n))
     notes = ["original_ms: median per env.step of princeton-nlp/WebShop (pyserini/Lucene, spaCy, Flask templates, "
              "bs4) recorded with the same actions in traces_public.jsonl.gz on a 2-core machine (FACTS.md); native_us: "
              "the same steps through pcsd.envs.webshop (Python call included), median over the replays; speedup = "
              "original / native per step on one core",
-             "scale row: the 1k products repeated with new ASINs and varied titles; load_and_index_s = streaming "
-             "JSON load + index build + goal generation; rss_added_mib = resident memory added by the load; "
+             "scale rows: synthetic catalogues built like the real one (pcsd.bench.webshop.synthetic_catalogue), "
+             "loaded in a fresh process; load_and_index_s = streaming JSON load + index build + goal generation; "
+             "rss_mib / rss_added_mib / peak_rss_mib = resident memory after the load / added by it / at its peak; "
              "search = WebShop.search on goal instructions (analyzer + BM25 + top 50)"]
     cols = ["engine", "action", "steps", "native_us", "original_ms", "speedup", "products", "goals",
-            "load_and_index_s", "rss_added_mib", "search_median_us", "search_p90_us", "original_lucene_query_ms"]
+            "catalogue_gb", "load_and_index_s", "rss_mib", "rss_added_mib", "peak_rss_mib", "search_median_us",
+            "search_p90_us", "original_lucene_query_ms"]
     return emit("env_webshop", "WebShop: native engine per step vs the original, and a large catalogue", rows, cols,
                 Path(args.out), args, notes)
 
@@ -441,7 +444,7 @@ HELP = "native env pool vs the real alfworld engine (alone and in a process pool
 #: sizes: (full, --quick, --tiny); --tiny is for the tests (seconds)
 DEFAULTS: dict[str, tuple] = dict(sizes=([128, 1024, 4096], [128, 1024], [16]), repeats=(5, 3, 2), games=(64, 16, 2),
                 real_games=(4, 2, 1), stream_len=(10, 10, 3), mp_envs=(16, 4, 2),
-                webshop_products=(100_000, 20_000, 2_000), **pyenv.DEFAULTS)
+                webshop_products=([100_000], [20_000], [2_000]), **pyenv.DEFAULTS)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -460,7 +463,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "cycle)")
     p.add_argument("--no-real", action="store_true", help="skip the real alfworld engine (alone and mp pool)")
     p.add_argument("--webshop", help="WebShop data folder (default $WEBSHOP_DATA): adds the WebShop rows")
-    p.add_argument("--webshop-products", type=pos_int, help="products in the synthetic WebShop scale row")
+    p.add_argument("--webshop-products", type=pos_int, nargs="+",
+                   help="products in the synthetic WebShop scale rows (the full catalogue, 1181436: "
+                        "benchmarks/webshop_catalogue.py)")
     pyenv.add_arguments(p)
 
 

@@ -1,25 +1,19 @@
 """WebShop rows of ``pcsd.bench env``: the native engine per step by action kind (replaying the
 recorded episodes of the original, whose own per-step times on this kind of machine are in the
-recording) and a scale row on a synthetic catalogue (index build time, memory, search latency)."""
+recording) and scale rows on synthetic catalogues built like the real one, up to the full 1.18 M
+products (load and index time, resident memory, search latency; ``benchmarks/webshop_catalogue.py``)."""
 
 from __future__ import annotations
 
 import gzip
 import json
-import os
-import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 KINDS = ("search", "click_product", "click_option", "click_nav", "click_subpage", "click_buy", "invalid")
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def per_kind_rows(root: Path, repeats: int) -> list[dict[str, Any]]:
@@ -67,48 +61,101 @@ def per_kind_rows(root: Path, repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _synthetic_catalogue(root: Path, out: Path, n: int, seed: int = 0) -> None:
-    """``n`` products: the 1k set's products over and over, each with a new ASIN and a few title
-    words swapped in from other products (so documents differ), with attributes and instructions."""
-    rng = random.Random(seed)
+#: products in the full WebShop catalogue (``items_shuffle.json``)
+FULL_CATALOGUE = 1_181_436
+
+_CHILD = r"""
+import json, statistics, sys, time
+def status():
+    d = {}
+    for line in open('/proc/self/status'):
+        k, _, v = line.partition(':')
+        if k in ('VmRSS', 'VmHWM'):
+            d[k] = int(v.split()[0]) * 1024
+    return d
+import pcsd.envs.webshop as ws
+before = status()['VmRSS']
+t0 = time.perf_counter()
+shop = ws.WebShop.load(sys.argv[1])
+load_s = time.perf_counter() - t0
+after = status()
+qs = json.loads(sys.argv[2])
+lat = []
+for q in qs:
+    t1 = time.perf_counter_ns(); shop.search(q); lat.append((time.perf_counter_ns() - t1) / 1e3)
+actions, reward, done = ws.run_expert(shop.env(), 0)  # a purchase: the reward reads the noun table
+assert done, actions
+print(json.dumps(dict(products=shop.num_products, goals=shop.num_goals, load_and_index_s=load_s,
+                      rss_mib=after['VmRSS'] / 2**20, rss_added_mib=(after['VmRSS'] - before) / 2**20,
+                      peak_rss_mib=after['VmHWM'] / 2**20, search_median_us=statistics.median(lat),
+                      search_p90_us=sorted(lat)[int(0.9 * (len(lat) - 1))])))
+"""
+
+
+def synthetic_catalogue(root: Path, out: Path, n: int, seed: int = 0) -> Path:
+    """Writes an ``n``-product catalogue built like the real one to ``out/data`` and returns ``out``.
+
+    Each product is a product of the 1k set drawn at random (so every field — title, description,
+    bullet points, options, prices, categories — keeps the size distribution of
+    ``items_shuffle_1000.json``, and its attributes and instruction that of ``items_ins_v2_1000.json``),
+    with a new ASIN, and with words of a Zipf-distributed vocabulary added to its title (3) and
+    description (5), so that the index's vocabulary grows with the catalogue as a real one does. The
+    noun table covers every name (the template's nouns and the added title words). Written as
+    ``items_shuffle.json`` / ``items_ins_v2.json`` / ``spacy_nouns.json``, the full set's names."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
     base = json.loads((root / "data" / "items_shuffle_1000.json").read_text())
     attrs = json.loads((root / "data" / "items_ins_v2_1000.json").read_text())
-    vocab = [w for p in base for w in p["name"].split()[:6]]
-    items, out_attrs = [], {}
-    for i in range(n):
-        p = dict(base[i % len(base)])
-        asin = f"S{i:09d}"
-        extra = " ".join(rng.choice(vocab) for _ in range(3))
-        p["name"] = f"{p['name']} {extra}"
-        a = attrs.get(p["asin"], {"attributes": []})
-        p["asin"] = asin
-        items.append(p)
-        out_attrs[asin] = a
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "items_shuffle_1000.json").write_text(json.dumps(items))
-    (out / "items_ins_v2_1000.json").write_text(json.dumps(out_attrs))
-    (out / "items_human_ins.json").write_text("{}")
+    nouns_1k = json.loads((root / "facts" / "spacy_nouns_1k.json").read_text())["by_name"]
+    pick = rng.integers(0, len(base), size=n)
+    ranks = np.minimum(rng.zipf(1.25, size=(n, 8)), 50_000_000)
+    data = out / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    out_attrs, by_name = {}, {}
+    with open(data / "items_shuffle.json", "w", encoding="utf-8") as f:
+        f.write("[")
+        for i in range(n):
+            t = base[int(pick[i])]
+            words = [f"w{int(r):x}" for r in ranks[i]]
+            p = dict(t)
+            p["asin"] = f"S{i:09d}"
+            p["name"] = f"{t['name']} {' '.join(words[:3])}"
+            p["full_description"] = f"{t.get('full_description') or ''} {' '.join(words[3:])}"
+            f.write(("," if i else "") + json.dumps(p, ensure_ascii=False))
+            out_attrs[p["asin"]] = attrs.get(t["asin"], {"attributes": []})
+            by_name[p["name"]] = {"nouns": nouns_1k.get(t["name"], {"nouns": []})["nouns"] + words[:3]}
+        f.write("]")
+    (data / "items_ins_v2.json").write_text(json.dumps(out_attrs))
+    (data / "items_human_ins.json").write_text("{}")
+    (data / "spacy_nouns.json").write_text(json.dumps({"by_name": by_name}, ensure_ascii=False))
+    return out
 
 
-def scale_row(root: Path, n: int, queries: int = 200) -> dict[str, Any]:
-    """Loads a synthetic ``n``-product catalogue: load + index time, resident memory added, search
-    latency (median of ``queries`` goal instructions of the 1k set)."""
+def scale_row(root: Path, n: int, queries: int = 200, keep: Optional[Path] = None) -> dict[str, Any]:
+    """Loads a synthetic ``n``-product catalogue (:func:`synthetic_catalogue`) in a fresh process:
+    load + index + goals time, resident memory (after the load, added by it, and the peak), search
+    latency (median of ``queries`` goal instructions of the 1k set). ``keep``: write the catalogue
+    there and keep it (else a temporary folder)."""
+    import subprocess
+    import sys
+
     from pcsd.envs.webshop import WebShop
 
     small = WebShop.load(root / "data")
     qs = [small.goal(i)["instruction_text"] for i in range(0, small.num_goals, max(1, small.num_goals // queries))]
     with tempfile.TemporaryDirectory(prefix="pcsd-webshop-scale-") as tmp:
-        _synthetic_catalogue(root, Path(tmp), n)
-        rss0 = _rss_bytes()
+        folder = keep or Path(tmp)
         t0 = time.perf_counter()
-        shop = WebShop.load(tmp, nouns=root / "facts" / "spacy_nouns_1k.json")
-        load_s = time.perf_counter() - t0
-        rss = _rss_bytes() - rss0
-    lat = []
-    for q in qs:
-        t1 = time.perf_counter_ns()
-        shop.search(q)
-        lat.append((time.perf_counter_ns() - t1) / 1e3)
-    return dict(engine="webshop native, synthetic catalogue", products=shop.num_products, goals=shop.num_goals,
-                load_and_index_s=load_s, rss_added_mib=rss / 2**20, search_median_us=statistics.median(lat),
-                search_p90_us=sorted(lat)[int(0.9 * (len(lat) - 1))], original_lucene_query_ms=3.4)
+        if not (folder / "data" / "items_shuffle.json").is_file():
+            synthetic_catalogue(root, folder, n)
+        write_s = time.perf_counter() - t0
+        size = (folder / "data" / "items_shuffle.json").stat().st_size
+        res = subprocess.run([sys.executable, "-c", _CHILD, str(folder), json.dumps(qs)], capture_output=True,
+                             text=True, check=False)
+        if res.returncode != 0:
+            raise RuntimeError(f"the WebShop load of {n:,} products failed: {res.stderr.strip()[-2000:]}")
+        row = json.loads(res.stdout.strip().splitlines()[-1])
+    row.update(engine="webshop native, synthetic catalogue", catalogue_gb=size / 1e9, write_s=write_s,
+               original_lucene_query_ms=3.4)
+    return row

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(sp):
         sp.add_argument("--run-dir", help="a pcsd run directory (recorded gaps, config, models)")
-        sp.add_argument("--model", help="a model directory (HF checkpoint with tokenizer)")
+        sp.add_argument("--model", help="a model directory (HF checkpoint with tokenizer) or a Hugging Face model id")
         sp.add_argument("--out", help="output directory (default <run dir>/diagnostics or runs/diagnostics)")
         sp.add_argument("--rules", help="comma-separated weighting rules (default: every registered rule)")
         sp.add_argument("--figure-rules", default="pcsd,sdar", help="rules drawn in the paper-layout figure")
@@ -76,8 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _model_dir(args) -> Path:
-    if args.model:
-        return Path(args.model)
+    if args.model:  # a folder, or a Hugging Face model id's snapshot
+        from pcsd.models import ModelNotFound, resolve_model_path
+
+        try:
+            return resolve_model_path(args.model, "--model")
+        except ModelNotFound as exc:
+            raise SystemExit(f"error: {exc}") from None
     if not args.run_dir:
         raise SystemExit("error: give --model DIR or --run-dir DIR (or --synthetic for rank-robustness)")
     run = Path(args.run_dir)

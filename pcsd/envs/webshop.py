@@ -7,8 +7,9 @@ opens a browser session on it (:class:`WebShopEnv`) that behaves like the origin
 ``WebAgentTextEnv(observation_mode='text')``: same observation text, available actions, action
 grammar and no-ops, rewards and done flags, byte for byte (checked on every recorded step of the
 original in ``tests/test_webshop.py``). No Java, pyserini, spaCy or Flask: the engine is Rust
-(``rust_envpool/src/envs/webshop``); the reward's spaCy nouns come from a table made on the
-original (``facts/spacy_nouns_1k.json``).
+(``rust_envpool/src/envs/webshop``); the reward's spaCy nouns come from a table
+(``spacy_nouns_1k.json`` beside the catalogue, which ``pcsd-data webshop`` builds, or the shared
+``facts/spacy_nouns_1k.json`` made on the original).
 
 Example::
 
@@ -40,7 +41,8 @@ from typing import Any
 from pcsd import _native
 
 __all__ = ["WebShop", "WebShopEnv", "WebShopStepError", "GOAL_SETS", "VARIANTS", "run_expert", "VALIDATION_GOALS",
-           "TRAIN_GOALS_START", "VALIDATION_SEED_OFFSET", "train_goal_indices", "draw_goals", "resolve_data_dir"]
+           "TRAIN_GOALS_START", "VALIDATION_SEED_OFFSET", "train_goal_indices", "draw_goals", "resolve_data_dir",
+           "scan_catalogue", "json_length"]
 
 GOAL_SETS = ("synthetic", "human")
 VARIANTS = ("upstream", "verl")
@@ -155,8 +157,8 @@ class WebShop:
 
         ``data_dir``: the folder holding ``items_shuffle_1000.json``, ``items_ins_v2_1000.json`` and
         ``items_human_ins.json`` (``$WEBSHOP_DATA/data``), or the WebShop root holding ``data/``.
-        ``nouns``: the product-name noun table (default: ``facts/spacy_nouns_1k.json`` next to
-        ``data/``). ``goals``: ``"synthetic"`` (6,910 on the 1k set) or ``"human"`` (13).
+        ``nouns``: the product-name noun table (default: ``spacy_nouns_1k.json`` — ``spacy_nouns.json``
+        for the full set — beside the catalogue, else ``facts/spacy_nouns_1k.json`` next to ``data/``). ``goals``: ``"synthetic"`` (6,910 on the 1k set) or ``"human"`` (13).
         ``seed``: ``random.seed(seed)`` before construction (upstream) / the env seed (verl).
         ``num_products``: only the first N products (the original's ``num_products``).
         """
@@ -297,3 +299,16 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None, arg: str = "data_d
         what = "no such folder" if not p.is_dir() else "no items_shuffle_1000.json there or in data/"
         raise ValueError(f"{arg}={p}: {what} (expected the WebShop folder holding data/items_shuffle_1000.json)")
     return str(p)
+
+
+def scan_catalogue(path: str | os.PathLike[str]) -> tuple[int, list[str]]:
+    """``(entries, names)`` of a product file (``items_shuffle*.json``): the number of entries of
+    its JSON array and the distinct product names in file order, streamed by the native reader (the
+    1.18 M-product file is never held as JSON values). Raises ValueError when it does not parse."""
+    return _mod().webshop_scan_products(os.fspath(path))
+
+
+def json_length(path: str | os.PathLike[str]) -> int:
+    """The number of entries of the JSON array or object in ``path``, streamed (ValueError when it
+    does not parse)."""
+    return _mod().webshop_json_length(os.fspath(path))

@@ -63,6 +63,7 @@ from typing import Optional, Sequence
 from pcsd.eval.games import (DEFAULT_SEED, RULE_LABELS, SPLITS, EvalError, procedural_eval_games, read_games_file,
                              select_games, split_games)
 from pcsd.eval.run import EvalResult, play_games, render_table
+from pcsd.models import ModelNotFound, is_model_id, resolve_model_path
 
 
 # ----------------------------------------------------------------------------- models
@@ -79,7 +80,8 @@ def _checkpoint_step(d: Path, run_dir: Path) -> int:
 
 
 def resolve_model(path: str | os.PathLike[str]) -> tuple[Path, Path, Optional[Path]]:
-    """(model dir, tokenizer dir, run dir or None) for a HF checkpoint or a training run directory.
+    """(model dir, tokenizer dir, run dir or None) for a HF checkpoint, a training run directory or
+    a Hugging Face model id (its snapshot in the Hugging Face cache, fetched there when missing).
 
     A run directory (one holding ``config.yaml`` from ``python -m pcsd.train``) gives its
     ``final-model``, or else its newest checkpoint (a folder below it with ``config.json`` and the
@@ -87,8 +89,15 @@ def resolve_model(path: str | os.PathLike[str]) -> tuple[Path, Path, Optional[Pa
     else from the run's ``sft-model``, ``base-model`` or configured ``model.path``.
     """
     p = Path(path)
+    if not p.exists() and is_model_id(path):  # a Hugging Face model id: its snapshot (cache, or fetched)
+        try:
+            snap = resolve_model_path(path, "--model")
+        except ModelNotFound as exc:
+            raise EvalError(str(exc)) from None
+        return snap, snap, None
     if not p.exists():
-        raise EvalError(f"model={str(p)!r}: no such file or directory (expected a HF checkpoint or a run dir)")
+        raise EvalError(f"model={str(p)!r}: no such file or directory (expected a HF checkpoint, a run dir or a "
+                        f"Hugging Face model id)")
     run_dir: Optional[Path] = None
     if (p / "config.json").is_file():
         model_dir = p
@@ -115,7 +124,10 @@ def resolve_model(path: str | os.PathLike[str]) -> tuple[Path, Path, Optional[Pa
 
         mp = OmegaConf.load(run_dir / "config.yaml").get("model", {}).get("path")
         if mp:
-            tok_cands.append(Path(mp))
+            try:  # the run's base model: a folder, or a model id's cached snapshot
+                tok_cands.append(resolve_model_path(mp, download=False))
+            except ModelNotFound:
+                tok_cands.append(Path(mp))
     tok = next((d for d in tok_cands if _has_tokenizer(d)), None)
     if tok is None:
         raise EvalError(f"model={str(p)!r}: no tokenizer.json in {', '.join(str(d) for d in tok_cands)}")
@@ -148,7 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pcsd.eval", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", required=True,
-                    help="HF checkpoint folder or training run dir (repeat for more rows)")
+                    help="HF checkpoint folder, training run dir or Hugging Face model id (repeat for more rows)")
     ap.add_argument("--label", action="append", default=None,
                     help="row label per --model (default: the run's method, e.g. PCSD, GRPO)")
     ap.add_argument("--split", default=None,

@@ -20,6 +20,11 @@ gradients themselves). This is the pattern of Liger-Kernel's fused linear cross-
 loss as an argument. The plain references are :func:`fused_logprob_loss_reference` (full logits,
 autograd) and the recomputing chunked path; ``tests/test_fused.py`` compares all three.
 
+Precision: the three matmuls (logits, hidden and weight gradients) run in :func:`matmul_dtype`,
+bf16 under autocast or FSDP2's bf16 policy as every other layer of the model does; the tile, the
+softmax, the log-probs and the accumulated gradients are float32. The operands are cast once per
+call (one micro-batch), never per token chunk.
+
 The softmax normaliser needs the whole vocabulary row, so a tile spans the vocabulary; the token
 chunk is chosen so that a tile holds at most ``tile_elems`` floats (``token_chunk`` overrides it).
 """
@@ -32,7 +37,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["TokenLoss", "fused_logprob_loss", "fused_logprob_loss_reference", "auto_token_chunk",
-           "chunk_bounds", "fused_score_loss"]
+           "chunk_bounds", "fused_score_loss", "matmul_dtype"]
 
 #: ``f(logp, lo, hi) -> [hi - lo]``: the per-token losses of tokens ``lo:hi`` given their
 #: log-probs ``logp`` ``[hi - lo]`` (differentiable; token ``i``'s loss may depend on ``logp[i]``
@@ -88,10 +93,28 @@ def _token_grads(loss_fn: TokenLoss, lp: Tensor, lo: int, hi: int) -> tuple[Tens
     return per_tok.detach(), (torch.zeros_like(leaf) if g is None else g)
 
 
+def matmul_dtype(weight: Tensor) -> torch.dtype:
+    """The dtype of the fused lm-head's matmuls: autocast's where autocast is on for the weight's
+    device and would cast it (a float32 weight), else the weight's own (e.g. bfloat16 under FSDP2's
+    mixed-precision policy). Softmax, log-probs and gradient sums stay in float32 either way."""
+    dev = weight.device.type
+    if weight.dtype == torch.float32 and torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return weight.dtype
+
+
 class _FusedLogProbLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Optional[Tensor], targets: Tensor,
                 loss_fn: TokenLoss, bounds: list, vocab_chunk: int, inv_temp: float):
+        mm = matmul_dtype(weight)
+        with torch.autocast(hidden.device.type, enabled=False):  # explicit dtypes below
+            return _FusedLogProbLoss._forward(ctx, hidden, weight, bias, targets, loss_fn, bounds, vocab_chunk,
+                                              inv_temp, mm)
+
+    @staticmethod
+    def _forward(ctx, hidden: Tensor, weight: Tensor, bias: Optional[Tensor], targets: Tensor, loss_fn: TokenLoss,
+                 bounds: list, vocab_chunk: int, inv_temp: float, mm: torch.dtype):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = bias is not None and ctx.needs_input_grad[2]
         n, vocab = hidden.shape[0], weight.shape[0]
@@ -102,19 +125,24 @@ class _FusedLogProbLoss(torch.autograd.Function):
         gh = torch.empty(hidden.shape, device=dev, dtype=acc) if need_h else None
         gw = torch.zeros(weight.shape, device=dev, dtype=acc) if need_w else None
         gb = torch.zeros(vocab, device=dev, dtype=acc) if need_b else None
-        w_acc = weight if weight.dtype == acc else None  # matmuls with float32 gradients
+        # the matmul operands, cast once per call (a micro-batch), never per token chunk: no copy
+        # at all when they are already in the matmul dtype (fp32 alone, or the bf16 weight FSDP2
+        # gathered), one [V, H] copy for autocast over fp32 master weights (what autocast makes)
+        w = weight.detach().to(mm)
+        hm = hidden.detach().to(mm)
+        bm = None if bias is None else bias.detach().to(mm)
         slices = [(v0, min(vocab, v0 + vocab_chunk)) for v0 in range(0, vocab, vocab_chunk)]
         rows_all = torch.arange(max([hi - lo for lo, hi in bounds], default=0), device=dev)
         for t0, t1 in bounds:
             c = t1 - t0
-            h = hidden[t0:t1]
+            h = hm[t0:t1]
             tg = targets[t0:t1]
             # 1. logits tile, float32, one vocabulary slice at a time
             tile = torch.empty(c, vocab, device=dev, dtype=acc)
             for v0, v1 in slices:
-                part = h @ weight[v0:v1].T
-                if bias is not None:
-                    part = part + bias[v0:v1]
+                part = h @ w[v0:v1].T
+                if bm is not None:
+                    part = part + bm[v0:v1]
                 tile[:, v0:v1] = part
             if inv_temp != 1.0:
                 tile.mul_(inv_temp)
@@ -134,16 +162,21 @@ class _FusedLogProbLoss(torch.autograd.Function):
             # 3. dL/dlogits = inv_temp * g * (onehot - softmax), in place in the tile
             tile.mul_((-g * inv_temp / s)[:, None])
             tile[rows, tg] += g * inv_temp
-            if need_h:
-                if w_acc is not None:
-                    torch.mm(tile, w_acc, out=gh[t0:t1])
-                else:
-                    gh[t0:t1] = tile @ weight.to(acc)
-            if need_w:
-                gw.addmm_(tile.T, h.to(acc))
             if need_b:
                 gb += tile.sum(0)
-            del tile
+            dl = tile if mm == acc else tile.to(mm)  # the matmuls' operand
+            if need_h:
+                if mm == acc:
+                    torch.mm(dl, w, out=gh[t0:t1])
+                else:
+                    gh[t0:t1] = dl @ w
+            if need_w:  # accumulated in float32, a vocabulary slice at a time (bounded temporaries)
+                for v0, v1 in slices:
+                    if mm == acc:
+                        gw[v0:v1].addmm_(dl[:, v0:v1].T, h)
+                    else:
+                        gw[v0:v1] += dl[:, v0:v1].T @ h
+            del tile, dl
         ctx.save_for_backward(gh if need_h else None, gw if need_w else None, gb if need_b else None)
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.mark_non_differentiable(logp)

@@ -22,6 +22,8 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
+from pcsd.ops.segments import segment_sum
+
 __all__ = ["group_advantages", "aggregate", "grpo_loss", "GrpoTerms", "LOSS_AGG_MODES"]
 
 
@@ -33,17 +35,17 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> T
     r = rewards.to(torch.float64)
     _, inv = torch.unique(group_ids, return_inverse=True)
     g = int(inv.max()) + 1 if inv.numel() else 0
-    cnt = torch.zeros(g, dtype=torch.float64, device=r.device).index_add_(0, inv, torch.ones_like(r))
-    mean = torch.zeros(g, dtype=torch.float64, device=r.device).index_add_(0, inv, r) / cnt
+    # deterministic sums (pcsd.ops.segments): index_add_ on CUDA adds in thread order, so the
+    # advantages, and a resumed run, would differ in their last bits from call to call
+    cnt = torch.bincount(inv, minlength=g).to(torch.float64)
+    mean = segment_sum(r, inv, g) / cnt
     dev = r - mean[inv]
-    var = torch.zeros(g, dtype=torch.float64, device=r.device).index_add_(0, inv, dev * dev) / cnt
+    var = segment_sum(dev * dev, inv, g) / cnt
     return (dev / (var.sqrt()[inv] + eps)).to(rewards.dtype if rewards.is_floating_point() else torch.float32)
 
 
 def _seq_sums(x: Tensor, m: Tensor, traj_ids: Tensor, num_traj: int) -> tuple[Tensor, Tensor]:
-    s = torch.zeros(num_traj, dtype=x.dtype, device=x.device).index_add(0, traj_ids, x * m)
-    c = torch.zeros(num_traj, dtype=x.dtype, device=x.device).index_add(0, traj_ids, m)
-    return s, c
+    return segment_sum(x * m, traj_ids, num_traj), segment_sum(m, traj_ids, num_traj)
 
 
 def _agg_seq_mean_token_mean(x: Tensor, m: Tensor, traj_ids: Tensor, num_traj: int) -> Tensor:
@@ -121,6 +123,7 @@ def token_coefficients(mask: Tensor, traj_ids: Tensor, num_traj: int, mode: str)
     m = mask.to(torch.float64)
     if mode == "token-mean":
         return m / m.sum().clamp_min(1.0)
+    # counts of a {0, 1} mask: whole numbers, exact in any order of addition (deterministic on CUDA too)
     cnt = torch.zeros(num_traj, dtype=torch.float64, device=m.device).index_add(0, traj_ids, m)
     n_seq = (cnt > 0).sum().clamp_min(1).to(torch.float64)
     if mode == "seq-mean-token-mean":

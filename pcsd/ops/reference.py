@@ -16,6 +16,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from pcsd.ops.segments import segment_sum
+
 # Tokens per chunk of the windowed computation: bounds the [chunk, n_max] temporaries.
 _CHUNK = 1 << 18
 
@@ -39,10 +41,9 @@ def segment_ids(cu_seqlens: Tensor, total: int) -> Tensor:
 
 def segment_scale(gap: Tensor, m: Tensor, seg: Tensor, num_segments: int, eps_scale: float) -> Tensor:
     """``[S]``: mean |gap| over each segment's valid tokens, plus ``eps_scale``."""
-    abs_sum = torch.zeros(num_segments, dtype=gap.dtype, device=gap.device)
+    abs_sum = segment_sum(gap.abs() * m, seg, num_segments)  # deterministic on CUDA too (index_add_ is not)
     cnt = torch.zeros(num_segments, dtype=gap.dtype, device=gap.device)
-    abs_sum.index_add_(0, seg, gap.abs() * m)
-    cnt.index_add_(0, seg, m)
+    cnt.index_add_(0, seg, m)  # whole numbers: exact in any order of addition
     return torch.where(cnt > 0, abs_sum / cnt.clamp_min(1), torch.zeros_like(cnt)) + eps_scale
 
 

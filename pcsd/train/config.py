@@ -103,6 +103,7 @@ class RolloutConfig:
     top_p: float = 1.0
     invalid_action_penalty: float = 0.0
     gpu_memory_utilization: float = 0.4  # vLLM's share of each GPU (its weights + KV cache); see --plan
+    sync_bucket_mb: float = 512.0  # the weight sync to the generation engine streams buckets of at most this many MiB
 
 
 @dataclass
@@ -266,7 +267,7 @@ RESUME_MUTABLE = ("run.resume", "run.dir", "run.save_every", "run.keep_last", "r
                   "run.log_every", "run.record_gaps", "env.num_threads")
 
 # a resumed run may continue on another machine, where vLLM's share of each GPU differs
-RESUME_MUTABLE += ("rollout.gpu_memory_utilization",)
+RESUME_MUTABLE += ("rollout.gpu_memory_utilization", "rollout.sync_bucket_mb")
 
 
 def _cli_value(overrides: list[str], key: str) -> Optional[str]:
@@ -435,7 +436,7 @@ def _validate(cfg: DictConfig) -> None:
                                   f"or set algo.pcsd.{k}={v}")
     positive = ["rollout.tasks_per_step", "rollout.group_size", "rollout.max_prompt_tokens",
                 "rollout.max_response_tokens", "env.max_steps", "optim.tokens_per_microbatch",
-                "optim.ppo_epochs", "optim.sft_batch_size"]
+                "optim.ppo_epochs", "optim.sft_batch_size", "rollout.sync_bucket_mb"]
     for key in positive:
         if OmegaConf.select(cfg, key) <= 0:
             raise ConfigError(f"{key} must be > 0, got {OmegaConf.select(cfg, key)}")
@@ -551,9 +552,10 @@ def _validate_ranges(cfg: DictConfig) -> None:
     problem = precision.check(cfg)
     if problem:
         raise ConfigError(problem)
-    if cfg.model.path is not None:
-        p = Path(cfg.model.path)
-        if not (p / "config.json").is_file():
-            what = "no such folder" if not p.exists() else "no config.json there"
-            raise ConfigError(f"model.path={p}: {what} (expected a Hugging Face checkpoint directory holding "
-                              f"config.json, e.g. a local copy of Qwen/Qwen2.5-3B-Instruct)")
+    if cfg.model.path is not None:  # a checkpoint folder, or a Hugging Face model id (cached, or offline: must be)
+        from pcsd.models import ModelNotFound, check_model_spec
+
+        try:
+            check_model_spec(str(cfg.model.path))
+        except ModelNotFound as exc:
+            raise ConfigError(str(exc)) from None

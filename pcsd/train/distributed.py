@@ -26,14 +26,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 __all__ = ["DistContext", "single_process", "init_distributed", "shutdown", "shard_model",
-           "split_groups", "global_sum", "global_max", "full_model_state", "full_optimizer_state",
+           "split_groups", "global_sum", "global_max", "full_model_state", "full_optimizer_state", "iter_weights",
            "load_full_state", "broadcast_object", "barrier", "select_groups"]
 
 
@@ -212,6 +212,54 @@ def full_model_state(model: nn.Module, ctx: DistContext, *, all_ranks: bool = Fa
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                               cpu_offload=not all_ranks))
     return {k: v.detach().cpu() for k, v in sd.items()}
+
+
+def iter_weights(model: nn.Module, ctx: DistContext, dtype: torch.dtype,
+                 bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's full parameters as ``(name, tensor)`` in ``dtype`` on the model's device, for a
+    generation engine's weight sync: a lazy stream that materialises one bucket at a time.
+
+    Parameters are grouped in order into buckets of at most ``bucket_bytes`` (in ``dtype``; a
+    larger parameter is a bucket of its own); a bucket's tensors are cast (and, under FSDP2,
+    gathered from the shards after casting, so the gather moves ``dtype``) when the stream reaches
+    it and dropped before the next one is made. So the memory a sync adds is one bucket, not the
+    model, provided the consumer keeps nothing (vLLM's reload keeps a layer until it is complete).
+    A tied parameter (the lm-head sharing the embedding) is cast and gathered once and yielded
+    under each of its names one after the other, the same tensor: vLLM's layerwise reload counts
+    the tied lm-head as a layer of its own and, given no weight for it, puts its old values back.
+    Collective under FSDP: every rank consumes the whole stream.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    params: list[tuple[list[str], nn.Parameter]] = []  # each parameter once, with all of its names
+    index: dict[int, int] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in index:
+            params[index[id(p)]][0].append(name)
+        else:
+            index[id(p)] = len(params)
+            params.append(([name], p))
+    buckets: list[list[tuple[list[str], nn.Parameter]]] = [[]]
+    size = 0
+    for names, p in params:
+        n = p.numel() * (itemsize if p.is_floating_point() else p.element_size())
+        if buckets[-1] and size + n > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append((names, p))
+        size += n
+    for plan in buckets:
+        bucket = [(names, _full(p.detach().to(dtype) if p.is_floating_point() else p.detach())) for names, p in plan]
+        for names, t in bucket:
+            for name in names:
+                yield name, t
+        bucket = t = None  # dropped before the next bucket is made
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a (sharded) DTensor (an all-gather), or ``t`` itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def full_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer, ctx: DistContext) -> dict[str, Any]:

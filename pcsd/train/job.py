@@ -21,6 +21,7 @@ evaluation before RL), :func:`rl_loop` and :func:`finish` (evaluation after RL, 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import random
 import time
@@ -35,15 +36,14 @@ from pcsd.envs.procedural import write_games
 from pcsd.eval.games import split_games
 from pcsd.eval.protocol import protocol_games, webshop_validation_goals
 from pcsd.eval.run import evaluate, render_table
-from pcsd.models import eos_id, load_model, resolve_device
+from pcsd.models import eos_id, load_model, resolve_device, resolve_model_path
 from pcsd.progress import ProgressReporter
 from pcsd.rollout.backends import make_backend, usable_backend
 from pcsd.rollout.loop import collect_rollouts
 from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
 from pcsd.train.metrics import MetricsLogger, step_record
-from pcsd.train.precision import (cast_items, export_model, fsdp_policy, frozen_copy, precision_of,
-                                  prepare_student, torch_dtype)
+from pcsd.train.precision import export_model, fsdp_policy, frozen_copy, precision_of, prepare_student, torch_dtype
 from pcsd.train.sft import (expert_episodes, game_corpus, sft_examples, sft_warmup, skill_search_first,
                             webshop_expert_episodes)
 from pcsd.train.update import update_step
@@ -271,8 +271,12 @@ def load_student(job: Job) -> None:
         if job.episodes:
             job.summary["sft_expert_success"] = 100.0 * sum(ep.won for ep in job.episodes) / len(job.episodes)
         job.summary["sft_expert_seconds"] = time.time() - t0
-    if cfg.model.path:
-        job.model_dir = Path(cfg.model.path)
+    if cfg.model.path:  # a folder, or a Hugging Face model id: its snapshot (rank 0 fetches it first)
+        if ctx.is_main:
+            job.model_dir = resolve_model_path(cfg.model.path)
+        dist_utils.barrier(ctx)
+        if not ctx.is_main:
+            job.model_dir = resolve_model_path(cfg.model.path, download=False)
     else:
         from pcsd.testing import make_tiny_model
 
@@ -367,7 +371,8 @@ def build_models(job: Job) -> None:
     if job.backend_name == "vllm":
         job.backend = make_backend("vllm", model_path=job.base_dir, dtype=job.rollout_dtype, seed=cfg.run.seed,
                                    gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                                   max_model_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens)
+                                   max_model_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens,
+                                   rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank)
     else:
         job.backend = make_backend("hf", model=job.gen_model, pad_token_id=eos_id(job.builder))
     job.summary["backend"] = job.backend_name
@@ -404,13 +409,35 @@ def text_env_expert_episodes(job: Job) -> list:
 
 
 def sync_generation_weights(job: Job) -> None:
-    """Sends the student's weights to the generation engine, cast to its dtype one tensor at a time."""
-    dt = torch_dtype(job.rollout_dtype)
-    if job.ctx.distributed:  # gather the shards (collective), then every rank refreshes its engine
-        job.backend.load_weights(cast_items(dist_utils.full_model_state(job.student, job.ctx, all_ranks=True).items(),
-                                            dt))
-    elif job.backend_name == "vllm":
-        job.backend.load_weights(cast_items(job.student.state_dict().items(), dt))
+    """Sends the student's weights to the generation engine in the engine's dtype, streamed in
+    buckets of ``rollout.sync_bucket_mb`` (:func:`pcsd.train.distributed.iter_weights`: device to
+    device, a tied lm-head cast once, gathered from the shards bucket by bucket under FSDP2, where
+    every rank refreshes its own engine). The hf backend on one process generates with the student
+    itself."""
+    if not (job.ctx.distributed or job.backend_name == "vllm"):
+        return
+    job.backend.load_weights(dist_utils.iter_weights(job.student, job.ctx, torch_dtype(job.rollout_dtype),
+                                                     int(job.cfg.rollout.sync_bucket_mb * 2**20)))
+
+
+def release_device_memory() -> None:
+    """Returns what torch's caching allocator holds but no tensor uses (the update's peak) to the
+    device, so that a generation engine waking up next can have it."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def refresh_generation(job: Job) -> None:
+    """After the update, with the engine asleep: the gradients (the optimizer has applied them) and
+    the allocator's cache are released, then the engine wakes its weights, gets the new ones and
+    only then wakes its KV cache, so the update's peak, the weights and the cache never add up
+    (the order verl's and TRL's colocated vLLM use)."""
+    job.opt.zero_grad(set_to_none=True)
+    release_device_memory()
+    job.backend.wake(("weights",))
+    sync_generation_weights(job)
+    job.backend.wake(("kv_cache",))
 
 
 def eval_episodes(job: Job, index: int) -> list[str]:
@@ -517,12 +544,11 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
                           student_skills=cfg.algo.student_skills, num_threads=cfg.env.num_threads,
                           progress=job.progress.rollout("rollout"), env_kind=cfg.env.name,
                           env_options=job.train_env_options)
-    job.backend.sleep()
+    job.backend.sleep()  # the rollouts are done: the engine's memory goes to the update
     st = update_step(job.student, job.frozen, job.opt, rb, cfg, step, ctx, progress=job.progress.phase,
                      record=job.gap_recorder.for_step(step + 1) if job.gap_recorder else None)
-    job.backend.wake()
     t_sync = time.time()
-    sync_generation_weights(job)
+    refresh_generation(job)
     rec = step_record(step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0)
     if job.webshop and rb.score is not None:  # this rank's batch: WebShop Score (100 x mean task score)
         rec.update(score=100.0 * float(rb.score.mean()), env_errors=rb.env_errors)

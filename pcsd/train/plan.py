@@ -5,24 +5,39 @@
 
 Shapes come from ``model.path``'s ``config.json``; without ``model.path`` the paper presets use the
 built-in shapes :data:`BUILTIN_SHAPES` (Qwen2.5-3B-Instruct, Qwen3-1.7B), so the plan works without
-weights. ``P`` parameters, ``N`` = FSDP world size, ``b(x)`` = bytes of dtype x:
+weights. ``P`` parameters, ``N`` = FSDP world size, ``b(x)`` = bytes of dtype x, ``V`` vocabulary,
+``H`` hidden size. Each item is one line of the plan, in one of four phases:
 
-* master weights ``P b(param) / N``, gradients ``P b(param) / N``, AdamW ``2 P b(param) / N``;
-* the frozen teacher/reference copy ``P b(teacher) / N``;
-* weights in the compute dtype while computing: on one device autocast's cache of the cast weights
-  (``P b(compute)``, when compute != param); under FSDP2 the unsharded root (embeddings, lm head)
-  plus two decoder layers being gathered;
-* activations of one micro-batch of ``optim.tokens_per_microbatch`` tokens: per token and layer the
-  tensors autograd keeps (norm inputs, q/k/v, attention output, MLP intermediates; counted below in
-  :func:`activation_bytes_per_token`), or with ``optim.gradient_checkpointing`` only each layer's
-  input plus one layer recomputed; the lm head never materialises ``[tokens, vocab]`` logits
-  (chunked log-probs: a ``1024 x 16384`` float32 tile and its backward twin);
-* vLLM's share, ``rollout.gpu_memory_utilization`` of the device (its bf16 weights + KV cache);
-  it sleeps (weights to CPU, KV cache freed) during the update;
-* 2 GiB for the CUDA context and allocator slack.
+*static* (always resident): master weights ``P b(param) / N``, gradients ``P b(param) / N``, AdamW
+``2 P b(param) / N``, the frozen teacher/reference copy ``P b(teacher) / N``, 2 GiB for the CUDA
+context and allocator slack; with the ``hf`` backend on several GPUs, the full generation copy
+``P b(compute)`` every rank keeps (``pcsd.train.job.build_models``).
 
-Peak = static + max(rollout phase: vLLM's share, update phase: compute weights + activations).
-The numbers are estimates (within ~10 %), not measurements; the verdict names the setting to change.
+*rollout*: ``vllm``: its share, ``rollout.gpu_memory_utilization`` of the device (bf16 weights, its
+CUDA graphs, which vLLM >= 0.21 profiles into the share, and the KV cache); ``hf``: ``generate`` on
+the model itself under autocast (the cast weights ``P b(compute)`` on one GPU), its KV cache for
+``min(64, sequences per rank)`` sequences of ``max_prompt + max_response`` tokens, one layer's
+prefill activations over the prompts, and one step's ``batch x V`` logits with their sampling copies
+(:data:`LOGIT_COPY_BYTES`; the backend keeps only the sampled tokens' log-probs).
+
+*update, micro-batch*: weights in the compute dtype (autocast's cache of the cast weights on one
+device; under FSDP2 the unsharded root (embeddings, lm head) plus two decoder layers being
+gathered); activations of the widest micro-batch (per token and layer the tensors autograd keeps,
+:func:`activation_bytes_per_token`; with ``optim.gradient_checkpointing`` each layer's input plus one
+layer recomputed); the rows beyond ``optim.tokens_per_microbatch`` (a row longer than the budget
+is a micro-batch of its own; without flash-attention a micro-batch is a right-padded ``[rows,
+longest]`` batch, counted as at most :data:`PAD_RATIO` x the budget); the lm head's gradient buffers
+(``[V, H]`` float32 for the weight, ``[tokens, H]`` for the hidden states, one logits tile: a
+``[max(110, longest response), V]`` float32 tile on the fused path, ``3 x 1024 x 16384`` on the
+recomputing one); under FSDP2 the fused path's float32 copy of the gathered lm-head weight (once
+per micro-batch); vLLM's CUDA graphs, which stay while the engine sleeps.
+
+*update, optimizer step*: AdamW's foreach temporaries (``torch._foreach_sqrt`` of the second
+moments: ``P b(param) / N``), plus vLLM's CUDA graphs.
+
+Peak = static + max(rollout, micro-batch, optimizer step). The numbers are estimates (``python -m
+pcsd.bench gpu`` measures one update against :func:`predict_update`); the verdict names the
+setting to change.
 """
 
 from __future__ import annotations
@@ -31,11 +46,25 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional, Sequence
 
 GiB = 1024 ** 3
 CONTEXT_BYTES = 2 * GiB
 TOKEN_CHUNK, VOCAB_CHUNK = 1024, 16384  # pcsd.ops.scoring.score_packed's defaults
+FUSED_TILE_ELEMS = 1 << 24  # pcsd.ops.fused.DEFAULT_TILE_ELEMS: floats in one fused logits tile
+#: a micro-batch without flash-attention is a right-padded [rows, longest] batch; its rows are turns
+#: of the same rollout steps (one template, one history window), counted as at least half the longest
+PAD_RATIO = 2
+#: vLLM's CUDA graph pool: an upper estimate for models of a few billion parameters (vLLM logs its
+#: own figure, "CUDA graph pool memory"); python -m pcsd.bench gpu measures it where vLLM is installed
+VLLM_CUDA_GRAPH_BYTES = GiB
+VLLM_ACTIVATION_BYTES = GiB  # vLLM's own activations inside its share
+#: pcsd.rollout.backends.HFBackend's max_batch: sequences per transformers generate call
+HF_MAX_BATCH = 64
+#: bytes per (sequence x vocabulary entry) of one generate step: the logits cast to float32, the
+#: processed scores, the sampling probabilities, the behaviour log-softmax (4 float32 copies) and
+#: top-p's int64 sort indices
+LOGIT_COPY_BYTES = 4 * 4 + 8
 
 #: config.json fields of the paper's two models (Hugging Face Qwen/Qwen2.5-3B-Instruct, Qwen/Qwen3-1.7B)
 BUILTIN_SHAPES: dict[str, dict[str, Any]] = {
@@ -101,11 +130,15 @@ class Shape:
 
 
 def model_shape(cfg: Any) -> Shape:
-    """The shape of ``model.path`` (its config.json), or the preset's built-in shape."""
-    if cfg.model.path:
-        p = Path(cfg.model.path) / "config.json"
-        if not p.is_file():
-            raise PlanError(f"model.path={cfg.model.path}: no config.json there")
+    """The shape of ``model.path`` (its config.json: a folder's, or a model id's from the Hugging Face
+    cache or Hub), or the preset's built-in shape."""
+    if cfg.model.path:  # a folder, or a Hugging Face model id (its config.json alone is fetched)
+        from pcsd.models import ModelNotFound, model_config_file
+
+        try:
+            p = model_config_file(cfg.model.path)
+        except ModelNotFound as exc:
+            raise PlanError(str(exc)) from None
         return Shape.from_config(json.loads(p.read_text()), str(cfg.model.path))
     key = PRESET_SHAPES.get(cfg.preset)
     if key is None:
@@ -132,17 +165,61 @@ def activation_bytes_per_token(s: Shape, compute: int, residual: int, checkpoint
     return s.layers * per_layer
 
 
+class Row(NamedTuple):
+    """One line of the plan: ``item``, ``size`` (bytes per GPU), ``how`` it was counted and the
+    ``phase`` it adds to: static | rollout | microbatch | step | update (both parts of the update) |
+    info (a part of the line above, not added again)."""
+
+    item: str
+    size: int
+    how: str
+    phase: str
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """The widest micro-batch of an update, as the activations see it."""
+
+    tokens: int  # positions of its forward pass, padding included
+    base: int  # the tokens of the plan's "activations" line (the budget, or the batch's packed tokens)
+    response_tokens: int  # its response tokens (rows of the lm head's hidden-state gradient)
+    longest_response: int  # the longest response (a fused logits tile never splits one)
+    how: str
+
+
 @dataclass
 class Plan:
     shape: Shape
     world_size: int
     device_bytes: int
-    rows: list[tuple[str, int, str]] = field(default_factory=list)  # (item, bytes per GPU, how)
-    rollout_bytes: int = 0
-    update_bytes: int = 0
-    static_bytes: int = 0
+    rows: list[Row] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # not fatal (e.g. vLLM queues sequences)
+
+    def total(self, phase: str) -> int:
+        return sum(r.size for r in self.rows if r.phase == phase)
+
+    @property
+    def static_bytes(self) -> int:
+        return self.total("static")
+
+    @property
+    def rollout_bytes(self) -> int:
+        return self.total("rollout")
+
+    @property
+    def microbatch_bytes(self) -> int:
+        """The update's forward/backward of its widest micro-batch (with what stays while it runs)."""
+        return self.total("update") + self.total("microbatch")
+
+    @property
+    def step_bytes(self) -> int:
+        """The update's optimizer step (with what stays while it runs)."""
+        return self.total("update") + self.total("step")
+
+    @property
+    def update_bytes(self) -> int:
+        return max(self.microbatch_bytes, self.step_bytes)
 
     @property
     def peak(self) -> int:
@@ -157,12 +234,15 @@ class Plan:
         s = self.shape
         out = [f"memory plan per GPU: {s.name}, {s.params() / 1e9:.2f} B parameters, "
                f"{self.world_size} GPU(s) of {self.device_bytes / GiB:.0f} GiB (FSDP world size {self.world_size})"]
-        for name, b, how in self.rows:
-            out.append(f"  {name:<34}{g(b)}   {how}")
-        out.append(f"  {'static (always resident)':<34}{g(self.static_bytes)}")
-        out.append(f"  {'rollout phase (+ vLLM)':<34}{g(self.static_bytes + self.rollout_bytes)}")
-        out.append(f"  {'update phase (+ compute, act.)':<34}{g(self.static_bytes + self.update_bytes)}")
-        out.append(f"  {'peak':<34}{g(self.peak)}   of {self.device_bytes / GiB:.0f} GiB "
+        for r in self.rows:
+            tag = "" if r.phase == "info" else f"[{r.phase}] "
+            out.append(f"  {r.item:<36}{g(r.size)}   {tag}{r.how}")
+        st = self.static_bytes
+        out.append(f"  {'static (always resident)':<36}{g(st)}")
+        out.append(f"  {'rollout phase (+ generation)':<36}{g(st + self.rollout_bytes)}")
+        out.append(f"  {'update phase, micro-batch':<36}{g(st + self.microbatch_bytes)}")
+        out.append(f"  {'update phase, optimizer step':<36}{g(st + self.step_bytes)}")
+        out.append(f"  {'peak':<36}{g(self.peak)}   of {self.device_bytes / GiB:.0f} GiB "
                    f"({100 * self.peak / self.device_bytes:.0f} %)")
         out.append("verdict: " + ("fits" if self.fits else "does NOT fit") +
                    ("" if not self.advice else "; " + "; ".join(self.advice)))
@@ -170,13 +250,130 @@ class Plan:
         return "\n".join(out)
 
 
-def memory_plan(cfg: Any, world_size: int, device_bytes: int, shape: Optional[Shape] = None) -> Plan:
-    """The plan of ``cfg`` on ``world_size`` GPUs of ``device_bytes`` each (see the module doc)."""
+def attention_is_varlen() -> bool:
+    """Whether a run here gets flash-attention's varlen attention (packed micro-batches, no padding):
+    ``flash_attn`` is installed, which is what :func:`pcsd.models.load_model` checks on CUDA."""
+    import importlib.util
+
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def config_microbatch(cfg: Any, varlen: bool, budget: Optional[int] = None) -> MicroBatch:
+    """The widest micro-batch a config can make: ``optim.tokens_per_microbatch`` (``budget``)
+    packed tokens, or one row of ``max_prompt + max_response`` tokens when that is longer; without
+    flash-attention rows are padded to the longest of their micro-batch (at most :data:`PAD_RATIO`
+    x the budget, see the module doc)."""
+    budget = int(cfg.optim.tokens_per_microbatch if budget is None else budget)
+    row = int(cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens)
+    packed = max(budget, row)
+    longest = int(cfg.rollout.max_response_tokens)
+    if varlen:
+        how = ("flash-attention: packed rows" if row <= budget else
+               f"flash-attention: a {row}-token row is a micro-batch of its own")
+        return MicroBatch(packed, budget, packed, longest, how)
+    tokens = max(row, PAD_RATIO * budget)
+    return MicroBatch(tokens, budget, packed, longest,
+                      f"no flash-attention: rows padded to the longest (<= {PAD_RATIO} x budget)")
+
+
+def batch_microbatch(cfg: Any, prompt_lens: Sequence[int], response_lens: Sequence[int],
+                     varlen: bool) -> MicroBatch:
+    """The widest micro-batch :func:`pcsd.train.update.update_step` makes of a batch with these
+    row lengths (the same greedy grouping); a padded micro-batch is ``rows x longest`` wide."""
+    from pcsd.ops.scoring import greedy_microbatches
+
+    sizes = [p + r if r else 0 for p, r in zip(prompt_lens, response_lens)]
+    mbs = greedy_microbatches(sizes, int(cfg.optim.tokens_per_microbatch))
+    if not mbs:
+        raise ValueError("the batch has no row with response tokens")
+
+    def width(rows: list[int]) -> int:
+        return sum(sizes[i] for i in rows) if varlen else len(rows) * max(sizes[i] for i in rows)
+
+    widest = max(mbs, key=width)
+    packed = sum(sizes[i] for i in widest)
+    return MicroBatch(width(widest), packed, sum(response_lens[i] for i in widest), max(response_lens),
+                      f"{len(widest)} rows, {packed} tokens" + ("" if varlen else f", padded to {width(widest)}"))
+
+
+def _update_rows(s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str) -> list[Row]:
+    """The update's lines (micro-batch, optimizer step, and what stays through both)."""
+    m = cfg.model
+    P, V, H = s.params(), s.vocab, s.hidden
+    bp, bc = _BYTES[m.param_dtype], _BYTES[m.compute_dtype]
+    mixed = m.compute_dtype != m.param_dtype
+    trains = cfg.optim.steps > 0
+    if n == 1:
+        gathered = P * bc if mixed else 0
+        how_g = "autocast's cached casts" if mixed else "none (compute = param dtype)"
+    else:
+        root = V * H * (1 if s.tied else 2) + H
+        gathered = (root + 2 * s.layer_params()) * bc
+        how_g = "FSDP2: unsharded root + 2 layers"
+    ckpt = bool(cfg.optim.get("gradient_checkpointing", False))
+    residual = 4 if (n == 1 and mixed and bp == 4) else bc
+    per_tok = activation_bytes_per_token(s, bc, residual, ckpt) + H * 4  # + the final hidden states (fp32)
+    rows = [Row("compute-dtype weights (update)", gathered, how_g, "microbatch")]
+    if not trains:
+        return rows
+    fused = bool(cfg.optim.get("fused_lm_head", False))
+    rows += [
+        Row(f"activations ({mb.base} tokens)", mb.base * per_tok,
+            f"{per_tok / 1024:.0f} KiB/token{' (checkpointed)' if ckpt else ''}", "microbatch"),
+        Row("micro-batch beyond the budget", max(mb.tokens - mb.base, 0) * per_tok,
+            f"{mb.tokens} positions: {mb.how}", "microbatch"),
+    ]
+    if fused:
+        chunk = max(FUSED_TILE_ELEMS // V, mb.longest_response)
+        tile, how_t = chunk * V * 4, f"a [{chunk}, V] tile (fused)"
+    else:
+        tile, how_t = 3 * TOKEN_CHUNK * VOCAB_CHUNK * 4, f"3 [{TOKEN_CHUNK}, {VOCAB_CHUNK}] tiles (recomputing)"
+    rows.append(Row("lm-head gradient buffers", V * H * 4 + mb.response_tokens * H * 4 + tile,
+                    f"float32 [V, H] + [{mb.response_tokens}, H] + {how_t}", "microbatch"))
+    if n > 1 and fused:
+        rows.append(Row("FSDP lm-head weight (fused pass)", V * H * 4,
+                        "float32 copy of the gathered weight, once per micro-batch", "microbatch"))
+    rows.append(Row("AdamW step temporaries (foreach)", P * bp // n,
+                    f"sqrt of the 2nd moments, {m.param_dtype}, / {n}", "step"))
+    if backend == "vllm":
+        rows.append(Row("vLLM CUDA graphs (asleep)", VLLM_CUDA_GRAPH_BYTES,
+                        "sleep frees weights and KV cache, not the graph pool", "update"))
+    return rows
+
+
+def hf_generation_bytes(s: Shape, cfg: Any, n: int) -> tuple[int, int, str]:
+    """(sequences per generate call, bytes, how) of the hf backend's generate (weights apart)."""
+    m, r = cfg.model, cfg.rollout
+    bc = _BYTES[m.compute_dtype]
+    residual = 4 if (n == 1 and m.compute_dtype != m.param_dtype and _BYTES[m.param_dtype] == 4) else bc
+    batch = min(HF_MAX_BATCH, math.ceil(r.tasks_per_step * r.group_size / n))
+    length = r.max_prompt_tokens + r.max_response_tokens
+    kv = batch * length * s.kv_bytes_per_token(bc)
+    prefill = batch * r.max_prompt_tokens * prefill_bytes_per_token(s, bc, residual)
+    logits = batch * s.vocab * LOGIT_COPY_BYTES
+    how = (f"{batch} sequences of {length} tokens: KV {kv / GiB:.2f} + prefill {prefill / GiB:.2f} "
+           f"+ logits {logits / GiB:.2f} GiB")
+    return batch, kv + prefill + logits, how
+
+
+def prefill_bytes_per_token(s: Shape, compute: int, residual: int) -> int:
+    """Bytes per prompt token of a no-grad prefill at its widest point: the residual stream and its
+    normed copy, and one layer's MLP at once (gate, up and their product)."""
+    return 2 * residual * s.hidden + 3 * compute * s.intermediate
+
+
+def memory_plan(cfg: Any, world_size: int, device_bytes: int, shape: Optional[Shape] = None, *,
+                varlen: Optional[bool] = None, backend: Optional[str] = None) -> Plan:
+    """The plan of ``cfg`` on ``world_size`` GPUs of ``device_bytes`` each (see the module doc).
+    ``varlen``: whether attention is flash-attention's (packed micro-batches; default: whether
+    ``flash_attn`` is installed here); ``backend``: the rollout backend (default ``rollout.backend``)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if device_bytes <= 0:
         raise ValueError(f"device memory must be > 0 bytes, got {device_bytes}")
     s = shape or model_shape(cfg)
+    varlen = attention_is_varlen() if varlen is None else varlen
+    backend = backend or cfg.rollout.backend
     m, n = cfg.model, world_size
     P = s.params()
     bp, bc, bt = _BYTES[m.param_dtype], _BYTES[m.compute_dtype], _BYTES[m.teacher_dtype]
@@ -184,78 +381,103 @@ def memory_plan(cfg: Any, world_size: int, device_bytes: int, shape: Optional[Sh
     plan = Plan(s, n, device_bytes)
     trains = cfg.optim.steps > 0
     frozen = cfg.algo.distill or (cfg.algo.grpo and cfg.algo.kl_beta > 0)
-    static = [("master weights", P * bp // n, f"{m.param_dtype}, / {n}")]
+    rows = [Row("master weights", P * bp // n, f"{m.param_dtype}, / {n}", "static")]
     if trains:
-        static += [("gradients", P * bp // n, f"{m.param_dtype}, / {n}"),
-                   ("AdamW state (2 moments)", 2 * P * bp // n, f"{m.param_dtype}, / {n}")]
+        rows += [Row("gradients", P * bp // n, f"{m.param_dtype}, / {n}", "static"),
+                 Row("AdamW state (2 moments)", 2 * P * bp // n, f"{m.param_dtype}, / {n}", "static")]
     if frozen:
-        static.append(("frozen teacher/reference", P * bt // n, f"{m.teacher_dtype}, / {n}"))
-    static.append(("CUDA context + slack", CONTEXT_BYTES, "constant"))
-    plan.static_bytes = sum(b for _, b, _ in static)
-
-    # update phase: weights in the compute dtype + one micro-batch's activations
-    if n == 1:
-        gathered = P * bc if mixed else 0
-        how_g = "autocast's cached casts" if mixed else "none (compute = param dtype)"
-    else:
-        root = s.vocab * s.hidden * (1 if s.tied else 2) + s.hidden
-        gathered = (root + 2 * s.layer_params()) * bc
-        how_g = "FSDP2: unsharded root + 2 layers"
-    ckpt = bool(cfg.optim.get("gradient_checkpointing", False))
-    residual = 4 if (n == 1 and mixed and bp == 4) else bc
-    tokens = cfg.optim.tokens_per_microbatch
-    per_tok = activation_bytes_per_token(s, bc, residual, ckpt)
-    head = tokens * s.hidden * 4 + 3 * TOKEN_CHUNK * VOCAB_CHUNK * 4  # saved hidden + chunk tiles
-    acts = tokens * per_tok + head if trains else 0
-    plan.update_bytes = gathered + acts
-    # rollout phase: vLLM's share (asleep in the update)
-    backend = cfg.rollout.backend
+        rows.append(Row("frozen teacher/reference", P * bt // n, f"{m.teacher_dtype}, / {n}", "static"))
+    rows.append(Row("CUDA context + slack", CONTEXT_BYTES, "constant", "static"))
+    # rollout phase
     util = float(cfg.rollout.gpu_memory_utilization)
+    max_len = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
+    want = math.ceil(cfg.rollout.tasks_per_step * cfg.rollout.group_size / n)
     vllm = int(util * device_bytes) if backend == "vllm" else 0
-    plan.rollout_bytes = vllm
-    plan.rows = static + [
-        ("compute-dtype weights (update)", gathered, how_g),
-        (f"activations ({tokens} tokens)", acts,
-         f"{per_tok / 1024:.0f} KiB/token{' (checkpointed)' if ckpt else ''} + chunked lm head"),
-        ("vLLM (rollout)", vllm, f"rollout.gpu_memory_utilization={util}" if vllm else "hf backend: none"),
-    ]
-    if vllm:
-        max_len = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
-        kv = vllm - P * 2 - GiB  # bf16 weights + ~1 GiB of its own activations
-        seqs = kv // (s.kv_bytes_per_token() * max_len) if kv > 0 else 0
-        want = math.ceil(cfg.rollout.tasks_per_step * cfg.rollout.group_size / n)
-        plan.rows.append(("  of which KV cache", max(kv, 0),
-                          f"~{seqs} sequences of {max_len} tokens at once (this rank plays {want})"))
+    kv = vllm - P * 2 - VLLM_ACTIVATION_BYTES - VLLM_CUDA_GRAPH_BYTES
+    seqs = kv // (s.kv_bytes_per_token() * max_len) if kv > 0 else 0
+    if backend == "vllm":
+        rows += [Row("vLLM (rollout)", vllm, f"rollout.gpu_memory_utilization={util}", "rollout"),
+                 Row("  of which CUDA graphs", VLLM_CUDA_GRAPH_BYTES, "profiled into the share (vLLM >= 0.21)",
+                     "info"),
+                 Row("  of which KV cache", max(kv, 0),
+                     f"~{seqs} sequences of {max_len} tokens at once (this rank plays {want})", "info")]
+    else:
+        if n > 1:
+            rows.append(Row("hf generation copy (full)", P * bc, f"{m.compute_dtype}, on every rank", "static"))
+        else:
+            rows.append(Row("hf generation: cast weights", P * bc if mixed else 0,
+                            "autocast's cached casts" if mixed else "none (compute = param dtype)", "rollout"))
+        _, gen, how = hf_generation_bytes(s, cfg, n)
+        rows.append(Row("hf generation (KV, prefill, logits)", gen, how, "rollout"))
+    rows += _update_rows(s, cfg, n, config_microbatch(cfg, varlen), backend)
+    plan.rows = rows
+    if backend == "vllm":
+        need = P * 2 + VLLM_ACTIVATION_BYTES + VLLM_CUDA_GRAPH_BYTES + s.kv_bytes_per_token() * max_len
         if 1 <= seqs < want:
-            all_util = (P * 2 + GiB + s.kv_bytes_per_token() * max_len * want) / device_bytes
+            all_util = (need + s.kv_bytes_per_token() * max_len * (want - 1)) / device_bytes
             room = (device_bytes - plan.static_bytes) / device_bytes
             plan.notes.append(f"vLLM holds ~{seqs} of this rank's {want} sequences at once and queues the rest "
                               f"(slower rollouts); rollout.gpu_memory_utilization={all_util:.2f} holds all of them"
                               + ("" if all_util <= room else f", more than this GPU has room for ({room:.2f})"))
         if seqs < 1:
-            need = (P * 2 + GiB + s.kv_bytes_per_token() * max_len) / device_bytes
             plan.advice.append(f"vLLM's share cannot hold its weights and one sequence: raise "
-                               f"rollout.gpu_memory_utilization to >= {need:.2f}")
+                               f"rollout.gpu_memory_utilization to >= {need / device_bytes:.2f}")
     if not plan.fits:
-        room = device_bytes - plan.static_bytes
-        if plan.static_bytes + plan.rollout_bytes > device_bytes and vllm:
-            need_min = (P * 2 + GiB + s.kv_bytes_per_token() * (cfg.rollout.max_prompt_tokens
-                                                                 + cfg.rollout.max_response_tokens))
+        _advise(plan, cfg, varlen, backend)
+    return plan
+
+
+def _advise(plan: Plan, cfg: Any, varlen: bool, backend: str) -> None:
+    """The settings that would make a plan fit, added to ``plan.advice``."""
+    s, n, device = plan.shape, plan.world_size, plan.device_bytes
+    room = device - plan.static_bytes
+    max_len = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
+    if plan.static_bytes + plan.rollout_bytes > device:
+        if backend == "vllm":
+            need_min = (s.params() * 2 + VLLM_ACTIVATION_BYTES + VLLM_CUDA_GRAPH_BYTES
+                        + s.kv_bytes_per_token() * max_len)
             if room > need_min:
-                plan.advice.append(f"lower rollout.gpu_memory_utilization to <= {room / device_bytes:.2f}")
+                plan.advice.append(f"lower rollout.gpu_memory_utilization to <= {room / device:.2f}")
             else:
                 plan.advice.append("the training state leaves vLLM no room: use more GPUs (FSDP divides "
                                    "weights, gradients and AdamW state) or rollout.backend=hf")
-        if plan.static_bytes + plan.update_bytes > device_bytes and trains:
-            fit_tokens = (room - gathered - 3 * TOKEN_CHUNK * VOCAB_CHUNK * 4) // (per_tok + s.hidden * 4)
-            row = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
-            if fit_tokens >= row:
-                plan.advice.append(f"lower optim.tokens_per_microbatch to <= {int(fit_tokens)}")
-            if not ckpt:
-                plan.advice.append("set optim.gradient_checkpointing=true")
-            if fit_tokens < row:
-                plan.advice.append("use more GPUs (FSDP divides weights, gradients and AdamW state)")
-    return plan
+        else:
+            plan.advice.append("the hf backend's generation does not fit: lower rollout.max_prompt_tokens / "
+                               "rollout.max_response_tokens, use rollout.backend=vllm or more GPUs")
+    if plan.static_bytes + plan.update_bytes > device and cfg.optim.steps > 0:
+        def update(budget: int) -> int:
+            probe = Plan(s, n, device, _update_rows(s, cfg, n, config_microbatch(cfg, varlen, budget), backend))
+            return probe.update_bytes
+
+        lo, hi, fit = max_len, int(cfg.optim.tokens_per_microbatch) - 1, None
+        while lo <= hi:  # the largest budget (>= one whole row) whose update fits
+            mid = (lo + hi) // 2
+            if update(mid) <= room:
+                fit, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        if fit is not None:
+            plan.advice.append(f"lower optim.tokens_per_microbatch to <= {fit}")
+        if not cfg.optim.get("gradient_checkpointing", False):
+            plan.advice.append("set optim.gradient_checkpointing=true")
+        if fit is None:
+            plan.advice.append("use more GPUs (FSDP divides weights, gradients and AdamW state)")
+
+
+def predict_update(cfg: Any, prompt_lens: Sequence[int], response_lens: Sequence[int], *,
+                   shape: Optional[Shape] = None, varlen: Optional[bool] = None, world_size: int = 1,
+                   backend: str = "none") -> Plan:
+    """The plan's lines for one update of a batch with these row lengths (student prompts and
+    responses): the static training state and the update phase, no rollout (``backend="vllm"``
+    adds the sleeping engine's CUDA graphs) and no CUDA context, so that ``plan.static_bytes +
+    plan.update_bytes`` is what ``torch.cuda.max_memory_allocated`` should see over an update
+    after the first (AdamW's state exists). ``python -m pcsd.bench gpu`` compares the two."""
+    s = shape or model_shape(cfg)
+    varlen = attention_is_varlen() if varlen is None else varlen
+    full = memory_plan(cfg, world_size, 1 << 62, s, varlen=varlen, backend=backend)
+    keep = [r for r in full.rows if r.phase == "static" and r.item != "CUDA context + slack"]
+    mb = batch_microbatch(cfg, prompt_lens, response_lens, varlen)
+    return Plan(s, world_size, full.device_bytes, keep + _update_rows(s, cfg, world_size, mb, backend))
 
 
 def device_memory_bytes() -> Optional[int]:

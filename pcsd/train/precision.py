@@ -9,8 +9,8 @@ What mixed-precision trainers do (verl keeps its actor in fp32 for the reason be
   ``MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=float32)`` (:func:`fsdp_policy`);
 * the frozen teacher/reference copy (no optimizer, so no master copy needed) is cast to
   ``model.teacher_dtype`` when it is made (:func:`frozen_copy`: no second fp32 copy);
-* the generation engine gets its own dtype at every sync, cast one tensor at a time
-  (:func:`cast_items`);
+* the generation engine gets its own dtype at every sync, cast (and gathered under FSDP2) a
+  bounded bucket at a time (:func:`pcsd.train.distributed.iter_weights`);
 * checkpoints keep the master weights and the optimizer state (resume is exact); ``final-model/``
   is written in ``model.export_dtype`` (:func:`export_model`).
 
@@ -27,12 +27,12 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Optional
 
 DTYPES = ("float32", "bfloat16")
 
 __all__ = ["DTYPES", "Precision", "precision_of", "check", "torch_dtype", "prepare_student", "frozen_copy",
-           "fsdp_policy", "cast_items", "export_model", "rounding_note"]
+           "fsdp_policy", "export_model", "rounding_note"]
 
 
 @dataclass(frozen=True)
@@ -129,12 +129,6 @@ def fsdp_policy(prec: Precision):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     return MixedPrecisionPolicy(param_dtype=torch_dtype(prec.compute), reduce_dtype=torch.float32)
-
-
-def cast_items(items: Iterable[tuple[str, Any]], dtype) -> Iterator[tuple[str, Any]]:
-    """``(name, tensor)`` pairs with floating tensors cast to ``dtype``, lazily (one at a time)."""
-    for k, v in items:
-        yield k, (v.detach().to(dtype) if v.is_floating_point() else v)
 
 
 def export_model(model, out_dir: Path, dtype: str, state_dict: Optional[dict] = None) -> Path:

@@ -196,9 +196,10 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
             if fused and rows is not None:  # lm-head + per-token loss in one pass; lp is detached
                 idx = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows]).to(dev)
                 n_valid[k] = float(mask_all[idx].sum())
-                fused_loss, lp = fused_score_loss(student, [rb.prompt_ids[i] for i in rows],
-                                                  [rb.response_ids[i] for i in rows],
-                                                  lambda lp_c, lo, hi: chunk_loss(k, rows, idx, lp_c, lo, hi))
+                with compute_context(student):  # the student's forward in the compute dtype, as below
+                    fused_loss, lp = fused_score_loss(student, [rb.prompt_ids[i] for i in rows],
+                                                      [rb.response_ids[i] for i in rows],
+                                                      lambda lp_c, lo, hi: chunk_loss(k, rows, idx, lp_c, lo, hi))
             else:
                 lp = _mb_logprobs(student, rb.prompt_ids, rb.response_ids, rows)
             if rows is None:  # padding pass: joins the collectives, adds nothing

@@ -40,7 +40,7 @@ pub struct PyWebShop {
 }
 
 fn goal_dict<'py>(py: Python<'py>, shop: &Shop, i: usize) -> PyResult<Bound<'py, PyDict>> {
-    let g = &shop.goals[i];
+    let g = shop.goal(i);
     let d = PyDict::new(py);
     d.set_item("asin", &g.asin)?;
     d.set_item("instruction_text", &g.instruction_text)?;
@@ -324,7 +324,21 @@ impl PyWebShopEnv {
     }
 }
 
+/// `(entries, distinct names)` of a product file, streamed (GIL released).
+#[pyfunction]
+fn webshop_scan_products(py: Python<'_>, path: PathBuf) -> PyResult<(usize, Vec<String>)> {
+    py.detach(|| crate::envs::webshop::catalog::scan_products(&path)).map_err(webshop_err)
+}
+
+/// The number of entries of the JSON array or object in a file, streamed (GIL released).
+#[pyfunction]
+fn webshop_json_length(py: Python<'_>, path: PathBuf) -> PyResult<usize> {
+    py.detach(|| crate::envs::webshop::catalog::json_len(&path)).map_err(webshop_err)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(webshop_scan_products, m)?)?;
+    m.add_function(wrap_pyfunction!(webshop_json_length, m)?)?;
     m.add_class::<PyWebShop>()?;
     m.add_class::<PyWebShopEnv>()?;
     m.add("WebShopStepError", m.py().get_type::<WebShopStepError>())?;

@@ -1,10 +1,15 @@
 //! Goals (`get_synthetic_goals` / `get_human_goals`) and their order: price uppers drawn with
 //! `random.sample` of the first four multiples of ten above the price, the list shuffled with
 //! CPython's `random.shuffle` (seed 233 upstream, the env seed in the verl-agent copy).
+//!
+//! A shop keeps each goal as a [`GoalRef`] (its product, which option combination or human
+//! instruction, the price bound and the weight: 32 bytes) and makes the [`Goal`] with its texts
+//! when an env starts it ([`GoalRef::goal`]): the full catalogue has some 8 M synthetic goals,
+//! whose texts would take several GB.
 
 use std::collections::HashMap;
 
-use super::catalog::{Catalog, GoalOptions};
+use super::catalog::{Catalog, GoalOptions, Product};
 use super::pyrandom::PyRandom;
 
 /// One goal, with the fields of the original's goal dict.
@@ -35,99 +40,143 @@ pub enum GoalSet {
 
 /// `price_range = [p for p in PRICE_RANGE if p > price][:4]`; two of them sampled, the larger
 /// is the upper bound; fewer than two -> 1000000 and no price text.
-fn price_upper(price: f64, rng: &mut PyRandom) -> (f64, bool, String) {
+fn price_upper(price: f64, rng: &mut PyRandom) -> (f64, bool) {
     let range: Vec<f64> = (1..100).map(|i| 10.0 * i as f64).filter(|&p| p > price).take(4).collect();
     if range.len() >= 2 {
         let idx = rng.sample_indices(range.len(), 2);
-        let upper = range[idx[0]].max(range[idx[1]]);
-        (upper, false, format!(", and price lower than {upper:.2} dollars"))
+        (range[idx[0]].max(range[idx[1]]), false)
     } else {
-        (1_000_000.0, true, String::new())
+        (1_000_000.0, true)
+    }
+}
+
+/// One goal as a shop keeps it; [`GoalRef::goal`] makes the full [`Goal`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GoalRef {
+    /// The product's index in the catalogue.
+    pub product: u32,
+    /// Synthetic: the option combination (mixed radix over the option names sorted, the last
+    /// varying fastest, as `itertools.product` orders them); human: the instruction's index.
+    pub sub: u32,
+    pub price_upper: f64,
+    pub weight: f64,
+    pub human: bool,
+    pub price_upper_is_int: bool,
+}
+
+/// A product's options with their names sorted (the goals' order).
+fn sorted_options(p: &Product) -> Vec<&(String, Vec<String>)> {
+    let mut names: Vec<&(String, Vec<String>)> = p.options.iter().collect();
+    names.sort_by(|a, b| a.0.cmp(&b.0));
+    names
+}
+
+fn price_text(upper: f64, is_int: bool) -> String {
+    if is_int {
+        String::new()
+    } else {
+        format!(", and price lower than {upper:.2} dollars")
+    }
+}
+
+impl GoalRef {
+    /// The goal with the fields of the original's goal dict.
+    pub fn goal(&self, catalog: &Catalog) -> Goal {
+        let p = &catalog.products[self.product as usize];
+        let (instruction_text, attributes, goal_options, weight_is_int) = if self.human {
+            let h = &p.human.as_ref().expect("a human goal's product has human instructions")[self.sub as usize];
+            let text = format!("{}{}", h.instruction.trim_matches('.'), price_text(self.price_upper, self.price_upper_is_int));
+            (text, h.instruction_attributes.clone(), h.instruction_options.clone(), true)
+        } else {
+            let names = sorted_options(p);
+            let mut k = self.sub as usize;
+            let mut picked: Vec<(String, String)> = vec![(String::new(), String::new()); names.len()];
+            for (slot, (name, values)) in picked.iter_mut().zip(&names).rev() {
+                *slot = (name.clone(), values[k % values.len()].clone());
+                k /= values.len();
+            }
+            // a dict: a repeated name (impossible after the loader) keeps its first slot
+            let mut opts: Vec<(String, String)> = Vec::new();
+            for (k, v) in picked {
+                if let Some(slot) = opts.iter_mut().find(|(n, _)| *n == k) {
+                    slot.1 = v;
+                } else {
+                    opts.push((k, v));
+                }
+            }
+            let text: Vec<String> = opts.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+            let option_text = if text.is_empty() { String::new() } else { format!(" with {}", text.join(", and ")) };
+            let instruction = p.instruction_text.as_deref().unwrap_or("");
+            let text = format!("{instruction}{option_text}{}", price_text(self.price_upper, self.price_upper_is_int));
+            (text, p.instruction_attributes.clone().unwrap_or_default(), GoalOptions::Dict(opts), false)
+        };
+        Goal {
+            asin: p.asin.clone(),
+            category: p.category.clone(),
+            query: p.query.clone(),
+            name: p.title.clone(),
+            product_category: p.product_category.clone(),
+            instruction_text,
+            attributes,
+            price_upper: self.price_upper,
+            price_upper_is_int: self.price_upper_is_int,
+            goal_options,
+            weight: self.weight,
+            weight_is_int,
+        }
     }
 }
 
 /// The goals in the original's pre-shuffle order.
-pub fn build_goals(catalog: &Catalog, prices: &[f64], set: GoalSet, rng: &mut PyRandom) -> Vec<Goal> {
+pub fn build_goals(catalog: &Catalog, prices: &[f64], set: GoalSet, rng: &mut PyRandom) -> Vec<GoalRef> {
     let mut goals = Vec::new();
     match set {
         GoalSet::Synthetic => {
-            let mut cnt: HashMap<String, usize> = HashMap::new();
+            let mut cnt: HashMap<&str, usize> = HashMap::new();
             for (pi, p) in catalog.products.iter().enumerate() {
-                let Some(instruction) = &p.instruction_text else { continue };
-                let attributes = p.instruction_attributes.clone().unwrap_or_default();
-                let (upper, is_int, price_text) = price_upper(prices[pi], rng);
-                // options: names sorted, cartesian product of their values
-                let mut names: Vec<&(String, Vec<String>)> = p.options.iter().collect();
-                names.sort_by(|a, b| a.0.cmp(&b.0));
-                let mut combos: Vec<Vec<(String, String)>> = vec![Vec::new()];
-                for (name, values) in &names {
-                    let mut next = Vec::with_capacity(combos.len() * values.len());
-                    for c in &combos {
-                        for v in values {
-                            let mut c2 = c.clone();
-                            c2.push((name.clone(), v.clone()));
-                            next.push(c2);
-                        }
-                    }
-                    combos = next;
+                if p.instruction_text.is_none() {
+                    continue;
                 }
-                for combo in combos {
-                    // a dict: a repeated name (impossible after the loader) keeps its first slot
-                    let mut opts: Vec<(String, String)> = Vec::new();
-                    for (k, v) in combo {
-                        if let Some(slot) = opts.iter_mut().find(|(n, _)| *n == k) {
-                            slot.1 = v;
-                        } else {
-                            opts.push((k, v));
-                        }
+                let attributes = p.instruction_attributes.as_deref().unwrap_or_default();
+                let (upper, is_int) = price_upper(prices[pi], rng);
+                // options: names sorted, cartesian product of their values
+                let combos: usize = sorted_options(p).iter().map(|(_, v)| v.len()).product();
+                let combos = u32::try_from(combos).expect("fewer than 2^32 option combinations per product");
+                for combo in 0..combos {
+                    for a in attributes {
+                        *cnt.entry(a.as_str()).or_insert(0) += 1;
                     }
-                    let text: Vec<String> = opts.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-                    let option_text = if text.is_empty() { String::new() } else { format!(" with {}", text.join(", and ")) };
-                    for a in &attributes {
-                        *cnt.entry(a.clone()).or_insert(0) += 1;
-                    }
-                    goals.push(Goal {
-                        asin: p.asin.clone(),
-                        category: p.category.clone(),
-                        query: p.query.clone(),
-                        name: p.title.clone(),
-                        product_category: p.product_category.clone(),
-                        instruction_text: format!("{instruction}{option_text}{price_text}"),
-                        attributes: attributes.clone(),
+                    goals.push(GoalRef {
+                        product: pi as u32,
+                        sub: combo,
                         price_upper: upper,
-                        price_upper_is_int: is_int,
-                        goal_options: GoalOptions::Dict(opts),
                         weight: 0.0,
-                        weight_is_int: false,
+                        human: false,
+                        price_upper_is_int: is_int,
                     });
                 }
             }
             for g in &mut goals {
-                let s: f64 = g.attributes.iter().map(|a| 1.0 / cnt[a.as_str()] as f64).sum();
-                g.weight = s / g.attributes.len() as f64;
+                let attributes = catalog.products[g.product as usize].instruction_attributes.as_deref().unwrap_or_default();
+                let s: f64 = attributes.iter().map(|a| 1.0 / cnt[a.as_str()] as f64).sum();
+                g.weight = s / attributes.len() as f64;
             }
         }
         GoalSet::Human => {
             for (pi, p) in catalog.products.iter().enumerate() {
                 let Some(list) = &p.human else { continue };
-                for h in list {
+                for (hi, h) in list.iter().enumerate() {
                     if h.instruction_attributes.is_empty() {
                         continue;
                     }
-                    let (upper, is_int, price_text) = price_upper(prices[pi], rng);
-                    goals.push(Goal {
-                        asin: p.asin.clone(),
-                        category: p.category.clone(),
-                        query: p.query.clone(),
-                        name: p.title.clone(),
-                        product_category: p.product_category.clone(),
-                        instruction_text: format!("{}{}", h.instruction.trim_matches('.'), price_text),
-                        attributes: h.instruction_attributes.clone(),
+                    let (upper, is_int) = price_upper(prices[pi], rng);
+                    goals.push(GoalRef {
+                        product: pi as u32,
+                        sub: hi as u32,
                         price_upper: upper,
-                        price_upper_is_int: is_int,
-                        goal_options: h.instruction_options.clone(),
                         weight: 1.0,
-                        weight_is_int: true,
+                        human: true,
+                        price_upper_is_int: is_int,
                     });
                 }
             }

@@ -26,17 +26,16 @@ pub mod pytext;
 pub mod reward;
 pub mod search;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use catalog::{Catalog, CatalogFiles};
 pub use catalog::{GoalOptions, Product};
-pub use goals::{Goal, GoalSet};
+pub use goals::{Goal, GoalRef, GoalSet};
 use pages::{SubPage, Target, View};
 use pyrandom::PyRandom;
 use reward::{NounTable, RewardInfo};
-use search::{Index, SearchError, SEARCH_RETURN_N};
+use search::{Index, IndexBuilder, SearchError, SEARCH_RETURN_N};
 
 use crate::envs::{EnvStep, TextEnv};
 
@@ -86,7 +85,8 @@ pub struct ShopFiles {
 
 impl ShopFiles {
     /// The files under a data folder (`items_shuffle_1000.json`, ...) or a WebShop root holding
-    /// `data/` (and `facts/spacy_nouns_1k.json`).
+    /// `data/`; the noun table beside them (`spacy_nouns_1k.json`, `spacy_nouns.json` for the full
+    /// set) or in the root's `facts/`.
     pub fn locate(dir: &Path) -> Result<ShopFiles, WebShopError> {
         // the 1k set the agent setups use, else the full set under its original names
         let sets = [
@@ -105,10 +105,12 @@ impl ShopFiles {
             )));
         };
         let root = data.parent().map(Path::to_path_buf).unwrap_or_else(|| data.clone());
-        let nouns = [data.join("spacy_nouns_1k.json"), root.join("facts").join("spacy_nouns_1k.json")]
+        // the noun table pcsd-data writes beside the set, else the 1k table of the shared facts/
+        let table = if products_name == sets[0].0 { "spacy_nouns_1k.json" } else { "spacy_nouns.json" };
+        let nouns = [data.join(table), root.join("facts").join("spacy_nouns_1k.json")]
             .into_iter()
             .find(|p| p.is_file())
-            .unwrap_or_else(|| root.join("facts").join("spacy_nouns_1k.json"));
+            .unwrap_or_else(|| data.join(table));
         Ok(ShopFiles {
             products: data.join(products_name),
             attributes: data.join(attrs_name),
@@ -142,7 +144,8 @@ pub struct Shop {
     /// `product_prices`, per product.
     pub prices: Vec<f64>,
     pub index: Index,
-    pub goals: Vec<Goal>,
+    /// The goals in play order, kept compact ([`Shop::goal`] makes one whole).
+    pub goals: Vec<GoalRef>,
     /// `[0] + cumsum(weights)`.
     pub cum_weights: Vec<f64>,
     pub nouns: NounTable,
@@ -151,28 +154,20 @@ pub struct Shop {
     rng_after_load: PyRandom,
 }
 
-fn load_nouns(path: &Path) -> Result<NounTable, WebShopError> {
-    #[derive(serde::Deserialize)]
-    struct Entry {
-        nouns: Vec<String>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Table {
-        by_name: HashMap<String, Entry>,
-    }
-    let f = std::fs::File::open(path).map_err(|e| {
+fn load_nouns(path: &Path, products: &[Product]) -> Result<NounTable, WebShopError> {
+    NounTable::load(path, products).map_err(|e| {
         WebShopError::Load(format!("noun table {}: {e} (the reward's type score needs it)", path.display()))
-    })?;
-    let t: Table = serde_json::from_reader(std::io::BufReader::new(f))
-        .map_err(|e| WebShopError::Load(format!("noun table {}: {e}", path.display())))?;
-    Ok(t.by_name.into_iter().map(|(k, v)| (k, v.nouns)).collect())
+    })
 }
 
 impl Shop {
     /// Loads the catalogue, builds the index and the goals as the original's constructor does.
     pub fn load(files: &ShopFiles, config: ShopConfig) -> Result<Shop, WebShopError> {
         let human = config.goals == GoalSet::Human;
-        let catalog = Catalog::load(
+        // the index is built as the catalogue streams in, a chunk of documents at a time
+        let mut builder = IndexBuilder::default();
+        let mut chunk: Vec<String> = Vec::with_capacity(search::BUILD_CHUNK);
+        let catalog = Catalog::load_with(
             &CatalogFiles {
                 products: files.products.clone(),
                 attributes: files.attributes.clone(),
@@ -180,8 +175,16 @@ impl Shop {
             },
             config.num_products,
             human,
+            |_, doc| {
+                chunk.push(doc);
+                if chunk.len() == search::BUILD_CHUNK {
+                    builder.add_chunk(std::mem::replace(&mut chunk, Vec::with_capacity(search::BUILD_CHUNK)));
+                }
+            },
         )?;
-        let nouns = load_nouns(&files.nouns)?;
+        builder.add_chunk(chunk);
+        let index = builder.finish(catalog.products.iter().map(|p| p.asin.as_str().into()).collect());
+        let nouns = load_nouns(&files.nouns, &catalog.products)?;
         let mut rng = PyRandom::new(config.seed as i128);
         let prices = catalog.prices(&mut rng);
         let mut goals = goals::build_goals(&catalog, &prices, config.goals, &mut rng);
@@ -197,12 +200,16 @@ impl Shop {
             acc += g.weight;
             cum_weights.push(acc);
         }
-        let index = Index::build(catalog.products.iter().map(|p| (p.asin.as_str(), Catalog::document(p))));
         Ok(Shop { catalog, prices, index, goals, cum_weights, nouns, config, rng_after_load: rng })
     }
 
     pub fn num_goals(&self) -> usize {
         self.goals.len()
+    }
+
+    /// Goal `i` with its texts (the original's goal dict). Panics when out of range.
+    pub fn goal(&self, i: usize) -> Goal {
+        self.goals[i].goal(&self.catalog)
     }
 
     /// `get_top_n_product_from_keywords`: product indices.
@@ -277,11 +284,30 @@ pub fn parse_action(action: &str) -> (&str, Option<&str>) {
     (action, None)
 }
 
+fn empty_goal() -> Goal {
+    Goal {
+        asin: String::new(),
+        category: String::new(),
+        query: String::new(),
+        name: String::new(),
+        product_category: String::new(),
+        instruction_text: String::new(),
+        attributes: Vec::new(),
+        price_upper: 0.0,
+        price_upper_is_int: false,
+        goal_options: GoalOptions::List(Vec::new()),
+        weight: 0.0,
+        weight_is_int: false,
+    }
+}
+
 /// One browser session on a shop.
 pub struct WebShopEnv {
     shop: Arc<Shop>,
     rng: PyRandom,
     goal: usize,
+    /// Goal `goal`, made when it started.
+    goal_data: Goal,
     session_id: String,
     keywords: Option<Vec<String>>,
     page: Option<i64>,
@@ -302,10 +328,12 @@ pub struct WebShopEnv {
 impl WebShopEnv {
     pub fn new(shop: Arc<Shop>) -> WebShopEnv {
         let rng = shop.rng_after_load.clone();
+        let goal_data = if shop.goals.is_empty() { empty_goal() } else { shop.goal(0) };
         let mut env = WebShopEnv {
             shop,
             rng,
             goal: 0,
+            goal_data,
             session_id: String::new(),
             keywords: None,
             page: None,
@@ -342,7 +370,7 @@ impl WebShopEnv {
 
     /// The goal being played.
     pub fn goal(&self) -> &Goal {
-        &self.shop.goals[self.goal]
+        &self.goal_data
     }
 
     pub fn goal_index(&self) -> usize {
@@ -382,6 +410,9 @@ impl WebShopEnv {
     }
 
     fn start(&mut self, goal: usize, session: String) {
+        if goal != self.goal || self.goal_data.asin.is_empty() {
+            self.goal_data = self.shop.goal(goal);
+        }
         self.goal = goal;
         self.url = format!("{BASE_URL}/{session}");
         self.session_id = session;
@@ -397,7 +428,7 @@ impl WebShopEnv {
     fn show(&mut self, view: View) {
         let shop = &self.shop;
         let products = &shop.catalog.products;
-        self.obs = pages::render(&view, products, &shop.goals[self.goal].instruction_text, shop.config.show_attrs);
+        self.obs = pages::render(&view, &shop.catalog, &self.goal_data.instruction_text, shop.config.show_attrs);
         let (bar, clk) = pages::clickables(&view, products, shop.config.show_attrs);
         self.has_search_bar = bar;
         self.clickables = clk;
@@ -515,9 +546,9 @@ impl WebShopEnv {
     fn buy(&mut self) -> Result<RewardInfo, WebShopError> {
         let product = self.product_of_session()?;
         let shop = self.shop.clone();
-        let goal = &shop.goals[self.goal];
+        let goal = &self.goal_data;
         let price = shop.prices[product];
-        let info = reward::get_reward(&shop.catalog.products[product], goal, price, &self.options, &shop.nouns)
+        let info = reward::get_reward(&shop.catalog, product, goal, price, &self.options, &shop.nouns)
             .map_err(|m| {
                 step_err("KeyError", format!("no noun-table entry for the product name {:?} (reward type score)", m.0))
             })?;

@@ -3,7 +3,7 @@
 //! (`.btn` texts lower-cased, product-link ASINs lower-cased, radio values; a dict, so a
 //! repeated key keeps its first slot and its last element).
 
-use super::catalog::Product;
+use super::catalog::{Catalog, Product};
 use super::pytext::{flask_tojson_dict, py_float_repr, py_lower, py_strip};
 
 pub const SEP: &str = " [SEP] ";
@@ -84,7 +84,8 @@ fn head(out: &mut Vec<String>, instruction: &str) {
 }
 
 /// The observation text of a view.
-pub fn render(view: &View, products: &[Product], instruction: &str, show_attrs: bool) -> String {
+pub fn render(view: &View, catalog: &Catalog, instruction: &str, show_attrs: bool) -> String {
+    let products = &catalog.products;
     let mut s: Vec<String> = Vec::new();
     match view {
         View::Search => {
@@ -133,9 +134,9 @@ pub fn render(view: &View, products: &[Product], instruction: &str, show_attrs: 
             head(&mut s, instruction);
             s.push("< Prev".into());
             match kind {
-                SubPage::Description => push_node(&mut s, &p.description),
+                SubPage::Description => push_node(&mut s, &catalog.cold(*product).description),
                 SubPage::Features => {
-                    for b in &p.bullets {
+                    for b in &catalog.cold(*product).bullets {
                         push_node(&mut s, &format!(" {b}"));
                     }
                 }

@@ -1,9 +1,13 @@
 //! The purchase reward (`goal.get_reward`): attributes, options, price and the type factor from
-//! the product names' nouns (a table made with spaCy on the original, shipped as data).
+//! the product names' nouns (a table made with spaCy, `pcsd-data webshop` builds it).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::path::Path;
 
-use super::catalog::{GoalOptions, Product};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+
+use super::catalog::{Catalog, GoalOptions, Product};
 use super::fuzz::{full_process, token_set_ratio_args, token_set_ratio_processed, FuzzArg};
 use super::goals::Goal;
 use super::pytext::py_strip;
@@ -37,8 +41,109 @@ fn normalize_color<'a>(x: FuzzArg<'a>) -> FuzzArg<'a> {
 }
 
 /// The nouns of product names (`[t.text.lower() for t in nlp(name) if t.pos_ in (PNOUN, NOUN,
-/// PROPN)]`), by name.
-pub type NounTable = HashMap<String, Vec<String>>;
+/// PROPN)]`), kept per product of the catalogue (joined by `\n`, one allocation each: the full
+/// catalogue has 1.18 M names) and found by name through the products sorted by title.
+#[derive(Debug, Default)]
+pub struct NounTable {
+    nouns: Vec<Option<Box<str>>>,
+    by_title: Vec<u32>,
+}
+
+impl NounTable {
+    /// Streams a `spacy_nouns*.json` table (`{"by_name": {name: {"nouns": [...]}}}`) and keeps the
+    /// nouns of the names `products` hold.
+    pub fn load(path: &Path, products: &[Product]) -> Result<NounTable, String> {
+        let mut by_title: Vec<u32> = (0..products.len() as u32).collect();
+        by_title.sort_unstable_by(|&a, &b| products[a as usize].title.cmp(&products[b as usize].title));
+        let mut table = NounTable { nouns: vec![None; products.len()], by_title };
+        let f = std::fs::File::open(path).map_err(|e| format!("{e}"))?;
+        let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(1 << 20, f));
+        let found = de.deserialize_map(Top { products, table: &mut table }).map_err(|e| e.to_string())?;
+        de.end().map_err(|e| e.to_string())?;
+        if !found {
+            return Err("no \"by_name\" object (expected {\"by_name\": {name: {\"nouns\": [...]}}})".into());
+        }
+        Ok(table)
+    }
+
+    /// Indices of the products titled `name`.
+    fn products_named<'p>(&self, products: &'p [Product], name: &str) -> impl Iterator<Item = usize> + 'p {
+        let lo = self.by_title.partition_point(|&i| products[i as usize].title.as_str() < name);
+        let hi = self.by_title.partition_point(|&i| products[i as usize].title.as_str() <= name);
+        self.by_title[lo..hi].to_vec().into_iter().map(|i| i as usize)
+    }
+
+    /// The nouns of `name` (a product's title), or None when the table had none for it.
+    pub fn get<'a>(&'a self, products: &[Product], name: &str) -> Option<Vec<&'a str>> {
+        let i = self.products_named(products, name).next()?;
+        let joined = self.nouns[i].as_deref()?;
+        Some(if joined.is_empty() { Vec::new() } else { joined.split('\n').collect() })
+    }
+}
+
+struct Top<'a> {
+    products: &'a [Product],
+    table: &'a mut NounTable,
+}
+
+impl<'de> Visitor<'de> for Top<'_> {
+    type Value = bool;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a noun table object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<bool, A::Error> {
+        let mut found = false;
+        while let Some(key) = m.next_key::<String>()? {
+            if key == "by_name" {
+                m.next_value_seed(ByName { products: self.products, table: &mut *self.table })?;
+                found = true;
+            } else {
+                m.next_value::<de::IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+}
+
+struct ByName<'a> {
+    products: &'a [Product],
+    table: &'a mut NounTable,
+}
+
+impl<'de> DeserializeSeed<'de> for ByName<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ByName<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an object of name -> {\"nouns\": [...]}")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
+        #[derive(Deserialize)]
+        struct Entry {
+            nouns: Vec<String>,
+        }
+        while let Some(name) = m.next_key::<String>()? {
+            let e: Entry = m.next_value()?;
+            let hits: Vec<usize> = self.table.products_named(self.products, &name).collect();
+            if hits.is_empty() {
+                continue;
+            }
+            if let Some(bad) = e.nouns.iter().find(|n| n.contains('\n') || n.is_empty()) {
+                return Err(de::Error::custom(format!("the nouns of {name:?} hold {bad:?} (empty or with a newline)")));
+            }
+            let joined: Box<str> = e.nouns.join("\n").into();
+            for i in hits {
+                self.table.nouns[i] = Some(joined.clone());
+            }
+        }
+        Ok(())
+    }
+}
 
 /// What `get_reward(..., verbose=True)` reports.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,16 +169,17 @@ fn type_reward(
     purchased: &Product,
     goal: &Goal,
     nouns: &NounTable,
+    products: &[Product],
 ) -> Result<(f64, bool, bool, f64), MissingNouns> {
     let query_match = purchased.query == goal.query;
     let split = |s: &str| -> HashSet<String> { s.split('›').map(|x| py_strip(x).to_string()).collect() };
     let pc = split(&purchased.product_category);
     let gc = split(&goal.product_category);
     let category_match = pc.intersection(&gc).count() >= 2;
-    let p_nouns = nouns.get(&purchased.title).ok_or_else(|| MissingNouns(purchased.title.clone()))?;
-    let g_nouns = nouns.get(&goal.name).ok_or_else(|| MissingNouns(goal.name.clone()))?;
-    let ps: HashSet<&String> = p_nouns.iter().collect();
-    let gs: HashSet<&String> = g_nouns.iter().collect();
+    let p_nouns = nouns.get(products, &purchased.title).ok_or_else(|| MissingNouns(purchased.title.clone()))?;
+    let g_nouns = nouns.get(products, &goal.name).ok_or_else(|| MissingNouns(goal.name.clone()))?;
+    let ps: HashSet<&str> = p_nouns.iter().copied().collect();
+    let gs: HashSet<&str> = g_nouns.iter().copied().collect();
     let n_inter = ps.intersection(&gs).count();
     let title_score = if g_nouns.is_empty() { 0.2 } else { n_inter as f64 / g_nouns.len() as f64 };
     let mut r_type = 1.0;
@@ -89,8 +195,9 @@ fn type_reward(
     Ok((r_type, query_match, category_match, title_score))
 }
 
-fn attribute_matches(purchased: &Product, goal: &Goal) -> usize {
-    let (title, bullets, desc) = purchased.lowered_texts();
+fn attribute_matches(catalog: &Catalog, product: usize, goal: &Goal) -> usize {
+    let purchased = &catalog.products[product];
+    let (title, bullets, desc) = catalog.lowered_texts(product);
     let mut n = 0;
     let processed = purchased.processed_attributes();
     for g in &goal.attributes {
@@ -115,17 +222,20 @@ fn option_matches(chosen: &[(String, String)], goal: &GoalOptions) -> usize {
         .count()
 }
 
-/// `get_reward(purchased_product, goal, price, options, verbose=True)`.
+/// `get_reward(purchased_product, goal, price, options, verbose=True)` for the catalogue's product
+/// `product`.
 pub fn get_reward(
-    purchased: &Product,
+    catalog: &Catalog,
+    product: usize,
     goal: &Goal,
     price: f64,
     options: &[(String, String)],
     nouns: &NounTable,
 ) -> Result<RewardInfo, MissingNouns> {
-    let (r_type, query_match, category_match, title_score) = type_reward(purchased, goal, nouns)?;
+    let purchased = &catalog.products[product];
+    let (r_type, query_match, category_match, title_score) = type_reward(purchased, goal, nouns, &catalog.products)?;
     let r_price = price <= goal.price_upper;
-    let n_att = attribute_matches(purchased, goal);
+    let n_att = attribute_matches(catalog, product, goal);
     let n_opt = option_matches(options, &goal.goal_options);
     let n_goal_att = goal.attributes.len();
     let n_goal_opt = goal.goal_options.len();

