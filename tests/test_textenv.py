@@ -324,3 +324,137 @@ def test_text_env_demonstrations_restate_the_task():
     assert think_for("open the red door.", "take red key") == "Next: take."
     assert think_for("put a hot apple in fridge.", "go to fridge 1", restate_task=True) == (
         "apple to fridge. Next: go.")
+
+
+# ----------------------------------------------------------------------------- TextArena and OpenEnv kinds
+OPENENV_FIXTURES = HERE / "fixtures" / "openenv"
+_SMALL = ["model.tiny_layers=1", "model.tiny_hidden_size=64", "rollout.backend=hf", "rollout.tasks_per_step=2",
+          "rollout.group_size=2", "rollout.max_response_tokens=16", "optim.steps=1", "eval.episodes=4",
+          "env.history_length=1", "run.device=cpu", "run.progress=false", "run.tensorboard=false"]
+
+
+def _skills(root: Path, task_type: str, text: str) -> Path:
+    (root / "general.md").parent.mkdir(parents=True, exist_ok=True)
+    (root / "general.md").write_text("Read the task and the last observation; put one action in <action></action>.\n")
+    (root / f"{task_type}.md").write_text(text)
+    return root
+
+
+def _train_and_eval(run: Path, over: list[str], child_env, label: str) -> tuple[dict, dict, str]:
+    """``python -m pcsd.train ... method=pcsd`` then ``python -m pcsd.eval --model <run>``: the
+    run's summary, the evaluation's result row and its printed table."""
+    r = subprocess.run([sys.executable, "-m", "pcsd.train", *over, "method=pcsd", *_SMALL, f"run.dir={run}"],
+                       cwd=ROOT, env=child_env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((run / "summary.json").read_text())
+    assert s["steps"] == 1 and s["method"] == "pcsd"
+    for key in ("success_before", "success_after", "mean_reward_before", "mean_reward_after"):
+        assert s[key] is not None, key
+    r = subprocess.run([sys.executable, "-m", "pcsd.eval", "--model", str(run), "--backend", "hf", "--quiet",
+                        "--episodes", "4"], cwd=ROOT, env=child_env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert label in r.stdout and "Mean reward" in r.stdout, r.stdout
+    res = json.loads((run / "eval" / "results.json").read_text())["results"][0]
+    assert res["episodes"] == 4 and res["mean_reward"] is not None
+    assert [g["game"] for g in res["games"]] == [str(1_000_000_000 + i) for i in range(4)]
+    return s, res, r.stdout
+
+
+def test_textarena_game_trains_end_to_end_and_evaluates(textarena_available, tmp_path, child_env):
+    """``env.name=textarena env.id=GuessTheNumber-v0``: the warm-up on the adapter's expert (binary
+    search on the game's hints: every episode won), one GRPO + PCSD step whose teacher reads the
+    game's skills (task type = the game id), evaluations before and after, then ``pcsd.eval``."""
+    skills = _skills(tmp_path / "skills", "GuessTheNumber-v0",
+                     "Guess the middle of the range the hints leave open, in square brackets: [10].\n")
+    s, res, out = _train_and_eval(tmp_path / "run", ["env.name=textarena", "env.id=GuessTheNumber-v0",
+                                                     f"env.skills_dir={skills}", "env.max_steps=6",
+                                                     "optim.sft_steps=10", "optim.sft_games=8"],
+                                  child_env, "textarena GuessTheNumber-v0")
+    assert s["sft_expert_success"] == 100.0 and s["sft_examples"] > 0
+    assert res["env"] == "textarena"
+
+
+def test_openenv_server_trains_end_to_end_and_evaluates(openenv_available, tmp_path, child_env):
+    """``env.name=openenv env.url=...`` against a real OpenEnv server this test starts on 127.0.0.1
+    (tests/fixtures/openenv/guess_server.py, openenv-core): no expert, so no warm-up (the generated
+    model's tokenizer learns the envs' first pages), one GRPO + PCSD step, evaluations, ``pcsd.eval``."""
+    from pcsd.envs.openenv import OpenEnvServer
+
+    skills = tmp_path / "skills"
+    skills.mkdir()
+    (skills / "general.md").write_text("Guess the middle of the numbers the hints leave open.\n")
+    with OpenEnvServer("guess_server:app", app_dir=str(OPENENV_FIXTURES)) as server:
+        s, res, out = _train_and_eval(tmp_path / "run", ["env.name=openenv", f"env.url={server.base_url}",
+                                                         f"env.skills_dir={skills}", "env.max_steps=3",
+                                                         "optim.sft_steps=0"],
+                                      child_env, f"openenv {server.base_url}")
+    assert "sft_examples" not in s and res["env"] == "openenv"
+
+
+def _kind_cfg(*over: str):
+    return load_config(["method=grpo", *over])
+
+
+def _refused(kind: str, over: list[str], key: str, what: str) -> None:
+    """The config with ``over`` is refused at read with one line that starts with ``key``."""
+    with pytest.raises(ConfigError) as ei:
+        _kind_cfg(kind, *over)
+    msg = str(ei.value)
+    assert msg.startswith(key) and what in msg and "\n" not in msg, msg
+
+
+def test_textarena_config_is_checked_at_read(textarena_available, monkeypatch):
+    cfg = _kind_cfg("env.name=textarena", "env.id=GuessTheNumber-v0", "env.kwargs.max_number=50")
+    assert cfg.env.id == "GuessTheNumber-v0" and cfg.env.kwargs == {"max_number": 50}
+    for over, key, what in [
+        (["env.id=GuessTheNumbr-v0"], "env.id=GuessTheNumbr-v0", "did you mean GuessTheNumber-v0"),
+        (["env.id=GuessTheNumber-v0", "env.kwargs.colours=3"], "env.kwargs={'colours': 3}",
+         "unexpected keyword argument 'colours'"),
+        (["env.id=TicTacToe-v0"], "env.id=TicTacToe-v0", "single-player"),
+        ([], "env.id", "needs env.id=<a TextArena game id>"),
+        (["env.id=GuessTheNumber-v0", "env.entry_point=a:B"], "env.entry_point", "not a setting of env.name=textarena"),
+    ]:
+        _refused("env.name=textarena", over, key, what)
+    monkeypatch.setitem(sys.modules, "textarena", None)  # as if the package were not installed
+    with pytest.raises(ConfigError) as ei:
+        _kind_cfg("env.name=textarena", "env.id=Sudoku-v0")
+    assert str(ei.value) == ("env.name=textarena needs the 'textarena==0.7.4' package, which is not installed: "
+                             "pip install 'pcsd[textarena]'")
+
+
+def test_openenv_config_is_checked_at_read(openenv_available, monkeypatch):
+    """``env.url`` (a running server) and ``env.kwargs.start`` (an app pcsd serves once per process,
+    checked with a reset and a step when the config is read); each bad input one line naming the key."""
+    from pcsd.envs import registry
+    from pcsd.envs.openenv import OpenEnvServer
+
+    start = ["env.kwargs.start=guess_server:app", f"env.kwargs.app_dir={OPENENV_FIXTURES}"]
+    cfg = _kind_cfg("env.name=openenv", *start)
+    (server,) = [v for k, v in registry._SERVED.items() if k[0] == "guess_server:app"]
+    assert server.alive and cfg.env.kwargs.start == "guess_server:app"
+    assert _kind_cfg("env.name=openenv", *start) is not None  # the same server
+    assert [v for k, v in registry._SERVED.items() if k[0] == "guess_server:app"] == [server]
+    url = server.base_url
+    assert _kind_cfg("env.name=openenv", f"env.url={url}", "env.kwargs.message_timeout_s=5").env.url == url
+    with OpenEnvServer("health_only:app", app_dir=str(OPENENV_FIXTURES)) as other:
+        dead = other.base_url  # an address with nothing behind it once this server stops
+    for over, key, what in [
+        ([], "env.url", "needs env.url=<a running server's address"),
+        ([f"env.url={url}", "env.kwargs.start=guess_server:app"], "env.url", "not both"),
+        ([f"env.url={dead}"], f"env.url={dead}", "is unreachable"),
+        (["env.url=127.0.0.1:80"], "env.url=127.0.0.1:80", "base_url must be an http(s)://"),
+        ([f"env.url={url}/grid"], f"env.url={url}/grid", "its action MoveAction(x, y) has no text field"),
+        ([f"env.url={url}", "env.kwargs.message_timeout=3"], "env.kwargs={'message_timeout': 3}",
+         "unexpected keyword argument 'message_timeout'"),
+        ([f"env.url={url}", "env.kwargs.app_dir=."], "env.kwargs.app_dir", "settings of env.kwargs.start"),
+        (["env.kwargs.start=no_such_server_mod:app"], "env.kwargs.start=no_such_server_mod:app", "no module"),
+        (["env.kwargs.start=textenv_faults:app", f"env.kwargs.app_dir={HERE}"], "env.kwargs.start=textenv_faults:app",
+         "exited with code"),
+        ([f"env.url={url}", "env.id=x"], "env.id", "not a setting of env.name=openenv"),
+    ]:
+        _refused("env.name=openenv", over, key, what)
+    monkeypatch.setitem(sys.modules, "websockets", None)  # as if the package were not installed
+    with pytest.raises(ConfigError) as ei:
+        _kind_cfg("env.name=openenv", f"env.url={url}")
+    assert str(ei.value) == ("env.name=openenv needs the 'websockets' package, which is not installed: "
+                             "pip install 'pcsd[openenv]'")

@@ -96,12 +96,14 @@ class EnvFactory:
     id is registered). Picklable, so worker processes receive it and build their own envs.
 
     ``wrap`` (optional, ``"module:function"``): applied to the built env, e.g. an adapter from
-    another API to this protocol (the TextArena and OpenEnv kinds use it)."""
+    another API to this protocol. ``label`` (optional): what :meth:`describe` calls the env (the
+    TextArena kind: the game id) instead of the entry point and its arguments."""
 
     entry_point: Optional[str] = None
     id: Optional[str] = None
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     wrap: Optional[str] = None
+    label: Optional[str] = None
 
     def __post_init__(self) -> None:
         if (self.entry_point is None) == (self.id is None):
@@ -111,6 +113,8 @@ class EnvFactory:
         object.__setattr__(self, "kwargs", dict(self.kwargs))
 
     def describe(self) -> str:
+        if self.label is not None:
+            return self.label
         what = self.entry_point if self.entry_point is not None else f"gymnasium.make({self.id!r})"
         return what + (f" with {dict(self.kwargs)}" if self.kwargs else "")
 

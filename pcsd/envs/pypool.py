@@ -120,9 +120,13 @@ class EnvWorkers:
         num_workers: processes (0: one per core).
         step_timeout: seconds one request (a reset with the env's construction, a step, an
             expert action) may take before its worker counts as hung and is replaced.
+        quiet: the workers' own output (the envs' prints, a library's download attempts) goes
+            nowhere instead of to this process's stdout/stderr (:func:`check_env`: its verdict is
+            one line).
     """
 
-    def __init__(self, make_env: Callable[[], Any], num_workers: int = 0, *, step_timeout: float = 60.0) -> None:
+    def __init__(self, make_env: Callable[[], Any], num_workers: int = 0, *, step_timeout: float = 60.0,
+                 quiet: bool = False) -> None:
         if not callable(make_env):
             raise ValueError(f"make_env: expected a callable that builds one env, got {type(make_env).__name__}")
         try:
@@ -134,6 +138,7 @@ class EnvWorkers:
         if isinstance(step_timeout, bool) or not isinstance(step_timeout, (int, float)) or not step_timeout > 0:
             raise ValueError(f"step_timeout: expected a positive number of seconds, got {step_timeout!r}")
         self.step_timeout = float(step_timeout)
+        self._output = subprocess.DEVNULL if quiet else None
         self.describe = getattr(make_env, "describe", lambda: repr(make_env))()
         self._marks_file = tempfile.TemporaryFile(prefix="pcsd-envworkers-")
         self._marks_file.truncate(_MARK.size * n)
@@ -169,7 +174,8 @@ class EnvWorkers:
                 f"main({child_fd}, {self._marks_file.fileno()}, {w})")
         try:
             proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(child_fd, self._marks_file.fileno()),
-                                    stdin=subprocess.DEVNULL, start_new_session=False)
+                                    stdin=subprocess.DEVNULL, stdout=self._output, stderr=self._output,
+                                    start_new_session=False)
         finally:
             os.close(child_fd)
         parent.send_bytes(self._factory)
@@ -722,7 +728,7 @@ def check_env(make_env: Callable[[], Any], *, seed: int = 0, timeout: float = 60
     when the env cannot be built (``stage``: importing or constructing failed) and
     :class:`pcsd.envs.protocol.ProtocolError` when a call raises, hangs past ``timeout`` seconds,
     kills its process or returns something outside the protocol (a non-text observation, ...),
-    each with a one-line message. The step's action is the expert's, else the first admissible
+    each with a one-line message (the worker's own output is dropped). The step's action is the expert's, else the first admissible
     action, else ``"help"``."""
     def call(op: tuple, what: str) -> Any:
         res = workers.run({0: [op]})[0]
@@ -735,7 +741,7 @@ def check_env(make_env: Callable[[], Any], *, seed: int = 0, timeout: float = 60
             raise ProtocolError(res[1].replace("step()", what, 1))  # names the action it stepped with
         return res[1]
 
-    with EnvWorkers(make_env, 1, step_timeout=timeout) as workers:
+    with EnvWorkers(make_env, 1, step_timeout=timeout, quiet=True) as workers:
         obs, _, _, _, task, adm, _, _ = call(("reset", 0, seed, None), "reset()")
         has_expert = call(("has_expert", 0), "expert_action()")
         action = call(("expert", 0), "expert_action()") if has_expert else None

@@ -13,15 +13,21 @@ two ways kinds differ in what an episode means:
   ``score`` (WebShop's purchase reward, a Python env's summed reward).
 
 Native kinds (``alfworld``, ``webshop``, ``dummy``) run in :class:`pcsd.envs.pool.EnvPool`; Python
-kinds (``gym``; ``textarena`` and ``openenv`` when their adapters ``pcsd/envs/textarena.py`` /
-``pcsd/envs/openenv.py`` are present) run in :class:`pcsd.envs.pypool.PythonEnvPool`, and their
-spec turns the config's ``env`` section into a picklable :class:`pcsd.envs.protocol.EnvFactory`
-(:meth:`EnvSpec.factory`). A new Python kind is a module here plus one :func:`register` call.
+kinds (``gym``; ``textarena`` and ``openenv``, through the adapters :mod:`pcsd.envs.textarena` and
+:mod:`pcsd.envs.openenv`) run in :class:`pcsd.envs.pypool.PythonEnvPool`, and their spec turns the
+config's ``env`` section into a picklable :class:`pcsd.envs.protocol.EnvFactory`
+(:meth:`EnvSpec.factory`; a package the kind needs and does not find is a ValueError naming the
+key and the extra to install). ``env.name=openenv`` with ``env.kwargs.start=module:app`` serves
+that app once per process (the first factory starts it on 127.0.0.1; the factories' envs, in any
+worker process, connect to it; it stops when the process exits or dies). A new Python kind is a
+module here plus one :func:`register` call.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -119,6 +125,8 @@ def _gym_factory(env: Mapping[str, Any]) -> EnvFactory:
         raise ValueError("env.entry_point: env.name=gym needs exactly one of env.entry_point=module:Class "
                          "(importable from the current folder or the installed packages) and env.id=<a registered "
                          "Gymnasium id>" + (", not both" if entry is not None else ""))
+    if env_id is not None:
+        _require(f"env.id={env_id}", "gymnasium", "gymnasium", "gym")
     return EnvFactory(entry_point=entry, id=env_id, kwargs=_kwargs(env))
 
 
@@ -132,20 +140,76 @@ def _kwargs(env: Mapping[str, Any]) -> dict[str, Any]:
     return dict(kw)
 
 
+def _require(key: str, module: str, package: str, extra: str) -> None:
+    """ValueError naming ``key`` and the extra to install when ``module`` cannot be imported."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ValueError(f"{key} needs the '{package}' package, which is not installed: pip install 'pcsd[{extra}]'")
+
+
 def _textarena_factory(env: Mapping[str, Any]) -> EnvFactory:
     if not env.get("id"):
         raise ValueError("env.id: env.name=textarena needs env.id=<a TextArena game id>, e.g. GuessTheNumber-v0")
-    return EnvFactory(entry_point="pcsd.envs.textarena:TextArenaEnv", kwargs={"env_id": env["id"], **_kwargs(env)})
+    _require("env.name=textarena", "textarena", "textarena==0.7.4", "textarena")
+    return EnvFactory(entry_point="pcsd.envs.textarena:TextArenaEnv", kwargs={"env_id": env["id"], **_kwargs(env)},
+                      label=str(env["id"]))
+
+
+#: OpenEnv servers this process started (``env.kwargs.start``), by app and folder: one per process,
+#: shared by every factory of it, stopped when the process exits (or dies: pcsd.envs.openenv)
+_SERVED: dict[tuple[str, Optional[str]], Any] = {}
+
+
+def _served(app: str, app_dir: Optional[str], start_timeout_s: float) -> str:
+    """The address of this process's server of ``app`` (started on first use)."""
+    from pcsd.envs.openenv import OpenEnvServer, check
+
+    key = (app, app_dir and os.path.abspath(app_dir))
+    server = _SERVED.get(key)
+    if server is None or not server.alive:
+        try:
+            check(start=app, app_dir=app_dir)
+            server = OpenEnvServer(app, app_dir=app_dir, start_timeout_s=start_timeout_s).start()
+        except (ValueError, TypeError, RuntimeError, TimeoutError) as exc:
+            raise ValueError(f"env.kwargs.start={app}: {' '.join(str(exc).split())}") from None
+        _SERVED[key] = server
+    return server.base_url
+
+
+@atexit.register
+def _stop_served() -> None:
+    for server in _SERVED.values():
+        server.stop()
+    _SERVED.clear()
 
 
 def _openenv_factory(env: Mapping[str, Any]) -> EnvFactory:
     kw = _kwargs(env)
-    if env.get("url"):
-        kw["base_url"] = env["url"]
-    elif "start" not in kw:
-        raise ValueError("env.url: env.name=openenv needs env.url=<the server's address> or env.kwargs.start=<the "
-                         "environment to start>")
-    return EnvFactory(entry_point="pcsd.envs.openenv:OpenEnvEnv", kwargs=kw)
+    url, start = env.get("url"), kw.pop("start", None)
+    if (url is None) == (start is None):
+        raise ValueError("env.url: env.name=openenv needs env.url=<a running server's address, http://host:port> or "
+                         "env.kwargs.start=<module:app, an OpenEnv app to serve on 127.0.0.1>"
+                         + (", not both" if url is not None else ""))
+    _require("env.name=openenv", "websockets", "websockets", "openenv")
+    app_dir = kw.pop("app_dir", None)
+    start_timeout_s = kw.pop("start_timeout_s", 120.0)
+    if start is not None:
+        _require(f"env.kwargs.start={start}", "uvicorn", "openenv-core==0.3.0", "openenv")
+        if not isinstance(start, str):
+            raise ValueError(f"env.kwargs.start: expected module:app (an OpenEnv app), got {start!r}")
+        if app_dir is not None and not isinstance(app_dir, str):
+            raise ValueError(f"env.kwargs.app_dir: expected a folder, got {app_dir!r}")
+        if isinstance(start_timeout_s, bool) or not isinstance(start_timeout_s, (int, float)) or start_timeout_s <= 0:
+            raise ValueError(f"env.kwargs.start_timeout_s: expected seconds > 0, got {start_timeout_s!r}")
+        url = _served(start, app_dir, float(start_timeout_s))
+    elif app_dir is not None or "start_timeout_s" in (env.get("kwargs") or {}):
+        raise ValueError("env.kwargs.app_dir / start_timeout_s: settings of env.kwargs.start (a server pcsd starts); "
+                         "env.url names a running one")
+    return EnvFactory(entry_point="pcsd.envs.openenv:OpenEnvEnv", kwargs={"base_url": url, **kw},
+                      label=str(start if start is not None else url))
 
 
 register(EnvSpec("alfworld", "alfworld", "the native ALFWorld engine (game files)", errors_end_episode=False))
@@ -154,9 +218,9 @@ register(EnvSpec("dummy", "alfworld", "the native pool's deterministic test game
 register(EnvSpec("gym", "text", "any Python text env: env.entry_point=module:Class or env.id=<Gymnasium id>, "
                  "env.kwargs", python=True, env_reward=True, task_score="score", make_factory=_gym_factory,
                  keys=("entry_point", "id", "kwargs")))
-if importlib.util.find_spec("pcsd.envs.textarena") is not None:  # the adapters, when present
-    register(EnvSpec("textarena", "text", "a single-player TextArena game: env.id=<game id>", python=True,
-                     env_reward=True, task_score="score", make_factory=_textarena_factory, keys=("id", "kwargs")))
-if importlib.util.find_spec("pcsd.envs.openenv") is not None:
-    register(EnvSpec("openenv", "text", "an OpenEnv environment server: env.url=<address>", python=True,
-                     env_reward=True, task_score="score", make_factory=_openenv_factory, keys=("url", "kwargs")))
+register(EnvSpec("textarena", "text", "a single-player TextArena game: env.id=<game id>, env.kwargs (the game's "
+                 "arguments)", python=True, env_reward=True, task_score="score", make_factory=_textarena_factory,
+                 keys=("id", "kwargs")))
+register(EnvSpec("openenv", "text", "an OpenEnv environment server: env.url=<address> or env.kwargs.start=<module:app>",
+                 python=True, env_reward=True, task_score="score", make_factory=_openenv_factory,
+                 keys=("url", "kwargs")))

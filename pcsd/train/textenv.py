@@ -115,7 +115,8 @@ def _entry_key(cfg: Any) -> str:
     for key in ("entry_point", "id", "url"):
         if cfg.env.get(key) is not None:
             return f"env.{key}={cfg.env.get(key)}"
-    return "env.kwargs"
+    start = (cfg.env.get("kwargs") or {}).get("start")
+    return f"env.kwargs.start={start}" if start is not None else "env.kwargs"
 
 
 def _check_env(cfg: Any, factory: Any, kwargs_key: str) -> Optional[str]:
