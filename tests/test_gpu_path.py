@@ -189,7 +189,8 @@ class RecordingBackend(VLLMBackend):
 @pytest.fixture
 def clean_env(monkeypatch):
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "VLLM_ENABLE_V1_MULTIPROCESSING"):
-        monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv(k, "")  # recorded, so that what the backend sets is undone after the test
+        monkeypatch.delenv(k)
     return monkeypatch
 
 

@@ -560,7 +560,8 @@ def part_vllm(part: Part, ctx: Ctx) -> None:
         raise Skip("vLLM is not installed here")
     from pcsd.rollout.backends import make_backend
     from pcsd.train.plan import VLLM_CUDA_GRAPH_BYTES, GiB
-    from pcsd.train.precision import cast_items, export_model, frozen_copy
+    from pcsd.train.distributed import iter_weights, single_process
+    from pcsd.train.precision import export_model, frozen_copy
 
     conf = shape_conf(ctx)
     student = student_model(ctx)
@@ -600,7 +601,7 @@ def part_vllm(part: Part, ctx: Ctx) -> None:
                     p.add_(torch.randn(p.shape, generator=g, device=p.device) * 0.2 * p.detach().std().clamp_min(1e-3))
                 student.model.norm.weight.neg_()
             t0 = time.perf_counter()
-            eng.load_weights(cast_items(student.state_dict().items(), getattr(torch, dtype)))
+            eng.load_weights(iter_weights(student, single_process(student.device), getattr(torch, dtype), 512 << 20))
             part.add(sync_s=time.perf_counter() - t0)
             after = eng.generate(prompts, **greedy)
             part.check("the sync changed the engine's output", [o[0].token_ids for o in after] !=
