@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # pcsd's two commands on a fresh clone (see README):
 #   bash run.sh train [key=value ...]   set up, then python -m pcsd.train
-#   bash run.sh test                    set up, then cargo test + the whole pytest suite
+#   bash run.sh test                    set up, then the linters, cargo test and the whole pytest suite
+#   bash run.sh lint                    set up, then the linters only (configured in pyproject.toml)
 # Setup makes ./.venv (or $PCSD_VENV), installs torch, vLLM (the CPU build where there is no
 # NVIDIA GPU; PCSD_VLLM=off skips it), then `pip install .[dev,alfworld,textarena,openenv]`, which compiles
 # pcsd._C (C++, and CUDA when a toolkit is found) and pcsd._envpool (Rust).
@@ -42,6 +43,19 @@ setup() {
   PYTHONSAFEPATH=1 "$PY" -c "import pcsd, json; print(json.dumps(pcsd.native_info(), indent=1))"
 }
 
+lint() {
+  log "ruff check, ruff format --check"
+  "$VENV/bin/ruff" check
+  "$VENV/bin/ruff" format --check
+  log "mypy (pcsd/ops, envs, text, rollout), stubtest of the compiled modules' stubs"
+  # PYTHONSAFEPATH: the installed (compiled) modules are checked against the stubs in this tree
+  PYTHONSAFEPATH=1 "$PY" -m mypy
+  PYTHONSAFEPATH=1 "$PY" -m mypy.stubtest --allowlist tools/stubtest_allowlist.txt pcsd._C pcsd._envpool
+  log "cargo clippy -D warnings (core, then with the Python bindings), cargo fmt --check"
+  (cd rust_envpool && cargo clippy --locked --all-targets -- -D warnings \
+     && cargo clippy --locked --all-targets --features python -- -D warnings && cargo fmt --check)
+}
+
 cmd="${1:-}"
 shift || true
 case "$cmd" in
@@ -51,6 +65,7 @@ case "$cmd" in
     PYTHONSAFEPATH=1 exec "$PY" -m pcsd.train "$@" ;;
   test)
     setup
+    lint
     log "cargo test (rust_envpool)"
     (cd rust_envpool && cargo test --locked)
     log "pytest"
@@ -58,6 +73,7 @@ case "$cmd" in
     # bash run.sh test -m slow
     if [ "$#" -eq 0 ]; then set -- -m "not slow"; fi
     exec "$VENV/bin/pytest" -p no:cacheprovider -q "$@" ;;
+  lint) setup; lint ;;
   setup) setup ;;
-  *) echo "usage: bash run.sh {train [key=value ...] | test [pytest args] | setup}" >&2; exit 2 ;;
+  *) echo "usage: bash run.sh {train [key=value ...] | test [pytest args] | lint | setup}" >&2; exit 2 ;;
 esac

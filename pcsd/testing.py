@@ -18,6 +18,8 @@ __all__ = [
     "QWEN3_CHAT_TEMPLATE",
     "SPECIAL_TOKENS",
     "make_tiny_model",
+    "plain_logprobs",
+    "student_and_frozen",
     "synthetic_rollout_batch",
     "tiny_corpus",
 ]
@@ -352,3 +354,37 @@ def synthetic_rollout_batch(num_groups: int = 4, group_size: int = 2, *, vocab_s
         length=torch.tensor(length, dtype=torch.int64),
         traj_group=torch.arange(n, dtype=torch.int64) // group_size,
         task_type=["pick_and_place_simple"] * n, task=["put a thing somewhere"] * n)
+
+
+def student_and_frozen(model_dir, perturb_frozen: float = 0.0, seed: int = 0):
+    """``(student, frozen)``: the model of ``model_dir`` in float32 on the CPU, and a frozen copy
+    (eval mode, no gradients) whose parameters are moved by ``perturb_frozen`` x N(0, 1) noise drawn
+    with ``seed``, so that reference and teacher differ from the student (KL and gaps not 0)."""
+    import copy
+
+    import torch
+
+    from pcsd.models import load_model
+
+    student = load_model(model_dir, torch.device("cpu"), "float32")
+    frozen = copy.deepcopy(student).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in frozen.parameters():
+            p.add_(perturb_frozen * torch.randn(p.shape, generator=g))
+            p.requires_grad_(False)
+    return student, frozen
+
+
+def plain_logprobs(model, prompts, responses):
+    """``[T]`` float32 log-probs of the packed response tokens, one unpacked sequence at a time with
+    full logits and ``log_softmax`` (with the graph: differentiable): the plain reference of the
+    trainer's packed, chunked scoring (:func:`pcsd.ops.scoring.score_packed`)."""
+    import torch
+
+    out = []
+    for p, r in zip(prompts, responses):
+        ids = torch.tensor([list(p) + list(r)])
+        lp = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0].float(), -1)
+        out.append(lp[torch.arange(len(p) - 1, len(p) - 1 + len(r)), torch.tensor(r)])
+    return torch.cat(out)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -489,27 +488,48 @@ def test_skills_are_procedural_and_env_specific():
         P.retrieve_skills("x", env="sokoban")
 
 
-def _real_tasks():
-    root = os.environ.get("ALFWORLD_DATA")
-    if not root or not (Path(root) / "MANIFEST.tsv").is_file():
-        pytest.skip("ALFWORLD_DATA is not set (or has no MANIFEST.tsv): real ALFWorld tasks unavailable")
-    rows = [l.split("\t") for l in (Path(root) / "MANIFEST.tsv").read_text().splitlines()[1:]]
+def _real_games(alfworld_data) -> list[tuple[str, str, str]]:
+    """``(task sentence, task type, path)`` of every real ALFWorld game of the three splits, the
+    type read from the game's path (``<split>/<type>-<object>-...-<scene>/<trial>/game.tw-pddl``)."""
     out = []
-    for split, kind, rel in rows:
-        if split not in ("valid_seen", "valid_unseen"):
-            continue
-        g = json.loads((Path(root) / "json_2.1.1" / rel).read_text())
-        m = re.search(r'"task":\s*\[\s*\{\s*"rhs":\s*"Your task is to: ([^"]*)"', g["grammar"])
-        assert m, f"no task sentence in {rel}"
-        out.append((m.group(1), kind))
+    for split in ("train", "valid_seen", "valid_unseen"):
+        for f in sorted((alfworld_data / "json_2.1.1" / split).glob("*/*/game.tw-pddl")):
+            g = json.loads(f.read_text())
+            m = re.search(r'"task":\s*\[\s*\{\s*"rhs":\s*"Your task is to: ([^"]*)"', g["grammar"])
+            assert m, f"no task sentence in {f}"
+            out.append((m.group(1), f.parent.parent.name.split("-")[0], str(f)))
     return out
 
 
-def test_skill_mapping_on_real_alfworld_tasks():
-    tasks = _real_tasks()
-    assert len(tasks) > 100
-    wrong = [(t, k, P.classify_alfworld_task(t)) for t, k in tasks if P.classify_alfworld_task(t) != k]
+def test_every_real_alfworld_game_is_classified_as_its_own_task_type(alfworld_data):
+    """Every game of train, valid_seen and valid_unseen (874 in the shared set: ~2 s): the keyword
+    classifier names the type in the game's path, and retrieval gives general + that type's skills."""
+    games = _real_games(alfworld_data)
+    assert len(games) > 800 and len({t for _, t, _ in games}) == 6
+    wrong = [(task, kind, P.classify_alfworld_task(task), path) for task, kind, path in games
+             if P.classify_alfworld_task(task) != kind]
     assert not wrong, wrong[:10]
+    for task, kind, _ in games[:: max(len(games) // 60, 1)]:
+        assert P._mod().retrieve_skill_names(task, "alfworld") == ["general", kind]
+
+
+@pytest.mark.parametrize("task", ["", "xyz", "go to the kitchen", "find a mug", "open the fridge",
+                                  "the computer output"])
+def test_no_task_type_match_gives_the_general_skills_only(task):
+    """The paper's appendix: "If no task-type skill is matched, only the general skills are
+    provided" (pick-and-place is matched by its own words, "put", "place", "move", not by default)."""
+    assert P.classify_alfworld_task(task) is None
+    general = P.retrieve_skills(task)
+    assert general.startswith("## General rules") and general.count("## ") == 1
+    assert P._mod().retrieve_skill_names(task, "alfworld") == ["general"]
+    assert P.retrieve_skills("put a mug in desk").startswith(general + "\n\n")  # general + the type's
+
+
+@pytest.mark.parametrize("verb", ["put", "place", "move"])
+def test_pick_and_place_has_keywords_of_its_own(verb):
+    assert P.classify_alfworld_task(f"{verb} a mug in desk") == "pick_and_place_simple"
+    assert P._mod().retrieve_skill_names(f"{verb} some keychain on sofa", "alfworld") == [
+        "general", "pick_and_place_simple"]
 
 
 def test_encode_chat_from_several_threads(model_dirs):

@@ -27,16 +27,9 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 def _models(tiny_dir, perturb_frozen: float = 0.0):
-    from pcsd.models import load_model
+    from pcsd.testing import student_and_frozen
 
-    student = load_model(tiny_dir, torch.device("cpu"), "float32")
-    frozen = copy.deepcopy(student).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in frozen.parameters():
-            p.add_(perturb_frozen * torch.randn(p.shape, generator=g))
-            p.requires_grad_(False)
-    return student, frozen
+    return student_and_frozen(tiny_dir, perturb_frozen)
 
 
 # ----------------------------------------------------------------------------- one update
@@ -56,22 +49,12 @@ def test_every_trained_parameter_changes(tiny_dir):
     assert stats["pcsd"] != 0.0 and stats["tokens"] > 0
 
 
-def _plain_logprobs(model, prompts, responses) -> torch.Tensor:
-    """Unpacked, one sequence at a time, full logits: the reference for the packed chunked path."""
-    out = []
-    for p, r in zip(prompts, responses):
-        ids = torch.tensor([list(p) + list(r)])
-        logits = model(input_ids=ids, use_cache=False).logits[0].float()
-        lp = torch.log_softmax(logits, -1)
-        pos = torch.arange(len(p) - 1, len(p) - 1 + len(r))
-        out.append(lp[pos, torch.tensor(r)])
-    return torch.cat(out)
-
-
 @pytest.mark.parametrize("extra", [[], ["algo.loss_agg=token-mean", "rule=sdar"], ["rule=rlsd"],
                                    ["optim.ppo_epochs=2"], ["method=skill-sd", "algo.lambda_distill=0.5"],
-                                   ["method=skill-sd", "algo.lambda_distill=0.5", "optim.ppo_epochs=2"]],
-                         ids=["pcsd", "sdar-token-mean", "rlsd", "pcsd-old-pass", "skill-sd", "skill-sd-old-pass"])
+                                   ["method=skill-sd", "algo.lambda_distill=0.5", "optim.ppo_epochs=2"],
+                                   ["method=opsd"], ["method=opsd", "optim.fused_lm_head=false"]],
+                         ids=["pcsd", "sdar-token-mean", "rlsd", "pcsd-old-pass", "skill-sd", "skill-sd-old-pass",
+                              "opsd", "opsd-unfused"])
 def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
     """update_step's accumulated micro-batch gradients == autograd of L_GRPO + lambda L_PCSD computed
     plainly (unpacked full-logit log-probs, pcsd.ops.grpo.grpo_loss, pcsd.ops.losses.pcsd_loss). One PPO
@@ -79,7 +62,7 @@ def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
     (with lr 0 the second epoch's gradient is the first's)."""
     from pcsd.ops.grpo import group_advantages, grpo_loss
     from pcsd.ops.losses import pcsd_loss
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.testing import plain_logprobs, synthetic_rollout_batch
     from pcsd.train.update import update_step
     from pcsd.ops.weighting import get_rule
 
@@ -95,22 +78,24 @@ def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
     ref_model.zero_grad(set_to_none=True)
     rule = get_rule(cfg.rule)
     with torch.no_grad():
-        old = _plain_logprobs(ref_model, rb.prompt_ids, rb.response_ids)
-        ref = _plain_logprobs(frozen, rb.prompt_ids, rb.response_ids)
-        teacher = _plain_logprobs(frozen, rb.teacher_prompt_ids, rb.response_ids)
-    lp = _plain_logprobs(ref_model, rb.prompt_ids, rb.response_ids)
+        old = plain_logprobs(ref_model, rb.prompt_ids, rb.response_ids)
+        ref = plain_logprobs(frozen, rb.prompt_ids, rb.response_ids)
+        teacher = plain_logprobs(frozen, rb.teacher_prompt_ids, rb.response_ids)
+    lp = plain_logprobs(ref_model, rb.prompt_ids, rb.response_ids)
     mask = torch.ones_like(lp, dtype=torch.bool)
     traj = rb.token_traj_ids()
     adv = group_advantages(rb.reward, rb.traj_group)[traj].float()
     assert float(adv.abs().min()) > 0.5  # every token carries a policy-gradient term
     w = torch.zeros_like(lp)
     if rule.kind == "advantage":
-        adv = rule(adv, teacher - old, mask, 3)
+        adv = rule(adv, teacher - old, mask, 3 + 1)  # step index 3 is update number 4 of the schedule
     elif rule.kind == "weights":
         params = {k: v for k, v in dict(cfg.algo.pcsd).items() if k in rule.defaults}
         w = rule(teacher - old, rb.cu_seqlens(), mask, **params)
-    total = grpo_loss(lp, old, ref, adv, mask, traj, rb.num_trajectories, clip_eps=cfg.algo.clip_eps,
-                      kl_beta=cfg.algo.kl_beta, agg=cfg.algo.loss_agg).loss
+    terms = grpo_loss(lp, old, ref, adv, mask, traj, rb.num_trajectories, clip_eps=cfg.algo.clip_eps,
+                      kl_beta=cfg.algo.kl_beta, agg=cfg.algo.loss_agg)
+    # OPSD (algo.grpo=false): no policy-gradient term, the KL penalty stays (the SDAR code's OPSD)
+    total = terms.loss if cfg.algo.grpo else cfg.algo.kl_beta * terms.kl
     if rule.kind == "weights":
         total = total + cfg.algo.lambda_distill * pcsd_loss(lp, teacher, w, mask)
     if rule.kind == "loss":  # Skill-SD: token-mean of its per-token loss over the whole batch
@@ -173,13 +158,20 @@ def test_unknown_method_and_preset_list_valid_ones():
 
 
 def test_every_method_resolves_with_every_preset():
-    from pcsd.train.config import available_presets
+    """... without a word: the presets spell out PCSD's keys at their defaults, so switching the
+    method warns about no key the method does not read (pcsd.train.config.ConfigWarning)."""
+    import warnings
+
+    from pcsd.train.config import ConfigWarning, available_presets
 
     for preset in available_presets():
         if "webshop" in preset:  # need $WEBSHOP_DATA: tests/test_webshop_wiring.py checks them
             continue
         for m in available_methods():
-            cfg = load_config([f"preset={preset}", f"method={m}"])
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                cfg = load_config([f"preset={preset}", f"method={m}"])
+            assert not [w for w in caught if issubclass(w.category, ConfigWarning)], (preset, m)
             assert cfg.method == m and cfg.preset == preset
             for key, val in METHODS[m]["overrides"].items():
                 from omegaconf import OmegaConf

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from pcsd.ops.kernels import pcsd_weights
 from pcsd.ops.reference import pcsd_weights_reference
 from pcsd.ops.weighting import available_rules, get_rule, rlsd_lambda
 
 EXPECTED = {"pcsd", "pcsd-fixed-n1", "pcsd-fixed-n4", "pcsd-no-trend", "pcsd-no-decay",
-            "uniform", "sdar", "rlsd", "skill-sd"}
+            "uniform", "sdar", "sdar-norm", "rlsd", "skill-sd"}
 
 
 def batch(seed=0):
@@ -73,8 +75,69 @@ def test_sdar_is_pointwise_sigmoid():
     gap, cu, mask = batch(4)
     got = get_rule("sdar")(gap, cu, mask)
     torch.testing.assert_close(got, torch.sigmoid(5.0 * gap) * mask)
+    torch.testing.assert_close(get_rule("sdar")(gap, cu, mask, beta_gate=2.0), torch.sigmoid(2.0 * gap) * mask)
     with pytest.raises(ValueError, match="has no parameter"):
         get_rule("sdar")(gap, cu, mask, gamma=1.0)
+    with pytest.raises(ValueError, match="beta_gate must be >= 0"):
+        get_rule("sdar")(gap, cu, mask, beta_gate=-1.0)
+
+
+def _sdar_norm_loop(gap, cu, mask, beta_gate=5.0):
+    """The normalised SDAR weights in Python floats: per response, each valid token's gate over the
+    mean gate of the response's valid tokens."""
+    import math
+
+    out = [0.0] * len(gap)
+    for a, b in zip(cu[:-1], cu[1:]):
+        valid = [i for i in range(a, b) if mask[i]]
+        gates = {i: 1.0 / (1.0 + math.exp(-beta_gate * gap[i])) for i in valid}
+        mean = sum(gates.values()) / len(valid) if valid else 1.0
+        for i in valid:
+            out[i] = gates[i] / mean
+    return out
+
+
+@settings(max_examples=50, deadline=None)
+@given(lens=st.lists(st.integers(0, 12), min_size=1, max_size=8), seed=st.integers(0, 2**31 - 1),
+       beta=st.sampled_from([0.0, 1.0, 5.0, 20.0]), keep=st.floats(0.0, 1.0))
+@example(lens=[1, 1], seed=0, beta=20.0, keep=1.0)  # a gate of ~1e-5 after one of ~1: no prefix-sum cancellation
+def test_sdar_norm_matches_a_loop(lens, seed, beta, keep):
+    """Segments of any length (empty ones, ones with no valid token included), any mask."""
+    g = torch.Generator().manual_seed(seed)
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    gap = torch.randn(cu[-1], generator=g, dtype=torch.float64) * 2
+    mask = torch.rand(cu[-1], generator=g) < keep
+    got = get_rule("sdar-norm")(gap, torch.tensor(cu), mask, beta_gate=beta)
+    want = _sdar_norm_loop(gap.tolist(), cu, mask.tolist(), beta)
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+
+
+def test_sdar_norm_weights_compete_within_a_response_only():
+    """Each response's weights average 1 over its valid tokens; raising one token's gap raises its
+    weight and lowers every other weight of its response, and leaves other responses alone."""
+    gap, cu, mask = batch(6)
+    rule = get_rule("sdar-norm")
+    w = rule(gap, cu, mask)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        m = mask[a:b]
+        if m.any():
+            assert float(w[a:b][m].mean()) == pytest.approx(1.0, rel=1e-6)
+    assert not w[~mask].any()
+    i = int(torch.nonzero(mask[31:90])[0]) + 31  # a valid token of the third response
+    bumped = gap.clone()
+    bumped[i] += 2.0
+    w2 = rule(bumped, cu, mask)
+    assert float(w2[i]) > float(w[i])
+    others = mask.clone()
+    others[i] = False
+    others[:31] = False
+    assert bool((w2[others] < w[others]).all())
+    torch.testing.assert_close(w2[:31], w[:31])
+    # sdar stays pointwise: the other tokens' weights do not move
+    s1, s2 = get_rule("sdar")(gap, cu, mask), get_rule("sdar")(bumped, cu, mask)
+    torch.testing.assert_close(s1[others], s2[others])
 
 
 def test_rlsd_advantage_transform():

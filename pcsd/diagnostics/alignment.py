@@ -83,7 +83,7 @@ def expert_pairs(episodes: Sequence, max_pairs: int = 0) -> list[ExpertPair]:
 
     pairs = []
     for e, ep in enumerate(episodes):
-        tt = ep.task_type or classify_alfworld_task(ep.task)
+        tt = ep.task_type or classify_alfworld_task(ep.task) or ""  # "": no task type matched
         hist: list[tuple[str, str]] = []
         for obs, adm, action in ep.steps:
             pairs.append(ExpertPair(dict(task=ep.task, observation=obs, admissible=list(adm), history=list(hist),

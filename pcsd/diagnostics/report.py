@@ -19,8 +19,8 @@ __all__ = ["robustness_table", "alignment_table", "write_json", "plot_rank_robus
            "plot_quality_alignment", "FIGURE_RULES"]
 
 FIGURE_RULES = ("pcsd", "sdar")
-_LABEL = {"pcsd": "PCSD", "sdar": "SDAR"}
-_COLOR = {"pcsd": "#1f77b4", "sdar": "#d62728"}
+_LABEL = {"pcsd": "PCSD", "sdar": "SDAR", "sdar-norm": "SDAR (normalised)"}
+_COLOR = {"pcsd": "#1f77b4", "sdar": "#d62728", "sdar-norm": "#ff7f0e"}
 
 
 def _fmt(x: float, nd: int = 3) -> str:

@@ -456,6 +456,7 @@ class OpenEnvEnv:
         if start is not None:
             self.server = _acquire(start, app_dir, start_timeout_s)
             base_url = self.server.base_url
+        assert base_url is not None  # exactly one of base_url and start (checked above)
         try:
             self.spec = inspect_server(base_url, action_field=action_field, observation_field=observation_field,
                                        task_field=task_field, timeout_s=connect_timeout_s)

@@ -64,7 +64,7 @@ PACKAGE_HINT = "pip install 'pcsd[textarena]' (textarena==0.7.4)"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 #: the ``random`` module's functions: bound methods of its hidden global ``Random``
-_RANDOM_FUNCS = tuple(n for n in dir(random) if getattr(getattr(random, n), "__self__", None) is random.random.__self__)
+_RANDOM_FUNCS = tuple(n for n in dir(random) if getattr(getattr(random, n), "__self__", None) is getattr(random.random, "__self__"))
 
 
 def _random_methods(rng: random.Random) -> list[tuple[str, Any]]:

@@ -22,7 +22,7 @@ TEXT_ENV_EVAL_SEED_BASE = 1_000_000_000
 TEXT_ENV_EVAL_EPISODES = 128  # when eval.episodes / --episodes is 0
 
 #: method labels of the paper's rows, by weighting rule (GRPO + distillation presets)
-RULE_LABELS = {"pcsd": "PCSD", "uniform": "GRPO+OPSD", "sdar": "SDAR", "rlsd": "RLSD"}
+RULE_LABELS = {"pcsd": "PCSD", "uniform": "GRPO+OPSD", "sdar": "SDAR", "sdar-norm": "SDAR-norm", "rlsd": "RLSD"}
 
 
 class EvalError(ValueError):

@@ -122,9 +122,10 @@ class _FusedLogProbLoss(torch.autograd.Function):
         dev = hidden.device
         logp = torch.empty(n, device=dev, dtype=acc)
         total = torch.zeros((), device=dev, dtype=acc)
-        gh = torch.empty(hidden.shape, device=dev, dtype=acc) if need_h else None
-        gw = torch.zeros(weight.shape, device=dev, dtype=acc) if need_w else None
-        gb = torch.zeros(vocab, device=dev, dtype=acc) if need_b else None
+        none = hidden.new_empty(0)  # stands for a gradient that is not needed (never read)
+        gh = torch.empty(hidden.shape, device=dev, dtype=acc) if need_h else none
+        gw = torch.zeros(weight.shape, device=dev, dtype=acc) if need_w else none
+        gb = torch.zeros(vocab, device=dev, dtype=acc) if need_b else none
         # the matmul operands, cast once per call (a micro-batch), never per token chunk: no copy
         # at all when they are already in the matmul dtype (fp32 alone, or the bf16 weight FSDP2
         # gathered), one [V, H] copy for autocast over fp32 master weights (what autocast makes)

@@ -14,7 +14,7 @@ each sequence; transformers builds a block-diagonal causal mask from restarting 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -86,9 +86,10 @@ class _ChunkedSelectiveLogProb(torch.autograd.Function):
         token_chunk, vocab_chunk, inv_temp = ctx.chunks
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         acc = lse_all.dtype
-        gh = torch.zeros_like(hidden, dtype=acc) if need_h else None
-        gw = torch.zeros_like(weight, dtype=acc) if need_w else None
-        gb = torch.zeros(weight.shape[0], device=weight.device, dtype=acc) if need_b else None
+        none = hidden.new_empty(0)  # stands for a gradient that is not needed (never read)
+        gh = torch.zeros_like(hidden, dtype=acc) if need_h else none
+        gw = torch.zeros_like(weight, dtype=acc) if need_w else none
+        gb = torch.zeros(weight.shape[0], device=weight.device, dtype=acc) if need_b else none
         n, vocab = hidden.shape[0], weight.shape[0]
         for t0 in range(0, n, token_chunk):
             t1 = min(n, t0 + token_chunk)
@@ -116,7 +117,7 @@ class _ChunkedSelectiveLogProb(torch.autograd.Function):
                 if need_b:
                     gb[v0:v1] += dlog.sum(0)
         return (gh.to(hidden.dtype) if need_h else None, gw.to(weight.dtype) if need_w else None,
-                gb.to(bias.dtype) if need_b else None, None, None, None, None)
+                gb.to(bias.dtype) if need_b and bias is not None else None, None, None, None, None)
 
 
 def selective_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor] = None,
@@ -171,7 +172,9 @@ def greedy_microbatches(sizes: Sequence[int], budget: int) -> list[list[int]]:
     """Row indices grouped greedily in order into micro-batches whose ``sizes`` (tokens) sum to at
     most ``budget``; a row over the budget alone is a micro-batch of its own, rows of size 0 are
     left out."""
-    mbs, cur, total = [], [], 0
+    mbs: list[list[int]] = []
+    cur: list[int] = []
+    total = 0
     for i, n in enumerate(sizes):
         if n == 0:
             continue
@@ -223,7 +226,7 @@ def uses_varlen_attention(model: nn.Module) -> bool:
 
 def lm_head(model: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
     """The output projection's weight ``[V, H]`` and bias (None when it has none)."""
-    head = model.get_output_embeddings()
+    head = getattr(model, "get_output_embeddings")()  # transformers' API (nn.Module does not declare it)
     return head.weight, getattr(head, "bias", None)
 
 
@@ -243,12 +246,13 @@ def response_hidden(model: nn.Module, prompts: Sequence[Sequence[int]],
     device = next(model.parameters()).device
     seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
     fwd = getattr(model, "pcsd_packed_hidden", None)  # FSDP2-sharded models (pcsd.train.distributed)
+    decoder: Any = getattr(model, "model", None)  # the causal LM's decoder stack (transformers' layout)
     if uses_varlen_attention(model):  # one row, position ids restarting per sequence (varlen attention)
         pb = pack_sequences(seqs, device)
         if fwd is not None:
             hidden = fwd(pb.input_ids, pb.position_ids)[0]
         else:
-            hidden = model.model(input_ids=pb.input_ids, position_ids=pb.position_ids,
+            hidden = decoder(input_ids=pb.input_ids, position_ids=pb.position_ids,
                                  use_cache=False).last_hidden_state[0]
         starts = pb.cu_seqlens[:-1].tolist()
     else:  # right-padded [B, L] batch: attention costs sum(B L^2), not (sum L)^2 of a packed row
@@ -256,7 +260,7 @@ def response_hidden(model: nn.Module, prompts: Sequence[Sequence[int]],
         if fwd is not None:
             hidden = fwd(ids, None, attn)
         else:
-            hidden = model.model(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+            hidden = decoder(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
         width = ids.shape[1]
         hidden = hidden.reshape(-1, hidden.shape[-1])
         starts = [k * width for k in range(len(seqs))]

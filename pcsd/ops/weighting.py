@@ -1,20 +1,29 @@
 """Weighting rules compared in the paper, in one registry chosen by name.
 
-Two kinds share the registry (so the trainer picks any method with ``rule=<name>``):
+Three kinds share the registry (so the trainer picks any method with ``rule=<name>``):
 
 * ``weights`` rules map packed gaps to per-token distillation weights ``w`` ``[T]`` used by
   :func:`pcsd.ops.losses.pcsd_loss`: ``pcsd`` (default) and its ablations ``pcsd-fixed-n1``,
   ``pcsd-fixed-n4``, ``pcsd-no-trend``, ``pcsd-no-decay``; ``uniform`` (GRPO+OPSD: the gate with
-  beta = 0, a constant for every valid token); ``sdar`` (pointwise ``sigmoid(beta sg(delta))``).
+  beta_gate = 0, a constant for every valid token); ``sdar`` (pointwise ``sigmoid(beta_gate
+  sg(delta))``, as the public SDAR code); ``sdar-norm`` (the same gates divided by their mean over
+  each response's valid tokens: normalised weights that compete within a response).
 * ``advantage`` rules transform the GRPO advantage per token instead: ``rlsd``,
   ``A_t = A ((1 - lam) + lam clip(exp(sign(A) delta_t), 0.8, 1.2))`` with lam decaying linearly
-  from 0.5 to 0 over 100 steps.
+  from 0.5 to 0 over 100 updates (:func:`rlsd_lambda`, the public code's schedule).
 * ``loss`` rules replace the weighted distillation loss by their own per-token loss, added as
   ``lambda * token-mean``: ``skill-sd`` (Skill-SD, as the public SDAR code defines it: the k3
   estimator of KL(student || teacher) times the on-policy ratio, :func:`pcsd.ops.losses.skill_sd_token_loss`;
   GRPO's advantages are left unchanged).
 
-OPSD alone (distillation without the GRPO term) and Skill-GRPO (the student sees the skills
+Every gated rule (``pcsd`` and its ablations, ``sdar``, ``sdar-norm``) takes its sharpness as
+the one parameter ``beta_gate`` (the config's ``algo.pcsd.beta_gate``). A rule's ``pins`` are the
+parameter values that define it (``pcsd-fixed-n4``: ``n_min=4``, ``pcsd-no-decay``: ``alpha=1``): a
+config that sets them otherwise does not run that rule, and :mod:`pcsd.train.config` refuses it.
+A rule's ``defaults`` name exactly the parameters it reads (``uniform``, the gate at beta_gate = 0
+by definition, reads none of the gate's).
+
+OPSD alone (distillation and the KL penalty without the policy-gradient term) and Skill-GRPO (the student sees the skills
 during training) are trainer settings, not weighting rules.
 """
 
@@ -28,6 +37,7 @@ from torch import Tensor
 
 from pcsd.ops.kernels import pcsd_weights
 from pcsd.ops.losses import skill_sd_token_loss
+from pcsd.ops.segments import segment_sum
 
 __all__ = ["WeightRule", "register_rule", "get_rule", "available_rules", "rlsd_advantages"]
 
@@ -44,8 +54,9 @@ class WeightRule:
     name: str
     kind: RuleKind
     fn: Callable[..., Tensor]
-    defaults: dict[str, Any] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)  # the parameters it reads, with defaults
     doc: str = ""
+    pins: dict[str, Any] = field(default_factory=dict)  # parameter values that define the rule
 
     def __call__(self, *args: Any, **overrides: Any) -> Tensor:
         unknown = set(overrides) - set(self.defaults)
@@ -58,13 +69,15 @@ class WeightRule:
 _RULES: dict[str, WeightRule] = {}
 
 
-def register_rule(name: str, kind: RuleKind, doc: str = "", **defaults: Any) -> Callable:
-    """Decorator registering ``fn`` under ``name`` with default parameters."""
+def register_rule(name: str, kind: RuleKind, doc: str = "", pins: Optional[dict[str, Any]] = None,
+                  **defaults: Any) -> Callable:
+    """Decorator registering ``fn`` under ``name`` with default parameters (the ones it reads) and
+    ``pins``, the parameter values that define it."""
 
     def deco(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         if name in _RULES:
             raise ValueError(f"weighting rule {name!r} is already registered")
-        _RULES[name] = WeightRule(name, kind, fn, dict(defaults), doc or (fn.__doc__ or ""))
+        _RULES[name] = WeightRule(name, kind, fn, dict(defaults), doc or (fn.__doc__ or ""), dict(pins or {}))
         return fn
 
     return deco
@@ -87,11 +100,16 @@ _PCSD_DEFAULTS = dict(n_min=1, n_max=8, alpha=0.8, tau_low=0.05, tau_high=0.5, g
 
 
 def _pcsd_variant(name: str, doc: str, adaptive: bool = True, trend: bool = True,
-                  **overrides: Any) -> None:
+                  **pins: Any) -> None:
+    """A PCSD variant reading the parameters its mechanisms use (a fixed window has no variance
+    interpolation, so no tau_low / tau_high; no trend, no gamma), ``pins`` fixed at their values."""
+    unread = ({"tau_low", "tau_high"} if not adaptive else set()) | ({"gamma"} if not trend else set())
+
     def fn(gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor] = None, **p: Any) -> Tensor:
         return pcsd_weights(gap, cu_seqlens, mask, adaptive=adaptive, trend=trend, **p)
 
-    register_rule(name, "weights", doc, **{**_PCSD_DEFAULTS, **overrides})(fn)
+    defaults = {k: v for k, v in {**_PCSD_DEFAULTS, **pins}.items() if k not in unread}
+    register_rule(name, "weights", doc, pins=pins, **defaults)(fn)
 
 
 _pcsd_variant("pcsd", "PCSD: adaptive decayed aggregation, one-sided trend, sigmoid gate.")
@@ -116,24 +134,53 @@ def _check_gap_mask(gap: Tensor, mask: Optional[Tensor]) -> Tensor:
 @register_rule("uniform", "weights", constant=0.5)
 def _uniform(gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor] = None, *,
              constant: float) -> Tensor:
-    """GRPO+OPSD: the PCSD gate with beta = 0, i.e. ``constant`` (0.5) for every valid token."""
+    """GRPO+OPSD: the gate with beta_gate = 0, i.e. ``constant`` (0.5) for every valid token."""
     if not 0.0 <= constant:
         raise ValueError(f"constant must be >= 0, got {constant!r}")
     return _check_gap_mask(gap, mask) * constant
 
 
-@register_rule("sdar", "weights", beta=5.0)
-def _sdar(gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor] = None, *, beta: float) -> Tensor:
-    """SDAR: pointwise ``w = sigmoid(beta sg(delta))`` on valid tokens (beta = 5)."""
-    if beta < 0:
-        raise ValueError(f"beta must be >= 0, got {beta!r}")
+def _sdar_gates(gap: Tensor, mask: Optional[Tensor], beta_gate: float) -> tuple[Tensor, Tensor]:
+    """``(sigmoid(beta_gate sg(delta)) m, m)``: the SDAR gates, 0 at masked positions."""
+    if not beta_gate >= 0:
+        raise ValueError(f"beta_gate must be >= 0, got {beta_gate!r}")
     m = _check_gap_mask(gap, mask)
     g = torch.where(m > 0, gap.detach(), torch.zeros_like(gap))
-    return torch.sigmoid(beta * g) * m
+    return torch.sigmoid(beta_gate * g) * m, m
+
+
+@register_rule("sdar", "weights", beta_gate=5.0)
+def _sdar(gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor] = None, *, beta_gate: float) -> Tensor:
+    """SDAR: pointwise ``w = sigmoid(beta_gate sg(delta))`` on valid tokens (beta_gate = 5), as the
+    public SDAR code's ``compute_sdar_loss`` (no normalisation)."""
+    return _sdar_gates(gap, mask, beta_gate)[0]
+
+
+@register_rule("sdar-norm", "weights", beta_gate=5.0)
+def _sdar_norm(gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor] = None, *, beta_gate: float) -> Tensor:
+    """SDAR with normalised weights: ``w_t = g_t / mean_s g_s``, ``g = sigmoid(beta_gate sg(delta))``,
+    the mean over the valid tokens of ``t``'s response (its ``cu_seqlens`` segment). A response's
+    weights average 1, so its tokens compete: raising one token's gate lowers every other
+    token's weight. 0 at masked positions and in a response without valid tokens."""
+    g, m = _sdar_gates(gap, mask, beta_gate)
+    cu = cu_seqlens.to(device=gap.device, dtype=torch.int64)
+    if (cu.dim() != 1 or cu.numel() < 1 or int(cu[0]) != 0 or int(cu[-1]) != gap.numel()
+            or bool((cu.diff() < 0).any())):
+        raise ValueError(f"cu_seqlens must rise from 0 to T={gap.numel()}, got {cu.tolist()[:8]}")
+    # per-response float64 sums, deterministic on every device (no atomics) and without the
+    # cancellation of prefix-sum differences (a response of tiny gates after large ones)
+    lens = cu.diff()
+    seg = torch.repeat_interleave(torch.arange(lens.numel(), device=g.device), lens, output_size=gap.numel())
+    gsum, cnt = (segment_sum(x.double(), seg, lens.numel()) for x in (g, m))
+    mean = torch.where(cnt > 0, gsum / cnt.clamp_min(1.0), torch.ones_like(gsum))
+    return g / mean[seg].to(g.dtype)
 
 
 def rlsd_lambda(step: int, lam0: float = 0.5, decay_steps: int = 100) -> float:
-    """RLSD mixing coefficient: ``lam0`` decaying linearly to 0 over ``decay_steps`` steps."""
+    """RLSD mixing coefficient at update number ``step``: ``lam0 (1 - step / decay_steps)``, 0 from
+    ``decay_steps`` on. ``step`` counts updates from 1, as the public RLSD trainer's
+    ``global_steps`` (``_get_rlsd_lambda``): the first update mixes with ``0.5 x 0.99 = 0.495``, the
+    100th and later with 0; ``step = 0`` (no update yet) gives ``lam0``."""
     if decay_steps <= 0:
         raise ValueError(f"decay_steps must be > 0, got {decay_steps!r}")
     if step < 0:
@@ -147,8 +194,9 @@ def rlsd_advantages(advantages: Tensor, gap: Tensor, mask: Optional[Tensor] = No
                     clip_low: float = 0.8, clip_high: float = 1.2) -> Tensor:
     """RLSD: ``A_t = A ((1 - lam) + lam clip(exp(sign(A) sg(delta_t)), clip_low, clip_high))``.
 
-    ``advantages`` and ``gap`` are per token (same shape); ``lam = rlsd_lambda(step)``.
-    Masked positions return 0.
+    ``advantages`` and ``gap`` are per token (same shape); ``lam = rlsd_lambda(step)`` with
+    ``step`` the update's number, 1 for the first (:func:`pcsd.train.update.update_step` passes
+    its 0-based step + 1). Masked positions return 0.
     """
     if not isinstance(advantages, Tensor) or advantages.shape != gap.shape:
         raise ValueError(f"advantages must be a tensor of gap's shape {tuple(gap.shape)}")

@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal, Optional, Union
 
 from pcsd import _native
 
@@ -516,12 +516,15 @@ def _lossy(s: str) -> str:
 
 
 def retrieve_skills(task: str, env: EnvName = "alfworld") -> str:
-    """General plus task-type skills for ``task`` (keyword matching on the task only)."""
+    """General plus task-type skills for ``task`` (keyword matching on the task only); the general
+    skills only when no task type's keywords match (the paper's appendix)."""
     return _mod().retrieve_skills(task, _check_env(env))
 
 
-def classify_alfworld_task(task: str) -> str:
-    """The ALFWorld task type (e.g. ``"pick_heat_then_place_in_recep"``) of a task description."""
+def classify_alfworld_task(task: str) -> Optional[str]:
+    """The ALFWorld task type (e.g. ``"pick_heat_then_place_in_recep"``) of a task description, by
+    whole-word keywords (look > heat > cool > clean > two > pick-and-place: "put", "place",
+    "move"); None when no task type's keywords occur."""
     return _mod().classify_alfworld_task(task)
 
 

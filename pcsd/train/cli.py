@@ -27,11 +27,12 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from pcsd.train.config import ConfigError, DictConfig, load_config, resume_config
+from pcsd.train.config import ConfigError, ConfigWarning, DictConfig, load_config, resume_config
 
 
 def make_run_dir(cfg: DictConfig, create: bool = True) -> Path:
@@ -117,7 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     from pcsd.train.plan import PlanError
 
     try:
-        cfg = resolve(argv)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConfigWarning)
+            cfg = resolve(argv)
+        if os.environ.get("RANK", "0") == "0":  # once per run, not once per rank
+            for w in caught:
+                if issubclass(w.category, ConfigWarning):
+                    print(f"pcsd.train: warning: {w.message}", file=sys.stderr)
+                else:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         _, opts = parse_options(argv)
         if "--plan" in opts:  # no model load, no GPU needed
             plan = plan_for(cfg, opts)

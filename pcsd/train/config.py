@@ -4,8 +4,8 @@
 
 Resolution order: the schema's defaults <- the preset file (``pcsd/train/configs/<preset>.yaml``) <- the
 method's overrides (``method=NAME``, see :mod:`pcsd.train.methods`: vanilla, skill-prompt, grpo,
-skill-grpo, opsd, grpo+opsd, rlsd, skill-sd, sdar, pcsd, pcsd-fixed-n1, pcsd-fixed-n4, pcsd-no-trend,
-pcsd-no-decay and the starred ``NAME-star`` variants with skills at evaluation) <- the remaining
+skill-grpo, opsd, grpo+opsd, rlsd, skill-sd, sdar, sdar-norm, pcsd, pcsd-fixed-n1, pcsd-fixed-n4,
+pcsd-no-trend, pcsd-no-decay and the starred ``NAME-star`` variants with skills at evaluation) <- the remaining
 dotted ``key=value`` overrides. The resolved config (``method`` included) is saved as
 ``config.yaml`` in the run directory.
 
@@ -33,6 +33,7 @@ after K steps in total (checkpoint written), for preemptible schedulers and the 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -45,6 +46,10 @@ from pcsd.train.paths import PRESET_DIR, resolve_config_path
 
 class ConfigError(ValueError):
     """A configuration key or value is not valid; the message lists what is."""
+
+
+class ConfigWarning(UserWarning):
+    """A configuration key that has no effect under the chosen method (given once, at config read)."""
 
 
 @dataclass
@@ -327,6 +332,7 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
         raise ConfigError(f"bad config value: {str(exc).splitlines()[0]} "
                           f"(key {getattr(exc, 'full_key', '?')!r})") from None
     _validate(cfg)
+    _check_method_keys(cfg, {o.split("=", 1)[0].strip() for o in overrides})
     return cfg
 
 
@@ -382,7 +388,9 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Di
                                   f"{k.strip()}={saved.get(k.strip())} (changing it changes the run)")
     overrides = [o for o in overrides if o.split("=", 1)[0].strip() not in ("preset", "method")]
     cfg = load_config(overrides + [f"run.dir={run.resolve()}", f"run.resume={run.resolve()}"], base=saved)
-    reference = load_config([f"run.dir={run.resolve()}", f"run.resume={run.resolve()}"], base=saved)
+    with warnings.catch_warnings():  # the same config again: its warnings were given just above
+        warnings.simplefilter("ignore", ConfigWarning)
+        reference = load_config([f"run.dir={run.resolve()}", f"run.resume={run.resolve()}"], base=saved)
     bad = [k for k in config_diff(cfg, reference) if k not in RESUME_MUTABLE]
     if bad:
         changes = ", ".join(f"{k}: {OmegaConf.select(reference, k)!r} -> {OmegaConf.select(cfg, k)!r}"
@@ -390,6 +398,38 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Di
         raise ConfigError(f"cannot resume {run}: these overrides change the run's meaning: {changes} "
                           f"(a resumed run may change only {', '.join(RESUME_MUTABLE)})")
     return cfg
+
+
+def _check_rule_pins(cfg: DictConfig) -> None:
+    """A rule defined by a parameter the trainer would otherwise take from ``algo.pcsd`` (e.g.
+    pcsd-fixed-n4 is n_min=4): the config must agree, or the run is not that rule."""
+    from pcsd.ops.weighting import get_rule
+
+    for k, v in get_rule(cfg.rule).pins.items():
+        if cfg.algo.pcsd[k] != v:
+            raise ConfigError(f"rule={cfg.rule} is defined by algo.pcsd.{k}={v}, but the config has "
+                              f"algo.pcsd.{k}={cfg.algo.pcsd[k]}; use method={cfg.rule} (sets both) "
+                              f"or set algo.pcsd.{k}={v}")
+
+
+def _check_method_keys(cfg: DictConfig, cli_keys: set[str]) -> None:
+    """One :class:`ConfigWarning` per method key that has no effect under the config's method
+    (:func:`pcsd.train.methods.unused_keys`) and that this command line sets, or that holds a value
+    other than the schema's default (set by the preset or a saved config). A warning, not an error:
+    a preset sets the PCSD keys for every method and the same overrides are applied across methods
+    (benchmarks/compare_methods.py), so switching the method must keep working; nothing that
+    changes what is computed is silent. A run without RL steps (a warm-up, an evaluation, shared by
+    every method) reads no method key and is not checked."""
+    from pcsd.train.methods import unused_keys
+
+    if cfg.optim.steps == 0:
+        return
+    defaults = _flatten(dataclasses.asdict(TrainConfig()))
+    for key, why in unused_keys(cfg).items():
+        val = OmegaConf.select(cfg, key)
+        if key in cli_keys or val != defaults.get(key):
+            warnings.warn(f"{key}={val} has no effect under method={cfg.method}: {why}", ConfigWarning,
+                          stacklevel=3)
 
 
 def _validate(cfg: DictConfig) -> None:
@@ -423,17 +463,7 @@ def _validate(cfg: DictConfig) -> None:
                                   f"(it can be set in {', '.join(task_rooms(tt))}); add one or set env.task_types")
     if cfg.rule not in available_rules():
         raise ConfigError(f"rule={cfg.rule!r} is not valid; choose one of {', '.join(available_rules())}")
-    # an ablation rule is defined by a parameter the trainer would otherwise take from algo.pcsd
-    # (e.g. pcsd-fixed-n4 is n_min=4): the config must agree, or the run is not the ablation
-    from pcsd.ops.weighting import get_rule
-
-    if cfg.rule.startswith("pcsd-"):
-        base, rule = get_rule("pcsd").defaults, get_rule(cfg.rule).defaults
-        for k, v in rule.items():
-            if base.get(k) != v and k in cfg.algo.pcsd and cfg.algo.pcsd[k] != v:
-                raise ConfigError(f"rule={cfg.rule} is defined by algo.pcsd.{k}={v}, but the config has "
-                                  f"algo.pcsd.{k}={cfg.algo.pcsd[k]}; use method={cfg.rule} (sets both) "
-                                  f"or set algo.pcsd.{k}={v}")
+    _check_rule_pins(cfg)
     positive = ["rollout.tasks_per_step", "rollout.group_size", "rollout.max_prompt_tokens",
                 "rollout.max_response_tokens", "env.max_steps", "optim.tokens_per_microbatch",
                 "optim.ppo_epochs", "optim.sft_batch_size", "rollout.sync_bucket_mb"]

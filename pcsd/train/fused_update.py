@@ -27,14 +27,16 @@ __all__ = ["token_loss", "check_fused_loss", "pair_microbatches", "joint_scores"
 def token_loss(lp: Tensor, old: Tensor, ref: Optional[Tensor], adv: Tensor, coef: Tensor,
                teacher: Optional[Tensor], weights: Tensor, mask: Tensor, algo, distill_scale: float) -> Tensor:
     """Per-token loss ``[n]`` of the update (all tensors ``[n]``, only ``lp`` differentiable):
-    ``c (pg + kl_beta kl)`` when ``algo.grpo``, plus ``lambda_distill * distill_scale * m w
-    (sg(teacher) - lp)`` when ``algo.distill`` with a weights rule (``distill_scale`` = the
+    ``c pg`` when ``algo.grpo``, ``c kl_beta kl`` when ``ref`` is given (OPSD keeps the KL term),
+    plus ``lambda_distill * distill_scale * m w (sg(teacher) - lp)`` when ``algo.distill`` with a weights rule (``distill_scale`` = the
     micro-batch's ``1 / max(M_mb, 1) * n_mb / T_all`` of :func:`pcsd.ops.losses.pcsd_loss`;
     pass ``teacher=None`` for rules that transform advantages instead)."""
     out = torch.zeros_like(lp)
-    if algo.grpo:
+    if algo.grpo or ref is not None:
         pg, kl, _ = grpo_token_terms(lp, old, ref, adv, algo.clip_eps)
-        out = out + coef * pg + algo.kl_beta * (coef * kl)
+        if algo.grpo:
+            out = out + coef * pg
+        out = out + algo.kl_beta * (coef * kl)
     if teacher is not None:
         m = mask.detach().to(lp.dtype)
         out = out + algo.lambda_distill * distill_scale * (

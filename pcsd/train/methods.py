@@ -11,13 +11,18 @@ vanilla             no training (``optim.steps=0``): evaluate the base model, no
 skill-prompt        Skill-Prompt*: vanilla with the skills in the prompt at evaluation
 grpo                GRPO alone (no teacher scoring)
 skill-grpo          Skill-GRPO: GRPO with the skills in the *student's* training prompts
-opsd                OPSD: distillation only (no GRPO term), sigmoid gate beta_gate = 5 (``sdar``
-                    rule), lambda 0.01 -- the appendix's method table
-grpo+opsd           GRPO + distillation with constant weights (``uniform``: the gate at beta = 0)
-rlsd                RLSD: GRPO with the teacher-gap advantage transform (lambda 0.5 -> 0)
+opsd                OPSD: distillation only (no policy-gradient term; the KL penalty to the
+                    reference stays, as in the SDAR code's OPSD), sigmoid gate (``sdar`` rule,
+                    ``algo.pcsd.beta_gate`` = 5), lambda 0.01 -- the appendix's method table
+grpo+opsd           GRPO + distillation with constant weights (``uniform``: the gate at
+                    beta_gate = 0 by definition, the table's 0.0; ``algo.pcsd.beta_gate`` unused)
+rlsd                RLSD: GRPO with the teacher-gap advantage transform (lambda 0.5 -> 0 over
+                    100 updates, 0.495 at the first, as the public code)
 skill-sd            Skill-SD: GRPO (advantages unchanged) + lambda 0.001 x the token-mean of the
                     k3 self-distillation loss times the on-policy ratio (``rule=skill-sd``)
-sdar                SDAR: GRPO + pointwise sigmoid-gated distillation
+sdar                SDAR: GRPO + pointwise sigmoid-gated distillation, as the public SDAR code
+sdar-norm           SDAR with normalised weights: the gates divided by their mean over each
+                    response's valid tokens (the paper's reading of SDAR; ``rule=sdar-norm``)
 pcsd                PCSD (the paper): GRPO + persistent-consistency weights, lambda 0.01
 pcsd-fixed-n1       ablation: fixed window N = 1 (``algo.pcsd.n_min=1``)
 pcsd-fixed-n4       ablation: fixed window N = 4 (``algo.pcsd.n_min=4``)
@@ -36,14 +41,22 @@ the *current* actor (its RLSD, Skill-SD and SDAR alike); here every method uses 
 ``algo.teacher`` (``frozen``, as the paper states), and ``algo.teacher=current`` reproduces SDAR.
 
 Every method sets all of ``algo.grpo``, ``algo.distill``, ``algo.student_skills``, ``eval.skills``
-and ``rule`` (the method fully determines them); other keys come from the preset.
+and ``rule`` (the method fully determines them); other keys come from the preset. ``algo.grpo``
+switches the policy-gradient term only: the KL penalty (``algo.kl_beta``) applies to every
+trained method, OPSD included.
+
+The gate sharpness is one setting, ``algo.pcsd.beta_gate``, read by every gated rule (``pcsd``
+and its ablations, ``sdar``, ``sdar-norm``; 5.0 in the paper's tables). :func:`unused_keys` names
+the method keys that have no effect under a config (e.g. ``algo.pcsd.gamma`` under ``sdar``,
+``algo.lambda_distill`` under ``grpo`` or ``rlsd``, ``algo.clip_eps`` under ``opsd``);
+:mod:`pcsd.train.config` warns once about each such key the user or the preset set.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["METHODS", "available_methods", "method_overrides", "canonical_method"]
+__all__ = ["METHODS", "available_methods", "method_overrides", "canonical_method", "unused_keys"]
 
 _BASE: dict[str, Any] = {"algo.grpo": True, "algo.distill": True, "algo.student_skills": False,
                          "eval.skills": False, "rule": "pcsd"}
@@ -61,11 +74,12 @@ _TRAINED: dict[str, dict[str, Any]] = {
                      algo__student_skills=True),
     "opsd": _m("OPSD: distillation only, sigmoid gate beta_gate=5", algo__grpo=False, rule="sdar",
                algo__lambda_distill=0.01),
-    "grpo+opsd": _m("GRPO + distillation with constant weights", rule="uniform"),
+    "grpo+opsd": _m("GRPO + distillation with constant weights (the gate at beta_gate=0)", rule="uniform"),
     "rlsd": _m("RLSD: teacher-gap advantage transform", rule="rlsd"),
     "skill-sd": _m("Skill-SD: GRPO + lambda 0.001 x token-mean k3 self-distillation loss", rule="skill-sd",
                    algo__lambda_distill=0.001),
     "sdar": _m("SDAR: pointwise sigmoid-gated distillation", rule="sdar"),
+    "sdar-norm": _m("SDAR with normalised weights: gates / their mean over the response", rule="sdar-norm"),
     "pcsd": _m("PCSD: persistent-consistency weights", rule="pcsd"),
     "pcsd-fixed-n1": _m("PCSD ablation: fixed window N=1", rule="pcsd-fixed-n1", algo__pcsd__n_min=1),
     "pcsd-fixed-n4": _m("PCSD ablation: fixed window N=4", rule="pcsd-fixed-n4", algo__pcsd__n_min=4),
@@ -98,3 +112,41 @@ def canonical_method(name: str) -> str:
 def method_overrides(name: str) -> dict[str, Any]:
     """The dotted-key overrides of a method (a copy)."""
     return dict(METHODS[canonical_method(name)]["overrides"])
+
+
+def unused_keys(cfg) -> dict[str, str]:
+    """``{key: why}`` for the method keys that have no effect on the update under ``cfg`` (its
+    ``rule``, ``algo.grpo`` and ``algo.distill``), as if it trains (``optim.steps`` is not looked at).
+
+    ``algo.kl_beta`` always has an effect (every trained method keeps the KL penalty); a rule reads
+    the ``algo.pcsd`` keys among its parameters (``pcsd.ops.weighting.WeightRule.defaults``) and
+    those that define it (``pins``)."""
+    from pcsd.ops.weighting import get_rule
+
+    algo = cfg.algo
+    rule = get_rule(cfg.rule)
+    teacher = bool(algo.distill) or rule.kind == "advantage"
+    no_distill = "no distillation term (algo.distill=false)"
+    out: dict[str, str] = {}
+    if not teacher:
+        out["rule"] = out["algo.teacher"] = no_distill
+    if not (algo.distill and rule.kind in ("weights", "loss")):
+        out["algo.lambda_distill"] = (no_distill if not algo.distill else
+                                      f"rule {rule.name} transforms the advantages instead of adding a distillation "
+                                      "loss (its own lambda decays from 0.5 to 0)")
+    if not algo.grpo:
+        out["algo.clip_eps"] = out["algo.adv_eps"] = "no policy-gradient term (algo.grpo=false)"
+        if not algo.kl_beta > 0:
+            out["algo.loss_agg"] = "no policy-gradient term (algo.grpo=false) and no KL term (algo.kl_beta=0)"
+    own = sorted(k for k in algo.pcsd if k in rule.defaults or k in rule.pins) if teacher else []
+    for k in algo.pcsd:
+        if k in own:
+            continue
+        if not teacher:
+            out[f"algo.pcsd.{k}"] = no_distill
+        elif rule.name == "uniform":
+            out[f"algo.pcsd.{k}"] = "rule uniform is the gate at beta_gate = 0 by definition (a constant weight 0.5)"
+        else:
+            out[f"algo.pcsd.{k}"] = (f"rule {rule.name} reads "
+                                     + (", ".join(f"algo.pcsd.{x}" for x in own) if own else "no algo.pcsd key"))
+    return out

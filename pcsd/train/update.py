@@ -71,6 +71,13 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
                 ctx: Optional[DistContext] = None, progress=None, record=None) -> dict:
     """Scores the batch and applies one GRPO + lambda * PCSD update (ppo_epochs passes).
 
+    ``step`` is the RL step's 0-based index; an ``advantage`` rule (RLSD) gets the update's number
+    ``step + 1`` (1 at the first update, as the public RLSD trainer's ``global_steps``).
+
+    ``algo.grpo`` switches the policy-gradient term only: the k3 KL penalty to the frozen
+    reference (``algo.kl_beta`` > 0) applies with or without it (OPSD keeps it, as the SDAR code's
+    OPSD: ``pg_loss_coef=0`` with ``use_kl_loss``).
+
     ``progress(name, total)`` (e.g. :meth:`pcsd.progress.ProgressReporter.phase`) may return a
     ``cb(done, total)`` that is called after each scoring pass and each micro-batch.
 
@@ -95,7 +102,7 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
     n_passes = dist_utils.global_max(len(mbs), ctx)  # every rank runs as many forwards (FSDP)
     t0 = time.perf_counter()
     student.eval()
-    need_ref = algo.grpo and algo.kl_beta > 0
+    need_ref = algo.kl_beta > 0  # the KL term, policy-gradient term or not
     use_teacher = algo.distill or rule.kind == "advantage"
     # one PPO epoch: the parameters do not change before the update's own forward pass, so that
     # pass gives log pi_old exactly (ratio 1) and a separate scoring pass of the student is skipped
@@ -154,7 +161,7 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
         tok_adv = tok_adv_all[idx]
         weights = torch.zeros_like(old_mb)
         if rule.kind == "advantage":
-            tok_adv = rule(tok_adv, gap, mask, step)
+            tok_adv = rule(tok_adv, gap, mask, step + 1)
         elif algo.distill and rule.kind == "weights":
             cu = torch.tensor([0] + [lengths[i] for i in rows], device=dev).cumsum(0)
             weights = rule(gap, cu, mask, **pcsd_params)
@@ -216,15 +223,18 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
                 tok_sums["nll"] += float(-old_mb.sum())
             old_mb, tok_adv, w_mb, _gap, mask = cached[k]
             loss = lp.sum() * 0.0
-            if algo.grpo:
+            if algo.grpo or ref is not None:
                 pg, kl, clipped = grpo_token_terms(lp, old_mb, None if ref is None else ref[idx],
                                                    tok_adv, algo.clip_eps)
                 c = coef[idx]
-                pg_l, kl_l = (c * pg).sum(), (c * kl).sum()
-                loss = loss + pg_l + algo.kl_beta * kl_l
-                stats["pg"] += float(pg_l.detach())
+                if algo.grpo:
+                    pg_l = (c * pg).sum()
+                    loss = loss + pg_l
+                    stats["pg"] += float(pg_l.detach())
+                    stats["clip_frac"] += float(clipped.float().sum()) / T_all
+                kl_l = (c * kl).sum()  # 0 without a reference
+                loss = loss + algo.kl_beta * kl_l
                 stats["kl"] += float(kl_l.detach())
-                stats["clip_frac"] += float(clipped.float().sum()) / T_all
             if algo.distill and rule.kind == "weights":
                 # sum over this micro-batch of m w (T - S) / M, M = all valid tokens of the batch
                 d = pcsd_loss(lp, teacher[idx], w_mb, mask) * (len(idx) / T_all)

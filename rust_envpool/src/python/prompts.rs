@@ -266,10 +266,10 @@ fn retrieve_skill_names(task: &str, env: &str) -> PyResult<Vec<&'static str>> {
     Ok(skills::retrieve(task, env_kind(env)?).into_iter().map(|s| s.name).collect())
 }
 
-/// ALFWorld task type name of a task description.
+/// ALFWorld task type name of a task description, or None when no task type's keywords match.
 #[pyfunction]
-fn classify_alfworld_task(task: &str) -> &'static str {
-    skills::classify_alfworld_task(task).name()
+fn classify_alfworld_task(task: &str) -> Option<&'static str> {
+    skills::classify_alfworld_task(task).map(|t| t.name())
 }
 
 /// Teacher prompt from an already built student prompt.

@@ -3,7 +3,9 @@
 //! The skills are markdown files under `rust_envpool/skills/` embedded at compile time. They hold
 //! procedural knowledge only (how a task type is solved in general), never instance answers.
 //! Retrieval looks only at the task description: a deterministic keyword match picks the
-//! task-type skills, and the environment's general rules are always included.
+//! task-type skills, and the environment's general rules are always included. A task that no
+//! task type's keywords match gets the general rules only (the paper's appendix: "If no
+//! task-type skill is matched, only the general skills are provided").
 
 use std::fmt;
 use std::str::FromStr;
@@ -178,31 +180,39 @@ fn words(task: &str) -> Vec<String> {
         .collect()
 }
 
-/// Task type of an ALFWorld task description by keyword matching (deterministic priority:
-/// look > heat > cool > clean > two > plain pick-and-place).
-pub fn classify_alfworld_task(task: &str) -> AlfworldTaskType {
+/// Task type of an ALFWorld task description by keyword matching (whole words, deterministic
+/// priority: look > heat > cool > clean > two > pick-and-place), or `None` when no task type's
+/// keywords occur. Pick-and-place has keywords of its own (a placing verb: "put", "place",
+/// "move"); it is not the answer for an arbitrary text.
+pub fn classify_alfworld_task(task: &str) -> Option<AlfworldTaskType> {
     let w = words(task);
     let has = |k: &str| w.iter().any(|x| x == k);
     let has_any = |ks: &[&str]| ks.iter().any(|k| has(k));
     let lamp = has_any(&["desklamp", "floorlamp", "lamp", "light"]);
     let looking = has("examine") || w.windows(2).any(|p| p[0] == "look" && p[1] == "at");
     if lamp || (looking && has_any(&["under", "with"])) {
-        return AlfworldTaskType::LookAtObjInLight;
+        return Some(AlfworldTaskType::LookAtObjInLight);
     }
     if has_any(&["heat", "heated", "hot", "warm", "warmed"]) {
-        return AlfworldTaskType::PickHeatThenPlaceInRecep;
+        return Some(AlfworldTaskType::PickHeatThenPlaceInRecep);
     }
     if has_any(&["cool", "cooled", "cold", "chill", "chilled"]) {
-        return AlfworldTaskType::PickCoolThenPlaceInRecep;
+        return Some(AlfworldTaskType::PickCoolThenPlaceInRecep);
     }
     if has_any(&["clean", "cleaned", "wash", "washed", "rinse", "rinsed"]) {
-        return AlfworldTaskType::PickCleanThenPlaceInRecep;
+        return Some(AlfworldTaskType::PickCleanThenPlaceInRecep);
     }
     if has_any(&["two", "2", "both", "pair"]) {
-        return AlfworldTaskType::PickTwoObjAndPlace;
+        return Some(AlfworldTaskType::PickTwoObjAndPlace);
     }
-    AlfworldTaskType::PickAndPlaceSimple
+    if has_any(&PICK_AND_PLACE_KEYWORDS) {
+        return Some(AlfworldTaskType::PickAndPlaceSimple);
+    }
+    None
 }
+
+/// The words that name a plain pick-and-place task ("put a mug in desk", "put some keychain on sofa").
+pub const PICK_AND_PLACE_KEYWORDS: [&str; 3] = ["put", "place", "move"];
 
 /// WebShop categories whose trigger words occur in the task (canonical order, possibly empty).
 pub fn classify_webshop_task(task: &str) -> Vec<&'static str> {
@@ -227,11 +237,11 @@ pub fn retrieve(task: &str, env: EnvKind) -> Vec<Skill> {
     match env {
         EnvKind::Text => Vec::new(),
         EnvKind::Alfworld => {
-            let t = classify_alfworld_task(task);
-            vec![
-                Skill { name: "general", text: ALFWORLD_GENERAL },
-                Skill { name: t.name(), text: t.skill() },
-            ]
+            let mut out = vec![Skill { name: "general", text: ALFWORLD_GENERAL }];
+            if let Some(t) = classify_alfworld_task(task) {
+                out.push(Skill { name: t.name(), text: t.skill() });
+            }
+            out
         }
         EnvKind::Webshop => {
             let mut out = vec![Skill { name: "general", text: WEBSHOP_GENERAL }];
@@ -289,15 +299,33 @@ mod tests {
             ("Put A Clean Cloth In Cabinet.", PickCleanThenPlaceInRecep),
         ];
         for (task, want) in cases {
-            assert_eq!(classify_alfworld_task(task), want, "task {task:?}");
+            assert_eq!(classify_alfworld_task(task), Some(want), "task {task:?}");
         }
     }
 
     #[test]
     fn whole_words_only() {
         // "tomato" contains "to", "two" must not match inside other words; "cooler" is not "cool".
-        assert_eq!(classify_alfworld_task("put a tomato in cooler"), PickAndPlaceSimple);
-        assert_eq!(classify_alfworld_task("put a twofold towel on shelf"), PickAndPlaceSimple);
+        assert_eq!(classify_alfworld_task("put a tomato in cooler"), Some(PickAndPlaceSimple));
+        assert_eq!(classify_alfworld_task("put a twofold towel on shelf"), Some(PickAndPlaceSimple));
+        // "output" and "computer" hold "put" inside: no placing verb
+        assert_eq!(classify_alfworld_task("the computer output"), None);
+    }
+
+    #[test]
+    fn no_match_gives_general_skills_only() {
+        for task in ["", "xyz", "go to the kitchen", "find a mug", "open the fridge"] {
+            assert_eq!(classify_alfworld_task(task), None, "task {task:?}");
+            let s = retrieve(task, EnvKind::Alfworld);
+            assert_eq!(s.len(), 1, "task {task:?}");
+            assert_eq!(s[0].name, "general");
+            assert_eq!(retrieve_text(task, EnvKind::Alfworld), ALFWORLD_GENERAL.trim_end());
+        }
+        for kw in PICK_AND_PLACE_KEYWORDS {
+            let task = format!("{kw} a mug in desk");
+            assert_eq!(classify_alfworld_task(&task), Some(PickAndPlaceSimple), "task {task:?}");
+            assert_eq!(retrieve(&task, EnvKind::Alfworld)[1].name, "pick_and_place_simple");
+        }
     }
 
     #[test]

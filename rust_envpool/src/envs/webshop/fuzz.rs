@@ -54,8 +54,7 @@ pub fn matching_chars(a: &[char], b: &[char]) -> usize {
         let (mut besti, mut bestj, mut bestsize) = (alo, blo, 0usize);
         // prev[j + 1] = j2len[j] of the previous row (0 when absent)
         prev[blo..=bhi].iter_mut().for_each(|x| *x = 0);
-        for i in alo..ahi {
-            let ai = a[i];
+        for (i, &ai) in a.iter().enumerate().take(ahi).skip(alo) {
             for j in blo..bhi {
                 let k = if b[j] == ai && usable[j] { prev[j] + 1 } else { 0 };
                 cur[j + 1] = k;
@@ -106,9 +105,9 @@ pub fn matching_chars_reference(a: &[char], b: &[char]) -> usize {
     while let Some((alo, ahi, blo, bhi)) = queue.pop() {
         let (mut besti, mut bestj, mut bestsize) = (alo, blo, 0usize);
         let mut j2len: HashMap<usize, usize> = HashMap::new();
-        for i in alo..ahi {
+        for (i, ai) in a.iter().enumerate().take(ahi).skip(alo) {
             let mut newj2len: HashMap<usize, usize> = HashMap::new();
-            if let Some(js) = b2j.get(&a[i]) {
+            if let Some(js) = b2j.get(ai) {
                 for &j in js {
                     if j < blo {
                         continue;

@@ -67,10 +67,10 @@ impl NounTable {
     }
 
     /// Indices of the products titled `name`.
-    fn products_named<'p>(&self, products: &'p [Product], name: &str) -> impl Iterator<Item = usize> + 'p {
+    fn products_named<'a>(&'a self, products: &[Product], name: &str) -> impl Iterator<Item = usize> + 'a {
         let lo = self.by_title.partition_point(|&i| products[i as usize].title.as_str() < name);
         let hi = self.by_title.partition_point(|&i| products[i as usize].title.as_str() <= name);
-        self.by_title[lo..hi].to_vec().into_iter().map(|i| i as usize)
+        self.by_title[lo..hi].iter().map(|&i| i as usize)
     }
 
     /// The nouns of `name` (a product's title), or None when the table had none for it.

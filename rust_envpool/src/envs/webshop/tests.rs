@@ -31,9 +31,10 @@ fn shop(goals: GoalSet, seed: i64, variant: Variant) -> Option<Arc<Shop>> {
 }
 
 type ShopKey = (GoalSet, i64, Variant, bool);
+type ShopCache = std::sync::Mutex<Vec<(ShopKey, Arc<Shop>)>>;
 
 fn shop_with(goals: GoalSet, seed: i64, variant: Variant, show_attrs: bool) -> Option<Arc<Shop>> {
-    static CACHE: OnceLock<std::sync::Mutex<Vec<(ShopKey, Arc<Shop>)>>> = OnceLock::new();
+    static CACHE: OnceLock<ShopCache> = OnceLock::new();
     let root = data_root()?;
     let cache = CACHE.get_or_init(Default::default);
     let mut c = cache.lock().unwrap();
