@@ -181,6 +181,11 @@ class EnvWorkers:
         parent.send_bytes(self._factory)
         self._procs[w] = _Proc(proc, parent)
 
+    def _proc(self, w: int) -> _Proc:
+        proc = self._procs[w]
+        assert proc is not None, f"worker {w} is not running"
+        return proc
+
     def _mark(self, w: int) -> tuple[int, int]:
         return _MARK.unpack_from(self._marks, w * _MARK.size)
 
@@ -206,7 +211,7 @@ class EnvWorkers:
         for w, ops in batches.items():
             start[w] = self._mark(w)
             try:
-                self._procs[w].conn.send_bytes(pickle.dumps(ops, pickle.HIGHEST_PROTOCOL))
+                self._proc(w).conn.send_bytes(pickle.dumps(ops, pickle.HIGHEST_PROTOCOL))
                 pending.add(w)
             except (OSError, ValueError):  # it had died while idle: nothing of this call started
                 self._replace(w)
@@ -214,17 +219,17 @@ class EnvWorkers:
         seen = {w: (start[w], time.monotonic()) for w in pending}
 
         def limit(w: int) -> float:  # a worker's start (Python, imports) is not a request's time
-            return self.step_timeout if self._procs[w].ready else max(self.step_timeout, START_TIMEOUT)
+            return self.step_timeout if self._proc(w).ready else max(self.step_timeout, START_TIMEOUT)
 
         poller = select.poll()  # one poll() over the workers' sockets (an answer, or EOF of a dead one)
         by_fd = {}
         for w in pending:
-            fd = self._procs[w].conn.fileno()
+            fd = self._proc(w).conn.fileno()
             poller.register(fd, select.POLLIN)
             by_fd[fd] = w
 
         def done(w: int) -> None:
-            poller.unregister(self._procs[w].conn.fileno())
+            poller.unregister(self._proc(w).conn.fileno())
             pending.discard(w)
 
         while pending:
@@ -232,7 +237,7 @@ class EnvWorkers:
             timeout = max(0.0, min(seen[w][1] + limit(w) for w in pending) - now)
             for fd, _ in poller.poll(int(timeout * 1000) + 1):
                 w = by_fd[fd]
-                p = self._procs[w]
+                p = self._proc(w)
                 try:
                     msg = pickle.loads(p.conn.recv_bytes())
                 except (EOFError, OSError):
@@ -260,7 +265,7 @@ class EnvWorkers:
         code = None
         if not hung:
             try:
-                code = self._procs[w].proc.wait(5.0)
+                code = self._proc(w).proc.wait(5.0)
             except subprocess.TimeoutExpired:
                 code = None
         k = started - start[0] - 1  # the request it was in, when one had started and not finished
@@ -386,7 +391,7 @@ class PythonEnvPool:
         W = self._workers.num_workers
         # env e lives in worker e * W // n, local slot e - first env of that worker
         self._worker_of = [e * W // num_envs for e in range(num_envs)]
-        first = {}
+        first: dict[int, int] = {}
         for e, w in enumerate(self._worker_of):
             first.setdefault(w, e)
         self._slot = [e - first[w] for e, w in enumerate(self._worker_of)]
@@ -534,7 +539,7 @@ class PythonEnvPool:
         worker are rebuilt by replay first; a hang or crash is the error of the env whose request
         it was in."""
         results: list[Optional[tuple]] = [None] * len(reqs)
-        todo = range(len(reqs))
+        todo: list[int] = list(range(len(reqs)))
         retries: dict[int, int] = {}
         worker_of, stale = self._worker_of, self._stale
         try:
@@ -605,7 +610,7 @@ class PythonEnvPool:
             if self._worker_of[e] == w and self._state[e] == "live" and e not in keep:
                 self._stale[e] = True
 
-    def _call(self, ids: list[int], acts: list[Optional[str]], reset: bool) -> StepBatch:
+    def _call(self, ids: list[int], acts: Sequence[Optional[str]], reset: bool) -> StepBatch:
         self._check_ids(ids)
         cols = _Columns(len(ids))
         reqs: list[tuple[int, tuple]] = []

@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Literal, Optional, Union, cast
 
 from pcsd import _native
 
@@ -70,10 +70,11 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def _check_env(env: str) -> str:
-    if not isinstance(env, str) or env.strip().lower() not in ENV_NAMES:
-        raise ValueError(f"env: expected 'alfworld', 'webshop' or 'text', got {env!r}")
-    return env.strip().lower()
+def _check_env(env: str) -> EnvName:
+    name = env.strip().lower() if isinstance(env, str) else None
+    if name in ENV_NAMES:
+        return cast(EnvName, name)
+    raise ValueError(f"env: expected 'alfworld', 'webshop' or 'text', got {env!r}")
 
 
 def _str_list(name: str, value: Sequence[str]) -> list[str]:
