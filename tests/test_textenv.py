@@ -135,7 +135,8 @@ def _reference(src: str, task, obs, actions, history, step, h):
     return env.from_string(src).render(**ctx)
 
 
-_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
+# \x1c-\x1f: whitespace to Python's str.strip, not to Rust's (minijinja's strip()); docs/environments.md says so
+_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x1c\x1d\x1e\x1f"), max_size=30)
 USER_TEMPLATE = ("{{ task | upper }} ({{ step }})\n{% for h in history %}\n{{ h.step }}. {{ h.observation }} -> "
                  "{{ h.action }}\n{% endfor %}\n{% if actions %}choose: {{ actions | join(' | ') }}\n{% endif %}"
                  "{{ observation.strip() }}\n")
