@@ -36,6 +36,8 @@ from os import PathLike
 
 SKILL_HEADER: str
 SKILL_FOOTER: str
+TEXT_TEMPLATE: str
+TEXT_TEMPLATE_VARIABLES: list[str]
 
 class PromptTooLongError(ValueError): ...
 
@@ -63,9 +65,12 @@ class PromptBuilder:
         max_prompt_tokens: int | None = ...,  # 2048
         tokenizer: ChatTokenizer | None = None,
         num_threads: int = 0,
+        template: str | None = None,
     ) -> PromptBuilder: ...
     @property
     def budget_enforced(self) -> bool: ...
+    @property
+    def template(self) -> str | None: ...
     def build_detailed(
         self, task: str, observation: str, admissible: list[str], history: list[tuple[str, str]], step: int
     ) -> tuple[str, str, int | None]: ...

@@ -61,6 +61,22 @@ def real_alfworld() -> None:
 
 
 @pytest.fixture(scope="session")
+def gymnasium_available() -> None:
+    _need_module("gymnasium", "Gymnasium text environment test")
+
+
+@pytest.fixture(scope="session")
+def textarena_available() -> None:
+    _need_module("textarena", "TextArena game test (pip install '.[textarena]')")
+
+
+@pytest.fixture(scope="session")
+def openenv_available() -> None:
+    for name in ("openenv", "websockets", "uvicorn"):
+        _need_module(name, "OpenEnv server test (pip install '.[openenv]')")
+
+
+@pytest.fixture(scope="session")
 def vllm_available() -> None:
     _need_module("vllm", "vLLM backend test")
 

@@ -1,5 +1,6 @@
 """``python -m pcsd.bench env``: the native env pool (sync and async, 1..N threads) vs the real
-alfworld engine stepped one env at a time and in a Python multiprocessing pool."""
+alfworld engine stepped one env at a time and in a Python multiprocessing pool; with ``--python``
+the pool of Python text envs instead (:mod:`pcsd.bench.pyenv`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from pcsd.bench import pyenv
 from pcsd.bench.common import amdahl, emit, measure, measure_pool, pos_int, rel_spread
 
 
@@ -296,6 +298,8 @@ def _real_engine_rate(games, streams, steps, repeats) -> tuple[dict, float]:
 def cmd_env(args) -> dict:
     import importlib.util
 
+    if args.python:
+        return pyenv.run(args)
     ncpu = os.cpu_count() or 1
     threads = args.threads or sorted({1, ncpu} | {t for t in (2, 4, 8, 16) if t < ncpu})
     notes = []
@@ -436,11 +440,11 @@ def cmd_env_webshop(root: Path, args) -> dict:
 
 
 NAME = "env"
-HELP = "native env pool vs the real alfworld engine (alone and in a process pool)"
+HELP = "native env pool vs the real alfworld engine (alone and in a process pool); --python: Python text envs"
 #: sizes: (full, --quick, --tiny); --tiny is for the tests (seconds)
 DEFAULTS: dict[str, tuple] = dict(sizes=([128, 1024, 4096], [128, 1024], [16]), repeats=(5, 3, 2), games=(64, 16, 2),
                 real_games=(4, 2, 1), stream_len=(10, 10, 3), mp_envs=(16, 4, 2),
-                webshop_products=([100_000], [20_000], [2_000]))
+                webshop_products=([100_000], [20_000], [2_000]), **pyenv.DEFAULTS)
 
 
 def pool_size(s: str) -> int:
@@ -473,6 +477,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--webshop-products", type=pos_int, nargs="+",
                    help="products in the synthetic WebShop scale rows (the full catalogue, 1181436: "
                         "benchmarks/webshop_catalogue.py)")
+    pyenv.add_arguments(p)
 
 
 run = cmd_env

@@ -126,7 +126,7 @@ def cmd_rollout(args) -> dict:
                              generation_s=tm.generation, env_s=tm.env, prompts_s=tm.prompts, parsing_s=tm.parsing,
                              scoring_s=scoring_s, rollout_s=tm.total, outside_model_share=tm.outside_model_share(),
                              win_rate=float(b.won.float().mean())))
-        del model
+        model = None  # the weights freed before the summary (the closures above are done with it)
     gen_rows = {r["backend"]: r for r in rows if r["phase"] == "generate only"}
     roll_rows = {r["backend"]: r for r in rows if r["phase"] == "rollout"}
     if "hf" in gen_rows and "vllm" in gen_rows:

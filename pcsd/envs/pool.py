@@ -305,9 +305,9 @@ class EnvPool:
                     f"goals: expected one goal index per group ({num_envs} envs / group_size {group_size} = "
                     f"{num_groups}), got {len(goal_list)}"
                 )
-            for k, g in enumerate(goal_list):
-                if not 0 <= g < shop.num_goals:
-                    raise ValueError(f"goals[{k}]: expected a goal index in [0, {shop.num_goals}), got {g}")
+            for gi, goal in enumerate(goal_list):
+                if not 0 <= goal < shop.num_goals:
+                    raise ValueError(f"goals[{gi}]: expected a goal index in [0, {shop.num_goals}), got {goal}")
             native_shop = shop.native
         if max_steps is None:
             native_max_steps = 0

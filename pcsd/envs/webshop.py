@@ -36,9 +36,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pcsd import _native
+
+if TYPE_CHECKING:  # bound on first use by __getattr__ (the native module loads lazily)
+    from pcsd._envpool import WebShopStepError
 
 __all__ = ["WebShop", "WebShopEnv", "WebShopStepError", "GOAL_SETS", "VARIANTS", "run_expert", "VALIDATION_GOALS",
            "TRAIN_GOALS_START", "VALIDATION_SEED_OFFSET", "train_goal_indices", "draw_goals", "resolve_data_dir",

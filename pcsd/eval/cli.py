@@ -27,6 +27,14 @@ paper``: validation ``--validation-index``; ``full``: always the first draw, fix
 mean task score) and Acc (% of episodes with score 1) in Table 1's WebShop columns. Defaults for a
 model that was not trained on WebShop: 15 steps, prompts of 4,096 tokens.
 
+A Python text environment (``--split env``, the default for a run trained on one: ``env.name=gym``,
+...; ``docs/environments.md``): the run's environment (its ``env`` section, ``--env KEY=VALUE``
+overriding keys, e.g. ``--env name=gym --env entry_point=examples.keydoor:KeyDoorEnv`` for a model
+that is not a run), checked as the trainer checks it (one env built, reset and stepped first), on
+``--episodes`` (default: the run's ``eval.episodes``, else 128) fixed evaluation seeds, the
+trainer's own, with the run's prompt template (``<run>/template.jinja``). Reports Success and the
+mean summed reward.
+
 Skills (``--skills``, the starred rows): the student prompt starts with the skills, as the
 teacher's does. They come from ``--skills-dir`` (a folder in the layout of ``env.skills_dir``), else,
 for a run that trained with ``env.skills_dir``, from the copy the trainer keeps in ``<run>/skills/``,
@@ -167,8 +175,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="HF checkpoint folder, training run dir or Hugging Face model id (repeat for more rows)")
     ap.add_argument("--label", action="append", default=None,
                     help="row label per --model (default: the run's method, e.g. PCSD, GRPO)")
-    ap.add_argument("--split", default="valid_seen",
-                    help=f"comma-separated, of {', '.join(SPLITS + (WEBSHOP,))} (default valid_seen)")
+    ap.add_argument("--split", default=None,
+                    help=f"comma-separated, of {', '.join(SPLITS + (WEBSHOP, TEXT_ENV))} (default: env for a run "
+                         "trained on a Python env, else valid_seen)")
+    ap.add_argument("--env", action="append", default=None, metavar="KEY=VALUE",
+                    help="split=env: a key of the run's env section to override (repeat), e.g. name=gym, "
+                         "entry_point=examples.keydoor:KeyDoorEnv, kwargs.colors=4, template=my.jinja")
     ap.add_argument("--count", type=int, default=0, help="only the first N games (after --task-types)")
     ap.add_argument("--protocol", default="full", choices=["full", "paper"],
                     help="full: every game once (default); paper: 128 episodes drawn as verl-agent validates")
@@ -212,6 +224,90 @@ def _parser() -> argparse.ArgumentParser:
 
 
 WEBSHOP = "webshop"  # the --split name of the WebShop validation goals
+TEXT_ENV = "env"  # the --split name of a Python text environment's evaluation seeds
+
+
+def _family(name: str) -> str:
+    """The prompt family (``alfworld``, ``webshop``, ``text``) of an ``env.name``."""
+    from pcsd.envs.registry import get as get_env
+
+    try:
+        return get_env(name).prompt
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
+
+
+def _text_env_section(args: argparse.Namespace, run_cfg: dict) -> dict:
+    """The env section of ``--split env``: the run's (when it trained on a Python env) with the
+    ``--env`` overrides."""
+    from omegaconf import OmegaConf
+
+    run_env = dict(run_cfg.get("env") or {})
+    base = run_env if run_env.get("name") and _family(str(run_env["name"])) == "text" else {}
+    over = []
+    for o in args.env or []:
+        if "=" not in o:
+            raise EvalError(f"env={o!r}: expected KEY=VALUE, e.g. entry_point=examples.keydoor:KeyDoorEnv")
+        k, v = o.split("=", 1)
+        over.append(f"{k.strip().removeprefix('env.')}={v}")
+    try:
+        env = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(base), OmegaConf.from_dotlist(over)))
+    except Exception as exc:
+        raise EvalError(f"env: {str(exc).splitlines()[0]}") from None
+    if not env.get("name"):
+        raise EvalError("split=env needs a Python environment: evaluate a run trained on one, or name it with "
+                        "--env name=gym --env entry_point=module:Class (or --env id=<Gymnasium id>)")
+    return env
+
+
+def _run_config(run_dir: Optional[Path]) -> dict:
+    """A run's saved config as a dict (``{}`` for a model that is not a run)."""
+    if run_dir is None:
+        return {}
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
+
+
+def _text_env_setup(args: argparse.Namespace, run_dir: Optional[Path], run_cfg: dict
+                    ) -> tuple[list[int], dict, str, str, Optional[str]]:
+    """The seeds ``--split env`` plays, the rollout loop's ``env_options``, the env kind, the
+    row's split name and the prompt template's source (``--env template=FILE``, else the run's
+    copy, else None)."""
+    from pcsd.envs.protocol import EnvBuildError, ProtocolError
+    from pcsd.envs.pypool import check_env
+    from pcsd.envs.registry import get as get_env
+    from pcsd.eval.games import text_env_eval_seeds
+
+    env = _text_env_section(args, run_cfg)
+    spec = get_env(str(env["name"])) if _family(str(env["name"])) == "text" else None
+    if spec is None or not spec.python:
+        raise EvalError(f"env: name={env['name']} is not a Python environment (split=env); use its own --split")
+    section = dict(env, kwargs={**(env.get("kwargs") or {}), **(env.get("eval_kwargs") or {})})
+    try:
+        factory = spec.factory(section)
+        timeout = float(env.get("step_timeout") or 60.0)
+        check_env(factory, timeout=timeout)
+    except (ValueError, EnvBuildError, ProtocolError) as exc:
+        raise EvalError(f"env: {exc}") from None
+    template = None
+    if env.get("template") and any(o.split("=", 1)[0].strip().removeprefix("env.") == "template"
+                                   for o in args.env or []):
+        path = Path(str(env["template"])).expanduser()
+        if not path.is_file():
+            raise EvalError(f"env: template={path}: no such file")
+        template = path.read_text(encoding="utf-8")
+    elif run_dir is not None and (run_dir / "template.jinja").is_file():
+        template = (run_dir / "template.jinja").read_text(encoding="utf-8")
+    elif env.get("template"):
+        raise EvalError(f"model={run_dir}: the run used env.template={env['template']} but holds no copy of it "
+                        "(template.jinja); pass it as --env template=FILE")
+    seeds = text_env_eval_seeds(args.episodes or int((run_cfg.get("eval") or {}).get("episodes") or 0))
+    if args.count:
+        seeds = seeds[:args.count]
+    options = {"make_env": factory, "success_threshold": float(env.get("success_threshold", 1.0)),
+               "step_timeout": timeout}
+    return seeds, options, spec.name, f"{spec.name} {factory.describe()}", template
 
 
 def _skill_repositories(args: argparse.Namespace, run_dir: Optional[Path], run_cfg: dict,
@@ -221,7 +317,7 @@ def _skill_repositories(args: argparse.Namespace, run_dir: Optional[Path], run_c
     ``env.skills_dir``) for the environment it trained on, else None (the built-in skills)."""
     from pcsd.text.prompts import SkillRepository
 
-    repos: dict = {env: None for env in envs}
+    repos: dict = {env: None for env in envs}  # by prompt family: alfworld, webshop, text
     if args.skills_dir is not None:
         for env in envs:
             try:
@@ -232,7 +328,7 @@ def _skill_repositories(args: argparse.Namespace, run_dir: Optional[Path], run_c
     run_env = run_cfg.get("env", {}) or {}
     if not args.skills or run_dir is None or run_env.get("skills_dir") is None:
         return repos
-    env = str(run_env.get("name") or "alfworld")
+    env = _family(str(run_env.get("name") or "alfworld"))
     if env not in repos:
         return repos
     own = run_dir / "skills"
@@ -308,10 +404,19 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
     from pcsd.rollout.backends import make_backend, usable_backend
     from pcsd.models import eos_id, load_model, resolve_device
 
+    if args.split is None:  # a run trained on a Python env evaluates on it; else ALFWorld's valid_seen
+        first_cfg = _run_config(resolve_model(args.model[0])[2])
+        run_name = str((first_cfg.get("env") or {}).get("name") or "alfworld")
+        args.split = TEXT_ENV if args.env or _family(run_name) == "text" else "valid_seen"
     splits = [s.strip() for s in args.split.split(",") if s.strip()]
     for s in splits:
-        if s not in SPLITS + (WEBSHOP,):
-            raise EvalError(f"split={s!r} is unknown: expected one of {', '.join(SPLITS + (WEBSHOP,))}")
+        if s not in SPLITS + (WEBSHOP, TEXT_ENV):
+            raise EvalError(f"split={s!r} is unknown: expected one of {', '.join(SPLITS + (WEBSHOP, TEXT_ENV))}")
+    if args.env and TEXT_ENV not in splits:
+        raise EvalError("env: --env sets the Python environment of split=env, which --split does not name")
+    if TEXT_ENV in splits and (args.protocol == "paper" or args.games_file or args.task_types):
+        raise EvalError("split=env plays a Python environment's fixed evaluation seeds (--episodes, --count); "
+                        "--protocol paper, --games-file and --task-types select ALFWorld / WebShop episodes")
     if args.games_file and len(splits) > 1:
         raise EvalError("games_file names one list of games: give a single --split (its row label)")
     if args.label is not None and len(args.label) != len(args.model):
@@ -325,7 +430,8 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
             raise EvalError(f"{name}={v}: expected > 0")
     if args.temperature < 0:
         raise EvalError(f"temperature={args.temperature}: expected >= 0")
-    envs = sorted({WEBSHOP if s == WEBSHOP else "alfworld" for s in splits})
+    family = {WEBSHOP: "webshop", TEXT_ENV: "text"}
+    envs = sorted({family.get(s, "alfworld") for s in splits})
     if args.skills_dir is not None:  # checked before any model loads
         args.skills = True
         _skill_repositories(args, None, {}, envs)
@@ -334,31 +440,29 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
         models[0][2] / "eval" if len(models) == 1 and models[0][2] is not None
         else Path("eval-results") / time.strftime("%Y%m%d-%H%M%S"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    first_run = {}
-    if models[0][2] is not None:
-        from omegaconf import OmegaConf
-
-        first_run = OmegaConf.to_container(OmegaConf.load(models[0][2] / "config.yaml"))
-    game_lists: dict = {s: _resolve_games(s, args, out_dir, first_run) for s in splits if s != WEBSHOP}
-    webshop_options = None
+    first_run = _run_config(models[0][2])
+    game_lists: dict = {s: _resolve_games(s, args, out_dir, first_run) for s in splits if s not in family}
+    env_options: dict = {}
     if WEBSHOP in splits:
-        game_lists[WEBSHOP], webshop_options = _webshop_setup(args, first_run)
+        game_lists[WEBSHOP], env_options[WEBSHOP] = _webshop_setup(args, first_run)
+    kind = {WEBSHOP: WEBSHOP}  # split -> the env kind it plays (pcsd.envs.registry), default alfworld
+    split_name = {}  # split -> the row's split name
+    text_template = None
+    if TEXT_ENV in splits:
+        game_lists[TEXT_ENV], env_options[TEXT_ENV], kind[TEXT_ENV], split_name[TEXT_ENV], text_template = (
+            _text_env_setup(args, models[0][2], first_run))
     temp = 0.0 if args.greedy else args.temperature
     device = resolve_device(args.device)
     results: list[EvalResult] = []
     reporter = ProgressReporter(enabled=False if args.quiet else None)
     with reporter:
         for k, (model_dir, tok_dir, run_dir) in enumerate(models):
-            rc = {}
-            if run_dir is not None:
-                from omegaconf import OmegaConf
-
-                rc = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
+            rc = _run_config(run_dir)
             env_c, roll_c = rc.get("env", {}), rc.get("rollout", {})
-            run_env = env_c.get("name", "alfworld")
+            run_env = _family(str(env_c.get("name", "alfworld")))
 
             def setting(arg, run_value, alfworld: int, webshop: int, env: str) -> int:
-                # the flag, else the run's (when it trained on this env), else the env's default
+                # the flag, else the run's (when it trained on this env family), else the env's default
                 if arg:
                     return arg
                 if run_value is not None and run_env == env:
@@ -377,8 +481,12 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
             thinking = ({"true": True, "false": False}[args.enable_thinking] if args.enable_thinking
                         else rc.get("model", {}).get("enable_thinking"))
             repos = _skill_repositories(args, run_dir, rc, envs)
+            if args.skills and "text" in repos and repos["text"] is None:
+                raise EvalError("skills: a Python environment has no built-in skills; evaluate a run that trained "
+                                "with env.skills_dir (its copy is used) or pass --skills-dir")
             builders = {env: PromptBuilder(env, history_length=hist, max_prompt_tokens=limits(env)[2],
-                                           tokenizer_dir=tok_dir, enable_thinking=thinking, skills=repos[env])
+                                           tokenizer_dir=tok_dir, enable_thinking=thinking, skills=repos[env],
+                                           template=text_template if env == "text" else None)
                         for env in envs}
             builder = builders[envs[0]]
             for env, b in builders.items():  # a budget no prompt of the template fits in
@@ -398,14 +506,14 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
             try:
                 for s in splits:
                     games = game_lists[s]
-                    env = WEBSHOP if s == WEBSHOP else "alfworld"
+                    env = family.get(s, "alfworld")
                     max_steps, max_resp, max_prompt = limits(env)
                     t0 = time.perf_counter()
                     res = play_games(backend, builders[env], games, max_steps=max_steps,
                                      max_response_tokens=max_resp, temperature=temp, seed=args.seed,
                                      skills=args.skills, batch_size=args.batch_size,
                                      stop_token_ids=[eos_id(builder)], progress=reporter.rollout(f"eval {label} {s}"),
-                                     env=env, env_options=webshop_options if env == WEBSHOP else None)
+                                     env=kind.get(s, "alfworld"), env_options=env_options.get(s))
                     settings = dict(model=str(model_dir), backend=backend_name, temperature=temp, seed=args.seed,
                                     skills=args.skills, batch_size=args.batch_size, max_steps=max_steps,
                                     skills_dir=None if repos[env] is None else str(repos[env].folder),
@@ -414,7 +522,8 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
                                     validation_index=args.validation_index,
                                     draw_seed=_draw_seed(args, first_run),
                                     seconds=time.perf_counter() - t0)
-                    results.append(EvalResult(label=label, split=s, games=res, settings=settings, env=env))
+                    results.append(EvalResult(label=label, split=split_name.get(s, s), games=res, settings=settings,
+                                              env=kind.get(s, "alfworld")))
             finally:
                 backend.close()
                 del backend

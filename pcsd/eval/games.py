@@ -16,6 +16,11 @@ SPLITS: tuple[str, ...] = ("valid_seen", "valid_unseen", "train", "procedural")
 PROCEDURAL_EVAL_SEED = 900_000
 DEFAULT_SEED = 12345
 
+#: Python text environments: evaluation tasks are the seeds EVAL_SEED_BASE + i, above every seed the
+#: trainer trains or warms up on (pcsd.train.textenv)
+TEXT_ENV_EVAL_SEED_BASE = 1_000_000_000
+TEXT_ENV_EVAL_EPISODES = 128  # when eval.episodes / --episodes is 0
+
 #: method labels of the paper's rows, by weighting rule (GRPO + distillation presets)
 RULE_LABELS = {"pcsd": "PCSD", "uniform": "GRPO+OPSD", "sdar": "SDAR", "sdar-norm": "SDAR-norm", "rlsd": "RLSD"}
 
@@ -128,6 +133,14 @@ def read_games_file(path: str | os.PathLike[str], data_root: Optional[str | os.P
     if not out:
         raise EvalError(f"games_file={str(p)!r} lists no games")
     return out
+
+
+def text_env_eval_seeds(count: int = 0) -> list[int]:
+    """The evaluation tasks of a Python text environment: ``count`` (0: 128) fixed reset seeds,
+    ``TEXT_ENV_EVAL_SEED_BASE + i``; the trainer evaluates on the same ones."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise EvalError(f"count={count!r}: expected a non-negative int (0 = {TEXT_ENV_EVAL_EPISODES})")
+    return [TEXT_ENV_EVAL_SEED_BASE + i for i in range(count or TEXT_ENV_EVAL_EPISODES)]
 
 
 def game_name(path: str) -> str:

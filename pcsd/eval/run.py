@@ -5,7 +5,12 @@ in the layout of the paper's Table 1 (:func:`render_table`).
 WebShop (``env="webshop"``): the "games" are goal indices of one shop; each result carries the
 episode's task score ``q`` (the purchase reward, 0 without a purchase), and the report gives the
 paper's Score = 100 x mean ``q`` and Acc = 100 x share of episodes with ``q == 1`` (appendix,
-eq. ``webshop_metrics``), in Table 1's WebShop columns next to ALFWorld's."""
+eq. ``webshop_metrics``), in Table 1's WebShop columns next to ALFWorld's.
+
+Python text environments (``env="gym"``, ...; :mod:`pcsd.envs.registry`): the "games" are reset
+seeds, each result carries the episode's summed reward as its ``score``, and the report gives
+Success (% of episodes won: the env's ``info["won"]``, else the reward threshold) and the mean
+reward, in a table of their own under Table 1's."""
 
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ class GameResult:
     steps: int  # environment actions taken
     seed: int  # sampling seed of the batch the game was played in
     actions: list[str] = field(default_factory=list)  # the actions sent to the game, in order
-    score: Optional[float] = None  # WebShop: the task score q in [0, 1]; None for ALFWorld
+    score: Optional[float] = None  # WebShop: the task score q in [0, 1]; a Python env's summed reward; None for ALFWorld
     # the episode ended (unwon) because a prompt exceeded max_prompt_tokens even without history
     prompt_overflow: bool = False
 
@@ -39,10 +44,23 @@ class EvalResult:
     split: str
     games: list[GameResult]
     settings: dict[str, Any] = field(default_factory=dict)
-    env: str = "alfworld"  # alfworld | webshop
+    env: str = "alfworld"  # alfworld | webshop | a Python env kind (gym, ...)
+
+    @property
+    def table1(self) -> bool:
+        """ALFWorld's categories (and WebShop's Score/Acc) are Table 1's columns; other envs get
+        Success and mean reward."""
+        return self.env in ("alfworld", "webshop")
+
+    @property
+    def mean_reward(self) -> Optional[float]:
+        """A Python env's mean summed reward per episode (None for ALFWorld and WebShop)."""
+        if self.table1:
+            return None
+        return sum(float(g.score or 0.0) for g in self.games) / max(len(self.games), 1)
 
     def counts(self) -> dict[str, int]:
-        if self.env == "webshop":
+        if self.env != "alfworld":
             return {}
         out = {c: 0 for c in CATEGORY_ORDER}
         for g in self.games:
@@ -65,7 +83,7 @@ class EvalResult:
 
     def per_category(self) -> dict[str, Optional[float]]:
         """Success rate (%) per paper category; None for a category with no games."""
-        if self.env == "webshop":
+        if self.env != "alfworld":
             return {}
         won = {c: 0 for c in CATEGORY_ORDER}
         for g in self.games:
@@ -93,7 +111,8 @@ class EvalResult:
         return sum(g.prompt_overflow for g in self.games)
 
     def to_dict(self) -> dict[str, Any]:
-        extra = dict(score=self.score, acc=self.acc) if self.env == "webshop" else {}
+        extra = (dict(score=self.score, acc=self.acc) if self.env == "webshop"
+                 else {} if self.table1 else dict(mean_reward=self.mean_reward))
         return dict(label=self.label, split=self.split, env=self.env, overall=self.overall,
                     overall_ci95=list(self.overall_ci95), per_category=self.per_category(), **extra,
                     counts=self.counts(), episodes=len(self.games), prompt_overflows=self.prompt_overflows,
@@ -114,9 +133,11 @@ def play_games(backend, builder, games: Sequence[str], *, max_steps: int = 50, m
         skills: the student sees the skills (the starred variants of Table 1).
         batch_size: games played together (0 = all); see the module notes on seeds.
         progress: ``progress(done_games, total_games)`` after every turn.
-        env: ``alfworld`` (``games`` are game files) or ``webshop`` (``games`` are goal indices of
-            the shop in ``env_options["shop"]``).
+        env: ``alfworld`` (``games`` are game files), ``webshop`` (``games`` are goal indices of
+            the shop in ``env_options["shop"]``) or a Python env kind (``games`` are reset seeds,
+            ``env_options`` the pool's: ``make_env``, ``success_threshold``, ...).
     """
+    from pcsd.envs.registry import get as get_env
     from pcsd.rollout.loop import collect_rollouts
 
     if not games:
@@ -125,6 +146,7 @@ def play_games(backend, builder, games: Sequence[str], *, max_steps: int = 50, m
         raise EvalError(f"batch_size={batch_size!r}: expected a non-negative int (0 = all games at once)")
     if temperature < 0:
         raise EvalError(f"temperature={temperature}: expected >= 0 (0 = greedy)")
+    keeps_score = get_env(env).task_score == "score"
     size = batch_size or len(games)
     results: list[GameResult] = []
     total = len(games)
@@ -141,7 +163,7 @@ def play_games(backend, builder, games: Sequence[str], *, max_steps: int = 50, m
             acts[e].append(a)
         for i, g in enumerate(chunk):
             tt = rb.task_type[i]
-            q = float(rb.score[i]) if env == "webshop" and rb.score is not None else None
+            q = float(rb.score[i]) if keeps_score and rb.score is not None else None
             results.append(GameResult(game=str(g), task_type=tt, category=CATEGORIES.get(tt, tt),
                                       won=bool(rb.won[i]), steps=int(rb.length[i]), seed=s, actions=acts[i],
                                       score=q, prompt_overflow=bool(rb.prompt_overflow[i])))
@@ -173,6 +195,28 @@ def evaluate(backend, builder, games: Sequence[str], cfg, seed: int = DEFAULT_SE
     return out
 
 
+def render_text_env_table(rows: Sequence[dict]) -> str:
+    """The table of Python text environments: one row per evaluation, Success (%) and the mean
+    summed reward, a section row per environment."""
+    lines = ["| **Method** | **Success** | **Mean reward** |", "|:---|---:|---:|"]
+    envs: list[str] = []
+    for r in rows:
+        if r["split"] not in envs:
+            envs.append(r["split"])
+    notes = []
+    for sp in envs:
+        lines.append(f"| *{sp}* | | |")
+        group = [r for r in rows if r["split"] == sp]
+        for r in group:
+            lines.append(f"| {r['label'] or 'model'} | {_fmt(r['overall'])} | {r['mean_reward']:.3f} |")
+        s = group[0].get("settings", {})
+        lo, hi = group[0].get("overall_ci95") or _wilson_of(group[0])
+        notes.append(f"{sp}: {group[0]['episodes']} episodes on fixed evaluation seeds, each once, {_how(s)}, seed "
+                     f"{s.get('seed')}; Success = % of episodes won (info['won'], else summed reward >= the success "
+                     f"threshold), 95 % Wilson interval of the first row [{lo:.1f}, {hi:.1f}]")
+    return "\n".join(lines) + "\n\n" + "; ".join(notes) + ".\n"
+
+
 
 # ----------------------------------------------------------------------------- the table
 def _fmt(v: Optional[float]) -> str:
@@ -186,6 +230,10 @@ def render_table(results: Sequence[EvalResult | dict]) -> str:
     table also has Table 1's two WebShop columns, Score and Acc, left of ALFWorld's: a WebShop
     result shares the row of the ALFWorld result with the same label (else it gets its own row)."""
     rows = [r.to_dict() if isinstance(r, EvalResult) else r for r in results]
+    tx = [r for r in rows if r.get("env", "alfworld") not in ("alfworld", "webshop")]
+    if tx:  # Python text environments: a table of their own, under Table 1's
+        rest = [r for r in rows if r not in tx]
+        return (render_table(rest) + "\n" if rest else "") + render_text_env_table(tx)
     ws = [r for r in rows if r.get("env") == "webshop"]
     al = [r for r in rows if r.get("env") != "webshop"]
     head = ["Method", *(["Score", "Acc"] if ws else []), *CATEGORY_ORDER, "Overall"]

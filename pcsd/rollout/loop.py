@@ -1,10 +1,15 @@
-"""The batched multi-turn rollout loop over the native env pool.
+"""The batched multi-turn rollout loop over an env pool (the native one, or Python envs in worker
+processes), the same for every environment.
 
 B games x G rollouts (a GRPO group shares its game); every turn the Rust prompt builder renders
 and tokenises the student prompts (and the teacher prompts, same context plus skills) of all
 active environments in parallel, the backend samples one response per environment, the parser
 extracts the action, and the pool steps every active environment at once. An environment that
 finishes leaves the batch immediately, so each turn only generates for environments still playing.
+
+What differs between environments lives below the loop: how the pool is built and what an
+episode's reward is (:mod:`pcsd.envs.registry`, by ``env_kind``), and what the prompt shows and how
+a response becomes an action (:mod:`pcsd.text.formats`, by the prompt builder's family).
 
 Over-long prompts: the prompt builder drops the interaction history of a prompt over
 ``max_prompt_tokens`` (the no-history template, as verl-agent's WebShop manager does over 13,000
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -63,10 +68,11 @@ class RolloutBatch:
     task: list[str]  # (N,)
     # --- bookkeeping ---
     timings: RolloutTimings = field(default_factory=RolloutTimings)
-    # (N,) float64 task score in [0, 1]: WebShop's purchase reward at the episode's end (0 without a
-    # purchase), ALFWorld's won as 0/1; None where the batch was not made by collect_rollouts
+    # (N,) float64 task score: WebShop's purchase reward at the episode's end (0 without a purchase),
+    # ALFWorld's won as 0/1, a Python env's summed reward; None where the batch was not made by
+    # collect_rollouts
     score: Optional[Tensor] = None
-    env_errors: int = 0  # WebShop episodes ended by a step the original raises on
+    env_errors: int = 0  # episodes ended by an env error (WebShop: a step the original raises on)
     # (N,) bool: the episode ended because its prompt exceeded max_prompt_tokens even without history
     prompt_overflow: Optional[Tensor] = None
 
@@ -144,23 +150,28 @@ def collect_rollouts(
     Args:
         backend: a generation backend (``vllm`` or ``hf``).
         builder: the prompt builder (student and teacher prompts, chat template, tokeniser).
-        games: one game file per group; environment ``i`` plays ``games[i // group_size]``. For env
-            kinds without game files (``dummy``) the number of groups instead; for ``webshop`` one
-            goal index per group (of the shop in ``env_options["shop"]``).
-        env_kind: ``alfworld`` (default), ``webshop`` or ``dummy``. WebShop runs as verl-agent's
-            wrapper does (:mod:`pcsd.text.prompts`): the task is the page's instruction, the page
-            text and the clickables are reformatted for the prompt, the response is projected with
-            :func:`~pcsd.text.prompts.project_webshop_action` (invalid: tags missing, no think
-            block, CJK characters; not an admissibility check), ``won`` is score 1, and a step the
-            original WebShop raises on ends that episode unwon (counted in ``env_errors``).
+        games: one game per group; environment ``i`` plays ``games[i // group_size]``: game files
+            (``alfworld``), goal indices of the shop in ``env_options["shop"]`` (``webshop``), reset
+            seeds (Python kinds such as ``gym``: ``env_options["make_env"]`` is the env factory or
+            running :class:`pcsd.envs.pypool.EnvWorkers`), or the number of groups (``dummy``).
+        env_kind: a name of :mod:`pcsd.envs.registry` (``alfworld``, the default; ``webshop``,
+            ``gym``, ...). WebShop runs as verl-agent's wrapper does (:mod:`pcsd.text.formats`: the
+            task is the page's instruction, the page and its clickables reformatted, the response
+            projected, not checked for admissibility) and ``won`` is score 1. Where the kind says so
+            (WebShop, Python envs) an env error (a step the original WebShop raises on; an
+            exception, hang or crash of a Python env) ends that episode unwon, counted in
+            ``env_errors``; ALFWorld's engine errors stop the rollout. Python envs: the
+            trajectory's reward is the env's summed reward (not ``success_reward``), ``score`` the
+            same, ``won`` the env's ``info["won"]`` or the pool's success threshold.
         student_skills: the student sees the skills too (Skill-GRPO and the starred evaluations).
         teacher_prompts: also build the teacher prompts (needed for distillation).
         progress: optional callable ``progress(done_envs, total_envs)``.
     """
-    from pcsd.envs.pool import EnvPool
-    from pcsd.text.prompts import (format_webshop_observation, parse_action, project_webshop_action,
-                                   webshop_actions, webshop_task)
+    from pcsd.envs.registry import get as get_env
+    from pcsd.text.formats import text_format
 
+    spec = get_env(env_kind)
+    fmt = text_format(builder.env)
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     num_groups = games if isinstance(games, int) else len(games)
@@ -170,51 +181,49 @@ def collect_rollouts(
     timings = RolloutTimings()
     n_envs = num_groups * group_size
     t0 = time.perf_counter()
-    webshop = env_kind == "webshop"
-    opts = dict(env_options or {})
-    if webshop:
-        if isinstance(games, int):
-            raise ValueError("games: env kind 'webshop' needs one goal index per group, got a count")
-        opts["goals"] = list(games)
-    pool = EnvPool(env_kind, n_envs, group_size=group_size,
-                   games=None if (isinstance(games, int) or webshop) else list(games), max_steps=max_steps,
-                   num_threads=num_threads, seed=seed, **opts)
-    first = pool.reset()
+    pool = spec.make_pool(n_envs, group_size, games, max_steps=max_steps, num_threads=num_threads, seed=seed,
+                          options=env_options)
+    try:
+        first = pool.reset()
+    except BaseException:
+        pool.close()
+        raise
     timings.env += time.perf_counter() - t0
     ids = first.env_id.tolist()
-    tasks = {e: pool.task_of(e) for e in range(n_envs)}  # (task_type, task)
-    if webshop:  # the task is the reset page's instruction
-        tasks = {e: (tasks[e][0], webshop_task(o)) for e, o in zip(ids, first.obs)}
+    tasks: dict[int, tuple[str, str]] = {}  # (task_type, task as the prompts state it)
     obs: dict[int, str] = {}
     adm: dict[int, list[str]] = {}
-
-    def see(e: int, page: str, admissible: list[str], search_bar: Any) -> None:
-        """What env ``e``'s next prompt shows; WebShop as verl-agent's agent text (the reformatted
-        page and its search[...]/click[...] list)."""
-        if webshop:
-            obs[e] = format_webshop_observation(page, tasks[e][1])
-            adm[e] = webshop_actions(bool(search_bar), admissible)
-        else:
-            obs[e], adm[e] = page, admissible
-
+    env_errors = 0
+    active = []
     for k, e in enumerate(ids):
-        see(e, first.obs[k], first.admissible[k], first.has_search_bar[k] if webshop else None)
+        task_type, task = pool.task_of(e)
+        if first.error[k]:  # an env that failed to reset: its episode ends before it starts
+            if not spec.errors_end_episode:
+                pool.close()
+                raise RuntimeError(f"environment {e} failed: {first.error[k]}")
+            tasks[e] = (task_type, task)
+            env_errors += 1
+            continue
+        tasks[e] = (task_type, fmt.task(task, first.obs[k]))
+        obs[e], adm[e] = fmt.view(first.obs[k], first.admissible[k], tasks[e][1], first.has_search_bar[k])
+        active.append(e)
+    if not active:
+        pool.close()
+        raise RuntimeError(f"every environment failed at reset, e.g. environment {ids[0]}: {first.error[0]}")
     history: dict[int, list[tuple[str, str]]] = {e: [] for e in range(n_envs)}
     won = torch.zeros(n_envs, dtype=torch.bool)
     score = torch.zeros(n_envs, dtype=torch.float64)
-    env_errors = 0
     overflow = torch.zeros(n_envs, dtype=torch.bool)
     length = torch.zeros(n_envs, dtype=torch.int64)
     penalty = torch.zeros(n_envs, dtype=torch.float32)
     rows_prompt, rows_teacher, rows_resp, rows_lp = [], [], [], []
     rows_traj, rows_turn, rows_valid, rows_action = [], [], [], []
-    active = list(range(n_envs))
     turn = 0
     try:
         while active:
             t0 = time.perf_counter()
             reqs = [dict(task=tasks[e][1], observation=obs[e], admissible=adm[e], history=history[e],
-                         step=len(history[e])) for e in active]
+                         step=len(history[e]), task_type=tasks[e][0]) for e in active]
             encoded = _encode_within_budget(builder, reqs, student_skills)
             if any(ids is None for ids in encoded):  # over the budget without history: the episode ends
                 keep = [k for k, ids in enumerate(encoded) if ids is not None]
@@ -243,7 +252,7 @@ def collect_rollouts(
             for k, e in enumerate(active):
                 s = out[k][0]
                 text = builder.tokenizer.decode(s.token_ids)
-                parsed = project_webshop_action(text) if webshop else parse_action(text, adm[e])
+                parsed = fmt.parse(text, adm[e])
                 actions.append(parsed.action)
                 rows_prompt.append(student[k])
                 rows_teacher.append(teacher[k])
@@ -262,17 +271,17 @@ def collect_rollouts(
             timings.env += time.perf_counter() - t0
             still = []
             for k, e in enumerate(res.env_id.tolist()):
-                if res.error[k] and not webshop:
+                if res.error[k] and not spec.errors_end_episode:
                     raise RuntimeError(f"environment {e} failed: {res.error[k]}")
                 history[e].append((obs[e], actions[k]))
                 length[e] += 1
-                if res.error[k]:  # where the original WebShop raises (e.g. search[<a> ...]): episode over
+                if res.error[k]:  # e.g. where the original WebShop raises (search[<a> ...]): episode over
                     env_errors += 1
                     continue
-                see(e, res.obs[k], res.admissible[k], res.has_search_bar[k] if webshop else None)
+                obs[e], adm[e] = fmt.view(res.obs[k], res.admissible[k], tasks[e][1], res.has_search_bar[k])
                 if res.done[k]:
                     won[e] = bool(res.won[k])
-                    score[e] = float(res.score[k]) if webshop else float(won[e])
+                    score[e] = float(res.score[k]) if spec.task_score == "score" else float(won[e])
                 else:
                     still.append(e)
             active = still
@@ -282,7 +291,8 @@ def collect_rollouts(
     finally:
         pool.close()
     timings.total = time.perf_counter() - t_start
-    reward = won.to(torch.float32) * success_reward - penalty
+    outcome = score.to(torch.float32) if spec.env_reward else won.to(torch.float32) * success_reward
+    reward = outcome - penalty
     traj = torch.tensor(rows_traj, dtype=torch.int64)
     return RolloutBatch(
         prompt_ids=rows_prompt, teacher_prompt_ids=rows_teacher, response_ids=rows_resp,

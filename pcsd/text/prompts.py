@@ -10,6 +10,12 @@ Thin typed layer over the Rust implementation in ``pcsd._envpool`` (``rust_envpo
 * :func:`parse_action` splits a response into reasoning and action with validity flags.
 * :func:`retrieve_skills` returns the keyword-retrieved privileged skills for a task.
 
+Three prompt families (``env``): ``alfworld`` and ``webshop`` (the paper's appendix templates,
+fixed) and ``text`` (any other text environment: a Jinja template, the built-in
+:data:`TEXT_TEMPLATE` or the user's, rendered on the native side like the others; its variables
+are :data:`TEXT_TEMPLATE_VARIABLES`). :mod:`pcsd.text.formats` holds what else differs per family
+(the task, the observation and actions the prompt shows, how a response becomes an action).
+
 Example::
 
     pb = PromptBuilder("alfworld", tokenizer_dir="/models/Qwen2.5-3B-Instruct")
@@ -24,9 +30,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import TYPE_CHECKING, Literal, Optional, Union, cast
 
 from pcsd import _native
+
+if TYPE_CHECKING:  # bound on first use by __getattr__ (the native module loads lazily)
+    from pcsd._envpool import TEXT_TEMPLATE, PromptTooLongError
+
+    TEXT_TEMPLATE_VARIABLES: tuple[str, ...]
 
 __all__ = [
     "ChatTokenizer",
@@ -35,6 +46,8 @@ __all__ = [
     "PromptBuilder",
     "PromptTooLongError",
     "SkillRepository",
+    "TEXT_TEMPLATE",
+    "TEXT_TEMPLATE_VARIABLES",
     "classify_alfworld_task",
     "format_webshop_observation",
     "parse_action",
@@ -44,7 +57,8 @@ __all__ = [
     "webshop_task",
 ]
 
-EnvName = Literal["alfworld", "webshop"]
+EnvName = Literal["alfworld", "webshop", "text"]
+ENV_NAMES = ("alfworld", "webshop", "text")
 #: One past step: ``(observation, action)`` or a mapping with ``observation`` and ``action`` keys.
 HistoryItem = Union[tuple[str, str], Mapping[str, str]]
 
@@ -54,15 +68,18 @@ def _mod():
 
 
 def __getattr__(name: str):
-    if name == "PromptTooLongError":
-        return _mod().PromptTooLongError
+    if name in ("PromptTooLongError", "TEXT_TEMPLATE"):
+        return getattr(_mod(), name)
+    if name == "TEXT_TEMPLATE_VARIABLES":
+        return tuple(_mod().TEXT_TEMPLATE_VARIABLES)
     raise AttributeError(name)
 
 
-def _check_env(env: str) -> str:
-    if not isinstance(env, str) or env.strip().lower() not in ("alfworld", "webshop"):
-        raise ValueError(f"env: expected 'alfworld' or 'webshop', got {env!r}")
-    return env.strip().lower()
+def _check_env(env: str) -> EnvName:
+    name = env.strip().lower() if isinstance(env, str) else None
+    if name in ENV_NAMES:
+        return cast(EnvName, name)
+    raise ValueError(f"env: expected 'alfworld', 'webshop' or 'text', got {env!r}")
 
 
 def _str_list(name: str, value: Sequence[str]) -> list[str]:
@@ -175,8 +192,10 @@ class SkillRepository:
     Layout (every file optional, at least one present; markdown, UTF-8):
 
     * ``general.md``: always retrieved;
-    * ``<task_type>.md`` (ALFWorld only; the six task types' names): retrieved for tasks of that
-      type (the same keyword classification as the built-in skills);
+    * ``<task_type>.md``: retrieved for tasks of that type. ALFWorld: the six task types' names,
+      the type from the same keyword classification as the built-in skills; text environments
+      (``env="text"``): any name (letters, digits, ``_``, ``-``, ``.``), the type the env reports
+      (``info["task_type"]``); WebShop: none;
     * ``keywords/<word>.md`` (``word``: lower-case letters and digits): retrieved when ``word`` is
       a whole word of the task description (case-insensitive), in the files' sorted order.
 
@@ -188,6 +207,8 @@ class SkillRepository:
         ValueError: a ``.md`` file the layout does not know, a task-type file for WebShop, or a
             folder with no skill file; the message names the file.
     """
+
+    _TEXT_TASK_TYPE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
     def __init__(self, folder: str | os.PathLike[str], env: EnvName = "alfworld") -> None:
         self.env = _check_env(env)
@@ -204,31 +225,36 @@ class SkillRepository:
                 self.general = text
             elif len(rel.parts) == 1 and f.stem in ALFWORLD_TASK_TYPES and self.env == "alfworld":
                 self.task_types[f.stem] = text
+            elif len(rel.parts) == 1 and self.env == "text" and self._TEXT_TASK_TYPE.match(f.stem):
+                self.task_types[f.stem] = text
             elif len(rel.parts) == 2 and rel.parts[0] == "keywords" and _KEYWORD.match(f.stem):
                 self.keywords[f.stem] = text
             else:
                 raise ValueError(
                     f"skills folder {str(self.folder)!r}: unexpected file {str(rel)!r}; expected general.md, "
-                    + ("<task_type>.md (" + ", ".join(ALFWORLD_TASK_TYPES) + "), " if self.env == "alfworld" else "")
+                    + ("<task_type>.md (" + ", ".join(ALFWORLD_TASK_TYPES) + "), " if self.env == "alfworld" else
+                       "<task_type>.md (letters, digits, _ - .), " if self.env == "text" else "")
                     + "or keywords/<word>.md (word: lower-case letters and digits)")
         if self.general is None and not self.task_types and not self.keywords:
             raise ValueError(f"skills folder {str(self.folder)!r} holds no skill file (*.md)")
 
-    def retrieve(self, task: str) -> str:
-        """The skills for ``task``: general, task type, keywords (in that order), joined."""
+    def retrieve(self, task: str, task_type: str | None = None) -> str:
+        """The skills for ``task``: general, task type, keywords (in that order), joined. The task
+        type is ``task_type`` for text environments (the env's ``info["task_type"]``), ALFWorld's
+        keyword classification of the task otherwise."""
         parts = [self.general] if self.general else []
         if self.task_types:
-            tt = classify_alfworld_task(task)
+            tt = task_type if self.env == "text" else classify_alfworld_task(task)
             if tt in self.task_types:
                 parts.append(self.task_types[tt])
         words = set(re.findall(r"[a-z0-9]+", task.lower()))
         parts += [t for w, t in sorted(self.keywords.items()) if w in words]
         return "\n\n".join(p for p in parts if p)
 
-    def block(self, task: str) -> str:
+    def block(self, task: str, task_type: str | None = None) -> str:
         """The skill block of the teacher prompt (header, skills, footer, blank line)."""
         m = _mod()
-        return f"{m.SKILL_HEADER}\n{self.retrieve(task)}\n{m.SKILL_FOOTER}\n\n"
+        return f"{m.SKILL_HEADER}\n{self.retrieve(task, task_type)}\n{m.SKILL_FOOTER}\n\n"
 
     def save(self, folder: str | os.PathLike[str]) -> Path:
         """Writes the skills as read (one file each, in the layout above) to ``folder``, which must
@@ -252,10 +278,11 @@ class PromptBuilder:
     """Builds student and teacher prompts for one environment.
 
     Args:
-        env: ``"alfworld"`` or ``"webshop"``. WebShop: verl-agent's template byte for byte, and a
-            prompt with history longer than 13,000 characters uses the no-history template
-            (verl-agent's rule); pass the task, observation and actions formatted by
+        env: ``"alfworld"``, ``"webshop"`` or ``"text"``. WebShop: verl-agent's template byte for
+            byte, and a prompt with history longer than 13,000 characters uses the no-history
+            template (verl-agent's rule); pass the task, observation and actions formatted by
             :func:`webshop_task`, :func:`format_webshop_observation` and :func:`webshop_actions`.
+            Text: the ``template`` (the no-history variant is the template with an empty history).
         history_length: ``H``, the number of most recent observation-action pairs shown after the
             first step (0 disables history).
         max_prompt_tokens: budget on the chat-formatted student prompt (measured with the
@@ -269,11 +296,16 @@ class PromptBuilder:
         num_threads: threads :meth:`build_batch` runs on; 0 (default) shares one pool of one
             thread per core with the other native batch calls.
         skills: a :class:`SkillRepository` or its folder: the teacher prompts' skills come from it
-            instead of the built-in repository (None: the built-in skills).
+            instead of the built-in repository (None: the built-in skills; none for ``text``, whose
+            teacher prompt is then the student prompt).
+        template: ``env="text"`` only: the Jinja source of the prompt (None: :data:`TEXT_TEMPLATE`).
+            Syntax and variables: ``rust_envpool/src/text/template.rs`` and
+            ``docs/environments.md``; a syntax error is a ValueError here, an unknown variable a
+            ValueError at the first build.
 
     Raises:
-        ValueError: bad ``env``/``history_length``/``max_prompt_tokens``, or a chat template that
-            does not compile.
+        ValueError: bad ``env``/``history_length``/``max_prompt_tokens``, a chat template or a
+            ``template`` that does not compile.
         FileNotFoundError: ``tokenizer_dir`` or a file in it is missing.
     """
 
@@ -286,8 +318,11 @@ class PromptBuilder:
         enable_thinking: bool | None = None,
         num_threads: int = 0,
         skills: SkillRepository | str | os.PathLike[str] | None = None,
+        template: str | None = None,
     ) -> None:
         self.env: str = _check_env(env)
+        if template is not None and not isinstance(template, str):
+            raise ValueError(f"template: expected the template's source text (str) or None, got {type(template).__name__}")
         self.skills: SkillRepository | None = (
             skills if isinstance(skills, SkillRepository) or skills is None else SkillRepository(skills, self.env))
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 0:
@@ -311,7 +346,13 @@ class PromptBuilder:
             max_prompt_tokens,
             self.tokenizer._inner if self.tokenizer is not None else None,
             num_threads,
+            template,
         )
+
+    @property
+    def template(self) -> str | None:
+        """The prompt template's source (``env="text"``: the user's or the built-in one; else None)."""
+        return self._inner.template
 
     @property
     def budget_enforced(self) -> bool:
@@ -368,10 +409,12 @@ class PromptBuilder:
         admissible: Sequence[str],
         history: Sequence[HistoryItem] = (),
         step: int = 0,
+        task_type: str | None = None,
     ) -> str:
-        """The teacher prompt: retrieved skills, then exactly the student prompt."""
+        """The teacher prompt: retrieved skills, then exactly the student prompt (``task_type``:
+        a text env's type, for the skills folder's ``<task_type>.md``)."""
         if self.skills is not None:
-            return self.skills.block(task) + self.build(task, observation, admissible, history, step)
+            return self.skills.block(task, task_type) + self.build(task, observation, admissible, history, step)
         return self._inner.build_teacher(
             task, observation, _str_list("admissible", admissible), _history(history), _step(step)
         )
@@ -387,7 +430,8 @@ class PromptBuilder:
 
         Args:
             requests: mappings with keys ``task``, ``observation``, ``admissible`` and optionally
-                ``history`` (default empty) and ``step`` (default 0), as for :meth:`build`. Only
+                ``history`` (default empty), ``step`` (default 0) and ``task_type`` (a text env's,
+                for the skills folder's task-type files), as for :meth:`build`. Only
                 the last ``history_length`` history entries are read (the prompt shows no more);
                 the history's length is still checked against ``step``.
             teacher: build teacher prompts (skills prepended) instead of student prompts.
@@ -420,7 +464,8 @@ class PromptBuilder:
         if teacher and self.skills is not None:
             # the student prompts, each after its task's skill block from the user's folder
             students = self._inner.build_batch(requests, False, system, True)
-            texts = [self.skills.block(str(r["task"])) + text for r, (text, _) in zip(requests, students)]
+            texts = [self.skills.block(str(r["task"]), r.get("task_type")) + text
+                     for r, (text, _) in zip(requests, students)]
             ids = self.encode_chat(texts, system)
             return list(zip(texts, ids)) if with_text else ids
         return self._inner.build_batch(requests, bool(teacher), system, with_text)

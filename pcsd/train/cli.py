@@ -245,6 +245,10 @@ def _write_config(cfg: DictConfig, run_dir: Path) -> None:
                 from pcsd.train.job import skill_repository
 
                 skill_repository(cfg).save(run_dir / "skills")
+            if cfg.env.get("template") is not None:  # the prompts' template, for resume and pcsd.eval
+                from pcsd.train.textenv import template_source
+
+                (run_dir / "template.jinja").write_text(template_source(cfg), encoding="utf-8")
     except OSError as exc:
         raise RunDirError(f"run.dir={run_dir}: cannot write there ({exc.strerror or exc})") from None
 

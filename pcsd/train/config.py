@@ -36,12 +36,12 @@ import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-PRESET_DIR = Path(__file__).parent / "configs"
+from pcsd.train.paths import PRESET_DIR, resolve_config_path
 
 
 class ConfigError(ValueError):
@@ -86,6 +86,15 @@ class EnvConfig:
     # the teacher's skill repository: a folder replacing the built-in skills (pcsd.text.prompts.SkillRepository);
     # a relative path is looked up in the current folder, then next to the presets (pcsd/train/configs/)
     skills_dir: Optional[str] = None
+    # Python text environments (name=gym | textarena | openenv; pcsd.envs.registry, docs/environments.md)
+    entry_point: Optional[str] = None  # gym: module:Class, importable from the current folder or the installed packages
+    id: Optional[str] = None  # gym: a registered Gymnasium id; textarena: the game id
+    url: Optional[str] = None  # openenv: the environment server's address
+    kwargs: Dict[str, Any] = field(default_factory=dict)  # passed to the env's constructor
+    eval_kwargs: Dict[str, Any] = field(default_factory=dict)  # merged over kwargs for the evaluation envs (its splits)
+    template: Optional[str] = None  # a Jinja file for the prompts of a Python env (None: the built-in template)
+    success_threshold: float = 1.0  # success = info["won"] when the env reports it, else summed reward >= this
+    step_timeout: float = 60.0  # seconds one reset/step of one env may take (a hang past it is that env's error)
 
 
 @dataclass
@@ -199,8 +208,14 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
 
 
+def _env_names() -> tuple[str, ...]:
+    from pcsd.envs.registry import available
+
+    return tuple(n for n in available() if n != "dummy")  # dummy: the native pool's test game
+
+
 CHOICES: dict[str, tuple[str, ...]] = {
-    "env.name": ("alfworld", "webshop"),
+    "env.name": _env_names(),
     "env.webshop_variant": ("verl", "upstream"),
     "env.source": ("procedural", "files"),
     "env.split": ("train", "valid_seen", "valid_unseen"),
@@ -289,6 +304,8 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
         raise ConfigError(f"unknown preset {preset!r}; valid presets: {', '.join(available_presets())}")
     cfg = OmegaConf.structured(TrainConfig)
     OmegaConf.set_struct(cfg, True)
+    for node in (cfg.env.kwargs, cfg.env.eval_kwargs):  # an env's constructor arguments: any names
+        OmegaConf.set_struct(node, False)
     try:
         if base is not None:
             cfg = OmegaConf.merge(cfg, base)
@@ -296,6 +313,9 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
             preset_cfg = OmegaConf.load(PRESET_DIR / f"{preset}.yaml")
             _check_replaced(list(_flatten(OmegaConf.to_container(preset_cfg))), f"preset {preset}")
             cfg = OmegaConf.merge(cfg, preset_cfg)
+            env_name = _cli_value(overrides, "env.name")
+            if env_name is not None and env_name != cfg.env.name:  # another env than the preset's
+                cfg = _without_env_keys(cfg)
             method = _cli_value(overrides, "method") or cfg.method
             try:
                 method = canonical_method(method)
@@ -316,6 +336,24 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
     _validate(cfg)
     _check_method_keys(cfg, {o.split("=", 1)[0].strip() for o in overrides})
     return cfg
+
+
+#: the keys of one kind of environment: ``env.name=X`` on the command line, naming another env than
+#: the preset's, returns them to their defaults (the preset's games, data, skills and env class are
+#: its own env's, not X's); every other key of the preset stays
+ENV_KIND_KEYS = ("source", "split", "receptacles", "distractors", "task_types", "rooms", "usual_place",
+                 "webshop_data", "webshop_variant", "skills_dir", "entry_point", "id", "url", "kwargs",
+                 "eval_kwargs", "template", "success_threshold")
+
+
+def _without_env_keys(cfg: DictConfig) -> DictConfig:
+    defaults = EnvConfig()
+    out = OmegaConf.merge(cfg, {})
+    for k in ENV_KIND_KEYS:
+        OmegaConf.update(out, f"env.{k}", getattr(defaults, k), merge=False)
+    for node in (out.env.kwargs, out.env.eval_kwargs):
+        OmegaConf.set_struct(node, False)
+    return out
 
 
 def config_diff(a: DictConfig, b: DictConfig) -> list[str]:
@@ -419,8 +457,11 @@ def _validate(cfg: DictConfig) -> None:
         if val not in choices:
             raise ConfigError(f"{key}={val!r} is not valid; choose one of {', '.join(choices)}")
     from pcsd.envs.procedural import ROOMS, TASK_TYPES, task_rooms
+    from pcsd.envs.registry import get as get_env
 
-    for key, valid in (("env.task_types", TASK_TYPES), ("env.rooms", ROOMS)):
+    # the procedural games' knobs (a Python env refuses them below, by name)
+    knobs = () if get_env(cfg.env.name).python else (("env.task_types", TASK_TYPES), ("env.rooms", ROOMS))
+    for key, valid in knobs:
         vals = OmegaConf.select(cfg, key)
         if vals is not None:
             if not len(vals):
@@ -428,7 +469,7 @@ def _validate(cfg: DictConfig) -> None:
             for v in vals:
                 if v not in valid:
                     raise ConfigError(f"{key} has {v!r}, not valid; choose from {', '.join(valid)}")
-    if cfg.env.rooms is not None:
+    if cfg.env.rooms is not None and knobs:
         for tt in cfg.env.task_types or TASK_TYPES:
             if not set(task_rooms(tt)) & set(cfg.env.rooms):
                 raise ConfigError(f"env.rooms={list(cfg.env.rooms)} has no room for task type {tt} "
@@ -467,6 +508,11 @@ def _validate(cfg: DictConfig) -> None:
         problem = check_webshop_config(cfg)
         if problem:
             raise ConfigError(problem)
+    from pcsd.train.textenv import check_text_env_config
+
+    problem = check_text_env_config(cfg)
+    if problem:
+        raise ConfigError(problem)
     if not (cfg.algo.grpo or cfg.algo.distill or cfg.optim.steps == 0):
         raise ConfigError("algo.grpo and algo.distill are both false: nothing to train "
                           "(use optim.steps=0 for the Vanilla baseline)")
@@ -554,10 +600,7 @@ def prompt_budget_problem(builder, max_prompt_tokens: int, key: str = "rollout.m
 def resolve_skills_dir(value: str) -> Path:
     """``env.skills_dir`` as a folder: absolute, else relative to the current folder if it exists
     there, else relative to the presets' folder (``pcsd/train/configs/``)."""
-    p = Path(value).expanduser()
-    if p.is_absolute() or p.exists():
-        return p.resolve()
-    return (PRESET_DIR / p).resolve()
+    return resolve_config_path(value)
 
 
 def _validate_skills(cfg: DictConfig) -> None:
@@ -566,10 +609,11 @@ def _validate_skills(cfg: DictConfig) -> None:
     if not 0 <= cfg.env.usual_place <= 1:
         raise ConfigError(f"env.usual_place must be a probability in [0, 1], got {cfg.env.usual_place}")
     if cfg.env.skills_dir is not None:
+        from pcsd.envs.registry import get as get_env
         from pcsd.text.prompts import SkillRepository
 
         try:
-            SkillRepository(resolve_skills_dir(cfg.env.skills_dir), cfg.env.name)
+            SkillRepository(resolve_skills_dir(cfg.env.skills_dir), get_env(cfg.env.name).prompt)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"env.skills_dir={cfg.env.skills_dir}: {exc}") from None
     if cfg.optim.sft_teacher_demos == "skills" and cfg.optim.sft_teacher_share <= 0:

@@ -93,6 +93,10 @@ class Job:
     # train_games / eval_games then hold goal indices of those shops
     train_shop: Any = None
     val_shop: Any = None
+    # Python envs (env.name=gym, ...; pcsd.train.textenv): worker processes holding the training and the
+    # evaluation envs for the whole run; train_games / eval_games then hold reset seeds
+    train_workers: Any = None
+    eval_workers: Any = None
     # load_student / warm_up
     episodes: list = field(default_factory=list)  # the warm-up's expert episodes (rank 0, new runs)
     teacher_episodes: Optional[list] = None  # the skill-following expert's (optim.sft_teacher_demos=skills)
@@ -121,9 +125,29 @@ class Job:
         return self.cfg.env.name == "webshop"
 
     @property
+    def text_env(self) -> bool:
+        """A Python text environment (``env.name=gym``, ...: :mod:`pcsd.train.textenv`)."""
+        from pcsd.envs.registry import get as get_env
+
+        return get_env(self.cfg.env.name).python
+
+    def _python_env_options(self, workers: Any) -> dict:
+        return {"make_env": workers, "success_threshold": float(self.cfg.env.success_threshold)}
+
+    @property
     def eval_env_options(self) -> Optional[dict]:
-        """The rollout loop's ``env_options`` of an evaluation (the validation shop for WebShop)."""
+        """The rollout loop's ``env_options`` of an evaluation (the validation shop for WebShop, the
+        evaluation envs' workers for a Python env)."""
+        if self.text_env:
+            return self._python_env_options(self.eval_workers)
         return {"shop": self.val_shop} if self.webshop else None
+
+    @property
+    def train_env_options(self) -> Optional[dict]:
+        """The rollout loop's ``env_options`` of the RL steps."""
+        if self.text_env:
+            return self._python_env_options(self.train_workers)
+        return {"shop": self.train_shop} if self.webshop else None
 
     @property
     def warm_up_here(self) -> bool:
@@ -181,6 +205,16 @@ def setup(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext]) -> Job:
         from pcsd.train.webshop import load_shops
 
         job.train_shop, job.val_shop = load_shops(cfg)
+    elif job.text_env:  # reset seeds in disjoint ranges; the envs live in worker processes for the run
+        from pcsd.envs.pypool import EnvWorkers
+        from pcsd.train.textenv import eval_seeds, factories, train_seeds
+
+        train_f, eval_f = factories(cfg)
+        job.train_games = train_seeds(max(64, cfg.rollout.tasks_per_step * max(cfg.optim.steps, 1)))
+        job.eval_pool = eval_seeds(int(cfg.eval.episodes))
+        job.train_workers = EnvWorkers(train_f, cfg.env.num_threads, step_timeout=float(cfg.env.step_timeout))
+        job.eval_workers = (EnvWorkers(eval_f, cfg.env.num_threads, step_timeout=float(cfg.env.step_timeout))
+                            if ctx.is_main else None)
     elif cfg.env.source == "procedural":
         # generated when played (pcsd.envs.procedural.ProceduralGames): no files, any length
         pool_n = max(64, cfg.rollout.tasks_per_step * max(cfg.optim.steps, 1))
@@ -192,8 +226,8 @@ def setup(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext]) -> Job:
         job.train_games = split_games(cfg.env.split)
         job.eval_pool = split_games(cfg.eval.split)
     job.eval_games = eval_episodes(job, 0)
-    job.eval_split = ("webshop" if job.webshop else "procedural" if cfg.env.source == "procedural"
-                      else cfg.eval.split)
+    job.eval_split = ("webshop" if job.webshop else f"{cfg.env.name} {job.train_workers.describe}" if job.text_env
+                      else "procedural" if cfg.env.source == "procedural" else cfg.eval.split)
     job.summary = {"preset": cfg.preset, "method": cfg.method, "rule": cfg.rule, "run_dir": str(run_dir),
                    "world_size": ctx.world_size, "eval_episodes": len(job.eval_games)}
     return job
@@ -237,19 +271,22 @@ def resume_point(job: Job) -> None:
 def skill_repository(cfg: DictConfig):
     """The teacher's skills from ``env.skills_dir`` (a :class:`pcsd.text.prompts.SkillRepository`),
     or None for the built-in ones."""
+    from pcsd.envs.registry import get as get_env
     from pcsd.text.prompts import SkillRepository
     from pcsd.train.config import resolve_skills_dir
 
     if cfg.env.get("skills_dir") is None:
         return None
-    return SkillRepository(resolve_skills_dir(cfg.env.skills_dir), cfg.env.name)
+    return SkillRepository(resolve_skills_dir(cfg.env.skills_dir), get_env(cfg.env.name).prompt)
 
 
 def load_student(job: Job) -> None:
     """The student model and the prompt builder. Without ``model.path`` the tiny model is
     generated, its tokenizer trained on the text of the warm-up's expert episodes (played first)
     so that every name of the games is one token."""
+    from pcsd.envs.registry import get as get_env
     from pcsd.text.prompts import PromptBuilder
+    from pcsd.train.textenv import template_source
 
     cfg, ctx = job.cfg, job.ctx
     if job.warm_up_here:
@@ -259,6 +296,8 @@ def load_student(job: Job) -> None:
 
             goals = draw_goals(train_goal_indices(job.train_shop.num_goals), cfg.optim.sft_games, SFT_GAMES_SEED)
             job.episodes = webshop_expert_episodes(job.train_shop, goals, cfg.env.max_steps)
+        elif job.text_env:  # the env's own expert_action, when it has one
+            job.episodes = text_env_expert_episodes(job)
         else:
             sft_games = write_games(job.run_dir / "games" / "sft", cfg.optim.sft_games, SFT_GAMES_SEED,
                                     **procedural_knobs(cfg))
@@ -268,7 +307,8 @@ def load_student(job: Job) -> None:
                                                        skill_search_first(skill_repository(cfg)))
                 job.summary["sft_skill_expert_success"] = (
                     100.0 * sum(ep.won for ep in job.teacher_episodes) / len(job.teacher_episodes))
-        job.summary["sft_expert_success"] = 100.0 * sum(ep.won for ep in job.episodes) / len(job.episodes)
+        if job.episodes:
+            job.summary["sft_expert_success"] = 100.0 * sum(ep.won for ep in job.episodes) / len(job.episodes)
         job.summary["sft_expert_seconds"] = time.time() - t0
     if cfg.model.path:  # a folder, or a Hugging Face model id: its snapshot (rank 0 fetches it first)
         if ctx.is_main:
@@ -285,20 +325,28 @@ def load_student(job: Job) -> None:
             # WebShop: every product id one token (as the clickables write them), so that a click
             # copies one token from the action list instead of an id cut digit by digit
             ids = sorted({a.lower() for a in job.train_shop.product_ids}) if job.webshop else []
+            corpus = game_corpus(job.episodes, skill_repository(cfg), env=get_env(cfg.env.name).prompt)
+            if job.text_env and not job.episodes:  # no expert: the tokenizer learns the envs' first pages
+                from pcsd.envs.pypool import PythonEnvPool
+                from pcsd.train.textenv import corpus_of_resets
+
+                with PythonEnvPool(job.train_workers, min(64, len(job.train_games)),
+                                   seeds=job.train_games[:64]) as pool:
+                    corpus += corpus_of_resets(pool)
             tmp = job.run_dir / f".tmp-base-model-{os.getpid()}"  # renamed into place when whole
             make_tiny_model(tmp, hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_layers,
                             num_heads=max(1, cfg.model.tiny_hidden_size // 32), seed=cfg.run.seed,
-                            corpus=game_corpus(job.episodes, skill_repository(cfg), env=cfg.env.name), words=ids)
+                            corpus=corpus, words=ids)
             if job.model_dir.exists():  # an incomplete one (no config.json), written before writes were atomic
                 shutil.rmtree(job.model_dir)
             os.replace(tmp, job.model_dir)
         dist_utils.barrier(ctx)
         job.say(f"tiny model written to {job.model_dir}")
     job.student = load_model(job.model_dir, ctx.device, cfg.model.param_dtype)
-    job.builder = PromptBuilder(cfg.env.name, history_length=cfg.env.history_length,
+    job.builder = PromptBuilder(get_env(cfg.env.name).prompt, history_length=cfg.env.history_length,
                                 max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=job.model_dir,
                                 enable_thinking=cfg.model.enable_thinking,  # student and teacher prompts alike
-                                skills=skill_repository(cfg))
+                                skills=skill_repository(cfg), template=template_source(cfg, job.run_dir))
     from pcsd.train.config import ConfigError, prompt_budget_problem
 
     problem = prompt_budget_problem(job.builder, cfg.rollout.max_prompt_tokens)  # the tiny model's tokenizer is new
@@ -315,10 +363,16 @@ def warm_up(job: Job) -> None:
     cfg, ctx = job.cfg, job.ctx
     if cfg.optim.sft_steps <= 0:
         return
+    if job.text_env and not _has_expert(job):
+        job.say(f"warm-up skipped: {job.train_workers.describe} has no expert_action() to learn from "
+                f"(optim.sft_steps={cfg.optim.sft_steps} ignored; RL starts from the base model)")
+        job.summary["sft_skipped"] = "no expert"
+        return
     policy_dir = job.run_dir / "sft-model"
     if job.warm_up_here:
         t0 = time.time()
-        episodes = [ep for ep in job.episodes if ep.won] if job.webshop else job.episodes
+        won = [ep for ep in job.episodes if ep.won]
+        episodes = won if job.webshop or (job.text_env and won) else job.episodes
         examples = sft_examples(job.builder, episodes, eos_id(job.builder),
                                 teacher_share=cfg.optim.sft_teacher_share, seed=cfg.run.seed,
                                 teacher_episodes=job.teacher_episodes)
@@ -385,6 +439,27 @@ def build_models(job: Job) -> None:
         job.gap_recorder = GapRecorder(job.run_dir, cfg.rule, cfg.run.log_every, rank=ctx.rank)
 
 
+def _has_expert(job: Job) -> bool:
+    """Whether a Python env offers ``expert_action()`` (the config check asked one env)."""
+    from pcsd.train.textenv import env_check, factories
+
+    return env_check(factories(job.cfg)[0], float(job.cfg.env.step_timeout)).has_expert
+
+
+def text_env_expert_episodes(job: Job) -> list:
+    """The warm-up's demonstrations of a Python env: its ``expert_action()`` on ``optim.sft_games``
+    warm-up seeds (none when the env has no expert: the warm-up is then skipped)."""
+    from pcsd.envs.pypool import PythonEnvPool, play_experts
+    from pcsd.train.textenv import sft_seeds
+
+    cfg = job.cfg
+    if not _has_expert(job):
+        return []
+    with PythonEnvPool(job.train_workers, cfg.optim.sft_games, seeds=sft_seeds(cfg.optim.sft_games),
+                       max_steps=cfg.env.max_steps, success_threshold=float(cfg.env.success_threshold)) as pool:
+        return play_experts(pool)
+
+
 def sync_generation_weights(job: Job) -> None:
     """Sends the student's weights to the generation engine in the engine's dtype, streamed in
     buckets of ``rollout.sync_bucket_mb`` (:func:`pcsd.train.distributed.iter_weights`: device to
@@ -424,6 +499,8 @@ def eval_episodes(job: Job, index: int) -> list[str]:
     cfg = job.cfg
     if job.webshop:
         return webshop_validation_goals(cfg.eval.protocol, int(cfg.eval.episodes), int(cfg.run.seed), index)
+    if job.text_env:  # fixed seeds, the same at every evaluation
+        return list(job.eval_pool)
     episodes = cfg.eval.episodes if (cfg.eval.protocol == "paper" or cfg.env.source != "procedural") else 0
     return protocol_games(job.eval_pool, cfg.eval.protocol, episodes, seed=cfg.run.seed, validation_index=index)
 
@@ -457,6 +534,8 @@ def start(job: Job) -> None:
             job.summary["success_before"] = job.before["overall"]
             if job.webshop:
                 job.summary.update(score_before=job.before["score"], acc_before=job.before["acc"])
+            if job.text_env:
+                job.summary["mean_reward_before"] = job.before["mean_reward"]
             job.summary["success_before_per_task"] = job.before["per_task"]
         job.summary = dist_utils.broadcast_object(job.summary, ctx)
         return
@@ -529,7 +608,7 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
                           invalid_action_penalty=cfg.rollout.invalid_action_penalty,
                           student_skills=cfg.algo.student_skills, num_threads=cfg.env.num_threads,
                           progress=job.progress.rollout("rollout"), env_kind=cfg.env.name,
-                          env_options={"shop": job.train_shop} if job.webshop else None)
+                          env_options=job.train_env_options)
     job.backend.sleep()  # the rollouts are done: the engine's memory goes to the update
     st = update_step(job.student, job.frozen, job.opt, rb, cfg, step, ctx, progress=job.progress.phase,
                      record=job.gap_recorder.for_step(step + 1) if job.gap_recorder else None)
@@ -538,6 +617,8 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
     rec = step_record(step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0)
     if job.webshop and rb.score is not None:  # this rank's batch: WebShop Score (100 x mean task score)
         rec.update(score=100.0 * float(rb.score.mean()), env_errors=rb.env_errors)
+    if job.text_env:  # episodes a Python env's exception, hang or crash ended
+        rec["env_errors"] = rb.env_errors
     if ctx.distributed:  # the batch's totals over every rank (per-category success: this rank's)
         n_traj, r_sum, won_sum, len_sum, n_rows, valid_sum = dist_utils.global_sum(
             [rb.num_trajectories, float(rb.reward.sum()), float(rb.won.float().sum()),
@@ -590,6 +671,8 @@ def rl_loop(job: Job) -> None:
             job.summary.update(success_after=after["overall"], success_after_per_task=after["per_task"])
             if job.webshop:
                 job.summary.update(score_after=after["score"], acc_after=after["acc"])
+            if job.text_env:
+                job.summary["mean_reward_after"] = after["mean_reward"]
             table = render_table([e for e in (job.before, after) if e is not None])
             (job.run_dir / "eval.md").write_text(table)
             (job.run_dir / "eval.json").write_text(json.dumps(dict(before=job.before, after=after), indent=2))
@@ -603,6 +686,9 @@ def finish(job: Job) -> dict[str, Any]:
     """Closes the backend and writes ``final-model/``; returns the summary (broadcast)."""
     cfg, ctx = job.cfg, job.ctx
     job.backend.close()
+    for workers in (job.train_workers, job.eval_workers):  # the Python envs' worker processes
+        if workers is not None:
+            workers.close()
     if job.stopped_at is not None:
         job.say(f"stopped after step {job.stopped_at} (run.stop_after); continue with "
                 f"python -m pcsd.train --resume {job.run_dir}")
@@ -620,7 +706,10 @@ def finish(job: Job) -> dict[str, Any]:
 
 
 def _webshop_text(result: dict) -> str:
-    """`` (WebShop Score x, Acc y)`` for a WebShop evaluation, else nothing."""
+    """`` (WebShop Score x, Acc y)`` for a WebShop evaluation, `` (mean reward r)`` for a Python
+    env's, else nothing."""
+    if result.get("mean_reward") is not None:
+        return f" (mean reward {result['mean_reward']:.3f})"
     if result.get("env") != "webshop":
         return ""
     return f" (WebShop Score {result['score']:.1f}, Acc {result['acc']:.1f})"

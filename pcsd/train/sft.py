@@ -136,15 +136,21 @@ def task_parts(task: str) -> Optional[tuple[str, str]]:
     return None
 
 
-def think_for(task: str, action: str) -> str:
+def think_for(task: str, action: str, restate_task: bool = False) -> str:
     """The reasoning text of the SFT targets: the task's object and target, then the kind of the
     next step (``"apple to fridge. Next: take."``). Short on purpose: every token is generated at
     every turn of every rollout, and on a CPU generation is the larger part of the default's time.
     Naming the object and target at every step is what a small model needs: the action then copies
-    them from a few tokens back instead of from the task line far up the prompt."""
+    them from a few tokens back instead of from the task line far up the prompt. A task that is not
+    an ALFWorld sentence (WebShop, a text env) gets only the kind of step, or with
+    ``restate_task`` (a text env's demonstrations) the task itself."""
     verb = re.split(r"[\s\[]", action, maxsplit=1)[0]  # ALFWorld "take ...", WebShop "click[...]"
     parts = task_parts(task)
-    return f"{parts[0]} to {parts[1]}. Next: {verb}." if parts else f"Next: {verb}."
+    if parts:
+        return f"{parts[0]} to {parts[1]}. Next: {verb}."
+    # a text env's task, restated (``restate_task``): the action then copies its words from a few
+    # tokens back, as the ALFWorld reasoning lets it copy the object and target
+    return f"{task.strip().rstrip('.')}. Next: {verb}." if restate_task else f"Next: {verb}."
 
 
 def sft_examples(builder, episodes: Sequence[ExpertEpisode], eos_id: int, teacher_share: float = 0.0,
@@ -165,12 +171,13 @@ def sft_examples(builder, episodes: Sequence[ExpertEpisode], eos_id: int, teache
     if not 0.0 <= teacher_share <= 1.0:
         raise ValueError(f"teacher_share: expected a number in [0, 1], got {teacher_share}")
     rng = random.Random(seed)
+    restate = builder.env == "text"  # the reasoning of a text env's demonstrations restates its task
     reqs, resps, with_teacher = [], [], []
     for ep in episodes:
         hist: list[tuple[str, str]] = []
         for obs, adm, action in ep.steps:
             reqs.append(dict(task=ep.task, observation=obs, admissible=adm, history=hist, step=len(hist)))
-            text = f"<think>{think_for(ep.task, action)}</think><action>{action}</action>"
+            text = f"<think>{think_for(ep.task, action, restate)}</think><action>{action}</action>"
             resps.append(builder.tokenizer.encode(text) + [eos_id])
             with_teacher.append(teacher_share > 0 and rng.random() < teacher_share)
             hist = hist + [(obs, action)]
@@ -182,7 +189,7 @@ def sft_examples(builder, episodes: Sequence[ExpertEpisode], eos_id: int, teache
             for obs, adm, action in ep.steps:
                 if teacher_share > 0 and rng.random() < teacher_share:
                     t_reqs.append(dict(task=ep.task, observation=obs, admissible=adm, history=hist, step=len(hist)))
-                    text = f"<think>{think_for(ep.task, action)}</think><action>{action}</action>"
+                    text = f"<think>{think_for(ep.task, action, restate)}</think><action>{action}</action>"
                     t_resps.append(builder.tokenizer.encode(text) + [eos_id])
                 hist = hist + [(obs, action)]
         out = list(zip(student, resps))

@@ -131,16 +131,22 @@ pub struct PyPromptBuilder {
 impl PyPromptBuilder {
     #[new]
     /// num_threads: threads of `build_batch`; 0 shares rayon's global pool (one per core).
-    #[pyo3(signature = (env, history_length=2, max_prompt_tokens=Some(2048), tokenizer=None, num_threads=0))]
+    /// template: the Jinja source of a text environment's prompt (env "text"; None: the built-in one).
+    #[pyo3(signature = (env, history_length=2, max_prompt_tokens=Some(2048), tokenizer=None, num_threads=0, template=None))]
     fn new(
         env: &str,
         history_length: usize,
         max_prompt_tokens: Option<usize>,
         tokenizer: Option<PyRef<'_, PyChatTokenizer>>,
         num_threads: usize,
+        template: Option<&str>,
     ) -> PyResult<Self> {
         let tok = tokenizer.map(|t| t.inner.clone());
-        let inner = prompt::PromptBuilder::new(env_kind(env)?, history_length, max_prompt_tokens, tok).map_err(to_py)?;
+        let mut inner =
+            prompt::PromptBuilder::new(env_kind(env)?, history_length, max_prompt_tokens, tok).map_err(to_py)?;
+        if let Some(src) = template {
+            inner = inner.with_template(src).map_err(to_py)?;
+        }
         let threads = match num_threads {
             0 => None,
             n => Some(
@@ -223,6 +229,12 @@ impl PyPromptBuilder {
     fn budget_enforced(&self) -> bool {
         self.inner.budget_enforced()
     }
+
+    /// The template source of a text builder (the user's or the built-in one); None otherwise.
+    #[getter]
+    fn template(&self) -> Option<String> {
+        self.inner.template_source().map(str::to_string)
+    }
 }
 
 /// Parse a response; returns a dict with action, think and the flags.
@@ -273,6 +285,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PromptTooLongError", m.py().get_type::<PromptTooLongError>())?;
     m.add("SKILL_HEADER", skills::SKILL_HEADER)?;
     m.add("SKILL_FOOTER", skills::SKILL_FOOTER)?;
+    m.add("TEXT_TEMPLATE", crate::text::template::TEXT_TEMPLATE)?;
+    m.add("TEXT_TEMPLATE_VARIABLES", crate::text::template::TEXT_VARIABLES.to_vec())?;
     m.add_function(wrap_pyfunction!(parse_action, m)?)?;
     m.add_function(wrap_pyfunction!(retrieve_skills, m)?)?;
     m.add_function(wrap_pyfunction!(retrieve_skill_names, m)?)?;

@@ -1,4 +1,6 @@
-//! Student and teacher prompts for ALFWorld and WebShop (paper appendix, "Prompt Templates").
+//! Student and teacher prompts for ALFWorld and WebShop (paper appendix, "Prompt Templates"), and
+//! for any text environment (`EnvKind::Text`: the template of [`crate::text::template`], built in
+//! or the user's).
 //!
 //! All template text lives in the `*_TEMPLATE*` constants below and is rendered with minijinja
 //! (single pass, so `{…}` inside observations is never re-interpreted). The first step uses the
@@ -13,6 +15,7 @@ use minijinja::{context, Environment};
 
 use crate::text::error::PromptError;
 use crate::text::skills::{self, EnvKind};
+use crate::text::template::{TextContext, TextTemplate, THINK_ACTION_INSTRUCTIONS};
 use crate::text::tokenize::ChatTokenizer;
 
 // ---------------------------------------------------------------------------------------------
@@ -20,8 +23,6 @@ use crate::text::tokenize::ChatTokenizer;
 // current_step, current_observation, admissible_actions.
 // ---------------------------------------------------------------------------------------------
 
-const THINK_ACTION_INSTRUCTIONS: &str = "You should first reason step-by-step about the current situation. This reasoning process MUST be enclosed within <think> </think> tags.
-Once you've finished your reasoning, you should choose an admissible action for current step and present it within <action> </action> tags.";
 
 pub const ALFWORLD_TEMPLATE: &str = "You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: {{ task_description }}
 
@@ -127,7 +128,8 @@ pub enum Variant {
 }
 
 /// Admissible actions as they appear in the prompt. ALFWorld: quoted, joined with "\n ", `help`
-/// dropped. WebShop: one quoted action per line, each followed by a comma.
+/// dropped. WebShop: one quoted action per line, each followed by a comma. Text: as ALFWorld,
+/// every action kept.
 pub fn format_admissible<A: AsRef<str>>(env: EnvKind, admissible: &[A]) -> String {
     let all = admissible.iter().map(AsRef::as_ref);
     match env {
@@ -135,6 +137,7 @@ pub fn format_admissible<A: AsRef<str>>(env: EnvKind, admissible: &[A]) -> Strin
             all.filter(|a| a.trim() != "help").map(|a| format!("'{a}'")).collect::<Vec<_>>().join("\n ")
         }
         EnvKind::Webshop => all.map(|a| format!("'{a}',")).collect::<Vec<_>>().join("\n"),
+        EnvKind::Text => all.map(|a| format!("'{a}'")).collect::<Vec<_>>().join("\n "),
     }
 }
 
@@ -198,6 +201,9 @@ pub fn render_student<A: AsRef<str>, P: PastStep>(
     step: usize,
     history_length: usize,
 ) -> Result<String, PromptError> {
+    if env == EnvKind::Text {
+        return render_text(builtin_text_template(), variant, task, observation, admissible, history, step, history_length);
+    }
     check_args(task, history.len(), step)?;
     let tenv = template_env();
     let (name, instructions) = match (env, variant) {
@@ -205,12 +211,13 @@ pub fn render_student<A: AsRef<str>, P: PastStep>(
         (EnvKind::Alfworld, Variant::NoHistory) => ("alfworld_no_his", THINK_ACTION_INSTRUCTIONS),
         (EnvKind::Webshop, Variant::WithHistory) => ("webshop", WEBSHOP_INSTRUCTIONS),
         (EnvKind::Webshop, Variant::NoHistory) => ("webshop_no_his", WEBSHOP_INSTRUCTIONS),
+        (EnvKind::Text, _) => unreachable!("rendered above"),
     };
     let (action_history, n_hist) = format_history(history, step, history_length);
     // WebShop: verbatim, as verl-agent inserts them (its task can end with a period)
     let (task, observation) = match env {
         EnvKind::Webshop => (task, observation),
-        EnvKind::Alfworld => (task.trim(), observation.trim()),
+        EnvKind::Alfworld | EnvKind::Text => (task.trim(), observation.trim()),
     };
     tenv.get_template(name)
         .and_then(|t| {
@@ -228,6 +235,43 @@ pub fn render_student<A: AsRef<str>, P: PastStep>(
         .map_err(|e| PromptError::Template(format!("{e:#}")))
 }
 
+fn builtin_text_template() -> &'static TextTemplate {
+    static T: std::sync::OnceLock<TextTemplate> = std::sync::OnceLock::new();
+    T.get_or_init(TextTemplate::builtin)
+}
+
+/// One variant of a text environment's prompt: the template with the last `history_length`
+/// pairs (numbered by their absolute step), or with none (the no-history variant). Task and
+/// observation go in verbatim.
+#[allow(clippy::too_many_arguments)] // the template's inputs, spelled out for callers
+pub fn render_text<A: AsRef<str>, P: PastStep>(
+    template: &TextTemplate,
+    variant: Variant,
+    task: &str,
+    observation: &str,
+    admissible: &[A],
+    history: &[P],
+    step: usize,
+    history_length: usize,
+) -> Result<String, PromptError> {
+    check_args(task, history.len(), step)?;
+    let (action_history, shown) = match variant {
+        Variant::WithHistory => format_history(history, step, history_length),
+        Variant::NoHistory => (String::new(), 0),
+    };
+    let recent: Vec<(&str, &str)> =
+        history[history.len() - shown..].iter().map(|h| (h.observation(), h.action())).collect();
+    template.render(&TextContext {
+        task,
+        observation,
+        actions: admissible,
+        history: &recent,
+        first_step: (step + 1).saturating_sub(shown).max(1),
+        step,
+        action_history: &action_history,
+    })
+}
+
 /// Builds student and teacher prompts with an optional token budget.
 #[derive(Debug, Clone)]
 pub struct PromptBuilder {
@@ -235,6 +279,8 @@ pub struct PromptBuilder {
     pub history_length: usize,
     pub max_prompt_tokens: Option<usize>,
     tokenizer: Option<Arc<ChatTokenizer>>,
+    /// `EnvKind::Text` with the user's template (None: the built-in one).
+    template: Option<Arc<TextTemplate>>,
 }
 
 /// A built prompt and which variant was used.
@@ -274,7 +320,29 @@ impl PromptBuilder {
                 expected: "a positive number of tokens or None".into(),
             });
         }
-        Ok(PromptBuilder { env, history_length, max_prompt_tokens, tokenizer })
+        Ok(PromptBuilder { env, history_length, max_prompt_tokens, tokenizer, template: None })
+    }
+
+    /// The same builder with the user's template `source` (Jinja, see [`crate::text::template`]);
+    /// only for `EnvKind::Text`: the ALFWorld and WebShop prompts are the paper's, fixed.
+    pub fn with_template(mut self, source: &str) -> Result<Self, PromptError> {
+        if self.env != EnvKind::Text {
+            return Err(PromptError::InvalidArgument {
+                name: "template",
+                expected: format!("no template for env '{}' (its prompts are the paper's); templates are for env 'text'", self.env),
+            });
+        }
+        self.template = Some(Arc::new(TextTemplate::new(source)?));
+        Ok(self)
+    }
+
+    /// The template source of a text builder (the user's or the built-in one); None otherwise.
+    pub fn template_source(&self) -> Option<&str> {
+        match (&self.template, self.env) {
+            (Some(t), _) => Some(t.source()),
+            (None, EnvKind::Text) => Some(builtin_text_template().source()),
+            _ => None,
+        }
     }
 
     pub fn tokenizer(&self) -> Option<&Arc<ChatTokenizer>> {
@@ -303,8 +371,9 @@ impl PromptBuilder {
         history: &[P],
         step: usize,
     ) -> Result<BuiltPrompt, PromptError> {
-        let render = |v| {
-            render_student(self.env, v, task, observation, admissible, history, step, self.history_length)
+        let render = |v| match &self.template {
+            Some(t) => render_text(t, v, task, observation, admissible, history, step, self.history_length),
+            None => render_student(self.env, v, task, observation, admissible, history, step, self.history_length),
         };
         let wants_history = step > 0 && self.history_length > 0 && !history.is_empty();
         if wants_history {
@@ -498,6 +567,38 @@ mod tests {
         let block = &t[..t.len() - s.len()];
         assert!(block.starts_with(skills::SKILL_HEADER));
         assert!(block.contains("sink"), "clean skill retrieved");
+    }
+
+    #[test]
+    fn text_env_builtin_and_user_templates() {
+        let b = PromptBuilder::new(EnvKind::Text, 2, None, None).unwrap();
+        let hist = vec![HistoryEntry::new("o1", "a1"), HistoryEntry::new("o2", "a2"), HistoryEntry::new("o3", "a3")];
+        let p = b.build_detailed("find the key", " o4 ", &adm(&["look"]), &hist, 3).unwrap();
+        assert_eq!(p.variant, Variant::WithHistory);
+        assert!(p.text.contains("[Observation 2: 'o2', Action 2: 'a2']\n[Observation 3: 'o3', Action 3: 'a3']"), "{}", p.text);
+        assert!(p.text.contains("current observation is:  o4 \n"), "verbatim: {}", p.text);
+        assert_eq!(b.template_source(), Some(crate::text::template::TEXT_TEMPLATE));
+        let u = b.clone().with_template("{{ task }}/{% for h in history %}{{ h.step }}{% endfor %}/{{ observation }}").unwrap();
+        assert_eq!(u.build("t", "o", &adm(&[]), &hist, 3).unwrap(), "t/23/o");
+        assert_eq!(u.build("t", "o", &adm(&[]), NO_HIST, 0).unwrap(), "t//o");
+        // the teacher of a text env without a skills folder reads the student's prompt
+        assert_eq!(u.build_teacher("t", "o", &adm(&[]), NO_HIST, 0).unwrap(), "t//o");
+        let e = PromptBuilder::new(EnvKind::Alfworld, 2, None, None).unwrap().with_template("x").unwrap_err();
+        assert!(e.to_string().contains("`template`"), "{e}");
+    }
+
+    #[test]
+    fn text_env_budget_drops_history_first() {
+        let dir = model_dir("text-budget");
+        let tok = Arc::new(ChatTokenizer::from_dir(&dir).unwrap());
+        let hist = vec![HistoryEntry::new("go to desk 1 ".repeat(30), "look")];
+        let big = PromptBuilder::new(EnvKind::Text, 2, Some(100_000), Some(tok.clone())).unwrap();
+        let n_full = big.build_detailed("t", "o", NO_ADM, &hist, 1).unwrap().tokens.unwrap();
+        let b = PromptBuilder::new(EnvKind::Text, 2, Some(n_full - 1), Some(tok)).unwrap();
+        let p = b.build_detailed("t", "o", NO_ADM, &hist, 1).unwrap();
+        assert_eq!(p.variant, Variant::NoHistory);
+        assert!(!p.text.contains("desk"));
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

@@ -17,11 +17,13 @@ pub const SKILL_HEADER: &str = "[Privileged Skill Information]";
 /// See [`SKILL_HEADER`].
 pub const SKILL_FOOTER: &str = "[End of Skill Information]";
 
-/// Which benchmark a prompt or skill belongs to.
+/// Which benchmark a prompt or skill belongs to; `Text` is any other text environment (its
+/// prompt from a template, its skills only from a user's folder: none built in).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EnvKind {
     Alfworld,
     Webshop,
+    Text,
 }
 
 impl EnvKind {
@@ -29,6 +31,7 @@ impl EnvKind {
         match self {
             EnvKind::Alfworld => "alfworld",
             EnvKind::Webshop => "webshop",
+            EnvKind::Text => "text",
         }
     }
 }
@@ -45,9 +48,10 @@ impl FromStr for EnvKind {
         match s.trim().to_ascii_lowercase().as_str() {
             "alfworld" => Ok(EnvKind::Alfworld),
             "webshop" => Ok(EnvKind::Webshop),
+            "text" => Ok(EnvKind::Text),
             _ => Err(PromptError::InvalidArgument {
                 name: "env",
-                expected: format!("'alfworld' or 'webshop', got {s:?}"),
+                expected: format!("'alfworld', 'webshop' or 'text', got {s:?}"),
             }),
         }
     }
@@ -227,9 +231,11 @@ pub struct Skill {
     pub text: &'static str,
 }
 
-/// Skills for a task: the general rules first, then the matched task-type skills.
+/// Skills for a task: the general rules first, then the matched task-type skills (none built in
+/// for `Text`).
 pub fn retrieve(task: &str, env: EnvKind) -> Vec<Skill> {
     match env {
+        EnvKind::Text => Vec::new(),
         EnvKind::Alfworld => {
             let mut out = vec![Skill { name: "general", text: ALFWORLD_GENERAL }];
             if let Some(t) = classify_alfworld_task(task) {
@@ -260,8 +266,12 @@ pub fn retrieve_text(task: &str, env: EnvKind) -> String {
         .join("\n\n")
 }
 
-/// The skill block placed before the student prompt in the teacher prompt.
+/// The skill block placed before the student prompt in the teacher prompt; empty where no skill
+/// is retrieved (`Text` without a user's folder: the teacher prompt is the student prompt).
 pub fn skill_block(task: &str, env: EnvKind) -> String {
+    if env == EnvKind::Text {
+        return String::new();
+    }
     format!("{SKILL_HEADER}\n{}\n{SKILL_FOOTER}\n\n", retrieve_text(task, env))
 }
 
@@ -354,7 +364,10 @@ mod tests {
     #[test]
     fn env_parse() {
         assert_eq!("ALFWorld".parse::<EnvKind>().unwrap(), EnvKind::Alfworld);
+        assert_eq!("text".parse::<EnvKind>().unwrap(), EnvKind::Text);
         assert!("sokoban".parse::<EnvKind>().is_err());
+        assert!(retrieve("anything", EnvKind::Text).is_empty());
+        assert_eq!(skill_block("anything", EnvKind::Text), "");
     }
 
     #[test]

@@ -1,0 +1,122 @@
+"""Text envs that misbehave on purpose, for tests/test_pypool.py and tests/test_textenv.py: each
+follows the protocol until the seed ``bad_seed`` (default 13) meets step ``at``, then raises, hangs,
+exits, segfaults, or returns something outside the protocol. Imported by the pool's worker
+processes by name (``textenv_faults:Name``), as a user's module would be."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+
+class Counter:
+    """A deterministic env: observation ``"<seed>:<step>:<last action>"``, task ``"count <seed>"``,
+    reward 1 per step, ``terminated`` after ``length`` steps; ``won`` when every action was
+    ``"go"``. Misbehaves as the subclasses say when reset with ``bad_seed``."""
+
+    def __init__(self, length: int = 4, bad_seed: int = 13, at: int = 2, won: bool = True) -> None:
+        self.length, self.bad_seed, self.at, self.report_won = length, bad_seed, at, won
+        self.seed, self.t, self.all_go = 0, 0, True
+
+    def reset(self, *, seed=None, options=None):
+        self.seed, self.t, self.all_go = seed, 0, True
+        if seed == self.bad_seed and self.at == 0:
+            self.fault()
+        info = {"task": f"count {seed}", "admissible_actions": ["go", "stop"], "task_type": "count"}
+        if options:
+            info["task"] += f" {sorted(options.items())}"
+        return f"{seed}:0:", info
+
+    def step(self, action):
+        self.t += 1
+        self.all_go &= action == "go"
+        if self.seed == self.bad_seed and self.t == self.at:
+            self.fault()
+        done = self.t >= self.length
+        info = {"admissible_actions": ["go", "stop"]}
+        if done and self.report_won:
+            info["won"] = self.all_go
+        return f"{self.seed}:{self.t}:{action}", 1.0, done, False, info
+
+    def expert_action(self):
+        return "go"
+
+    def fault(self):
+        pass
+
+
+class Raises(Counter):
+    def fault(self):
+        raise RuntimeError("boom at step %d" % self.t)
+
+
+class Hangs(Counter):
+    def fault(self):
+        time.sleep(3600)
+
+
+class Exits(Counter):
+    def fault(self):
+        os._exit(3)
+
+
+class Segfaults(Counter):
+    def fault(self):
+        import ctypes
+
+        ctypes.string_at(0)
+
+
+class NonText(Counter):
+    def step(self, action):
+        obs, r, term, trunc, info = super().step(action)
+        return (12345 if self.seed == self.bad_seed else obs), r, term, trunc, info
+
+
+class OldGymStep(Counter):
+    def step(self, action):
+        obs, r, term, trunc, info = super().step(action)
+        return obs, r, term or trunc, info
+
+
+class BadInfo(Counter):
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        info["admissible_actions"] = "go"
+        return obs, info
+
+
+class NotDeterministic(Counter):
+    """Its observations draw on an unseeded generator: a replay cannot reach the same state."""
+
+    def step(self, action):
+        obs, r, term, trunc, info = super().step(action)
+        return obs + f":{random.SystemRandom().random()}", r, term, trunc, info
+
+
+class NoTask(Counter):
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        del info["task"], info["admissible_actions"]
+        return obs, info
+
+    def step(self, action):
+        obs, r, term, trunc, info = super().step(action)
+        info.pop("admissible_actions")
+        return obs, r, term, trunc, info
+
+
+class NeedsArg:
+    def __init__(self, size):
+        self.size = size
+
+
+def not_a_class():
+    raise ValueError("cannot build this one")
+
+
+class NoExpert(Counter):
+    """No expert_action: the trainer skips the warm-up with a message."""
+
+    expert_action = None
