@@ -127,8 +127,15 @@ def bench_async(pool: EnvPool, script: Script, seconds: float) -> tuple[float, f
 def dummy_pool(busy_iters: int) -> Callable[[int, int], tuple[EnvPool, Script]]:
     def make(num_envs: int, threads: int) -> tuple[EnvPool, Script]:
         # auto_reset keeps every env playing for as long as the benchmark runs.
-        pool = EnvPool("dummy", num_envs, num_threads=threads, auto_reset=True, max_steps=None, episode_len=20,
-                       busy_iters=busy_iters)
+        pool = EnvPool(
+            "dummy",
+            num_envs,
+            num_threads=threads,
+            auto_reset=True,
+            max_steps=None,
+            episode_len=20,
+            busy_iters=busy_iters,
+        )
         return pool, Script([[ACTION] * num_envs])
 
     return make
@@ -156,11 +163,19 @@ def alfworld_pool(num_envs: int, threads: int) -> tuple[EnvPool, Script]:
     games = alfworld_games(num_groups)
     streams = command_streams(games, STREAM_LEN)
     gi = [g % len(games) for g in range(num_groups)]
-    pool = EnvPool("alfworld", num_groups * group, group_size=group, games=[games[i] for i in gi],
-                   num_threads=threads, auto_reset=True, max_steps=STREAM_LEN)
+    pool = EnvPool(
+        "alfworld",
+        num_groups * group,
+        group_size=group,
+        games=[games[i] for i in gi],
+        num_threads=threads,
+        auto_reset=True,
+        max_steps=STREAM_LEN,
+    )
     # step j of an episode: command j of the group's stream; step STREAM_LEN resets (action ignored)
-    per_step = [[streams[gi[e // group]][min(j, STREAM_LEN - 1)] for e in range(pool.num_envs)]
-                for j in range(STREAM_LEN + 1)]
+    per_step = [
+        [streams[gi[e // group]][min(j, STREAM_LEN - 1)] for e in range(pool.num_envs)] for j in range(STREAM_LEN + 1)
+    ]
     return pool, Script(per_step)
 
 
@@ -173,7 +188,11 @@ def bench_reference(num_envs: int, seconds: float) -> float:
     games = alfworld_games(num_envs)
     infos = textworld.EnvInfos(admissible_commands=True, won=True)
     env_id = textworld.gym.register_games(
-        games, infos, batch_size=1, asynchronous=False, max_episode_steps=10_000,
+        games,
+        infos,
+        batch_size=1,
+        asynchronous=False,
+        max_episode_steps=10_000,
         wrappers=[AlfredDemangler, AlfredInfos],
     )
     env = textworld.gym.make(env_id)
@@ -204,8 +223,21 @@ def main() -> None:
     if args.prompts:
         from pcsd.bench.cli import main as bench_main
 
-        bench_main(["prompts", "--envs", str(args.envs), "--turns", str(args.turns), "--repeats", str(args.repeats),
-                    "--threads", *map(str, args.threads), "--out", args.out])
+        bench_main(
+            [
+                "prompts",
+                "--envs",
+                str(args.envs),
+                "--turns",
+                str(args.turns),
+                "--repeats",
+                str(args.repeats),
+                "--threads",
+                *map(str, args.threads),
+                "--out",
+                args.out,
+            ]
+        )
         return
 
     makers: list[tuple[str, Callable[[int, int], tuple[EnvPool, Script]]]] = []
@@ -228,9 +260,12 @@ def main() -> None:
                 for mode, fn in (("sync", bench_sync), ("async", bench_async)):
                     row = Row(name, n, t, mode, *fn(pool, script, args.seconds))
                     rows.append(row)
-                    print(f"  {name:18s} envs={n:5d} threads={t} {mode:5s} {row.steps_per_s:12,.0f} steps/s  "
-                          f"CPU per step: serial {row.serial_ns:7,.0f} ns, workers {row.worker_ns:7,.0f} ns  "
-                          f"load {os.getloadavg()[0]:.1f}", flush=True)
+                    print(
+                        f"  {name:18s} envs={n:5d} threads={t} {mode:5s} {row.steps_per_s:12,.0f} steps/s  "
+                        f"CPU per step: serial {row.serial_ns:7,.0f} ns, workers {row.worker_ns:7,.0f} ns  "
+                        f"load {os.getloadavg()[0]:.1f}",
+                        flush=True,
+                    )
                 pool.close()
     if "reference" in args.engines:
         for n in args.sizes[:1]:
@@ -242,8 +277,10 @@ def main() -> None:
 
     by = {(r.engine, r.num_envs, r.threads, r.mode): r for r in rows}
     t_lo, t_hi = min(args.threads), max(args.threads)
-    print(f"\nload average {os.getloadavg()[0]:.1f} (cpus={os.cpu_count()}); serial = share of the CPU time on the "
-          f"calling thread; bound = Amdahl's limit of {t_hi}t/{t_lo}t from the {t_lo}-thread serial share")
+    print(
+        f"\nload average {os.getloadavg()[0]:.1f} (cpus={os.cpu_count()}); serial = share of the CPU time on the "
+        f"calling thread; bound = Amdahl's limit of {t_hi}t/{t_lo}t from the {t_lo}-thread serial share"
+    )
     hdr = f"{'engine':18s} {'envs':>5s} {'thr':>3s} {'sync steps/s':>14s} {'async steps/s':>14s} {'async/sync':>10s}"
     hdr += f" {'serial sync':>11s} {'serial async':>12s} {f'sync {t_hi}t/{t_lo}t':>12s} {f'async {t_hi}t/{t_lo}t':>13s}"
     hdr += f" {'bound sync':>10s} {'bound async':>11s}"
@@ -255,13 +292,17 @@ def main() -> None:
         a = by.get((r.engine, r.num_envs, r.threads, "async"))
         if a is None:
             continue
-        line = (f"{r.engine:18s} {r.num_envs:5d} {r.threads:3d} {r.steps_per_s:14,.0f} {a.steps_per_s:14,.0f} "
-                f"{a.steps_per_s / r.steps_per_s:10.2f} {r.serial_share:11.1%} {a.serial_share:12.1%}")
+        line = (
+            f"{r.engine:18s} {r.num_envs:5d} {r.threads:3d} {r.steps_per_s:14,.0f} {a.steps_per_s:14,.0f} "
+            f"{a.steps_per_s / r.steps_per_s:10.2f} {r.serial_share:11.1%} {a.serial_share:12.1%}"
+        )
         s1, a1 = by.get((r.engine, r.num_envs, t_lo, "sync")), by.get((r.engine, r.num_envs, t_lo, "async"))
         if r.threads == t_hi and t_hi != t_lo and s1 and a1:
             k = t_hi // t_lo
-            line += (f" {r.steps_per_s / s1.steps_per_s:12.2f} {a.steps_per_s / a1.steps_per_s:13.2f}"
-                     f" {amdahl(s1.serial_share, k):10.2f} {amdahl(a1.serial_share, k):11.2f}")
+            line += (
+                f" {r.steps_per_s / s1.steps_per_s:12.2f} {a.steps_per_s / a1.steps_per_s:13.2f}"
+                f" {amdahl(s1.serial_share, k):10.2f} {amdahl(a1.serial_share, k):11.2f}"
+            )
         print(line)
     for r in rows:
         if r.mode == "seq":

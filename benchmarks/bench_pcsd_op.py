@@ -47,12 +47,15 @@ def round_robin(fns: dict, repeats: int, sync) -> dict[str, dict]:
             c0 = time.process_time()
             times[name].append(measure(fn, 1, warmup=0, sync=sync)["median_s"])
             cpu[name].append(time.process_time() - c0)
-    return {k: dict(median_s=statistics.median(v), spread_s=max(v) - min(v),
-                    cpu_s=statistics.median(cpu[k])) for k, v in times.items()}
+    return {
+        k: dict(median_s=statistics.median(v), spread_s=max(v) - min(v), cpu_s=statistics.median(cpu[k]))
+        for k, v in times.items()
+    }
 
 
 def forced(impl: str, fn):
     """``fn`` run with the CPU kernel forced to ``impl`` (the binding reads PCSD_CPU_KERNEL)."""
+
     def call():
         old = os.environ.get("PCSD_CPU_KERNEL")
         os.environ["PCSD_CPU_KERNEL"] = impl
@@ -63,6 +66,7 @@ def forced(impl: str, fn):
                 os.environ.pop("PCSD_CPU_KERNEL", None)
             else:
                 os.environ["PCSD_CPU_KERNEL"] = old
+
     return call
 
 
@@ -79,6 +83,7 @@ def peak_worker(which: str, total: int) -> dict:
     small = make(20_000)
     gap, cu, mask = make(total)
     out = torch.zeros_like(gap)  # written now, so its pages are resident before the baseline
+
     def fn(g, c, m, o):
         if which == "eager":
             return pcsd_weights_reference(g, c, m)
@@ -105,8 +110,13 @@ def peak_worker(which: str, total: int) -> dict:
 
 
 def peak_extra_bytes_per_token(which: str, total: int) -> float:
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--peak-worker", which, str(total)],
-                          capture_output=True, text=True, check=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--peak-worker", which, str(total)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])["extra_bytes"] / total
 
 
@@ -129,9 +139,11 @@ def run(tokens: list[int], repeats: int, device: str, threads: list[int], compil
                 mem[which] = peak_extra_bytes_per_token(which, total)
         for nt in threads:
             torch.set_num_threads(nt)
-            fns = {"native": lambda: pcsd_weights(gap, cu, mask, out=out),
-                   "eager": lambda: pcsd_weights_reference(gap, cu, mask),
-                   "copy": lambda: dst.copy_(src)}
+            fns = {
+                "native": lambda: pcsd_weights(gap, cu, mask, out=out),
+                "eager": lambda: pcsd_weights_reference(gap, cu, mask),
+                "copy": lambda: dst.copy_(src),
+            }
             if device == "cpu":
                 fns["scalar"] = forced("scalar", lambda: pcsd_weights(gap, cu, mask, out=out))
             if ref_compiled is not None:
@@ -141,14 +153,22 @@ def run(tokens: list[int], repeats: int, device: str, threads: list[int], compil
             kernel = kernel_for(gap.device)
             if kernel == "cpu" and c is not None:
                 kernel = f"cpu-{c.cpu_kernel(1, 8, 0.8)}"
-            row = dict(device=device, kernel=kernel, tokens=total, threads=nt,
-                       native_ms=t_nat * 1e3, native_spread_ms=m["native"]["spread_s"] * 1e3,
-                       ns_per_token=t_nat * 1e9 / total,
-                       eager_ref_ms=m["eager"]["median_s"] * 1e3,
-                       eager_ref_spread_ms=m["eager"]["spread_s"] * 1e3,
-                       speedup_vs_eager=m["eager"]["median_s"] / t_nat,
-                       native_GBps=nbytes / t_nat / 1e9, copy_GBps=nbytes / m["copy"]["median_s"] / 1e9,
-                       bandwidth_vs_copy=m["copy"]["median_s"] / t_nat, max_abs_err_vs_ref=max_err)
+            row = dict(
+                device=device,
+                kernel=kernel,
+                tokens=total,
+                threads=nt,
+                native_ms=t_nat * 1e3,
+                native_spread_ms=m["native"]["spread_s"] * 1e3,
+                ns_per_token=t_nat * 1e9 / total,
+                eager_ref_ms=m["eager"]["median_s"] * 1e3,
+                eager_ref_spread_ms=m["eager"]["spread_s"] * 1e3,
+                speedup_vs_eager=m["eager"]["median_s"] / t_nat,
+                native_GBps=nbytes / t_nat / 1e9,
+                copy_GBps=nbytes / m["copy"]["median_s"] / 1e9,
+                bandwidth_vs_copy=m["copy"]["median_s"] / t_nat,
+                max_abs_err_vs_ref=max_err,
+            )
             if device == "cpu" and nt == 1:  # CPU-time ratios (see round_robin)
                 row["native_cpu_ms"] = m["native"]["cpu_s"] * 1e3
                 row["eager_ref_cpu_ms"] = m["eager"]["cpu_s"] * 1e3
@@ -169,12 +189,32 @@ def run(tokens: list[int], repeats: int, device: str, threads: list[int], compil
     return rows
 
 
-COLS = ["device", "kernel", "tokens", "threads", "native_ms", "native_spread_ms", "ns_per_token",
-        "scalar_ms", "eager_ref_ms", "compiled_ref_ms", "speedup_vs_scalar", "speedup_vs_eager",
-        "speedup_vs_compiled", "native_cpu_ms", "eager_ref_cpu_ms", "cpu_time_speedup_vs_eager",
-        "cpu_time_speedup_vs_compiled", "native_GBps", "copy_GBps", "bandwidth_vs_copy",
-        "extra_B_per_token_native", "extra_B_per_token_scalar", "extra_B_per_token_eager",
-        "max_abs_err_vs_ref"]
+COLS = [
+    "device",
+    "kernel",
+    "tokens",
+    "threads",
+    "native_ms",
+    "native_spread_ms",
+    "ns_per_token",
+    "scalar_ms",
+    "eager_ref_ms",
+    "compiled_ref_ms",
+    "speedup_vs_scalar",
+    "speedup_vs_eager",
+    "speedup_vs_compiled",
+    "native_cpu_ms",
+    "eager_ref_cpu_ms",
+    "cpu_time_speedup_vs_eager",
+    "cpu_time_speedup_vs_compiled",
+    "native_GBps",
+    "copy_GBps",
+    "bandwidth_vs_copy",
+    "extra_B_per_token_native",
+    "extra_B_per_token_scalar",
+    "extra_B_per_token_eager",
+    "max_abs_err_vs_ref",
+]
 
 
 def print_table(rows: list[dict], loads: tuple) -> None:
@@ -190,8 +230,7 @@ def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, nargs="+", default=[1_000_000, 10_000_000])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, nargs="+", default=None,
-                    help="thread counts (default: 1 and all cores)")
+    ap.add_argument("--threads", type=int, nargs="+", default=None, help="thread counts (default: 1 and all cores)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
     ap.add_argument("--json", default=None)
     ap.add_argument("--peak-worker", nargs=2, metavar=("WHICH", "TOKENS"), help=argparse.SUPPRESS)
@@ -208,8 +247,11 @@ def main(argv=None) -> list[dict]:
     print_table(rows, (load_before, load_after))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine_line(), "load_before": load_before, "load_after": load_after,
-                       "rows": rows}, f, indent=2)
+            json.dump(
+                {"machine": machine_line(), "load_before": load_before, "load_after": load_after, "rows": rows},
+                f,
+                indent=2,
+            )
     return rows
 
 

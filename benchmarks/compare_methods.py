@@ -46,8 +46,11 @@ def _train(args: list[str], timeout: float, log: Path, extra_env: dict[str, str]
     t0 = time.time()
     with open(log, "w") as f:
         # this checkout's pcsd, also under PYTHONSAFEPATH=1 (which keeps the cwd off sys.path)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-                   **(extra_env or {}))
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            **(extra_env or {}),
+        )
         proc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout, stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         raise SystemExit(f"pcsd.train failed ({proc.returncode}); see {log}")
@@ -91,9 +94,17 @@ def _eval_after(run_dir: Path) -> tuple[float, list[int], list[str]]:
     return 100.0 * sum(won) / len(won), won, [_game_key(g["game"]) for g in games]
 
 
-def run_all(methods: list[str], seeds: list[int], out: Path, overrides: list[str], timeout: float,
-            teacher_check: bool = True, warm_up: Path | None = None, jobs: int = 1,
-            train: bool = True) -> tuple[dict, dict]:
+def run_all(
+    methods: list[str],
+    seeds: list[int],
+    out: Path,
+    overrides: list[str],
+    timeout: float,
+    teacher_check: bool = True,
+    warm_up: Path | None = None,
+    jobs: int = 1,
+    train: bool = True,
+) -> tuple[dict, dict]:
     """Per seed: the warm-up, the teacher check (the SFT model with the skills in its prompt,
     ``method=skill-prompt``), then every method's RL from the SFT model. The evaluation before RL
     is the warm-up's (``eval.before=false`` in the method runs: the same model, games and seed).
@@ -111,17 +122,38 @@ def run_all(methods: list[str], seeds: list[int], out: Path, overrides: list[str
             if warm_up is not None:
                 raise SystemExit(f"--warm-up {warm_up}: no summary.json there (not a finished pcsd run)")
             # optim.steps=0 after the overrides: the warm-up trains no RL whatever they say
-            _train([f"run.dir={warm}", "method=vanilla", f"run.seed={seed}", *overrides, "optim.steps=0",
-                    "eval.before=false"], timeout, out / f"warm-up-{seed}.log")
+            _train(
+                [
+                    f"run.dir={warm}",
+                    "method=vanilla",
+                    f"run.seed={seed}",
+                    *overrides,
+                    "optim.steps=0",
+                    "eval.before=false",
+                ],
+                timeout,
+                out / f"warm-up-{seed}.log",
+            )
         key = "shared" if warm_up is not None else seed
         if teacher_check and key not in teacher:
             rd = out / ("teacher-check" if warm_up is not None else f"seed-{seed}/teacher-check")
             if not train and not (rd / "summary.json").is_file():
                 continue
             if not (rd / "summary.json").is_file():
-                _train([f"run.dir={rd}", "method=skill-prompt", f"run.seed={seed}", f"model.path={_model(warm)}",
-                        *overrides, "optim.steps=0", "optim.sft_steps=0", "eval.before=false"], timeout,
-                       out / f"teacher-check-{key}.log")
+                _train(
+                    [
+                        f"run.dir={rd}",
+                        "method=skill-prompt",
+                        f"run.seed={seed}",
+                        f"model.path={_model(warm)}",
+                        *overrides,
+                        "optim.steps=0",
+                        "optim.sft_steps=0",
+                        "eval.before=false",
+                    ],
+                    timeout,
+                    out / f"teacher-check-{key}.log",
+                )
             before, games_before, names_before = _eval_after(warm)
             t_after, t_games, t_names = _eval_after(rd)
             if t_names != names_before:
@@ -133,9 +165,20 @@ def run_all(methods: list[str], seeds: list[int], out: Path, overrides: list[str
     def one(item: tuple[int, str]) -> None:
         seed, m = item
         rd = out / f"seed-{seed}" / m
-        _train([f"run.dir={rd}", f"method={m}", f"run.seed={seed}", f"model.path={_model(warm_of[seed])}",
-                *overrides, "optim.sft_steps=0", "eval.before=false"], timeout, out / f"{m}-{seed}.log",
-               extra_env={"OMP_NUM_THREADS": str(threads)} if jobs > 1 else None)
+        _train(
+            [
+                f"run.dir={rd}",
+                f"method={m}",
+                f"run.seed={seed}",
+                f"model.path={_model(warm_of[seed])}",
+                *overrides,
+                "optim.sft_steps=0",
+                "eval.before=false",
+            ],
+            timeout,
+            out / f"{m}-{seed}.log",
+            extra_env={"OMP_NUM_THREADS": str(threads)} if jobs > 1 else None,
+        )
 
     if train:
         with ThreadPoolExecutor(max(1, jobs)) as pool:
@@ -152,10 +195,18 @@ def run_all(methods: list[str], seeds: list[int], out: Path, overrides: list[str
             if names != names_before:
                 raise SystemExit(f"{m} seed {seed}: evaluation games differ from the warm-up's")
             runs.setdefault(m, {})[seed] = dict(
-                dir=str(rd), before=before, after=after, wall=s.get("wall_seconds", float("nan")),
-                games_before=games_before, games_after=games_after, game_names=names,
-                curve=[dict(step=r["step"], gap=r["gap_mean"], gate=r["gate_activation"],
-                            success=r.get("success")) for r in _metrics(rd)])
+                dir=str(rd),
+                before=before,
+                after=after,
+                wall=s.get("wall_seconds", float("nan")),
+                games_before=games_before,
+                games_after=games_after,
+                game_names=names,
+                curve=[
+                    dict(step=r["step"], gap=r["gap_mean"], gate=r["gate_activation"], success=r.get("success"))
+                    for r in _metrics(rd)
+                ],
+            )
     return runs, teacher
 
 
@@ -170,11 +221,14 @@ def summarize_teacher(teacher: dict) -> dict:
         return {}
     seeds = sorted(teacher)
     d = [100.0 * (a - b) for s in seeds for a, b in zip(teacher[s]["games_teacher"], teacher[s]["games_student"])]
-    return dict(seeds=seeds, student=_mean_se([teacher[s]["student"] for s in seeds]),
-                teacher=_mean_se([teacher[s]["teacher"] for s in seeds]),
-                diff=_mean_se([teacher[s]["teacher"] - teacher[s]["student"] for s in seeds]),
-                diff_game_se=_mean_se(d)[1],
-                per_seed={s: dict(student=teacher[s]["student"], teacher=teacher[s]["teacher"]) for s in seeds})
+    return dict(
+        seeds=seeds,
+        student=_mean_se([teacher[s]["student"] for s in seeds]),
+        teacher=_mean_se([teacher[s]["teacher"] for s in seeds]),
+        diff=_mean_se([teacher[s]["teacher"] - teacher[s]["student"] for s in seeds]),
+        diff_game_se=_mean_se(d)[1],
+        per_seed={s: dict(student=teacher[s]["student"], teacher=teacher[s]["teacher"]) for s in seeds},
+    )
 
 
 def summarize(runs: dict, baseline: str) -> dict:
@@ -183,8 +237,12 @@ def summarize(runs: dict, baseline: str) -> dict:
     for m, per in runs.items():
         seeds = sorted(per)
         rises = [per[s]["after"] - per[s]["before"] for s in seeds]
-        row = dict(seeds=seeds, before=_mean_se([per[s]["before"] for s in seeds]),
-                   after=_mean_se([per[s]["after"] for s in seeds]), rise=_mean_se(rises))
+        row = dict(
+            seeds=seeds,
+            before=_mean_se([per[s]["before"] for s in seeds]),
+            after=_mean_se([per[s]["after"] for s in seeds]),
+            rise=_mean_se(rises),
+        )
         common = [s for s in seeds if s in base]
         if m != baseline and common:
             for s in common:  # the same games in the same order, or the pairing is meaningless
@@ -202,17 +260,34 @@ def report(summary: dict, baseline: str, runs: dict) -> None:
     from rich.table import Table
 
     t = Table(title=f"Methods x seeds on the same evaluation games (mean ± SE over seeds, pp); baseline {baseline}")
-    for c in ("method", "seeds", "before %", "after %", "rise (pp)", f"after - {baseline} (pp)", "game-paired SE",
-              "mean gap (last step)", "gate (last step)"):
+    for c in (
+        "method",
+        "seeds",
+        "before %",
+        "after %",
+        "rise (pp)",
+        f"after - {baseline} (pp)",
+        "game-paired SE",
+        "mean gap (last step)",
+        "gate (last step)",
+    ):
         t.add_column(c, justify="right")
     f = lambda ms: f"{ms[0]:.1f} ± {ms[1]:.1f}" if not math.isnan(ms[1]) else f"{ms[0]:.1f}"  # noqa: E731
     for m, r in summary.items():
         last = [runs[m][s]["curve"][-1] for s in r["seeds"] if runs[m][s]["curve"]]
         gap = sum(x["gap"] for x in last) / len(last) if last else float("nan")
         gate = sum(x["gate"] for x in last) / len(last) if last else float("nan")
-        t.add_row(m, str(len(r["seeds"])), f(r["before"]), f(r["after"]), f(r["rise"]),
-                  f(r["vs_base"]) if "vs_base" in r else "-",
-                  f"{r['vs_base_game_se']:.1f}" if "vs_base_game_se" in r else "-", f"{gap:+.3f}", f"{gate:.3f}")
+        t.add_row(
+            m,
+            str(len(r["seeds"])),
+            f(r["before"]),
+            f(r["after"]),
+            f(r["rise"]),
+            f(r["vs_base"]) if "vs_base" in r else "-",
+            f"{r['vs_base_game_se']:.1f}" if "vs_base_game_se" in r else "-",
+            f"{gap:+.3f}",
+            f"{gate:.3f}",
+        )
     Console(width=None if sys.stdout.isatty() else 180).print(t)
 
 
@@ -221,21 +296,30 @@ def markdown(summary: dict, baseline: str, runs: dict, teacher: dict) -> str:
     f = lambda ms: f"{ms[0]:.1f} ± {ms[1]:.1f}" if not math.isnan(ms[1]) else f"{ms[0]:.1f}"  # noqa: E731
     lines = []
     if teacher:
-        lines += ["| policy (same SFT model, before RL) | success % |", "|---|---|",
-                  f"| student, no skills | {f(teacher['student'])} |",
-                  f"| teacher, skills in the prompt | {f(teacher['teacher'])} |",
-                  f"| teacher - student (pp) | {teacher['diff'][0]:+.1f} (game-paired SE {teacher['diff_game_se']:.1f}) |",
-                  ""]
-    lines += [f"| method | seeds | before % | after % | rise (pp) | after - {baseline} (pp) | game-paired SE | "
-              "mean gap (last step) | gate (last step) |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "| policy (same SFT model, before RL) | success % |",
+            "|---|---|",
+            f"| student, no skills | {f(teacher['student'])} |",
+            f"| teacher, skills in the prompt | {f(teacher['teacher'])} |",
+            f"| teacher - student (pp) | {teacher['diff'][0]:+.1f} (game-paired SE {teacher['diff_game_se']:.1f}) |",
+            "",
+        ]
+    lines += [
+        f"| method | seeds | before % | after % | rise (pp) | after - {baseline} (pp) | game-paired SE | "
+        "mean gap (last step) | gate (last step) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for m, r in summary.items():
         last = [runs[m][s]["curve"][-1] for s in r["seeds"] if runs[m][s]["curve"]]
         gap = sum(x["gap"] for x in last) / len(last) if last else float("nan")
         gate = sum(x["gate"] for x in last) / len(last) if last else float("nan")
-        lines.append(f"| {m} | {len(r['seeds'])} | {f(r['before'])} | {f(r['after'])} | {f(r['rise'])} | "
-                     + (f"{r['vs_base'][0]:+.1f} ± {r['vs_base'][1]:.1f}" if "vs_base" in r else "-") + " | "
-                     + (f"{r['vs_base_game_se']:.1f}" if "vs_base_game_se" in r else "-")
-                     + f" | {gap:+.3f} | {gate:.3f} |")
+        lines.append(
+            f"| {m} | {len(r['seeds'])} | {f(r['before'])} | {f(r['after'])} | {f(r['rise'])} | "
+            + (f"{r['vs_base'][0]:+.1f} ± {r['vs_base'][1]:.1f}" if "vs_base" in r else "-")
+            + " | "
+            + (f"{r['vs_base_game_se']:.1f}" if "vs_base_game_se" in r else "-")
+            + f" | {gap:+.3f} | {gate:.3f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -281,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, overrides = argv[:cut], argv[cut + 1:]
+        argv, overrides = argv[:cut], argv[cut + 1 :]
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))
     ap.add_argument("--seeds", default="0,1,2")
@@ -289,13 +373,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "compare-methods")
     ap.add_argument("--json", type=Path, help="default <out>/compare.json")
     ap.add_argument("--timeout", type=float, default=7200.0, help="seconds per pcsd.train run")
-    ap.add_argument("--warm-up", type=Path, help="one finished warm-up run directory (method=vanilla with "
-                    "the same overrides) for every seed: the seeds then vary the RL only")
+    ap.add_argument(
+        "--warm-up",
+        type=Path,
+        help="one finished warm-up run directory (method=vanilla with "
+        "the same overrides) for every seed: the seeds then vary the RL only",
+    )
     ap.add_argument("--jobs", type=int, default=1, help="method runs at a time (each with cores/jobs threads)")
-    ap.add_argument("--collect", action="store_true",
-                    help="train nothing: summarize the runs under --out that finished (a partial comparison)")
-    ap.add_argument("--no-teacher-check", action="store_true",
-                    help="skip the teacher check (the SFT model evaluated with the skills in its prompt)")
+    ap.add_argument(
+        "--collect",
+        action="store_true",
+        help="train nothing: summarize the runs under --out that finished (a partial comparison)",
+    )
+    ap.add_argument(
+        "--no-teacher-check",
+        action="store_true",
+        help="skip the teacher check (the SFT model evaluated with the skills in its prompt)",
+    )
     args = ap.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -309,25 +403,50 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    runs, teacher = run_all(methods, seeds, out, overrides, args.timeout, not args.no_teacher_check,
-                            args.warm_up.resolve() if args.warm_up else None, args.jobs, not args.collect)
+    runs, teacher = run_all(
+        methods,
+        seeds,
+        out,
+        overrides,
+        args.timeout,
+        not args.no_teacher_check,
+        args.warm_up.resolve() if args.warm_up else None,
+        args.jobs,
+        not args.collect,
+    )
     summary = summarize(runs, args.baseline)
     teacher_summary = summarize_teacher(teacher)
     if teacher_summary:
         t = teacher_summary
-        print(f"teacher check (same SFT model, before RL; mean ± SE over seeds): student without skills "
-              f"{t['student'][0]:.1f} ± {t['student'][1]:.1f} %, teacher with skills {t['teacher'][0]:.1f} ± "
-              f"{t['teacher'][1]:.1f} %, difference {t['diff'][0]:+.1f} ± {t['diff'][1]:.1f} pp "
-              f"(game-paired SE {t['diff_game_se']:.1f})")
+        print(
+            f"teacher check (same SFT model, before RL; mean ± SE over seeds): student without skills "
+            f"{t['student'][0]:.1f} ± {t['student'][1]:.1f} %, teacher with skills {t['teacher'][0]:.1f} ± "
+            f"{t['teacher'][1]:.1f} %, difference {t['diff'][0]:+.1f} ± {t['diff'][1]:.1f} pp "
+            f"(game-paired SE {t['diff_game_se']:.1f})"
+        )
     report(summary, args.baseline, runs)
     figs = plot(runs, out)
     (out / "compare.md").write_text(markdown(summary, args.baseline, runs, teacher_summary))
     from pcsd.bench.common import machine_line
 
-    (args.json or out / "compare.json").write_text(json.dumps(dict(
-        machine=machine_line(), overrides=overrides, seeds=seeds, baseline=args.baseline, wall_seconds=time.time() - t0,
-        load_end=list(os.getloadavg()), summary=summary, teacher_check=teacher_summary, teacher_runs=teacher,
-        runs=runs, figures=[str(p) for p in figs]), indent=2))
+    (args.json or out / "compare.json").write_text(
+        json.dumps(
+            dict(
+                machine=machine_line(),
+                overrides=overrides,
+                seeds=seeds,
+                baseline=args.baseline,
+                wall_seconds=time.time() - t0,
+                load_end=list(os.getloadavg()),
+                summary=summary,
+                teacher_check=teacher_summary,
+                teacher_runs=teacher,
+                runs=runs,
+                figures=[str(p) for p in figs],
+            ),
+            indent=2,
+        )
+    )
     print(f"wrote {(args.json or out / 'compare.json')} and {', '.join(str(p) for p in figs)}")
     return 0
 

@@ -61,8 +61,13 @@ def run_preset(preset: str | None, out: Path, overrides: list[str], timeout: flo
     if proc.returncode != 0:
         raise SystemExit(f"pcsd.train {' '.join(args)} failed with exit status {proc.returncode}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    summary.update(command=" ".join(cmd), process_wall_seconds=wall,
-                   load_start=list(load_start), load_end=list(os.getloadavg()), paired=paired(run_dir))
+    summary.update(
+        command=" ".join(cmd),
+        process_wall_seconds=wall,
+        load_start=list(load_start),
+        load_end=list(os.getloadavg()),
+        paired=paired(run_dir),
+    )
     return summary
 
 
@@ -96,17 +101,36 @@ def report(rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="pcsd.train embedded default: success on the fixed evaluation set")
-    for col in ("preset", "eval games", "before %", "after %", "rise (pp)", "SE (pp)", "paired SE (pp)",
-                "games won +/-", "steps", "wall s", "load (1 min) start/end"):
+    for col in (
+        "preset",
+        "eval games",
+        "before %",
+        "after %",
+        "rise (pp)",
+        "SE (pp)",
+        "paired SE (pp)",
+        "games won +/-",
+        "steps",
+        "wall s",
+        "load (1 min) start/end",
+    ):
         table.add_column(col, justify="right")
     for s in rows:
         d, se = rise(s)
         pr = s.get("paired") or {}
-        table.add_row(s["preset"], str(s.get("eval_episodes", "?")), f"{s['success_before']:.1f}",
-                      f"{s['success_after']:.1f}", f"{d:+.1f}", f"{se:.1f}",
-                      f"{pr['se_pp']:.1f}" if pr else "-", f"+{pr['gained']}/-{pr['lost']}" if pr else "-",
-                      str(s["steps"]), f"{s['wall_seconds']:.0f}",
-                      f"{s['load_start'][0]:.1f}/{s['load_end'][0]:.1f}")
+        table.add_row(
+            s["preset"],
+            str(s.get("eval_episodes", "?")),
+            f"{s['success_before']:.1f}",
+            f"{s['success_after']:.1f}",
+            f"{d:+.1f}",
+            f"{se:.1f}",
+            f"{pr['se_pp']:.1f}" if pr else "-",
+            f"+{pr['gained']}/-{pr['lost']}" if pr else "-",
+            str(s["steps"]),
+            f"{s['wall_seconds']:.0f}",
+            f"{s['load_start'][0]:.1f}/{s['load_end'][0]:.1f}",
+        )
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(table)
     for s in rows:
@@ -121,12 +145,16 @@ def main(argv: list[str] | None = None) -> int:
     overrides: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, overrides = argv[:cut], argv[cut + 1:]
+        argv, overrides = argv[:cut], argv[cut + 1 :]
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--grpo", action="store_true", help="also run preset=tiny-cpu-grpo on the same seeds")
     ap.add_argument("--only-grpo", action="store_true", help="run preset=tiny-cpu-grpo only")
-    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-default",
-                    help="parent of the run directories (default runs/bench-default)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "runs" / "bench-default",
+        help="parent of the run directories (default runs/bench-default)",
+    )
     ap.add_argument("--json", type=Path, help="write the summaries and the machine line here")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per run before giving up")
     args = ap.parse_args(argv)

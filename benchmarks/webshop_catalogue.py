@@ -21,8 +21,11 @@ from pcsd.bench.webshop import FULL_CATALOGUE, scale_row
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--webshop", default=os.environ.get("WEBSHOP_DATA"),
-                    help="the WebShop folder holding data/ and facts/ (default $WEBSHOP_DATA)")
+    ap.add_argument(
+        "--webshop",
+        default=os.environ.get("WEBSHOP_DATA"),
+        help="the WebShop folder holding data/ and facts/ (default $WEBSHOP_DATA)",
+    )
     ap.add_argument("--products", type=int, nargs="+", default=[100_000, FULL_CATALOGUE])
     ap.add_argument("--keep", help="write each catalogue to DIR/<n> and keep it (reused by the next run)")
     ap.add_argument("--out", default="bench-results")
@@ -34,10 +37,13 @@ def main() -> None:
         keep = Path(args.keep) / str(n) if args.keep else None
         row = scale_row(Path(args.webshop), n, keep=keep)
         rows.append(row)
-        print(f"{row['products']:>9,} products ({row['catalogue_gb']:.2f} GB of JSON, {row['goals']:,} goals): "
-              f"load + index {row['load_and_index_s']:.1f} s, resident {row['rss_mib']:,.0f} MiB after the load "
-              f"(+{row['rss_added_mib']:,.0f}), peak {row['peak_rss_mib']:,.0f} MiB; search median "
-              f"{row['search_median_us']:.0f} us", flush=True)
+        print(
+            f"{row['products']:>9,} products ({row['catalogue_gb']:.2f} GB of JSON, {row['goals']:,} goals): "
+            f"load + index {row['load_and_index_s']:.1f} s, resident {row['rss_mib']:,.0f} MiB after the load "
+            f"(+{row['rss_added_mib']:,.0f}), peak {row['peak_rss_mib']:,.0f} MiB; search median "
+            f"{row['search_median_us']:.0f} us",
+            flush=True,
+        )
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "webshop_catalogue.json").write_text(json.dumps(rows, indent=1))
 

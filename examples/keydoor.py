@@ -1,6 +1,6 @@
 """A text environment pcsd can train on (docs/environments.md): copy this file and change the game.
 
-    python -m pcsd.train env.name=gym env.entry_point=examples.keydoor:KeyDoorEnv env.kwargs.colors=3 method=grpo
+python -m pcsd.train env.name=gym env.entry_point=examples.keydoor:KeyDoorEnv env.kwargs.colors=3 method=grpo
 """
 
 import string

@@ -4,12 +4,39 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import final
 
-__all__ = ["__version__", "version", "echo", "generate_game_json", "gen_task_types", "gen_rooms",
-    "gen_usual_places", "gen_receptacle_range", "gen_task_rooms", "GEN_MAX_DISTRACTORS", "ChatTokenizer",
-    "PromptBuilder", "PromptTooLongError", "SKILL_HEADER", "SKILL_FOOTER", "parse_action", "retrieve_skills",
-    "retrieve_skill_names", "classify_alfworld_task", "teacher_from_student", "EnvPool", "ENV_POOL_KINDS",
-    "MAX_ENVS", "AlfworldGame", "webshop_scan_products", "webshop_json_length", "WebShop", "WebShopEnv",
-    "WebShopStepError"]
+__all__ = [
+    "__version__",
+    "version",
+    "echo",
+    "generate_game_json",
+    "gen_task_types",
+    "gen_rooms",
+    "gen_usual_places",
+    "gen_receptacle_range",
+    "gen_task_rooms",
+    "GEN_MAX_DISTRACTORS",
+    "ChatTokenizer",
+    "PromptBuilder",
+    "PromptTooLongError",
+    "SKILL_HEADER",
+    "SKILL_FOOTER",
+    "TEXT_TEMPLATE",
+    "TEXT_TEMPLATE_VARIABLES",
+    "parse_action",
+    "retrieve_skills",
+    "retrieve_skill_names",
+    "classify_alfworld_task",
+    "teacher_from_student",
+    "EnvPool",
+    "ENV_POOL_KINDS",
+    "MAX_ENVS",
+    "AlfworldGame",
+    "webshop_scan_products",
+    "webshop_json_length",
+    "WebShop",
+    "WebShopEnv",
+    "WebShopStepError",
+]
 __version__: str
 
 def version() -> str: ...
@@ -31,6 +58,7 @@ def gen_rooms() -> list[str]: ...
 def gen_usual_places() -> list[tuple[str, str]]: ...
 def gen_receptacle_range(room: str) -> tuple[int, int]: ...
 def gen_task_rooms(task_type: str) -> list[str]: ...
+
 # ---- prompts, chat templates, tokenisation, action parsing, skills (src/python/prompts.rs) ----
 from os import PathLike
 
@@ -90,6 +118,7 @@ def retrieve_skills(task: str, env: str = "alfworld") -> str: ...
 def retrieve_skill_names(task: str, env: str = "alfworld") -> list[str]: ...
 def classify_alfworld_task(task: str) -> str | None: ...
 def teacher_from_student(task: str, student_prompt: str, env: str = "alfworld") -> str: ...
+
 # ---- env pool (rust_envpool/src/python/pool.rs); typed wrapper: pcsd.envs.pool ----
 from typing import Any
 
@@ -97,8 +126,17 @@ from typing import Any
 # truncated (uint8), task_type, step_count (uint32), error ("" = none); numeric columns are
 # bytearrays in native byte order (rust_envpool/src/python/columns.rs)
 _Columns = tuple[
-    bytearray, list[str], list[list[str]], bytearray, bytearray, bytearray, bytearray,
-    bytearray, list[str], bytearray, list[str],
+    bytearray,
+    list[str],
+    list[list[str]],
+    bytearray,
+    bytearray,
+    bytearray,
+    bytearray,
+    bytearray,
+    list[str],
+    bytearray,
+    list[str],
 ]
 
 ENV_POOL_KINDS: list[str]
@@ -149,6 +187,7 @@ class EnvPool:
     def outstanding(self) -> int: ...
     @property
     def in_flight(self) -> int: ...
+
 # --- native ALFWorld engine (rust_envpool/src/python/alfworld.rs) ---
 @final
 class AlfworldGame:
@@ -172,6 +211,7 @@ class AlfworldGame:
     def source(self) -> str: ...
     @property
     def max_steps(self) -> int: ...
+
 # --- native WebShop (rust_envpool/src/python/webshop.rs) ---
 class WebShopStepError(RuntimeError): ...
 

@@ -55,8 +55,12 @@ def _installed_candidates(name: str) -> list[Path]:
     found: list[Path] = []
 
     def ok(p: Path) -> bool:
-        return (p.name.startswith(name + ".") and any(p.name.endswith(sfx) for sfx in EXTENSION_SUFFIXES)
-                and p.is_file() and p.resolve().parent != here)
+        return (
+            p.name.startswith(name + ".")
+            and any(p.name.endswith(sfx) for sfx in EXTENSION_SUFFIXES)
+            and p.is_file()
+            and p.resolve().parent != here
+        )
 
     try:
         from importlib.metadata import PackageNotFoundError, distribution
@@ -108,8 +112,10 @@ def _load(name: str) -> ModuleType | None:
         if mod is not None:
             _origin[name] = "installed distribution"
         else:
-            _errors[name] = (f"pcsd is imported from {_package_dir()}, which has no compiled {name} module"
-                             f" (a source tree?), and {why or exc}")
+            _errors[name] = (
+                f"pcsd is imported from {_package_dir()}, which has no compiled {name} module"
+                f" (a source tree?), and {why or exc}"
+            )
     except Exception as exc:  # ImportError, OSError (bad ELF), undefined symbols, ...
         mod = None
         _errors[name] = f"{type(exc).__name__}: {exc}"
@@ -138,9 +144,7 @@ def require(name: str) -> ModuleType:
     """The module, or a :class:`NativeModuleError` naming it and how to rebuild."""
     mod = _load(name)
     if mod is None:
-        raise NativeModuleError(
-            f"pcsd.{name} is not available: {_errors.get(name, 'not built')}. {REBUILD_HINT}"
-        )
+        raise NativeModuleError(f"pcsd.{name} is not available: {_errors.get(name, 'not built')}. {REBUILD_HINT}")
     return mod
 
 

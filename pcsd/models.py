@@ -21,9 +21,22 @@ from typing import Optional
 
 import torch
 
-__all__ = ["MODEL_FILES", "ModelLoadError", "ModelNotFound", "check_model_dir", "check_model_spec", "compute_context",
-           "eos_id", "hub_kwargs", "is_model_id", "load_model", "model_config_file", "resolve_device",
-           "resolve_model_path", "set_compute_dtype"]
+__all__ = [
+    "MODEL_FILES",
+    "ModelLoadError",
+    "ModelNotFound",
+    "check_model_dir",
+    "check_model_spec",
+    "compute_context",
+    "eos_id",
+    "hub_kwargs",
+    "is_model_id",
+    "load_model",
+    "model_config_file",
+    "resolve_device",
+    "resolve_model_path",
+    "set_compute_dtype",
+]
 
 #: the files of a model snapshot a job reads: config, tokenizer, chat template, safetensors weights
 MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
@@ -51,16 +64,21 @@ def hub_kwargs() -> dict:
     kw: dict = {}
     if os.environ.get("HF_ENDPOINT"):
         kw["endpoint"] = os.environ["HF_ENDPOINT"].rstrip("/")
-    cache = os.environ.get("HF_HUB_CACHE") or (os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME")
-                                               else None)
+    cache = os.environ.get("HF_HUB_CACHE") or (
+        os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else None
+    )
     if cache:
         kw["cache_dir"] = cache
     return kw
 
 
 def _hub_error(spec: str, key: str, exc: BaseException) -> ModelNotFound:
-    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     if isinstance(exc, GatedRepoError):
         why = "a gated model: accept its licence on the Hub and log in (hf auth login, or HF_TOKEN)"
@@ -69,12 +87,17 @@ def _hub_error(spec: str, key: str, exc: BaseException) -> ModelNotFound:
     elif isinstance(exc, RevisionNotFoundError):
         why = "no such revision on the Hub"
     elif isinstance(exc, LocalEntryNotFoundError):
-        why = ("not in the Hugging Face cache and the Hub cannot be reached" if not _offline() else
-               "not in the Hugging Face cache, and HF_HUB_OFFLINE is set")
+        why = (
+            "not in the Hugging Face cache and the Hub cannot be reached"
+            if not _offline()
+            else "not in the Hugging Face cache, and HF_HUB_OFFLINE is set"
+        )
     else:
         why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
-    return ModelNotFound(f"{key}={spec}: not a folder, and as a Hugging Face model id: {why} "
-                         f"(pcsd-data model {spec} fetches it into a folder)")
+    return ModelNotFound(
+        f"{key}={spec}: not a folder, and as a Hugging Face model id: {why} "
+        f"(pcsd-data model {spec} fetches it into a folder)"
+    )
 
 
 def _local_folder(spec: str, key: str) -> Optional[Path]:
@@ -84,7 +107,9 @@ def _local_folder(spec: str, key: str) -> Optional[Path]:
             raise ModelNotFound(f"{key}={p}: no config.json there (expected a Hugging Face checkpoint folder)")
         return p
     if p.exists():
-        raise ModelNotFound(f"{key}={p}: a file, not a folder (expected a Hugging Face checkpoint folder or a model id)")
+        raise ModelNotFound(
+            f"{key}={p}: a file, not a folder (expected a Hugging Face checkpoint folder or a model id)"
+        )
     if not is_model_id(spec):
         raise ModelNotFound(f"{key}={p}: no such folder, and not a Hugging Face model id (org/name) either")
     return None
@@ -102,8 +127,9 @@ def _has_weights(folder: Path) -> bool:
     return any(folder.glob("*.safetensors"))
 
 
-def resolve_model_path(spec: str | os.PathLike[str], key: str = "model.path", *, revision: Optional[str] = None,
-                       download: bool = True) -> Path:
+def resolve_model_path(
+    spec: str | os.PathLike[str], key: str = "model.path", *, revision: Optional[str] = None, download: bool = True
+) -> Path:
     """The local folder of ``spec``: the folder itself, or a model id's snapshot in the Hugging
     Face cache (downloaded there first when it is not cached, unless offline or ``download`` is
     False). Raises :class:`ModelNotFound` with one line naming ``key``."""
@@ -115,8 +141,7 @@ def resolve_model_path(spec: str | os.PathLike[str], key: str = "model.path", *,
 
     kw = hub_kwargs()
     try:
-        path = Path(snapshot_download(spec, revision=revision, allow_patterns=MODEL_FILES, local_files_only=True,
-                                      **kw))
+        path = Path(snapshot_download(spec, revision=revision, allow_patterns=MODEL_FILES, local_files_only=True, **kw))
         if not _has_weights(path):  # e.g. only the config.json that --plan fetched
             from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -159,8 +184,10 @@ def check_model_spec(spec: str | os.PathLike[str], key: str = "model.path") -> N
 
     hit = try_to_load_from_cache(spec, "config.json", cache_dir=hub_kwargs().get("cache_dir"))
     if not isinstance(hit, str):
-        raise ModelNotFound(f"{key}={spec}: not a folder, and as a Hugging Face model id: not in the Hugging Face "
-                            f"cache, and HF_HUB_OFFLINE is set (pcsd-data model {spec} fetches it into a folder)")
+        raise ModelNotFound(
+            f"{key}={spec}: not a folder, and as a Hugging Face model id: not in the Hugging Face "
+            f"cache, and HF_HUB_OFFLINE is set (pcsd-data model {spec} fetches it into a folder)"
+        )
 
 
 class ModelLoadError(ValueError):
@@ -245,8 +272,11 @@ def load_model(path: str | Path, device: torch.device, dtype: str = "auto"):
         raise ModelLoadError(f"{p}: cannot read its config ({str(exc).splitlines()[0]})") from None
     if not any(a.endswith("ForCausalLM") for a in (cfg.architectures or [])):
         raise ValueError(f"model.path={p} is not a causal LM (architectures: {cfg.architectures})")
-    torch_dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
-                   "float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    torch_dtype = {
+        "auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
+        "float32": torch.float32,
+        "bfloat16": torch.bfloat16,
+    }[dtype]
     kwargs = {}
     if device.type == "cuda":
         import importlib.util
@@ -259,8 +289,9 @@ def load_model(path: str | Path, device: torch.device, dtype: str = "auto"):
     try:
         model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype, **kwargs)
     except (OSError, SafetensorError) as exc:  # a damaged file the header check above cannot see
-        raise ModelLoadError(f"{p}: cannot load the weights ({type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+        raise ModelLoadError(
+            f"{p}: cannot load the weights ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from None
     return model.to(device)
 
 

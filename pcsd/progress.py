@@ -17,8 +17,7 @@ import os
 from typing import Any, Callable, Optional
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn,
-                           TimeElapsedColumn)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 __all__ = ["ProgressReporter", "progress_enabled"]
 
@@ -58,9 +57,16 @@ class ProgressReporter:
     def start(self) -> None:
         """Starts the live display (no-op in quiet mode or when already started)."""
         if self.enabled and self._progress is None:
-            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description:<24}"), BarColumn(),
-                                      MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                                      TimeElapsedColumn(), console=self.console, transient=False)
+            self._progress = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description:<24}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=False,
+            )
             self._progress.start()
 
     def stop(self) -> None:

@@ -34,25 +34,87 @@ _QWEN_SPLIT_PATTERN = (
 )
 
 #: Qwen2.5-Instruct style ChatML template (default system message when none is given).
-QWEN25_CHAT_TEMPLATE: str = '{%- if tools %}\n    {{- \'<|im_start|>system\\n\' }}\n    {%- if messages[0][\'role\'] == \'system\' %}\n        {{- messages[0][\'content\'] }}\n    {%- else %}\n        {{- \'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\' }}\n    {%- endif %}\n    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}\n    {%- for tool in tools %}\n        {{- "\\n" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n{%- else %}\n    {%- if messages[0][\'role\'] == \'system\' %}\n        {{- \'<|im_start|>system\\n\' + messages[0][\'content\'] + \'<|im_end|>\\n\' }}\n    {%- else %}\n        {{- \'<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n\' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}\n        {{- \'<|im_start|>\' + message.role + \'\\n\' + message.content + \'<|im_end|>\' + \'\\n\' }}\n    {%- elif message.role == "assistant" %}\n        {{- \'<|im_start|>\' + message.role }}\n        {%- if message.content %}\n            {{- \'\\n\' + message.content }}\n        {%- endif %}\n        {%- for tool_call in message.tool_calls %}\n            {%- if tool_call.function is defined %}\n                {%- set tool_call = tool_call.function %}\n            {%- endif %}\n            {{- \'\\n<tool_call>\\n{"name": "\' }}\n            {{- tool_call.name }}\n            {{- \'", "arguments": \' }}\n            {{- tool_call.arguments | tojson }}\n            {{- \'}\\n</tool_call>\' }}\n        {%- endfor %}\n        {{- \'<|im_end|>\\n\' }}\n    {%- elif message.role == "tool" %}\n        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}\n            {{- \'<|im_start|>user\' }}\n        {%- endif %}\n        {{- \'\\n<tool_response>\\n\' }}\n        {{- message.content }}\n        {{- \'\\n</tool_response>\' }}\n        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n            {{- \'<|im_end|>\\n\' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- \'<|im_start|>assistant\\n\' }}\n{%- endif %}\n'
+QWEN25_CHAT_TEMPLATE: str = "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n        {{- messages[0]['content'] }}\n    {%- else %}\n        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n    {%- endif %}\n    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n{%- else %}\n    {%- if messages[0]['role'] == 'system' %}\n        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    {%- else %}\n        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or (message.role == \"assistant\" and not message.tool_calls) %}\n        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n    {%- elif message.role == \"assistant\" %}\n        {{- '<|im_start|>' + message.role }}\n        {%- if message.content %}\n            {{- '\\n' + message.content }}\n        {%- endif %}\n        {%- for tool_call in message.tool_calls %}\n            {%- if tool_call.function is defined %}\n                {%- set tool_call = tool_call.function %}\n            {%- endif %}\n            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n            {{- tool_call.name }}\n            {{- '\", \"arguments\": ' }}\n            {{- tool_call.arguments | tojson }}\n            {{- '}\\n</tool_call>' }}\n        {%- endfor %}\n        {{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}\n        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}\n            {{- '<|im_start|>user' }}\n        {%- endif %}\n        {{- '\\n<tool_response>\\n' }}\n        {{- message.content }}\n        {{- '\\n</tool_response>' }}\n        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n            {{- '<|im_end|>\\n' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n"
 
 #: Qwen3 style ChatML template (``<think>`` handling of assistant turns, ``enable_thinking``).
-QWEN3_CHAT_TEMPLATE: str = '{%- if tools %}\n    {{- \'<|im_start|>system\\n\' }}\n    {%- if messages[0].role == \'system\' %}\n        {{- messages[0].content + \'\\n\\n\' }}\n    {%- endif %}\n    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}\n    {%- for tool in tools %}\n        {{- "\\n" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n{%- else %}\n    {%- if messages[0].role == \'system\' %}\n        {{- \'<|im_start|>system\\n\' + messages[0].content + \'<|im_end|>\\n\' }}\n    {%- endif %}\n{%- endif %}\n{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}\n{%- for message in messages[::-1] %}\n    {%- set index = (messages|length - 1) - loop.index0 %}\n    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith(\'<tool_response>\') and message.content.endswith(\'</tool_response>\')) %}\n        {%- set ns.multi_step_tool = false %}\n        {%- set ns.last_query_index = index %}\n    {%- endif %}\n{%- endfor %}\n{%- for message in messages %}\n    {%- if message.content is string %}\n        {%- set content = message.content %}\n    {%- else %}\n        {%- set content = \'\' %}\n    {%- endif %}\n    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}\n        {{- \'<|im_start|>\' + message.role + \'\\n\' + content + \'<|im_end|>\' + \'\\n\' }}\n    {%- elif message.role == "assistant" %}\n        {%- set reasoning_content = \'\' %}\n        {%- if message.reasoning_content is string %}\n            {%- set reasoning_content = message.reasoning_content %}\n        {%- else %}\n            {%- if \'</think>\' in content %}\n                {%- set reasoning_content = content.split(\'</think>\')[0].rstrip(\'\\n\').split(\'<think>\')[-1].lstrip(\'\\n\') %}\n                {%- set content = content.split(\'</think>\')[-1].lstrip(\'\\n\') %}\n            {%- endif %}\n        {%- endif %}\n        {%- if loop.index0 > ns.last_query_index %}\n            {%- if loop.last or (not loop.last and reasoning_content) %}\n                {{- \'<|im_start|>\' + message.role + \'\\n<think>\\n\' + reasoning_content.strip(\'\\n\') + \'\\n</think>\\n\\n\' + content.lstrip(\'\\n\') }}\n            {%- else %}\n                {{- \'<|im_start|>\' + message.role + \'\\n\' + content }}\n            {%- endif %}\n        {%- else %}\n            {{- \'<|im_start|>\' + message.role + \'\\n\' + content }}\n        {%- endif %}\n        {%- if message.tool_calls %}\n            {%- for tool_call in message.tool_calls %}\n                {%- if (loop.first and content) or (not loop.first) %}\n                    {{- \'\\n\' }}\n                {%- endif %}\n                {%- if tool_call.function %}\n                    {%- set tool_call = tool_call.function %}\n                {%- endif %}\n                {{- \'<tool_call>\\n{"name": "\' }}\n                {{- tool_call.name }}\n                {{- \'", "arguments": \' }}\n                {%- if tool_call.arguments is string %}\n                    {{- tool_call.arguments }}\n                {%- else %}\n                    {{- tool_call.arguments | tojson }}\n                {%- endif %}\n                {{- \'}\\n</tool_call>\' }}\n            {%- endfor %}\n        {%- endif %}\n        {{- \'<|im_end|>\\n\' }}\n    {%- elif message.role == "tool" %}\n        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}\n            {{- \'<|im_start|>user\' }}\n        {%- endif %}\n        {{- \'\\n<tool_response>\\n\' }}\n        {{- content }}\n        {{- \'\\n</tool_response>\' }}\n        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n            {{- \'<|im_end|>\\n\' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- \'<|im_start|>assistant\\n\' }}\n    {%- if enable_thinking is defined and enable_thinking is false %}\n        {{- \'<think>\\n\\n</think>\\n\\n\' }}\n    {%- endif %}\n{%- endif %}\n'
+QWEN3_CHAT_TEMPLATE: str = "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0].role == 'system' %}\n        {{- messages[0].content + '\\n\\n' }}\n    {%- endif %}\n    {{- \"# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n{%- else %}\n    {%- if messages[0].role == 'system' %}\n        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}\n{%- for message in messages[::-1] %}\n    {%- set index = (messages|length - 1) - loop.index0 %}\n    {%- if ns.multi_step_tool and message.role == \"user\" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}\n        {%- set ns.multi_step_tool = false %}\n        {%- set ns.last_query_index = index %}\n    {%- endif %}\n{%- endfor %}\n{%- for message in messages %}\n    {%- if message.content is string %}\n        {%- set content = message.content %}\n    {%- else %}\n        {%- set content = '' %}\n    {%- endif %}\n    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}\n        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}\n    {%- elif message.role == \"assistant\" %}\n        {%- set reasoning_content = '' %}\n        {%- if message.reasoning_content is string %}\n            {%- set reasoning_content = message.reasoning_content %}\n        {%- else %}\n            {%- if '</think>' in content %}\n                {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}\n                {%- set content = content.split('</think>')[-1].lstrip('\\n') %}\n            {%- endif %}\n        {%- endif %}\n        {%- if loop.index0 > ns.last_query_index %}\n            {%- if loop.last or (not loop.last and reasoning_content) %}\n                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}\n            {%- else %}\n                {{- '<|im_start|>' + message.role + '\\n' + content }}\n            {%- endif %}\n        {%- else %}\n            {{- '<|im_start|>' + message.role + '\\n' + content }}\n        {%- endif %}\n        {%- if message.tool_calls %}\n            {%- for tool_call in message.tool_calls %}\n                {%- if (loop.first and content) or (not loop.first) %}\n                    {{- '\\n' }}\n                {%- endif %}\n                {%- if tool_call.function %}\n                    {%- set tool_call = tool_call.function %}\n                {%- endif %}\n                {{- '<tool_call>\\n{\"name\": \"' }}\n                {{- tool_call.name }}\n                {{- '\", \"arguments\": ' }}\n                {%- if tool_call.arguments is string %}\n                    {{- tool_call.arguments }}\n                {%- else %}\n                    {{- tool_call.arguments | tojson }}\n                {%- endif %}\n                {{- '}\\n</tool_call>' }}\n            {%- endfor %}\n        {%- endif %}\n        {{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}\n        {%- if loop.first or (messages[loop.index0 - 1].role != \"tool\") %}\n            {{- '<|im_start|>user' }}\n        {%- endif %}\n        {{- '\\n<tool_response>\\n' }}\n        {{- content }}\n        {{- '\\n</tool_response>' }}\n        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n            {{- '<|im_end|>\\n' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n    {%- if enable_thinking is defined and enable_thinking is false %}\n        {{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}\n{%- endif %}\n"
 
 _TEMPLATES = {"qwen2.5": QWEN25_CHAT_TEMPLATE, "qwen3": QWEN3_CHAT_TEMPLATE}
 
 _OBJECTS = (
-    "apple", "bowl", "book", "bread", "butterknife", "candle", "cd", "cellphone", "cloth",
-    "creditcard", "cup", "dishsponge", "egg", "fork", "glassbottle", "kettle", "keychain",
-    "knife", "ladle", "lettuce", "mug", "newspaper", "pan", "pen", "pencil", "pillow", "plate",
-    "pot", "potato", "remotecontrol", "saltshaker", "soapbar", "spatula", "spoon", "spraybottle",
-    "statue", "tomato", "towel", "vase", "watch", "winebottle", "alarmclock", "box", "laptop",
+    "apple",
+    "bowl",
+    "book",
+    "bread",
+    "butterknife",
+    "candle",
+    "cd",
+    "cellphone",
+    "cloth",
+    "creditcard",
+    "cup",
+    "dishsponge",
+    "egg",
+    "fork",
+    "glassbottle",
+    "kettle",
+    "keychain",
+    "knife",
+    "ladle",
+    "lettuce",
+    "mug",
+    "newspaper",
+    "pan",
+    "pen",
+    "pencil",
+    "pillow",
+    "plate",
+    "pot",
+    "potato",
+    "remotecontrol",
+    "saltshaker",
+    "soapbar",
+    "spatula",
+    "spoon",
+    "spraybottle",
+    "statue",
+    "tomato",
+    "towel",
+    "vase",
+    "watch",
+    "winebottle",
+    "alarmclock",
+    "box",
+    "laptop",
 )
 _RECEPTACLES = (
-    "armchair", "bed", "cabinet", "coffeemachine", "coffeetable", "countertop", "desk",
-    "diningtable", "drawer", "dresser", "fridge", "garbagecan", "microwave", "shelf",
-    "sidetable", "sinkbasin", "sofa", "stoveburner", "toilet", "bathtubbasin", "safe",
-    "desklamp", "floorlamp", "handtowelholder", "toiletpaperhanger", "cart", "ottoman",
+    "armchair",
+    "bed",
+    "cabinet",
+    "coffeemachine",
+    "coffeetable",
+    "countertop",
+    "desk",
+    "diningtable",
+    "drawer",
+    "dresser",
+    "fridge",
+    "garbagecan",
+    "microwave",
+    "shelf",
+    "sidetable",
+    "sinkbasin",
+    "sofa",
+    "stoveburner",
+    "toilet",
+    "bathtubbasin",
+    "safe",
+    "desklamp",
+    "floorlamp",
+    "handtowelholder",
+    "toiletpaperhanger",
+    "cart",
+    "ottoman",
 )
 _PROMPT_TEXT = (
     "You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: ",
@@ -104,11 +166,18 @@ def tiny_corpus(seed: int = 0, n_episodes: int = 60) -> list[str]:
         )
         seen = ", ".join(f"a {rng.choice(_RECEPTACLES)} {rng.randint(1, 6)}" for _ in range(5))
         cmds = [
-            f"go to {rec} {j}", f"open {rec} {j}", f"close {rec} {j}",
-            f"take {obj} {i} from {rec} {j}", f"put {obj} {i} in/on {dst} {j}",
-            f"clean {obj} {i} with sinkbasin 1", f"heat {obj} {i} with microwave 1",
-            f"cool {obj} {i} with fridge 1", f"use desklamp {j}", f"examine {obj} {i}",
-            "look", "inventory",
+            f"go to {rec} {j}",
+            f"open {rec} {j}",
+            f"close {rec} {j}",
+            f"take {obj} {i} from {rec} {j}",
+            f"put {obj} {i} in/on {dst} {j}",
+            f"clean {obj} {i} with sinkbasin 1",
+            f"heat {obj} {i} with microwave 1",
+            f"cool {obj} {i} with fridge 1",
+            f"use desklamp {j}",
+            f"examine {obj} {i}",
+            "look",
+            "inventory",
         ]
         lines += [
             "-= Welcome to TextWorld, ALFRED! =-",
@@ -119,8 +188,7 @@ def tiny_corpus(seed: int = 0, n_episodes: int = 60) -> list[str]:
             f"You pick up the {obj} {i} from the {rec} {j}.",
             f"You heat the {obj} {i} using the microwave 1.",
             "Nothing happens.",
-            "Your admissible actions of the current situation are: ["
-            + "\n ".join(f"'{c}'" for c in cmds) + "].",
+            "Your admissible actions of the current situation are: [" + "\n ".join(f"'{c}'" for c in cmds) + "].",
             f"[Observation {j}: 'You arrive at {rec} {j}.', Action {j}: 'go to {rec} {j}']",
             f"<think>The {obj} is probably in the {rec}. I should go there first.</think>\n"
             f"<action>{rng.choice(cmds)}</action>",
@@ -205,9 +273,7 @@ def make_tiny_model(
     if num_layers < 1:
         raise ValueError(f"num_layers: expected at least 1, got {num_layers}")
     if num_heads < 1 or hidden_size % num_heads:
-        raise ValueError(
-            f"num_heads: expected a positive divisor of hidden_size={hidden_size}, got {num_heads}"
-        )
+        raise ValueError(f"num_heads: expected a positive divisor of hidden_size={hidden_size}, got {num_heads}")
     if hidden_size // num_heads < 32:
         raise ValueError(
             f"hidden_size/num_heads: expected a head size of at least 32, got "
@@ -218,9 +284,7 @@ def make_tiny_model(
     elif os.path.isfile(template):
         chat_template = Path(template).read_text(encoding="utf-8")
     else:
-        raise ValueError(
-            f"template: expected 'qwen2.5', 'qwen3' or an existing .jinja file, got {template!r}"
-        )
+        raise ValueError(f"template: expected 'qwen2.5', 'qwen3' or an existing .jinja file, got {template!r}")
 
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -245,8 +309,7 @@ def make_tiny_model(
         from tokenizers import AddedToken
 
         # after every learned id: the BPE part stays what it would be without them
-        tok.add_tokens([AddedToken(w, single_word=False, lstrip=False, rstrip=False, normalized=False)
-                        for w in words])
+        tok.add_tokens([AddedToken(w, single_word=False, lstrip=False, rstrip=False, normalized=False) for w in words])
         vocab_size = max(vocab_size, tok.get_vocab_size())
     tok.save(str(out / "tokenizer.json"))
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
@@ -254,8 +317,12 @@ def make_tiny_model(
     # only the added tokens listed here
     added = {
         str(i): {
-            "content": a.content, "lstrip": a.lstrip, "normalized": a.normalized, "rstrip": a.rstrip,
-            "single_word": a.single_word, "special": a.special,
+            "content": a.content,
+            "lstrip": a.lstrip,
+            "normalized": a.normalized,
+            "rstrip": a.rstrip,
+            "single_word": a.single_word,
+            "special": a.special,
         }
         for i, a in sorted(tok.get_added_tokens_decoder().items())
     }
@@ -275,8 +342,14 @@ def make_tiny_model(
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2), encoding="utf-8")
     (out / "special_tokens_map.json").write_text(
-        json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-                    "additional_special_tokens": ["<|im_start|>", "<|im_end|>"]}, indent=2),
+        json.dumps(
+            {
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+            },
+            indent=2,
+        ),
         encoding="utf-8",
     )
     stale = out / "chat_template.jinja"
@@ -310,10 +383,18 @@ def make_tiny_model(
     return out
 
 
-def synthetic_rollout_batch(num_groups: int = 4, group_size: int = 2, *, vocab_size: int = 1024,
-                            turns: tuple[int, int] = (1, 3), prompt_len: tuple[int, int] = (6, 20),
-                            response_len: tuple[int, int] = (1, 12), skill_len: int = 5,
-                            success_reward: float = 10.0, seed: int = 0):
+def synthetic_rollout_batch(
+    num_groups: int = 4,
+    group_size: int = 2,
+    *,
+    vocab_size: int = 1024,
+    turns: tuple[int, int] = (1, 3),
+    prompt_len: tuple[int, int] = (6, 20),
+    response_len: tuple[int, int] = (1, 12),
+    skill_len: int = 5,
+    success_reward: float = 10.0,
+    seed: int = 0,
+):
     """A deterministic :class:`pcsd.rollout.loop.RolloutBatch` of random token ids (no generation):
     ``num_groups`` groups of ``group_size`` trajectories with a random number of turns, random
     prompt/response lengths, teacher prompts = ``skill_len`` extra tokens + the student prompt, and
@@ -347,13 +428,22 @@ def synthetic_rollout_batch(num_groups: int = 4, group_size: int = 2, *, vocab_s
     won_t = torch.tensor(won, dtype=torch.bool)
     traj_t = torch.tensor(traj, dtype=torch.int64)
     return RolloutBatch(
-        prompt_ids=prompts, teacher_prompt_ids=teachers, response_ids=responses, behaviour_logprobs=lps,
-        traj_id=traj_t, group_id=traj_t // group_size, turn=torch.tensor(turn, dtype=torch.int64),
-        action_valid=torch.ones(len(traj), dtype=torch.bool), actions=["look"] * len(traj),
-        reward=won_t.to(torch.float32) * success_reward, won=won_t,
+        prompt_ids=prompts,
+        teacher_prompt_ids=teachers,
+        response_ids=responses,
+        behaviour_logprobs=lps,
+        traj_id=traj_t,
+        group_id=traj_t // group_size,
+        turn=torch.tensor(turn, dtype=torch.int64),
+        action_valid=torch.ones(len(traj), dtype=torch.bool),
+        actions=["look"] * len(traj),
+        reward=won_t.to(torch.float32) * success_reward,
+        won=won_t,
         length=torch.tensor(length, dtype=torch.int64),
         traj_group=torch.arange(n, dtype=torch.int64) // group_size,
-        task_type=["pick_and_place_simple"] * n, task=["put a thing somewhere"] * n)
+        task_type=["pick_and_place_simple"] * n,
+        task=["put a thing somewhere"] * n,
+    )
 
 
 def student_and_frozen(model_dir, perturb_frozen: float = 0.0, seed: int = 0):

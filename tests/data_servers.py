@@ -25,8 +25,15 @@ class _Base(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:  # quiet
         pass
 
-    def _send_bytes(self, data: bytes, *, head: bool = False, cut_at: Optional[int] = None,
-                    headers: Optional[dict] = None, ctype: str = "application/octet-stream") -> None:
+    def _send_bytes(
+        self,
+        data: bytes,
+        *,
+        head: bool = False,
+        cut_at: Optional[int] = None,
+        headers: Optional[dict] = None,
+        ctype: str = "application/octet-stream",
+    ) -> None:
         rng = self.headers.get("Range")
         start = 0
         if rng and rng.startswith("bytes=") and self.server.ranges:  # type: ignore[attr-defined]
@@ -156,15 +163,22 @@ class FakeHub(_Running):
                     api = f"/api/models/{repo}/"
                     if path.startswith(api + "revision/"):
                         files = owner.files(repo)
-                        self._json({"id": repo, "modelId": repo, "sha": owner.COMMIT, "private": False,
-                                    "siblings": [{"rfilename": f} for f in files]})
+                        self._json(
+                            {
+                                "id": repo,
+                                "modelId": repo,
+                                "sha": owner.COMMIT,
+                                "private": False,
+                                "siblings": [{"rfilename": f} for f in files],
+                            }
+                        )
                         return
                     if path.startswith(api + "tree/"):
                         self._json([owner.entry(repo, f) for f in owner.files(repo)])
                         return
                     pre = f"/{repo}/resolve/"
                     if path.startswith(pre):
-                        name = path[len(pre):].split("/", 1)[1]
+                        name = path[len(pre) :].split("/", 1)[1]
                         if name not in owner.files(repo):
                             self._not_found({"X-Error-Code": "EntryNotFound", "X-Repo-Commit": owner.COMMIT})
                             return

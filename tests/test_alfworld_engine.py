@@ -300,7 +300,7 @@ def test_every_shared_game_matches_real_engine(oracle_cls):
     rows = sorted(_manifest(), key=lambda r: hash_path(r["relative_path"]))
     if os.environ.get("PCSD_DIFF_RANGE"):
         start, _, stop = os.environ["PCSD_DIFF_RANGE"].partition(":")
-        rows = rows[int(start or 0): int(stop) if stop else None]
+        rows = rows[int(start or 0) : int(stop) if stop else None]
         assert rows, f"PCSD_DIFF_RANGE={os.environ['PCSD_DIFF_RANGE']!r} selects no game"
     games = steps = 0
     diffs: list[str] = []
@@ -342,7 +342,15 @@ def test_corrupt_files_raise_value_error_naming_file_and_key(tmp_path):
     with pytest.raises(ValueError, match="pddl_domain"):
         AlfworldGame.from_file(p)
     with pytest.raises(ValueError, match="grammar"):
-        AlfworldGame.from_json(json.dumps({"pddl_domain": "(define (domain d))", "pddl_problem": "(define (problem p) (:goal (and)))", "grammar": 3}))
+        AlfworldGame.from_json(
+            json.dumps(
+                {
+                    "pddl_domain": "(define (domain d))",
+                    "pddl_problem": "(define (problem p) (:goal (and)))",
+                    "grammar": 3,
+                }
+            )
+        )
 
 
 def test_argument_types_are_checked(tmp_path):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pcsd.rollout.backends import available_backends, make_backend
 from pcsd.ops.scoring import score_packed
+from pcsd.rollout.backends import available_backends, make_backend
 
 
 @pytest.fixture(scope="module")
@@ -15,9 +15,18 @@ def model_dir(tmp_path_factory):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-                      tie_word_embeddings=False, eos_token_id=1, bos_token_id=0)
+    cfg = Qwen2Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        eos_token_id=1,
+        bos_token_id=0,
+    )
     path = tmp_path_factory.mktemp("tiny")
     Qwen2ForCausalLM(cfg).save_pretrained(path)
     return path
@@ -77,8 +86,7 @@ def test_bad_generation_args(hf_model):
 
 @pytest.fixture(scope="module")
 def vllm_engine(model_dir, vllm_available):
-    eng = make_backend("vllm", model_path=model_dir, dtype="float32", max_model_len=512,
-                       kv_cache_bytes=64 << 20)
+    eng = make_backend("vllm", model_path=model_dir, dtype="float32", max_model_len=512, kv_cache_bytes=64 << 20)
     yield eng
     eng.close()
 
@@ -108,7 +116,8 @@ def test_vllm_weight_sync_matches_trainer(vllm_available, vllm_engine, model_dir
     vllm_engine.load_weights(trainer.state_dict().items())
     after = vllm_engine.generate(PROMPTS, n=1, max_tokens=16, seed=5)
     assert flat_logprobs(before).shape != flat_logprobs(after).shape or not torch.allclose(
-        flat_logprobs(before), flat_logprobs(after))
+        flat_logprobs(before), flat_logprobs(after)
+    )
     torch.testing.assert_close(flat_logprobs(after), rescore(trainer, PROMPTS, after), rtol=0, atol=1e-4)
 
 

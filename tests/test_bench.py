@@ -125,8 +125,10 @@ def test_mp_pool_steps_like_one_env_at_a_time(tmp_path, real_alfworld):
     cmds = [[streams[e][j] for e in range(3)] for j in range(3)] + [[None] * 3]  # ... then a reset
     envs = [bench_env._start_real_env(g) for g in games]
     first = [bench_env._real_result(env.reset()) for env in envs]
-    expect = [[bench_env._real_result(env.reset() if c is None else env.step(c)[0]) for env, c in zip(envs, step)]
-              for step in cmds]
+    expect = [
+        [bench_env._real_result(env.reset() if c is None else env.step(c)[0]) for env, c in zip(envs, step)]
+        for step in cmds
+    ]
     for env in envs:
         env.close()
     assert first[0] != first[1]  # different games: a slicing mistake cannot go unseen
@@ -163,8 +165,9 @@ def test_python_prompt_matches_rust(tmp_path):
     pb = PromptBuilder("alfworld", history_length=2, max_prompt_tokens=None)
     assert any(r["step"] >= 3 for r in reqs)  # history longer than H is exercised
     for r in reqs:
-        assert prompts.python_prompt(r, 2) == pb.build(r["task"], r["observation"], r["admissible"], r["history"],
-                                                     r["step"])
+        assert prompts.python_prompt(r, 2) == pb.build(
+            r["task"], r["observation"], r["admissible"], r["history"], r["step"]
+        )
 
 
 def test_prompts(tmp_path):
@@ -183,8 +186,17 @@ def test_logprobs(tmp_path):
     rows = _load(tmp_path, "logprobs")["rows"]
     timed = [r for r in rows if r["pass_"] in ("fwd", "fwd+bwd")]
     assert {r["pass_"] for r in timed} == {"fwd", "fwd+bwd"}
-    for key in ("fused_ms", "chunked_ms", "naive_ms", "time_fused_vs_naive", "fused_peak_KB_per_token",
-                "fused_peak_vs_full_logits", "chunked_peak_KB_per_token", "naive_peak_KB_per_token", "max_abs_err"):
+    for key in (
+        "fused_ms",
+        "chunked_ms",
+        "naive_ms",
+        "time_fused_vs_naive",
+        "fused_peak_KB_per_token",
+        "fused_peak_vs_full_logits",
+        "chunked_peak_KB_per_token",
+        "naive_peak_KB_per_token",
+        "max_abs_err",
+    ):
         assert all(key in r for r in timed), key
     assert rows[0]["max_abs_err"] < 1e-4
     memory = [r for r in rows if r["pass_"].endswith("memory only")]  # --memory-tokens (32 at --tiny)
@@ -198,7 +210,12 @@ def test_step(tmp_path):
     for key in ("score_s", "update_s", "tokens_per_s", "peak_extra_MB", "speedup_vs_straightforward", "loss"):
         assert all(key in r for r in rows), key
     naive = rows[3]
-    assert naive["old_s"] > 0 and naive["ref_s"] > 0 and naive["teacher_s"] > 0 and naive["speedup_vs_straightforward"] == 1
+    assert (
+        naive["old_s"] > 0
+        and naive["ref_s"] > 0
+        and naive["teacher_s"] > 0
+        and naive["speedup_vs_straightforward"] == 1
+    )
     assert rows[0]["tokens"] == naive["tokens"] > rows[0]["response_tokens"] > 0
     for r in rows[:3]:  # the four compute the same step
         assert r["loss"] == pytest.approx(naive["loss"], rel=1e-3, abs=1e-7)
@@ -217,8 +234,17 @@ def test_rollout(tmp_path):
     data = _load(tmp_path, "rollout")
     assert {(r["backend"], r["phase"]) for r in data["rows"]} == {("hf", "generate only"), ("hf", "rollout")}
     row = next(r for r in data["rows"] if r["phase"] == "rollout")
-    for key in ("episodes_per_s", "turns_per_s", "gen_tokens_per_s", "generation_s", "env_s", "prompts_s",
-                "parsing_s", "scoring_s", "outside_model_share"):
+    for key in (
+        "episodes_per_s",
+        "turns_per_s",
+        "gen_tokens_per_s",
+        "generation_s",
+        "env_s",
+        "prompts_s",
+        "parsing_s",
+        "scoring_s",
+        "outside_model_share",
+    ):
         assert key in row
     assert row["episodes"] == 2 and 0.0 <= row["outside_model_share"] <= 1.0
     assert row["scoring_s"] > 0
@@ -228,8 +254,14 @@ def test_rollout(tmp_path):
 
 def test_rollout_vllm_column(tmp_path, vllm_available, child_env):
     """The vLLM backend runs beside HF (CLI entry point: vLLM's CPU build wants OMP_NUM_THREADS=1)."""
-    res = subprocess.run([sys.executable, "-m", "pcsd.bench", "rollout", "--tiny", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=600, cwd=tmp_path, env=child_env)
+    res = subprocess.run(
+        [sys.executable, "-m", "pcsd.bench", "rollout", "--tiny", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=child_env,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     data = _load(tmp_path, "rollout")
     assert not [n for n in data["notes"] if "skipped" in n], data["notes"]
@@ -254,13 +286,24 @@ def test_model_path_needs_a_checkpoint_and_a_gpu(tmp_path, capsys):
 
 
 def test_cli_entry_point(tmp_path, child_env):
-    res = subprocess.run([sys.executable, "-m", "pcsd.bench", "op", "--tiny", "--no-compile", "--threads", "1",
-                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path, env=child_env)
+    res = subprocess.run(
+        [sys.executable, "-m", "pcsd.bench", "op", "--tiny", "--no-compile", "--threads", "1", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=child_env,
+    )
     assert res.returncode == 0, res.stderr
     assert "machine:" in res.stdout and (tmp_path / "op.json").is_file()
-    res = subprocess.run([sys.executable, "-m", "pcsd.bench", "logprobs", "--tokens", "x"],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=child_env)
+    res = subprocess.run(
+        [sys.executable, "-m", "pcsd.bench", "logprobs", "--tokens", "x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=child_env,
+    )
     assert res.returncode == 2 and "--tokens" in res.stderr
 
 
@@ -271,8 +314,14 @@ GPU_PARTS = ["op", "fused", "update", "paper_update", "hf_generation", "vllm", "
 def test_gpu_cpu_small_runs_every_part_that_can_run_on_a_cpu(tmp_path, child_env):
     """What CI runs: `python -m pcsd.bench gpu --device cpu --small` (a subprocess: vLLM's CPU build
     wants the entry point's OMP_NUM_THREADS=1)."""
-    res = subprocess.run([sys.executable, "-m", "pcsd.bench", "gpu", "--device", "cpu", "--small", "--out",
-                          str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=child_env)
+    res = subprocess.run(
+        [sys.executable, "-m", "pcsd.bench", "gpu", "--device", "cpu", "--small", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=child_env,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     data = json.loads((tmp_path / "gpu.json").read_text())
     assert data["device"] == "cpu" and data["small"] is True
@@ -350,8 +399,13 @@ def test_gpu_cuda_branches_run_with_a_stand_in_allocator(tmp_path, monkeypatch):
         def sync(self) -> None:
             pass
 
-    for fn, value in (("reset_peak_memory_stats", None), ("max_memory_allocated", 3 << 30),
-                      ("max_memory_reserved", 4 << 30), ("synchronize", None), ("empty_cache", None)):
+    for fn, value in (
+        ("reset_peak_memory_stats", None),
+        ("max_memory_allocated", 3 << 30),
+        ("max_memory_reserved", 4 << 30),
+        ("synchronize", None),
+        ("empty_cache", None),
+    ):
         monkeypatch.setattr(torch.cuda, fn, lambda *a, _v=value, **k: _v)
     ctx = CudaCtx(torch.device("cpu"), True, tmp_path, None)
     parts = {name: gpu.run_part(name, ctx) for name in ("fused", "paper_update", "hf_generation")}

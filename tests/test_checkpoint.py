@@ -20,8 +20,15 @@ def _model(seed: int = 0):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     return Qwen2ForCausalLM(cfg)
 
 
@@ -35,9 +42,16 @@ def _stepped(model):
 def _save(run: Path, step: int, model, opt, **kw):
     from pcsd.train.distributed import full_optimizer_state, single_process
 
-    return ck.save_checkpoint(run, step, model, full_optimizer_state(model, opt, single_process()),
-                              ck.capture_rng({"games": random.Random(step)}), config_yaml=f"step: {step}\n",
-                              state={"summary": {"success_before": 12.5}}, **kw)
+    return ck.save_checkpoint(
+        run,
+        step,
+        model,
+        full_optimizer_state(model, opt, single_process()),
+        ck.capture_rng({"games": random.Random(step)}),
+        config_yaml=f"step: {step}\n",
+        state={"summary": {"success_before": 12.5}},
+        **kw,
+    )
 
 
 def test_round_trip_restores_weights_optimizer_rng_state(tmp_path):
@@ -51,8 +65,15 @@ def test_round_trip_restores_weights_optimizer_rng_state(tmp_path):
     rng = ck.capture_rng({"games": games})
     from pcsd.train.distributed import full_optimizer_state
 
-    path = ck.save_checkpoint(tmp_path, 3, model, full_optimizer_state(model, opt, single_process()), rng,
-                              config_yaml="a: 1\n", state={"summary": {"x": 1}})
+    path = ck.save_checkpoint(
+        tmp_path,
+        3,
+        model,
+        full_optimizer_state(model, opt, single_process()),
+        rng,
+        config_yaml="a: 1\n",
+        state={"summary": {"x": 1}},
+    )
     assert path.name == "step-00000003" and (path / ck.COMPLETE_MARKER).is_file()
     assert (path / "model" / "config.json").is_file()
     expect = (random.random(), float(np.random.rand()), float(torch.rand(1)), games.random())
@@ -121,8 +142,9 @@ def test_hard_crash_mid_write_never_loads(tmp_path, child_env):
         m = Qwen2ForCausalLM(cfg)
         ck.save_checkpoint({str(tmp_path)!r}, 2, m, {{}}, ck.capture_rng(), config_yaml="x: 1\\n")
     """)
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                       cwd=tmp_path, env=child_env)
+    r = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=child_env
+    )
     assert r.returncode == 9, r.stderr[-2000:]
     leftovers = list((tmp_path / "checkpoints").glob(".tmp-*"))
     assert len(leftovers) == 1 and (leftovers[0] / "optimizer.pt").is_file()
@@ -180,12 +202,19 @@ def _damage(path: Path, how: str) -> None:
         path.write_bytes(data[: len(data) // 2])
     else:  # one byte changed, same size: only the checksum sees it
         k = len(data) // 2
-        path.write_bytes(data[:k] + bytes([data[k] ^ 0x40]) + data[k + 1:])
+        path.write_bytes(data[:k] + bytes([data[k] ^ 0x40]) + data[k + 1 :])
 
 
-@pytest.mark.parametrize("file,how", [("model/model.safetensors", "truncate"), ("optimizer.pt", "truncate"),
-                                      ("optimizer.pt", "flip"), ("rng.pt", "flip"),
-                                      ("model/model.safetensors", "flip")])
+@pytest.mark.parametrize(
+    "file,how",
+    [
+        ("model/model.safetensors", "truncate"),
+        ("optimizer.pt", "truncate"),
+        ("optimizer.pt", "flip"),
+        ("rng.pt", "flip"),
+        ("model/model.safetensors", "flip"),
+    ],
+)
 def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, file, how):
     """Checksums recorded when each checkpoint completed: a damaged file in the newest one (truncated,
     or one byte changed) is found, that checkpoint skipped with one warning, the previous one loaded;

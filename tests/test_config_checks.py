@@ -9,14 +9,17 @@ import torch
 from pcsd.train.config import ConfigError, load_config
 
 
-@pytest.mark.parametrize("override,message", [
-    ("algo.pcsd.alpha=2", "algo.pcsd: alpha must be in (0, 1], got 2.0"),
-    ("algo.pcsd.n_max=0", "algo.pcsd: n_max must be an integer >= n_min (1), got 0"),
-    ("algo.pcsd.n_min=0", "algo.pcsd: n_min must be an integer >= 1, got 0"),
-    ("algo.pcsd.tau_low=0.6", "algo.pcsd: tau_low must be < tau_high"),
-    ("algo.pcsd.gamma=-1", "algo.pcsd: gamma must be >= 0"),
-    ("algo.pcsd.beta_gate=-5", "algo.pcsd: beta_gate must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("algo.pcsd.alpha=2", "algo.pcsd: alpha must be in (0, 1], got 2.0"),
+        ("algo.pcsd.n_max=0", "algo.pcsd: n_max must be an integer >= n_min (1), got 0"),
+        ("algo.pcsd.n_min=0", "algo.pcsd: n_min must be an integer >= 1, got 0"),
+        ("algo.pcsd.tau_low=0.6", "algo.pcsd: tau_low must be < tau_high"),
+        ("algo.pcsd.gamma=-1", "algo.pcsd: gamma must be >= 0"),
+        ("algo.pcsd.beta_gate=-5", "algo.pcsd: beta_gate must be >= 0"),
+    ],
+)
 def test_pcsd_parameters_with_the_ops_messages(override, message):
     from pcsd.ops.weighting import get_rule
 
@@ -34,22 +37,25 @@ def test_pcsd_parameters_with_the_ops_messages(override, message):
     assert message.removeprefix("algo.pcsd: ") in str(op_exc.value)
 
 
-@pytest.mark.parametrize("override,message", [
-    ("algo.clip_eps=1.5", "algo.clip_eps must be in (0, 1)"),
-    ("algo.kl_beta=-0.1", "algo.kl_beta must be >= 0"),
-    ("algo.lambda_distill=-1", "algo.lambda_distill must be >= 0"),
-    ("rollout.group_size=1", "GRPO needs groups of >= 2"),
-    ("optim.tokens_per_microbatch=1000", "smaller than one row"),
-    ("rollout.temperature=0", "rollout.temperature must be > 0"),
-    ("eval.temperature=0", "eval.temperature must be > 0"),
-    ("rollout.top_p=1.5", "rollout.top_p must be in (0, 1]"),
-    ("optim.lr=nan", "optim.lr=nan must be a finite number"),
-    ("optim.lr=0", "optim.lr must be > 0"),
-    ("rollout.gpu_memory_utilization=1.2", "rollout.gpu_memory_utilization must be in (0, 1)"),
-    ("rollout.sync_bucket_mb=0", "rollout.sync_bucket_mb must be > 0"),
-    ("eval.every=-1", "eval.every must be >= 0"),
-    ("eval.protocol=best", "eval.protocol='best' is not valid"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("algo.clip_eps=1.5", "algo.clip_eps must be in (0, 1)"),
+        ("algo.kl_beta=-0.1", "algo.kl_beta must be >= 0"),
+        ("algo.lambda_distill=-1", "algo.lambda_distill must be >= 0"),
+        ("rollout.group_size=1", "GRPO needs groups of >= 2"),
+        ("optim.tokens_per_microbatch=1000", "smaller than one row"),
+        ("rollout.temperature=0", "rollout.temperature must be > 0"),
+        ("eval.temperature=0", "eval.temperature must be > 0"),
+        ("rollout.top_p=1.5", "rollout.top_p must be in (0, 1]"),
+        ("optim.lr=nan", "optim.lr=nan must be a finite number"),
+        ("optim.lr=0", "optim.lr must be > 0"),
+        ("rollout.gpu_memory_utilization=1.2", "rollout.gpu_memory_utilization must be in (0, 1)"),
+        ("rollout.sync_bucket_mb=0", "rollout.sync_bucket_mb must be > 0"),
+        ("eval.every=-1", "eval.every must be >= 0"),
+        ("eval.protocol=best", "eval.protocol='best' is not valid"),
+    ],
+)
 def test_ranges_are_checked_when_the_config_is_read(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         load_config([override])
@@ -79,16 +85,19 @@ def _one_line(err: str, needle: str, only: bool = True) -> None:
     assert len(lines) == 1 and needle in lines[0], err[-3000:]
 
 
-@pytest.mark.parametrize("override,message", [
-    ("run.seed=-1", "run.seed must be in [0, 2147483647], got -1"),
-    ("run.seed=4294967296", "run.seed must be in [0, 2147483647], got 4294967296"),
-    ("env.num_threads=-1", "env.num_threads must be >= 0, got -1"),
-    ("optim.sft_steps=-5", "optim.sft_steps must be >= 0, got -5"),
-    ("model.tiny_hidden_size=0", "model.tiny_hidden_size must be >= 32"),
-    ("model.tiny_hidden_size=100", "divisible by its head count"),
-    ("model.tiny_layers=-1", "model.tiny_layers must be >= 1, got -1"),
-    ("rollout.tasks_per_step=1000000", "4000000 envs per rank, more than the env pool holds (1048576)"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("run.seed=-1", "run.seed must be in [0, 2147483647], got -1"),
+        ("run.seed=4294967296", "run.seed must be in [0, 2147483647], got 4294967296"),
+        ("env.num_threads=-1", "env.num_threads must be >= 0, got -1"),
+        ("optim.sft_steps=-5", "optim.sft_steps must be >= 0, got -5"),
+        ("model.tiny_hidden_size=0", "model.tiny_hidden_size must be >= 32"),
+        ("model.tiny_hidden_size=100", "divisible by its head count"),
+        ("model.tiny_layers=-1", "model.tiny_layers must be >= 1, got -1"),
+        ("rollout.tasks_per_step=1000000", "4000000 envs per rank, more than the env pool holds (1048576)"),
+    ],
+)
 def test_values_that_failed_late_are_caught_when_the_config_is_read(override, message, tmp_path, capsys):
     """Each was accepted, or failed after the warm-up with a traceback (run.seed=-1 naming the
     derived seed -100000): now one line, exit 2, before the run folder exists."""
@@ -135,8 +144,10 @@ def test_a_damaged_model_folder_is_one_line_naming_the_file(tmp_path, tiny_model
     weights = truncated / "model.safetensors"
     with open(weights, "r+b") as f:
         f.truncate(weights.stat().st_size - 100)
-    for folder, message in ((bad_json, f"{bad_json / 'config.json'}: not valid JSON"),
-                            (truncated, f"{weights}: truncated")):
+    for folder, message in (
+        (bad_json, f"{bad_json / 'config.json'}: not valid JSON"),
+        (truncated, f"{weights}: truncated"),
+    ):
         assert main([f"model.path={folder}", f"run.dir={tmp_path / 'run'}"]) == 2
         _one_line(capsys.readouterr().err, f"model.path: {message}")
         with pytest.raises(ModelLoadError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -149,8 +160,11 @@ def test_a_prompt_budget_no_prompt_fits_is_refused_at_config_read(tiny_model):
 
     least = PromptBuilder("alfworld", tokenizer_dir=tiny_model, max_prompt_tokens=None).min_prompt_tokens()
     assert 50 < least < 1024
-    with pytest.raises(ConfigError, match=rf"rollout.max_prompt_tokens={least - 1} cannot hold a single prompt: "
-                                          rf"the alfworld template alone .* is {least} tokens"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"rollout.max_prompt_tokens={least - 1} cannot hold a single prompt: "
+        rf"the alfworld template alone .* is {least} tokens",
+    ):
         load_config([f"model.path={tiny_model}", f"rollout.max_prompt_tokens={least - 1}"])
     assert load_config([f"model.path={tiny_model}", f"rollout.max_prompt_tokens={least}"])
 
@@ -160,16 +174,19 @@ def test_a_corrupt_config_yaml_on_resume_is_one_line(tmp_path, capsys):
 
     run = tmp_path / "run"
     run.mkdir()
-    for text, message in (("model: {path: [unclosed\n", "is not a readable config"),
-                          ("- a\n- b\n", "is not a config (a YAML mapping of keys)"),
-                          (b"\xff\xfe\x00garbage", "is not a readable config")):
+    for text, message in (
+        ("model: {path: [unclosed\n", "is not a readable config"),
+        ("- a\n- b\n", "is not a config (a YAML mapping of keys)"),
+        (b"\xff\xfe\x00garbage", "is not a readable config"),
+    ):
         (run / "config.yaml").write_bytes(text if isinstance(text, bytes) else text.encode())
         assert main(["--resume", str(run)]) == 2
         _one_line(capsys.readouterr().err, f"run.resume={run}: {run / 'config.yaml'} {message}")
 
 
-def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_earlier_checkpoints(tmp_path, tiny_model, capsys,
-                                                                                     monkeypatch):
+def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_earlier_checkpoints(
+    tmp_path, tiny_model, capsys, monkeypatch
+):
     import errno
 
     from pcsd.train import checkpoint as ck
@@ -184,9 +201,19 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_earlier_checkpoin
 
     monkeypatch.setattr(ck.torch, "save", full_disk)
     run = tmp_path / "run"
-    args = ["rollout.backend=hf", "optim.sft_steps=0", "env.max_steps=1", "rollout.tasks_per_step=1",
-            "rollout.group_size=2", "rollout.max_response_tokens=4", "eval.episodes=1", "optim.steps=2",
-            "run.save_every=1", f"model.path={tiny_model}", f"run.dir={run}"]
+    args = [
+        "rollout.backend=hf",
+        "optim.sft_steps=0",
+        "env.max_steps=1",
+        "rollout.tasks_per_step=1",
+        "rollout.group_size=2",
+        "rollout.max_response_tokens=4",
+        "eval.episodes=1",
+        "optim.steps=2",
+        "run.save_every=1",
+        f"model.path={tiny_model}",
+        f"run.dir={run}",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
     _one_line(err, "No space left on device; the run's complete checkpoints are intact", only=False)

@@ -24,9 +24,9 @@ def test_the_build_has_cuda_kernels_and_the_op_dispatches_to_them():
 def test_public_op_on_cuda_equals_the_cpu_kernel(seed):
     # the public op (its checks, the mask conversion, the dispatch) on the self-test's batches and
     # tolerances (pcsd.bench.op_cases), against the CPU kernel's fp64 results
-    import numpy as np
-
     from dataclasses import asdict
+
+    import numpy as np
 
     from pcsd.bench.op_cases import PARAM_SETS, api_accepts, compare, make_batch, run_cpu
     from pcsd.ops.kernels import pcsd_weights
@@ -34,8 +34,13 @@ def test_public_op_on_cuda_equals_the_cpu_kernel(seed):
     rng = np.random.default_rng(seed)
     b = make_batch(rng, list(rng.integers(0, 700, int(rng.integers(1, 300)))))
     for pname, p in [ps for ps in PARAM_SETS if api_accepts(ps[1])]:
-        got = pcsd_weights(torch.from_numpy(b.gap).cuda(), torch.from_numpy(b.cu).cuda(),
-                           torch.from_numpy(b.mask != 0).cuda(), return_stats=True, **asdict(p))
+        got = pcsd_weights(
+            torch.from_numpy(b.gap).cuda(),
+            torch.from_numpy(b.cu).cuda(),
+            torch.from_numpy(b.mask != 0).cuda(),
+            return_stats=True,
+            **asdict(p),
+        )
         assert got.w.is_cuda
         got = {k: v.cpu().numpy() for k, v in zip(("w", "ad", "r", "slope", "eta"), got)}
         assert compare(pname, b, p, run_cpu(b, p), got, True, log=None) == []

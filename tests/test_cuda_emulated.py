@@ -19,7 +19,11 @@ def test_cuda_kernels_match_cpu_kernel_under_emulation(tmp_path: Path) -> None:
     env = dict(os.environ, PCSD_EMU_BUILD=str(tmp_path))
     proc = subprocess.run(
         ["bash", str(ROOT / "tools" / "cuda_emu" / "run.sh"), "--quick"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     out = proc.stdout + proc.stderr
     if proc.returncode != 0 and "error:" in out and "barrier" in out:

@@ -15,8 +15,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from data_servers import FakeHub, FileServer
+
 from pcsd.data.cli import main as data_main
 from pcsd.envs.procedural import TASK_TYPES, generate_game_json
 
@@ -35,7 +35,9 @@ def alfworld_zip(counts=COUNTS) -> bytes:
         for split, n in counts.items():
             for _ in range(n):
                 tt = TASK_TYPES[i % len(TASK_TYPES)]
-                zf.writestr(f"json_2.1.1/{split}/{tt}-Obj-None-Recep-{i}/trial_T{i:05d}/game.tw-pddl", generate_game_json(tt, i))
+                zf.writestr(
+                    f"json_2.1.1/{split}/{tt}-Obj-None-Recep-{i}/trial_T{i:05d}/game.tw-pddl", generate_game_json(tt, i)
+                )
                 zf.writestr(f"json_2.1.1/{split}/{tt}-Obj-None-Recep-{i}/trial_T{i:05d}/traj_data.json", "{}")
                 i += 1
     return buf.getvalue()
@@ -142,7 +144,7 @@ def test_a_corrupt_archive_is_refused_and_deleted(alf, tmp_path, capsys):
     srv, man = alf
     data = bytearray(srv.files[ARCHIVE])
     mid = len(data) // 2
-    data[mid:mid + 64] = bytes(64)  # damaged inside a member: its CRC no longer matches
+    data[mid : mid + 64] = bytes(64)  # damaged inside a member: its CRC no longer matches
     srv.files[ARCHIVE] = bytes(data)
     dest = tmp_path / "d"
     rc, _, err = run_cli(["alfworld", "--dest", dest, "--manifest", man], capsys)
@@ -162,8 +164,9 @@ def test_a_truncated_archive_is_refused(alf, tmp_path, capsys):
 def test_the_wrong_number_of_games_is_refused(tmp_path, capsys, monkeypatch):
     with FileServer({ARCHIVE: alfworld_zip({"train": 2, "valid_seen": 2, "valid_unseen": 1})}) as srv:
         monkeypatch.setenv("PCSD_ALFWORLD_URL", srv.url)
-        rc, _, err = run_cli(["alfworld", "--dest", tmp_path / "d", "--manifest",
-                              manifest(tmp_path, "alfworld", splits=COUNTS)], capsys)
+        rc, _, err = run_cli(
+            ["alfworld", "--dest", tmp_path / "d", "--manifest", manifest(tmp_path, "alfworld", splits=COUNTS)], capsys
+        )
     assert rc == 1 and "train 2 (expected 3)" in one_line(err)
 
 
@@ -241,8 +244,11 @@ def test_the_shipped_manifests_hold_the_real_counts():
     ws = load_manifest("webshop")
     assert ws.file("items_shuffle_1000.json")["count"] == 1000
     assert ws.file("items_shuffle.json")["count"] == 1_181_436
-    assert ws.extra["sets"]["small"]["files"] == ["items_shuffle_1000.json", "items_ins_v2_1000.json",
-                                                   "items_human_ins.json"]
+    assert ws.extra["sets"]["small"]["files"] == [
+        "items_shuffle_1000.json",
+        "items_ins_v2_1000.json",
+        "items_human_ins.json",
+    ]
     for f in ws.files.values():  # the original sources: WebShop's Google Drive files, spaCy's release
         assert f["url"].startswith(("https://drive.usercontent.google.com/", "https://github.com/explosion/"))
 
@@ -253,20 +259,43 @@ def webshop_files(n: int = 6) -> dict[str, bytes]:
     products, attrs = [], {}
     for i in range(n):
         asin = f"B0TEST{i:04d}"
-        products.append({
-            "asin": asin, "name": f"Red Cotton Shirt Model {i}", "full_description": "A soft cotton shirt.",
-            "small_description": ["machine wash", "cotton"], "pricing": f"${10 + i}.99", "category": "fashion",
-            "query": "shirts", "product_category": "Clothing › Men › Shirts", "images": [], "page": 1,
-            "average_rating": 4.5,
-            "customization_options": {"Size": [{"value": "Small", "image": None}, {"value": "Large", "image": None}]},
-        })
-        attrs[asin] = {"attributes": ["machine wash"], "instruction": f"i need a red cotton shirt number {i}",
-                       "instruction_attributes": ["machine wash"]}
-    human = {products[0]["asin"]: [{"instruction": "a red shirt please", "instruction_attributes": ["machine wash"],
-                                    "instruction_options": ["small"]}]}
-    return {"items_shuffle_1000.json": json.dumps(products).encode(),
-            "items_ins_v2_1000.json": json.dumps(attrs).encode(),
-            "items_human_ins.json": json.dumps(human).encode()}
+        products.append(
+            {
+                "asin": asin,
+                "name": f"Red Cotton Shirt Model {i}",
+                "full_description": "A soft cotton shirt.",
+                "small_description": ["machine wash", "cotton"],
+                "pricing": f"${10 + i}.99",
+                "category": "fashion",
+                "query": "shirts",
+                "product_category": "Clothing › Men › Shirts",
+                "images": [],
+                "page": 1,
+                "average_rating": 4.5,
+                "customization_options": {
+                    "Size": [{"value": "Small", "image": None}, {"value": "Large", "image": None}]
+                },
+            }
+        )
+        attrs[asin] = {
+            "attributes": ["machine wash"],
+            "instruction": f"i need a red cotton shirt number {i}",
+            "instruction_attributes": ["machine wash"],
+        }
+    human = {
+        products[0]["asin"]: [
+            {
+                "instruction": "a red shirt please",
+                "instruction_attributes": ["machine wash"],
+                "instruction_options": ["small"],
+            }
+        ]
+    }
+    return {
+        "items_shuffle_1000.json": json.dumps(products).encode(),
+        "items_ins_v2_1000.json": json.dumps(attrs).encode(),
+        "items_human_ins.json": json.dumps(human).encode(),
+    }
 
 
 def spacy_wheel(tmp: Path) -> bytes:
@@ -335,8 +364,9 @@ def test_webshop_from_a_local_copy_with_a_noun_table(shop_server, tmp_path, caps
     rc, out, err = run_cli(["webshop", "--from", tmp_path / "a", "--dest", tmp_path / "b", "--manifest", man], capsys)
     assert rc == 0, err
     assert srv.log == []  # the files, and the noun table beside them, came from the copy
-    assert (tmp_path / "b" / "data" / "spacy_nouns_1k.json").read_bytes() == \
-        (tmp_path / "a" / "data" / "spacy_nouns_1k.json").read_bytes()
+    assert (tmp_path / "b" / "data" / "spacy_nouns_1k.json").read_bytes() == (
+        tmp_path / "a" / "data" / "spacy_nouns_1k.json"
+    ).read_bytes()
 
 
 def test_webshop_nouns_file_must_cover_every_name(shop_server, tmp_path, capsys):
@@ -423,8 +453,7 @@ def test_model_unknown_id_and_no_network(hub, tmp_path, capsys, monkeypatch):
 
 
 def test_model_from_a_local_folder(tiny_repo, tmp_path, capsys):
-    rc, out, err = run_cli(["model", "Qwen/Qwen2.5-3B-Instruct", "--from", tiny_repo, "--dest", tmp_path / "m"],
-                           capsys)
+    rc, out, err = run_cli(["model", "Qwen/Qwen2.5-3B-Instruct", "--from", tiny_repo, "--dest", tmp_path / "m"], capsys)
     assert rc == 0, err
     assert (tmp_path / "m" / "model.safetensors").read_bytes() == (tiny_repo / "model.safetensors").read_bytes()
     broken = tmp_path / "broken"
@@ -451,8 +480,11 @@ def test_model_path_takes_a_model_id_cache_and_offline(hub, tmp_path, monkeypatc
     hub.log.clear()
     assert resolve_model_path("pcsd-test/tiny") == snap and hub.log == []
     check_model_spec("pcsd-test/tiny")
-    with pytest.raises(ModelNotFound, match=r"^model\.path=pcsd-test/other: .*not in the Hugging Face cache.*"
-                                            r"HF_HUB_OFFLINE"):
+    with pytest.raises(
+        ModelNotFound,
+        match=r"^model\.path=pcsd-test/other: .*not in the Hugging Face cache.*"
+        r"HF_HUB_OFFLINE",
+    ):
         check_model_spec("pcsd-test/other")
     with pytest.raises(ModelNotFound, match=r"^--model=pcsd-test/other: .*HF_HUB_OFFLINE"):
         resolve_model_path("pcsd-test/other", "--model")
@@ -505,7 +537,8 @@ def test_the_readme_first_paper_run_commands(alf, tiny_repo, tmp_path, monkeypat
     games (a test manifest and destination appended), the model into the Hugging Face cache, then,
     offline, the memory plan and the training config on the model id, and the evaluation's arguments."""
     from pcsd.eval.cli import _parser as eval_parser
-    from pcsd.train.cli import main as train_main, resolve
+    from pcsd.train.cli import main as train_main
+    from pcsd.train.cli import resolve
 
     cmds = readme_first_run()
     assert cmds[0].startswith("pip install")

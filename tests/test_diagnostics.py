@@ -10,8 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from pcsd.diagnostics.robustness import (GapSet, gapset_from_records, inject_spikes, rank_robustness,
-                                         spearman, synthetic_gaps, token_weights)
+from pcsd.diagnostics.robustness import (
+    GapSet,
+    gapset_from_records,
+    inject_spikes,
+    rank_robustness,
+    spearman,
+    synthetic_gaps,
+    token_weights,
+)
 from pcsd.ops import weighting
 
 
@@ -25,8 +32,12 @@ def planted():
         weighting.register_rule(name, "weights")(fn)
         names.append(name)
 
-    reg("planted-fixed", lambda gap, cu, mask=None: torch.linspace(0.1, 0.9, gap.numel()) * (
-        mask.to(gap.dtype) if mask is not None else 1.0))
+    reg(
+        "planted-fixed",
+        lambda gap, cu, mask=None: (
+            torch.linspace(0.1, 0.9, gap.numel()) * (mask.to(gap.dtype) if mask is not None else 1.0)
+        ),
+    )
     reg("planted-identity", lambda gap, cu, mask=None: gap.clone() * (mask.to(gap.dtype) if mask is not None else 1.0))
     yield
     for n in names:
@@ -68,8 +79,7 @@ def test_identical_inputs_give_correlation_one():
 
 def test_planted_rules_give_the_expected_values(planted):
     gs = synthetic_gaps(num_segments=30, seed=2)
-    res = rank_robustness(gs, ["planted-fixed", "planted-identity", "sdar"], fractions=(0.05, 0.1), repeats=3,
-                          seed=9)
+    res = rank_robustness(gs, ["planted-fixed", "planted-identity", "sdar"], fractions=(0.05, 0.1), repeats=3, seed=9)
     for f in ("0.05", "0.1"):
         assert res["rules"]["planted-fixed"][f]["values"] == [1.0, 1.0, 1.0]  # ignores its input
         # the identity rule: Spearman of the gaps themselves, draw by draw
@@ -129,8 +139,10 @@ def test_cli_quality_alignment_writes_table_json_and_figure(tmp_path, tiny_model
     from pcsd.diagnostics.cli import main
 
     out = tmp_path / "out"
-    assert main(["quality-alignment", "--model", str(tiny_model), "--games", "2", "--max-pairs", "6",
-                 "--out", str(out)]) == 0
+    assert (
+        main(["quality-alignment", "--model", str(tiny_model), "--games", "2", "--max-pairs", "6", "--out", str(out)])
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "Teacher-quality alignment" in printed and "-0.489 / -0.208" in printed
     d = json.loads((out / "diagnostics.json").read_text())["quality_alignment"]
@@ -138,8 +150,29 @@ def test_cli_quality_alignment_writes_table_json_and_figure(tmp_path, tiny_model
     assert len(d["dQ"]["removed"]) == 6 and len(d["rules"]["pcsd"]["shuffled"]["dW"]) == 6
     assert (out / "quality_alignment.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # then rank robustness on the same model's expert-trajectory gaps, into the same JSON
-    assert main(["rank-robustness", "--model", str(tiny_model), "--games", "2", "--max-pairs", "6",
-                 "--gaps-from", "expert", "--repeats", "2", "--rules", "pcsd,sdar", "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "rank-robustness",
+                "--model",
+                str(tiny_model),
+                "--games",
+                "2",
+                "--max-pairs",
+                "6",
+                "--gaps-from",
+                "expert",
+                "--repeats",
+                "2",
+                "--rules",
+                "pcsd,sdar",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     d = json.loads((out / "diagnostics.json").read_text())
     assert "quality_alignment" in d and d["rank_robustness"]["source"].startswith("expert trajectories")
 
@@ -148,8 +181,25 @@ def test_cli_quality_alignment_with_the_skill_following_expert(tmp_path, tiny_mo
     from pcsd.diagnostics.cli import main
 
     out = tmp_path / "out"
-    assert main(["quality-alignment", "--model", str(tiny_model), "--games", "2", "--max-pairs", "4",
-                 "--expert", "skills", "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "quality-alignment",
+                "--model",
+                str(tiny_model),
+                "--games",
+                "2",
+                "--max-pairs",
+                "4",
+                "--expert",
+                "skills",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     d = json.loads((out / "diagnostics.json").read_text())["quality_alignment"]
     assert d["num_pairs"] == 4 and "expert that follows the skills" in d["episodes_source"]
 
@@ -169,9 +219,17 @@ def test_quality_alignment_reads_a_skills_folder(tmp_path, tiny_model):
     repo = SkillRepository(folder)
     builder = PromptBuilder("alfworld", tokenizer_dir=tiny_model, skills=repo)
     tasks = ["put some apple in garbagecan", "put some mug in coffeemachine", "put some apple on table"]
-    pairs = [ExpertPair(dict(task=t, observation="You arrive at fridge 1.", admissible=["look", "go to fridge 1"],
-                             history=[], step=0), "pick_and_place_simple", "go to fridge 1", i)
-             for i, t in enumerate(tasks)]
+    pairs = [
+        ExpertPair(
+            dict(
+                task=t, observation="You arrive at fridge 1.", admissible=["look", "go to fridge 1"], history=[], step=0
+            ),
+            "pick_and_place_simple",
+            "go to fridge 1",
+            i,
+        )
+        for i, t in enumerate(tasks)
+    ]
     model = load_model(tiny_model, torch.device("cpu"), "float32").eval()
     sc = score_contexts(model, builder, pairs, eos_id(builder), seed=0)
     assert all(repo.retrieve(o) != repo.retrieve(t) for o, t in zip(sc.shuffled_types, tasks))
@@ -190,8 +248,31 @@ def test_cli_rank_robustness_on_fresh_rollouts(tmp_path, tiny_model):
     from pcsd.diagnostics.cli import main
 
     out = tmp_path / "out"
-    assert main(["rank-robustness", "--model", str(tiny_model), "--games", "1", "--group-size", "2", "--max-steps", "3",
-                 "--max-response-tokens", "8", "--repeats", "2", "--rules", "pcsd,sdar", "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "rank-robustness",
+                "--model",
+                str(tiny_model),
+                "--games",
+                "1",
+                "--group-size",
+                "2",
+                "--max-steps",
+                "3",
+                "--max-response-tokens",
+                "8",
+                "--repeats",
+                "2",
+                "--rules",
+                "pcsd,sdar",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     d = json.loads((out / "diagnostics.json").read_text())["rank_robustness"]
     assert d["source"].startswith("fresh rollouts") and d["rollouts"] == 2 and d["num_tokens"] > 0
 
@@ -238,9 +319,19 @@ def test_recorded_gaps_round_trip(tmp_path):
     for step, lens in sizes.items():
         T = sum(lens)
         gap = rng.normal(size=T).astype(np.float32)
-        rec.for_step(step)(dict(gap=gap, weights=gap * 0 + 0.5, mask=np.ones(T, bool), student_logp=-np.ones(T),
-                                teacher_logp=gap - 1, cu_seqlens=np.concatenate([[0], np.cumsum(lens)]),
-                                row_traj=np.arange(len(lens)), row_turn=np.zeros(len(lens)), traj_reward=np.zeros(2)))
+        rec.for_step(step)(
+            dict(
+                gap=gap,
+                weights=gap * 0 + 0.5,
+                mask=np.ones(T, bool),
+                student_logp=-np.ones(T),
+                teacher_logp=gap - 1,
+                cu_seqlens=np.concatenate([[0], np.cumsum(lens)]),
+                row_traj=np.arange(len(lens)),
+                row_turn=np.zeros(len(lens)),
+                traj_reward=np.zeros(2),
+            )
+        )
     recs = load_gap_records(tmp_path)
     assert [r.step for r in recs] == [2, 4] and recs[0].rule == "pcsd"
     gs = gapset_from_records(recs)
@@ -250,13 +341,17 @@ def test_recorded_gaps_round_trip(tmp_path):
         load_gap_records(tmp_path / "nothing")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["rank-robustness", "--synthetic", "--rules", "pcsd,nope"], "unknown rule"),
-    (["rank-robustness", "--synthetic", "--fractions", "0.1,2"], "--fractions"),
-    (["rank-robustness", "--synthetic", "--fractions", "a"], "--fractions"),
-    (["rank-robustness", "--synthetic", "--repeats", "0"], "--repeats"),
-    (["quality-alignment"], "--model DIR or --run-dir"),
-], ids=["rule", "fraction-range", "fraction-text", "repeats", "no-model"])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["rank-robustness", "--synthetic", "--rules", "pcsd,nope"], "unknown rule"),
+        (["rank-robustness", "--synthetic", "--fractions", "0.1,2"], "--fractions"),
+        (["rank-robustness", "--synthetic", "--fractions", "a"], "--fractions"),
+        (["rank-robustness", "--synthetic", "--repeats", "0"], "--repeats"),
+        (["quality-alignment"], "--model DIR or --run-dir"),
+    ],
+    ids=["rule", "fraction-range", "fraction-text", "repeats", "no-model"],
+)
 def test_cli_bad_input_names_the_argument(tmp_path, argv, message):
     from pcsd.diagnostics.cli import main
 

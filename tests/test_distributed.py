@@ -19,15 +19,22 @@ import torch
 
 from pcsd.train.distributed import DistContext, select_groups, single_process, split_groups
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or sys.platform == "win32",
-                                reason="torch.distributed with gloo is needed")
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available() or sys.platform == "win32", reason="torch.distributed with gloo is needed"
+)
 
 
 def _cfg(extra=(), **algo):
     from pcsd.train.config import load_config
 
-    ov = ["rollout.backend=hf", "optim.lr=1e-2", "optim.tokens_per_microbatch=96", "rollout.max_prompt_tokens=64",
-          "rollout.max_response_tokens=32", "optim.grad_clip=1e9"]
+    ov = [
+        "rollout.backend=hf",
+        "optim.lr=1e-2",
+        "optim.tokens_per_microbatch=96",
+        "rollout.max_prompt_tokens=64",
+        "rollout.max_response_tokens=32",
+        "optim.grad_clip=1e9",
+    ]
     ov += [f"algo.{k}={v}" for k, v in algo.items()] + list(extra)
     return load_config(ov)
 
@@ -61,8 +68,8 @@ def _load(model_dir):
 def _worker(rank: int, world: int, port: int, model_dir: str, out: str, algo: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from pcsd.train import distributed as du
     from pcsd.testing import synthetic_rollout_batch
+    from pcsd.train import distributed as du
     from pcsd.train.update import update_step
 
     ctx = du.init_distributed(rank=rank, world_size=world, device="cpu")
@@ -94,9 +101,11 @@ def tiny_dir(tmp_path_factory) -> Path:
 _RECOMPUTE = ("optim.fused_lm_head=false", "optim.joint_frozen_pass=never")
 
 
-@pytest.mark.parametrize("algo, ref_extra", [(dict(), ()), (dict(loss_agg="token-mean", lambda_distill=0.5), ()),
-                                             (dict(), _RECOMPUTE)],
-                         ids=["paper-agg", "token-mean", "fused-vs-recompute"])
+@pytest.mark.parametrize(
+    "algo, ref_extra",
+    [(dict(), ()), (dict(loss_agg="token-mean", lambda_distill=0.5), ()), (dict(), _RECOMPUTE)],
+    ids=["paper-agg", "token-mean", "fused-vs-recompute"],
+)
 def test_two_gloo_ranks_match_one_process(tiny_dir, tmp_path, algo, ref_extra):
     import torch.multiprocessing as mp
 

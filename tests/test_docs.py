@@ -58,6 +58,12 @@ def test_readme_stands_alone():
     assert outside == [], f"README names paths outside the repository: {outside}"
     assert "PCSD: Persistent Consistency for Self-Distillation in Agentic" in readme
     first = readme.split("## First paper run", 1)[1].split("\n## ", 1)[0]
-    for cmd in ("pip install", "pcsd-data alfworld", "pcsd-data model Qwen/Qwen2.5-3B-Instruct", "--plan",
-                "-m pcsd.train", "python -m pcsd.eval"):
+    for cmd in (
+        "pip install",
+        "pcsd-data alfworld",
+        "pcsd-data model Qwen/Qwen2.5-3B-Instruct",
+        "--plan",
+        "-m pcsd.train",
+        "python -m pcsd.eval",
+    ):
         assert cmd in first, cmd

@@ -19,7 +19,7 @@ from pcsd import _native
 if _native.envpool() is None or not hasattr(_native.envpool(), "EnvPool"):
     pytest.skip("pcsd._envpool with EnvPool is not built (tools/build_inplace.sh)", allow_module_level=True)
 
-from pcsd.envs.pool import ENV_KINDS, EnvPool, StepBatch  # noqa: E402
+from pcsd.envs.pool import EnvPool, StepBatch  # noqa: E402
 
 DIRS = ["go east", "go north", "go south", "go west"]
 
@@ -186,8 +186,10 @@ def test_alfworld_pool_plays_the_same_game_as_the_engine(tmp_path):
     from pcsd.envs.alfworld import AlfworldGame
     from pcsd.envs.procedural import write_game
 
-    games = [write_game(tmp_path / f"g{i}.tw-pddl", tt, 7 + i)
-             for i, tt in enumerate(["pick_and_place_simple", "pick_heat_then_place_in_recep"])]
+    games = [
+        write_game(tmp_path / f"g{i}.tw-pddl", tt, 7 + i)
+        for i, tt in enumerate(["pick_and_place_simple", "pick_heat_then_place_in_recep"])
+    ]
     pool = EnvPool("alfworld", 4, group_size=2, games=games, max_steps=50)
     first = pool.reset()
     refs = [AlfworldGame.from_file(games[i // 2]) for i in range(4)]
@@ -216,9 +218,10 @@ def test_str_cache_returns_what_building_every_string_returns(tmp_path):
 
     from pcsd.envs.procedural import write_game
 
-    games = [str(write_game(tmp_path / f"g{i}.tw-pddl", tt, 3 + i))
-             for i, tt in enumerate(["pick_and_place_simple", "pick_clean_then_place_in_recep",
-                                     "look_at_obj_in_light"])]
+    games = [
+        str(write_game(tmp_path / f"g{i}.tw-pddl", tt, 3 + i))
+        for i, tt in enumerate(["pick_and_place_simple", "pick_clean_then_place_in_recep", "look_at_obj_in_light"])
+    ]
     native = _native.require("_envpool")
     kw = dict(group_size=2, games=games, max_steps=6, num_threads=2, auto_reset=True)
     fast, plain = (native.EnvPool("alfworld", 6, str_cache=c, **kw) for c in (True, False))
@@ -249,9 +252,15 @@ def test_str_cache_returns_what_building_every_string_returns(tmp_path):
                 p.send(acts, ids)
             a, b = (StepBatch._from_columns(p.recv(6)) for p in (fast, plain))
             order = [np.argsort(x.env_id) for x in (a, b)]
-            a, b = (StepBatch(**{f: ([getattr(x, f)[i] for i in o] if isinstance(getattr(x, f), list)
-                                     else getattr(x, f)[o]) for f in StepBatch.__dataclass_fields__})
-                    for x, o in zip((a, b), order))
+            a, b = (
+                StepBatch(
+                    **{
+                        f: ([getattr(x, f)[i] for i in o] if isinstance(getattr(x, f), list) else getattr(x, f)[o])
+                        for f in StepBatch.__dataclass_fields__
+                    }
+                )
+                for x, o in zip((a, b), order)
+            )
         same(a, b)
     fast.close()
     plain.close()
@@ -317,8 +326,12 @@ def test_bad_call_arguments_raise_and_change_nothing():
         p.step(["look"], np.array([0.0]))
     # ids beyond int64 (the native type) are a ValueError like any bad id, not an OverflowError
     for big in (2**64, 2**63, -(2**63) - 1):
-        for call in (lambda: p.step(["look"], [big]), lambda: p.reset([big]), lambda: p.send(["a"], [big]),
-                     lambda: p.send_reset([big])):
+        for call in (
+            lambda: p.step(["look"], [big]),
+            lambda: p.reset([big]),
+            lambda: p.send(["a"], [big]),
+            lambda: p.send_reset([big]),
+        ):
             with pytest.raises(ValueError, match=r"env_ids: env ids must fit in int64"):
                 call()
         with pytest.raises(ValueError, match=r"env_id: env ids must fit in int64"):
@@ -389,7 +402,11 @@ def test_num_threads_setting_is_respected(tmp_path):
     site = os.path.dirname(os.path.dirname(os.path.abspath(pcsd.__file__)))
     env["PYTHONPATH"] = site + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run(
-        [sys.executable, "-c", _THREADS_SCRIPT], cwd=tmp_path, env=env, capture_output=True, text=True,
+        [sys.executable, "-c", _THREADS_SCRIPT],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
@@ -520,7 +537,18 @@ class _RefEnv:
             self.status = "done"
         obs = self._obs("Right. " if ok else "Wrong. ", over)
         won = over and self.right == self.len
-        return (obs, [] if over else list(DIRS), reward, score, over or truncated, won, truncated, "dummy", self.t, False)
+        return (
+            obs,
+            [] if over else list(DIRS),
+            reward,
+            score,
+            over or truncated,
+            won,
+            truncated,
+            "dummy",
+            self.t,
+            False,
+        )
 
 
 _OUT_OF_RANGE = ("", [], 0.0, 0.0, True, False, False, "", 0, True)
@@ -528,8 +556,18 @@ _OUT_OF_RANGE = ("", [], 0.0, 0.0, True, False, False, "", 0, True)
 
 def _rows(b: StepBatch) -> list[tuple]:
     return [
-        (b.obs[k], b.admissible[k], b.reward[k], b.score[k], bool(b.done[k]), bool(b.won[k]),
-         bool(b.truncated[k]), b.task_type[k], int(b.step_count[k]), b.error[k] != "")
+        (
+            b.obs[k],
+            b.admissible[k],
+            b.reward[k],
+            b.score[k],
+            bool(b.done[k]),
+            bool(b.won[k]),
+            bool(b.truncated[k]),
+            b.task_type[k],
+            int(b.step_count[k]),
+            b.error[k] != "",
+        )
         for k in range(len(b))
     ]
 
@@ -556,8 +594,16 @@ _calls = st.lists(
 )
 def test_pool_matches_plain_python_model(calls, group_size, length, max_steps, auto_reset, seed):
     n = 6
-    p = EnvPool("dummy", n, group_size=group_size, num_threads=2, episode_len=length,
-                max_steps=max_steps, auto_reset=auto_reset, seed=seed)
+    p = EnvPool(
+        "dummy",
+        n,
+        group_size=group_size,
+        num_threads=2,
+        episode_len=length,
+        max_steps=max_steps,
+        auto_reset=auto_reset,
+        seed=seed,
+    )
     ref = [_RefEnv(seed + i // group_size, length, max_steps, auto_reset) for i in range(n)]
     for kind, ids, acts in calls:
         if len(set(ids)) != len(ids):

@@ -13,9 +13,9 @@ import torch
 
 import pcsd.eval as ev
 from pcsd.eval import cli as ev_cli
-from pcsd.text.prompts import PromptBuilder
 from pcsd.rollout.backends import make_backend
 from pcsd.testing import make_tiny_model
+from pcsd.text.prompts import PromptBuilder
 
 PAPER_HEADER = ["Method", "Pick", "Look", "Clean", "Heat", "Cool", "Pick2", "Overall"]
 
@@ -79,8 +79,12 @@ def test_greedy_ignores_the_seed(tiny, games):
 
 def result(label, split, outcomes):
     """An EvalResult from [(task_type, won), ...]."""
-    return ev.EvalResult(label, split, [ev.GameResult(f"g{i}", tt, ev.CATEGORIES[tt], w, 5, 0)
-                                        for i, (tt, w) in enumerate(outcomes)], dict(temperature=0.4, seed=3))
+    return ev.EvalResult(
+        label,
+        split,
+        [ev.GameResult(f"g{i}", tt, ev.CATEGORIES[tt], w, 5, 0) for i, (tt, w) in enumerate(outcomes)],
+        dict(temperature=0.4, seed=3),
+    )
 
 
 def test_table_layout_matches_the_papers_table_1():
@@ -115,15 +119,18 @@ def test_named_subsets(games, tmp_path):
     assert ev.read_games_file(tmp_path / "list.txt") == [str(tmp_path / Path(games[i]).name) for i in (2, 0)]
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda g: ev.select_games(g, task_types=["Sweep"]), "task type 'Sweep' is unknown"),
-    (lambda g: ev.select_games(g, count=-1), "count=-1"),
-    (lambda g: ev.select_games(g[:2], task_types=["Heat"]), "no games left"),
-    (lambda g: ev.split_games("valid_foo"), "split='valid_foo' is unknown"),
-    (lambda g: ev.read_games_file("/nonexistent/list.txt"), "no such file"),
-    (lambda g: ev.resolve_model("/nonexistent/model"), "no such file or directory"),
-    (lambda g: ev.procedural_eval_games("/tmp", 0), "count=0"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda g: ev.select_games(g, task_types=["Sweep"]), "task type 'Sweep' is unknown"),
+        (lambda g: ev.select_games(g, count=-1), "count=-1"),
+        (lambda g: ev.select_games(g[:2], task_types=["Heat"]), "no games left"),
+        (lambda g: ev.split_games("valid_foo"), "split='valid_foo' is unknown"),
+        (lambda g: ev.read_games_file("/nonexistent/list.txt"), "no such file"),
+        (lambda g: ev.resolve_model("/nonexistent/model"), "no such file or directory"),
+        (lambda g: ev.procedural_eval_games("/tmp", 0), "count=0"),
+    ],
+)
 def test_bad_arguments_raise_naming_the_argument(games, call, match):
     with pytest.raises(ev.EvalError, match=match):
         call(games)
@@ -180,8 +187,10 @@ def test_resolve_model_from_a_checkpoint_or_a_run_dir(tmp_path):
     warm.mkdir()
     (warm / "config.yaml").write_text("rule: pcsd\nmodel: {path: null}\n")
     fake_checkpoint(warm / "sft-model", tokenizer=True)
-    with pytest.raises(ev.EvalError, match=f"without final-model/ or any checkpoint \\(its warm-up's model: "
-                                           f"--model {warm / 'sft-model'}\\)$"):
+    with pytest.raises(
+        ev.EvalError,
+        match=f"without final-model/ or any checkpoint \\(its warm-up's model: --model {warm / 'sft-model'}\\)$",
+    ):
         ev.resolve_model(warm)
     weights = final / "model.safetensors"  # damaged: one line naming the file, before anything loads
     weights.write_bytes(weights.read_bytes()[:-8])
@@ -194,14 +203,43 @@ def test_resolve_model_from_a_checkpoint_or_a_run_dir(tmp_path):
 
 def cli(tiny, tmp_path, *extra):
     path = tiny[0]
-    return ev.main(["--model", str(path), "--label", "Tiny", "--backend", "hf", "--device", "cpu",
-                    "--max-steps", "2", "--max-response-tokens", "12", "--max-prompt-tokens", "1024",
-                    "--quiet", "--out", str(tmp_path), *extra])
+    return ev.main(
+        [
+            "--model",
+            str(path),
+            "--label",
+            "Tiny",
+            "--backend",
+            "hf",
+            "--device",
+            "cpu",
+            "--max-steps",
+            "2",
+            "--max-response-tokens",
+            "12",
+            "--max-prompt-tokens",
+            "1024",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+            *extra,
+        ]
+    )
 
 
 def test_cli_writes_table_and_per_game_json_and_repeats(tiny, tmp_path, capsys):
-    args = ["--split", "procedural", "--procedural-games", "12", "--distractors", "0",
-            "--games-dir", str(tmp_path / "games"), "--task-types", "Pick,Heat"]
+    args = [
+        "--split",
+        "procedural",
+        "--procedural-games",
+        "12",
+        "--distractors",
+        "0",
+        "--games-dir",
+        str(tmp_path / "games"),
+        "--task-types",
+        "Pick,Heat",
+    ]
     assert cli(tiny, tmp_path / "a", *args) == 0
     out = capsys.readouterr().out
     table = (tmp_path / "a" / "table.md").read_text()
@@ -217,14 +255,17 @@ def test_cli_writes_table_and_per_game_json_and_repeats(tiny, tmp_path, capsys):
     assert json.loads((tmp_path / "b" / "results.json").read_text())["results"][0]["games"] == res["games"]
 
 
-@pytest.mark.parametrize("extra, match", [
-    (["--split", "valid_foo"], "split='valid_foo' is unknown"),
-    (["--split", "procedural", "--task-types", "Sweep"], "task type 'Sweep' is unknown"),
-    (["--split", "procedural", "--games-file", "/nonexistent.txt"], "no such file"),
-    (["--split", "procedural", "--count", "-2"], "count=-2"),
-    (["--split", "procedural", "--max-steps", "0"], "max_steps=0"),
-    (["--split", "procedural", "--label", "extra"], "one --label per --model"),
-])
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--split", "valid_foo"], "split='valid_foo' is unknown"),
+        (["--split", "procedural", "--task-types", "Sweep"], "task type 'Sweep' is unknown"),
+        (["--split", "procedural", "--games-file", "/nonexistent.txt"], "no such file"),
+        (["--split", "procedural", "--count", "-2"], "count=-2"),
+        (["--split", "procedural", "--max-steps", "0"], "max_steps=0"),
+        (["--split", "procedural", "--label", "extra"], "one --label per --model"),
+    ],
+)
 def test_cli_bad_arguments_exit_2_with_a_message(tiny, tmp_path, capsys, extra, match):
     assert cli(tiny, tmp_path, *extra) == 2
     assert match in capsys.readouterr().err
@@ -248,9 +289,11 @@ def test_real_alfworld_splits_and_games(tiny, alfworld_data):
     cats = {ev.CATEGORIES[ev.game_task_type(g)] for g in seen}
     assert cats == set(ev.CATEGORY_ORDER)
     picked = ev.select_games(seen, task_types=["Heat", "Look"], count=3)
-    assert [ev.game_task_type(g) for g in picked] == [ev.game_task_type(g) for g in seen
-                                                      if ev.game_task_type(g) in
-                                                      ("pick_heat_then_place_in_recep", "look_at_obj_in_light")][:3]
+    assert [ev.game_task_type(g) for g in picked] == [
+        ev.game_task_type(g)
+        for g in seen
+        if ev.game_task_type(g) in ("pick_heat_then_place_in_recep", "look_at_obj_in_light")
+    ][:3]
     res = play(tiny, picked, max_steps=2)
     again = play(tiny, picked, max_steps=2)
     assert [g.actions for g in res] == [g.actions for g in again]

@@ -65,13 +65,16 @@ def test_wilson_interval_known_values():
     assert 40 < lo < 42 and 58 < hi < 60
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda: P.paper_episodes(["g"], episodes=0), "episodes=0"),
-    (lambda: P.paper_episodes(["g"], validation_index=-1), "validation_index=-1"),
-    (lambda: P.paper_episodes([]), "games is empty"),
-    (lambda: P.stratified_subset(["g"], 0), "count=0"),
-    (lambda: P.protocol_games(["g"], "best"), "protocol='best' is unknown"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda: P.paper_episodes(["g"], episodes=0), "episodes=0"),
+        (lambda: P.paper_episodes(["g"], validation_index=-1), "validation_index=-1"),
+        (lambda: P.paper_episodes([]), "games is empty"),
+        (lambda: P.stratified_subset(["g"], 0), "count=0"),
+        (lambda: P.protocol_games(["g"], "best"), "protocol='best' is unknown"),
+    ],
+)
 def test_bad_arguments(call, message):
     with pytest.raises(EvalError, match=message):
         call()
@@ -81,8 +84,16 @@ def test_table_reports_the_interval_and_the_protocol():
     from pcsd.eval.run import EvalResult, GameResult, render_table
 
     games = [GameResult("g", "pick_and_place_simple", "Pick", i < 3, 1, 0) for i in range(4)]
-    md = render_table([EvalResult("PCSD", "valid_seen", games, dict(temperature=0.4, seed=1, protocol="paper",
-                                                                     validation_index=2, draw_seed=0))])
+    md = render_table(
+        [
+            EvalResult(
+                "PCSD",
+                "valid_seen",
+                games,
+                dict(temperature=0.4, seed=1, protocol="paper", validation_index=2, draw_seed=0),
+            )
+        ]
+    )
     assert "4 episodes" in md and "drawn with replacement" in md and "validation 2" in md
     lo, hi = P.wilson_interval(3, 4)
     assert f"Overall, 95 % Wilson interval: PCSD [{lo:.1f}, {hi:.1f}]" in md

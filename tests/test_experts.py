@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from pcsd.envs.alfworld import AlfworldGame
-from pcsd.envs.procedural import TASK_TYPES, generate_game_json, write_games
 from pcsd.envs.experts import ObservationExpert, play_expert
+from pcsd.envs.procedural import TASK_TYPES, generate_game_json, write_games
 
 
 def _play(game: AlfworldGame, max_steps: int = 50) -> tuple[list[str], list[str]]:
@@ -42,9 +42,13 @@ def _move_object(game_json: str, obj_class: str, task: str) -> tuple[str, str]:
     m = re.search(rf"\(inReceptacle ({obj_class}_bar_\S+) (\S+)\)", prob)
     assert m, f"no {obj_class} in a receptacle"
     obj, rec = m.group(1), m.group(2)
-    others = [r for r in re.findall(r"\(receptacleAtLocation (\S+) (\S+)\)", prob)
-              if r[0] != rec and r[0].split("_bar_")[0].lower() not in task
-              and r[0].split("_bar_")[0] in ("CounterTop", "DiningTable", "SideTable", "Shelf", "Cabinet", "Drawer")]
+    others = [
+        r
+        for r in re.findall(r"\(receptacleAtLocation (\S+) (\S+)\)", prob)
+        if r[0] != rec
+        and r[0].split("_bar_")[0].lower() not in task
+        and r[0].split("_bar_")[0] in ("CounterTop", "DiningTable", "SideTable", "Shelf", "Cabinet", "Drawer")
+    ]
     assert others, "no other receptacle for it in this room"
     new_rec, new_loc = others[0]
     prob = prob.replace(m.group(0), f"(inReceptacle {obj} {new_rec})")
@@ -62,8 +66,7 @@ def test_moves_do_not_depend_on_where_hidden_objects_lie():
         text = generate_game_json("pick_and_place_simple", seed, room="kitchen", receptacles=11, distractors=0)
         j = json.loads(text)
         task = j["pcsd_gen"]["task"]
-        obj_class = next(c for c in re.findall(r"\(inReceptacle (\w+?)_bar_", j["pddl_problem"])
-                         if c.lower() in task)
+        obj_class = next(c for c in re.findall(r"\(inReceptacle (\w+?)_bar_", j["pddl_problem"]) if c.lower() in task)
         moved, _ = _move_object(text, obj_class, task)
         a, b = AlfworldGame.from_json(text), AlfworldGame.from_json(moved)
         a.reset()
@@ -81,8 +84,9 @@ def test_moves_do_not_depend_on_where_hidden_objects_lie():
 def test_search_visits_receptacles_in_list_order_and_opens_closed_ones():
     """Before any task object is seen, every move is the first unvisited receptacle of the sorted
     ``go to`` list, or opening the closed receptacle just reached."""
-    g = AlfworldGame.from_json(generate_game_json("pick_and_place_simple", 5, room="kitchen",
-                                                  receptacles=14, distractors=0))
+    g = AlfworldGame.from_json(
+        generate_game_json("pick_and_place_simple", 5, room="kitchen", receptacles=14, distractors=0)
+    )
     obs, info = g.reset()
     expert = ObservationExpert(g)
     expert.observe(obs)
@@ -144,8 +148,10 @@ def test_sweep_wins_and_every_move_is_the_next_receptacle(tmp_path, task_type):
         for obs, adm, action in ep.steps:
             assert action in adm
             if action.startswith("go to "):
-                order = sorted({c[6:] for c in adm if c.startswith("go to ")} | ({here} if here else set()),
-                               key=lambda r: "go to " + r)
+                order = sorted(
+                    {c[6:] for c in adm if c.startswith("go to ")} | ({here} if here else set()),
+                    key=lambda r: "go to " + r,
+                )
                 want = order[0] if here is None else order[(order.index(here) + 1) % len(order)]
                 assert action == f"go to {want}", (p, action, want)
                 here = want

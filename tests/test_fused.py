@@ -12,8 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from pcsd.ops.fused import (auto_token_chunk, chunk_bounds, fused_logprob_loss, fused_logprob_loss_reference,
-                            fused_score_loss)
+from pcsd.ops.fused import (
+    auto_token_chunk,
+    chunk_bounds,
+    fused_logprob_loss,
+    fused_logprob_loss_reference,
+    fused_score_loss,
+)
 from pcsd.ops.grpo import token_coefficients
 from pcsd.ops.scoring import score_packed, selective_logprobs
 from pcsd.ops.weighting import get_rule
@@ -52,8 +57,19 @@ def method_loss(method: str, n: int, cu: list[int], gen: torch.Generator, dtype,
             local = cu_t[(cu_t >= lo) & (cu_t <= hi)] - lo
             w = rule(gap.float(), local, m).to(dtype)  # the native weights are float32
         distill = rule is not None and rule.kind == "weights"
-        return token_loss(lp, old, ref[lo:hi], a, coef[lo:hi], teacher[lo:hi] if distill else None, w, m,
-                          algo, 1.0 / max(float(mask.sum()), 1.0))
+        return token_loss(
+            lp,
+            old,
+            ref[lo:hi],
+            a,
+            coef[lo:hi],
+            teacher[lo:hi] if distill else None,
+            w,
+            m,
+            algo,
+            1.0 / max(float(mask.sum()), 1.0),
+        )
+
     return loss
 
 
@@ -79,18 +95,25 @@ def _check_all(method, seed, n_seg, max_len, vocab, hid, tc, vc, dtype, bias, te
     cu = _segments(gen, n_seg, max_len)
     n = cu[-1]
     h = torch.randn(n, hid, generator=gen, dtype=dtype, requires_grad=True)
-    w = (torch.randn(vocab, hid, generator=gen, dtype=dtype) * hid ** -0.5).requires_grad_(True)
+    w = (torch.randn(vocab, hid, generator=gen, dtype=dtype) * hid**-0.5).requires_grad_(True)
     b = torch.randn(vocab, generator=gen, dtype=dtype, requires_grad=True) if bias else None
     t = torch.randint(0, vocab, (n,), generator=gen)
     loss_fn = method_loss(method, n, cu, gen, dtype, masked)
 
-    fused = _grads(lambda: fused_logprob_loss(h, w, t, loss_fn, b, segments=cu, token_chunk=tc, vocab_chunk=vc,
-                                              temperature=temperature), h, w, b)
+    fused = _grads(
+        lambda: fused_logprob_loss(
+            h, w, t, loss_fn, b, segments=cu, token_chunk=tc, vocab_chunk=vc, temperature=temperature
+        ),
+        h,
+        w,
+        b,
+    )
     full = _grads(lambda: fused_logprob_loss_reference(h, w, t, loss_fn, b, temperature=temperature), h, w, b)
 
     def chunked():  # the recomputing path: log-probs with autograd, then the loss on all tokens
         lp = selective_logprobs(h, w, t, b, token_chunk=tc, vocab_chunk=vc, temperature=temperature)
         return loss_fn(lp, 0, n).sum(), lp
+
     recomp = _grads(chunked, h, w, b)
     tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=2e-4, atol=2e-6)
     for other in (full, recomp):
@@ -106,19 +129,39 @@ def _check_all(method, seed, n_seg, max_len, vocab, hid, tc, vc, dtype, bias, te
 
 
 @settings(max_examples=12, deadline=None)
-@given(method=st.sampled_from(METHOD_LOSSES), seed=st.integers(0, 10_000), n_seg=st.integers(1, 6),
-       max_len=st.integers(1, 9), vocab=st.integers(2, 300), hid=st.integers(1, 12), tc=st.integers(1, 20),
-       vc=st.integers(1, 128), bias=st.booleans(), temperature=st.sampled_from([1.0, 0.6]),
-       masked=st.booleans())
-def test_fused_matches_references_float64(method, seed, n_seg, max_len, vocab, hid, tc, vc, bias, temperature,
-                                          masked):
+@given(
+    method=st.sampled_from(METHOD_LOSSES),
+    seed=st.integers(0, 10_000),
+    n_seg=st.integers(1, 6),
+    max_len=st.integers(1, 9),
+    vocab=st.integers(2, 300),
+    hid=st.integers(1, 12),
+    tc=st.integers(1, 20),
+    vc=st.integers(1, 128),
+    bias=st.booleans(),
+    temperature=st.sampled_from([1.0, 0.6]),
+    masked=st.booleans(),
+)
+def test_fused_matches_references_float64(method, seed, n_seg, max_len, vocab, hid, tc, vc, bias, temperature, masked):
     _check_all(method, seed, n_seg, max_len, vocab, hid, tc, vc, torch.float64, bias, temperature, masked)
 
 
 @pytest.mark.parametrize("method", METHOD_LOSSES)
 def test_fused_matches_references_float32(method):
-    _check_all(method, 3, n_seg=12, max_len=20, vocab=3000, hid=32, tc=40, vc=700, dtype=torch.float32,
-               bias=False, temperature=1.0, masked=True)
+    _check_all(
+        method,
+        3,
+        n_seg=12,
+        max_len=20,
+        vocab=3000,
+        hid=32,
+        tc=40,
+        vc=700,
+        dtype=torch.float32,
+        bias=False,
+        temperature=1.0,
+        masked=True,
+    )
 
 
 def test_edge_cases():
@@ -167,26 +210,36 @@ def test_chunk_bounds_keep_segments_whole():
     assert auto_token_chunk(151_936) == (1 << 24) // 151_936 == 110 and auto_token_chunk(10**9) == 1
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(hidden=torch.randn(3)), "hidden must be"),
-    (dict(weight=torch.randn(5, 3)), "hidden must be"),
-    (dict(weight=torch.randn(9, 4, dtype=torch.float64)), "dtype"),
-    (dict(targets=torch.tensor([0, 1, 9, 2])), "token ids"),
-    (dict(targets=torch.zeros(4)), "targets must be int"),
-    (dict(bias=torch.randn(3)), "bias must be"),
-    (dict(loss_fn=3), "loss_fn must be callable"),
-    (dict(loss_fn=lambda x, lo, hi: x.sum()), "loss_fn must return the per-token losses"),
-    (dict(temperature=0.0), "temperature"),
-    (dict(token_chunk=0), "token_chunk"),
-    (dict(segments=[0, 2]), "segments"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(hidden=torch.randn(3)), "hidden must be"),
+        (dict(weight=torch.randn(5, 3)), "hidden must be"),
+        (dict(weight=torch.randn(9, 4, dtype=torch.float64)), "dtype"),
+        (dict(targets=torch.tensor([0, 1, 9, 2])), "token ids"),
+        (dict(targets=torch.zeros(4)), "targets must be int"),
+        (dict(bias=torch.randn(3)), "bias must be"),
+        (dict(loss_fn=3), "loss_fn must be callable"),
+        (dict(loss_fn=lambda x, lo, hi: x.sum()), "loss_fn must return the per-token losses"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(token_chunk=0), "token_chunk"),
+        (dict(segments=[0, 2]), "segments"),
+    ],
+)
 def test_bad_input_names_the_argument(bad, match):
-    args = dict(hidden=torch.randn(4, 4), weight=torch.randn(9, 4), targets=torch.arange(4),
-                loss_fn=lambda x, lo, hi: -x, bias=None, temperature=1.0, token_chunk=None, segments=None)
+    args = dict(
+        hidden=torch.randn(4, 4),
+        weight=torch.randn(9, 4),
+        targets=torch.arange(4),
+        loss_fn=lambda x, lo, hi: -x,
+        bias=None,
+        temperature=1.0,
+        token_chunk=None,
+        segments=None,
+    )
     args.update(bad)
     with pytest.raises(ValueError, match=match):
-        fused_logprob_loss(args.pop("hidden"), args.pop("weight"), args.pop("targets"), args.pop("loss_fn"),
-                           **args)
+        fused_logprob_loss(args.pop("hidden"), args.pop("weight"), args.pop("targets"), args.pop("loss_fn"), **args)
 
 
 def test_check_fused_loss_refuses_a_missing_term():
@@ -200,9 +253,16 @@ def tiny_qwen2(vocab=300, seed=0, tie=False):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                      tie_word_embeddings=tie)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=tie,
+    )
     return Qwen2ForCausalLM(cfg).eval()
 
 
@@ -244,9 +304,17 @@ def _update(base, frozen, rb, method, extra):
     from pcsd.train.config import load_config
     from pcsd.train.update import update_step
 
-    cfg = load_config([f"method={method}", "rollout.backend=hf", "optim.tokens_per_microbatch=96",
-                       "rollout.max_prompt_tokens=64", "rollout.max_response_tokens=32",
-                       "optim.grad_clip=1e9"] + extra)
+    cfg = load_config(
+        [
+            f"method={method}",
+            "rollout.backend=hf",
+            "optim.tokens_per_microbatch=96",
+            "rollout.max_prompt_tokens=64",
+            "rollout.max_response_tokens=32",
+            "optim.grad_clip=1e9",
+        ]
+        + extra
+    )
     m = copy.deepcopy(base)
     opt = torch.optim.SGD(m.parameters(), lr=0.5)  # updated weights = w - lr g: compares gradients
     stats = update_step(m, frozen, opt, rb, cfg, step=3)
@@ -263,8 +331,7 @@ def test_update_step_fused_equals_recomputing(tiny_pair, method, epochs):
     extra = [f"optim.ppo_epochs={epochs}", "optim.joint_frozen_pass=never"]
     ref, sd_ref = _update(base, frozen, rb, method, extra + ["optim.fused_lm_head=false"])
     got, sd = _update(base, frozen, rb, method, extra + ["optim.fused_lm_head=true"])
-    for key in ("loss", "pg", "kl", "pcsd", "clip_frac", "gap_mean", "weight_mean", "gate_activation",
-                "entropy_proxy"):
+    for key in ("loss", "pg", "kl", "pcsd", "clip_frac", "gap_mean", "weight_mean", "gate_activation", "entropy_proxy"):
         assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-7), key
     before = base.state_dict()
     moved = 0
@@ -286,8 +353,9 @@ def test_joint_frozen_pass_equals_two_passes(tiny_pair):
     teacher = scores(frozen, rb.teacher_prompt_ids, rb.response_ids, mbs, len(mbs), T)
     pairs = pair_microbatches(rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, 120)
     assert len(pairs) > 1 and sorted(i for p in pairs for i in p) == [i for i, r in enumerate(rb.response_ids) if r]
-    j_ref, j_teacher = joint_scores(frozen, rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, pairs,
-                                    len(pairs) + 1, T)  # one padding pass too
+    j_ref, j_teacher = joint_scores(
+        frozen, rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, pairs, len(pairs) + 1, T
+    )  # one padding pass too
     torch.testing.assert_close(j_ref, ref, rtol=0, atol=2e-6)
     torch.testing.assert_close(j_teacher, teacher, rtol=0, atol=2e-6)
     assert not torch.equal(ref, teacher)

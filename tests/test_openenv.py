@@ -23,8 +23,9 @@ APP = "guess_server:app"
 for _pkg in ("openenv", "websockets", "uvicorn"):
     if importlib.util.find_spec(_pkg) is None:
         if IN_CI:
-            pytest.fail(f"the '{_pkg}' package is not installed (required under CI; run.sh installs .[openenv])",
-                        pytrace=False)
+            pytest.fail(
+                f"the '{_pkg}' package is not installed (required under CI; run.sh installs .[openenv])", pytrace=False
+            )
         pytest.skip(f"the '{_pkg}' package is not installed (pip install '.[openenv]')", allow_module_level=True)
 
 
@@ -62,13 +63,19 @@ def play(env: OpenEnvEnv, seed: int) -> list[tuple]:
 
 def test_episodes_to_the_end(server: OpenEnvServer) -> None:
     spec = inspect_server(server.base_url)
-    assert (spec.action_field, spec.observation_field, spec.task_field, spec.info_fields) == ("guess", "text", None, ("won",))
+    assert (spec.action_field, spec.observation_field, spec.task_field, spec.info_fields) == (
+        "guess",
+        "text",
+        None,
+        ("won",),
+    )
     env = OpenEnvEnv(server.base_url)
     numbers = set()
     for seed in range(12):
         *middle, last = play(env, seed)
-        assert all(r == 0.0 and not t and not tr and i == {"won": False, "invalid_move": False}
-                   for _, _, r, t, tr, i in middle)
+        assert all(
+            r == 0.0 and not t and not tr and i == {"won": False, "invalid_move": False} for _, _, r, t, tr, i in middle
+        )
         number, obs, reward, term, trunc, info = last
         assert (obs, reward, term, trunc, info) == ("Right!", 1.0, True, False, {"won": True, "invalid_move": False})
         assert len(middle) < 5
@@ -100,8 +107,13 @@ def test_action_the_schema_rejects_is_an_invalid_move(server: OpenEnvServer) -> 
     obs, reward, term, trunc, info = env.step("")  # GuessAction.guess has min_length=1
     assert (reward, term, trunc, info) == (0.0, False, False, {"invalid_move": True})
     assert obs.startswith("The environment rejected the action:") and "at least 1 character" in obs
-    assert env.step("what") == ("'what' is not a number.", 0.0, False, False,  # the game's own answer,
-                                {"won": False, "invalid_move": False})     # with reward None
+    assert env.step("what") == (
+        "'what' is not a number.",
+        0.0,
+        False,
+        False,  # the game's own answer,
+        {"won": False, "invalid_move": False},
+    )  # with reward None
     obs, _, term, _, info = env.step("8")  # the episode goes on
     assert obs in ("Right!", "The number is higher.", "The number is lower.") and not info["invalid_move"]
     env.close()
@@ -153,12 +165,17 @@ def test_observation_with_several_text_fields_and_a_task(server: OpenEnvServer) 
     rules = server.base_url + "/rules"
     with pytest.raises(ValueError) as e:
         OpenEnvEnv(rules)
-    assert one_line(e).endswith("its observation RulesObservation has several text fields ['text', 'rules']; "
-                                "name the one pcsd reads with observation_field=")
+    assert one_line(e).endswith(
+        "its observation RulesObservation has several text fields ['text', 'rules']; "
+        "name the one pcsd reads with observation_field="
+    )
     env = OpenEnvEnv(rules, observation_field="text")
     assert env.spec.task_field == "task"  # a field named like the protocol's key
     obs, info = env.reset(seed=2)
-    assert (obs, info) == ("Guess the number between 1 and 16 in at most 6 guesses.", {"task": "Find the hidden number."})
+    assert (obs, info) == (
+        "Guess the number between 1 and 16 in at most 6 guesses.",
+        {"task": "Find the hidden number."},
+    )
     assert "task" not in env.step("3")[4]
     env.close()
     env = OpenEnvEnv(rules, observation_field="text", task_field="rules")
@@ -170,8 +187,10 @@ def test_server_it_cannot_map(server: OpenEnvServer) -> None:
     for make in (check, OpenEnvEnv):
         with pytest.raises(ValueError) as e:
             make(server.base_url + "/grid")
-        assert one_line(e).endswith("its action MoveAction(x, y) has no text field; pcsd sends text actions "
-                                    "and plays servers whose Action has one str field")
+        assert one_line(e).endswith(
+            "its action MoveAction(x, y) has no text field; pcsd sends text actions "
+            "and plays servers whose Action has one str field"
+        )
     with pytest.raises(ValueError) as e:
         OpenEnvEnv(server.base_url, action_field="metadata")
     assert one_line(e).startswith("action_field 'metadata': GuessAction has no text field of that name")
@@ -263,11 +282,14 @@ def test_started_server_ends_with_its_parent(child_env: dict[str, str], tmp_path
     import subprocess
     import time
 
-    script = ("import sys, time\nfrom pcsd.envs.openenv import OpenEnvServer\n"
-              f"s = OpenEnvServer('health_only:app', app_dir={FIXTURES!r}).start()\n"
-              "print(s.process.pid, flush=True)\ntime.sleep(120)\n")
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=child_env,
-                              cwd=tmp_path)
+    script = (
+        "import sys, time\nfrom pcsd.envs.openenv import OpenEnvServer\n"
+        f"s = OpenEnvServer('health_only:app', app_dir={FIXTURES!r}).start()\n"
+        "print(s.process.pid, flush=True)\ntime.sleep(120)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=child_env, cwd=tmp_path
+    )
     server_pid = 0
     try:
         server_pid = int(parent.stdout.readline())

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pcsd import _native
-from pcsd.ops.losses import pcsd_loss
 from pcsd.ops.kernels import kernel_for, pcsd_weights, pcsd_weights_padded
+from pcsd.ops.losses import pcsd_loss
 from pcsd.ops.reference import pcsd_weights_loop, pcsd_weights_reference
 
 HAVE_C = _native.kernels() is not None
@@ -48,7 +48,7 @@ def ran_kernel(n_min=1, n_max=8, alpha=0.8):
 def make_batch(lengths, seed, mask_p=0.2, log_mag=0.0, const_runs=False, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     total = sum(lengths)
-    gap = torch.randn(total, generator=g, dtype=torch.float64) * (10.0 ** log_mag)
+    gap = torch.randn(total, generator=g, dtype=torch.float64) * (10.0**log_mag)
     if const_runs and total:
         # Overwrite random stretches with a constant: zero variance and zero slope windows.
         for _ in range(max(1, total // 50)):
@@ -70,7 +70,8 @@ def assert_close_to_ref(got, gap, cu, mask, **kw):
         bad = err > bound
         assert not bool(bad.any()), (
             f"{name}: {int(bad.sum())} positions off, worst err {float(err.max()):.3g} at "
-            f"{int(err.argmax())} (bound there {float(bound[err.argmax()]):.3g})")
+            f"{int(err.argmax())} (bound there {float(bound[err.argmax()]):.3g})"
+        )
 
 
 # ----------------------------------------------------------------------------- equivalences
@@ -88,8 +89,7 @@ def assert_close_to_ref(got, gap, cu, mask, **kw):
     alpha=st.sampled_from([0.5, 0.8, 1.0]),
     flags=st.sampled_from([(True, True), (False, True), (True, False)]),
 )
-def test_kernel_matches_reference(impl, lengths, seed, mask_p, log_mag, const_runs, n_min, extra, alpha,
-                                  flags):
+def test_kernel_matches_reference(impl, lengths, seed, mask_p, log_mag, const_runs, n_min, extra, alpha, flags):
     gap, cu, mask = make_batch(lengths, seed, mask_p, log_mag, const_runs)
     kw = dict(n_min=n_min, n_max=n_min + extra, alpha=alpha, adaptive=flags[0], trend=flags[1])
     with cpu_impl(impl):
@@ -110,8 +110,12 @@ def test_kernel_matches_reference(impl, lengths, seed, mask_p, log_mag, const_ru
 def test_reference_matches_literal_loop():
     for seed in range(5):
         gap, cu, mask = make_batch([0, 1, 2, 7, 30, 13], seed, mask_p=0.3)
-        for kw in (dict(), dict(n_min=2, n_max=5, alpha=1.0), dict(adaptive=False, n_min=4),
-                   dict(trend=False, tau_low=0.0, tau_high=0.1)):
+        for kw in (
+            dict(),
+            dict(n_min=2, n_max=5, alpha=1.0),
+            dict(adaptive=False, n_min=4),
+            dict(trend=False, tau_low=0.0, tau_high=0.1),
+        ):
             ref = pcsd_weights_reference(gap.double(), cu, mask, **kw).w
             loop = pcsd_weights_loop(gap.double().tolist(), cu.tolist(), mask.tolist(), **kw)
             torch.testing.assert_close(ref, torch.tensor(loop, dtype=torch.float64), rtol=1e-12, atol=1e-12)
@@ -131,7 +135,7 @@ def test_packed_equals_padded_and_int32_offsets():
     padded = pcsd_weights_padded(pg, pm)
     for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
         torch.testing.assert_close(padded[i, : b - a], packed[a:b], rtol=0, atol=0)
-        assert bool((padded[i, b - a:] == 0).all())
+        assert bool((padded[i, b - a :] == 0).all())
 
 
 @needs_c
@@ -198,12 +202,22 @@ def test_unknown_cpu_kernel_name_raises_value_error():
 
 # Segment lengths around the AVX2 kernel's vector width (8), its chunk (2048 tokens) and window
 # reach, empty segments, and every window combination of the weighting rules.
-EDGE_LENGTHS = [0, 1, 2, 7, 8, 9, 15, 16, 17, 23, 0, 31, 33, 2040, 2047, 2048, 2049, 2055, 2056,
-                2057, 4096 + 13, 3, 0]
-WINDOWS = [dict(), dict(n_min=1, n_max=1), dict(n_min=4, n_max=4), dict(n_min=2, n_max=16),
-           dict(n_min=3, n_max=11, alpha=0.5), dict(n_min=1, n_max=32, alpha=0.9),
-           dict(n_min=5, n_max=45), dict(adaptive=False, n_min=1), dict(adaptive=False, n_min=4),
-           dict(trend=False), dict(alpha=1.0), dict(beta_gate=0.0), dict(gamma=5.0, eps_slope=1e-9)]
+EDGE_LENGTHS = [0, 1, 2, 7, 8, 9, 15, 16, 17, 23, 0, 31, 33, 2040, 2047, 2048, 2049, 2055, 2056, 2057, 4096 + 13, 3, 0]
+WINDOWS = [
+    dict(),
+    dict(n_min=1, n_max=1),
+    dict(n_min=4, n_max=4),
+    dict(n_min=2, n_max=16),
+    dict(n_min=3, n_max=11, alpha=0.5),
+    dict(n_min=1, n_max=32, alpha=0.9),
+    dict(n_min=5, n_max=45),
+    dict(adaptive=False, n_min=1),
+    dict(adaptive=False, n_min=4),
+    dict(trend=False),
+    dict(alpha=1.0),
+    dict(beta_gate=0.0),
+    dict(gamma=5.0, eps_slope=1e-9),
+]
 
 
 @needs_c
@@ -211,11 +225,12 @@ WINDOWS = [dict(), dict(n_min=1, n_max=1), dict(n_min=4, n_max=4), dict(n_min=2,
 @pytest.mark.parametrize("kw", WINDOWS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "default")
 def test_kernel_matches_reference_on_edge_lengths(impl, kw):
     for seed, (mask_p, log_mag, const_runs) in enumerate(
-            [(0.0, 0.0, False), (0.3, 0.0, True), (0.05, 3.0, False), (0.5, -3.0, True), (1.0, 0.0, False)]):
+        [(0.0, 0.0, False), (0.3, 0.0, True), (0.05, 3.0, False), (0.5, -3.0, True), (1.0, 0.0, False)]
+    ):
         gap, cu, mask = make_batch(EDGE_LENGTHS, seed, mask_p, log_mag, const_runs)
         if const_runs:  # whole constant segments, one with a large offset
-            gap[cu[13]:cu[14]] = 1234.5
-            gap[cu[3]:cu[4]] = -0.25
+            gap[cu[13] : cu[14]] = 1234.5
+            gap[cu[3] : cu[4]] = -0.25
         with cpu_impl(impl):
             got = pcsd_weights(gap, cu, mask, return_stats=True, **kw)
         assert_close_to_ref(got, gap, cu, mask, **kw)
@@ -226,16 +241,24 @@ def test_kernel_matches_reference_on_edge_lengths(impl, kw):
 # otherwise. A single masked token at every position of segments whose ends fall on every lane
 # puts each hole position through each path. n_max = 2 leaves a window with one valid token
 # (slope 0), n_max = 1 none; a negative tau_low makes r > 0 for any window with a valid token.
-ONE_HOLE_WINDOWS = [dict(), dict(n_min=1, n_max=2), dict(n_min=3, n_max=8), dict(n_min=1, n_max=4),
-                    dict(n_min=2, n_max=11, alpha=0.5), dict(n_min=1, n_max=16),
-                    dict(tau_low=-0.2, tau_high=0.3), dict(n_min=1, n_max=1, tau_low=-0.2, tau_high=0.3),
-                    dict(adaptive=False, n_min=4)]
+ONE_HOLE_WINDOWS = [
+    dict(),
+    dict(n_min=1, n_max=2),
+    dict(n_min=3, n_max=8),
+    dict(n_min=1, n_max=4),
+    dict(n_min=2, n_max=11, alpha=0.5),
+    dict(n_min=1, n_max=16),
+    dict(tau_low=-0.2, tau_high=0.3),
+    dict(n_min=1, n_max=1, tau_low=-0.2, tau_high=0.3),
+    dict(adaptive=False, n_min=4),
+]
 
 
 @needs_c
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("kw", ONE_HOLE_WINDOWS,
-                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "default")
+@pytest.mark.parametrize(
+    "kw", ONE_HOLE_WINDOWS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "default"
+)
 def test_kernel_matches_reference_with_one_hole_anywhere(impl, kw):
     n = kw.get("n_max", 8)
     lengths, masks = [], []
@@ -259,6 +282,7 @@ def test_kernel_matches_reference_with_one_hole_anywhere(impl, kw):
 @pytest.mark.skipif(not HAVE_AVX2, reason="CPU without AVX2/FMA")
 def test_avx2_and_scalar_kernels_agree_on_a_large_batch():
     from pcsd.bench.op import make_segments
+
     gap, cu, mask = make_segments(300_000, seed=4)
     with cpu_impl("scalar"):
         ref = pcsd_weights(gap, cu, mask, return_stats=True)
@@ -299,8 +323,14 @@ def test_first_nonfinite_gap_is_reported(impl):
 @pytest.mark.skipif(not HAVE_AVX2, reason="CPU without AVX2/FMA")
 def test_vectorised_exp_error_is_a_few_ulp():
     c = _native.kernels()
-    x = torch.cat([torch.linspace(-87.3, 0.0, 2_000_001), -torch.rand(100_000) * 88,
-                   -torch.rand(100_000) * 1e-3, torch.tensor([0.0, -0.0, -1e-30, -87.33, -1e4, -1e30])])
+    x = torch.cat(
+        [
+            torch.linspace(-87.3, 0.0, 2_000_001),
+            -torch.rand(100_000) * 88,
+            -torch.rand(100_000) * 1e-3,
+            torch.tensor([0.0, -0.0, -1e-30, -87.33, -1e4, -1e30]),
+        ]
+    )
     y = torch.empty_like(x)
     assert c.vexp_nonpositive(x.data_ptr(), y.data_ptr(), x.numel())
     exact = torch.exp(x.double())
@@ -401,8 +431,7 @@ def test_opcheck_of_the_custom_ops():
     torch.library.opcheck(torch.ops.pcsd.pcsd_weights.default, (gap, cu, mask, *args))
     torch.library.opcheck(torch.ops.pcsd.pcsd_weights.default, (gap, cu, None, *args))
     torch.library.opcheck(torch.ops.pcsd.pcsd_weights_stats.default, (gap, cu, mask, *args))
-    torch.library.opcheck(torch.ops.pcsd.pcsd_weights_out.default,
-                          (gap, cu, mask, torch.empty_like(gap), *args))
+    torch.library.opcheck(torch.ops.pcsd.pcsd_weights_out.default, (gap, cu, mask, torch.empty_like(gap), *args))
 
 
 @needs_c

@@ -61,10 +61,12 @@ def test_a_plan_that_does_not_fit_names_the_setting():
     assert "does NOT fit" in text and "optim.tokens_per_microbatch to <=" in text
     assert "optim.gradient_checkpointing=true" in text
     fit = int(text.split("optim.tokens_per_microbatch to <= ")[1].split(";")[0])
-    at = load_config(["preset=alfworld-qwen2.5-3b", "optim.gradient_checkpointing=false",
-                      f"optim.tokens_per_microbatch={fit}"])
-    over = load_config(["preset=alfworld-qwen2.5-3b", "optim.gradient_checkpointing=false",
-                        f"optim.tokens_per_microbatch={fit + 1}"])
+    at = load_config(
+        ["preset=alfworld-qwen2.5-3b", "optim.gradient_checkpointing=false", f"optim.tokens_per_microbatch={fit}"]
+    )
+    over = load_config(
+        ["preset=alfworld-qwen2.5-3b", "optim.gradient_checkpointing=false", f"optim.tokens_per_microbatch={fit + 1}"]
+    )
     assert memory_plan(at, 1, 80 * GiB, varlen=True).fits  # the advice is the largest budget that fits
     assert not memory_plan(over, 1, 80 * GiB, varlen=True).fits
     # padded to twice the budget, not even one row's micro-batch fits without checkpointing
@@ -170,8 +172,10 @@ def test_hf_backend_generation_is_counted_by_hand():
     four = memory_plan(cfg, 4, 80 * GiB, varlen=True)
     r4 = rows_of(four)
     assert r4["hf generation copy (full)"] == 2 * Q25_P
-    assert r4["hf generation (KV, prefill, logits)"] == 32 * 2_560 * 36_864 + 32 * 2_048 * (
-        2 * 2 * 2_048 + 3 * 2 * 11_008) + 32 * V * 24
+    assert (
+        r4["hf generation (KV, prefill, logits)"]
+        == 32 * 2_560 * 36_864 + 32 * 2_048 * (2 * 2 * 2_048 + 3 * 2 * 11_008) + 32 * V * 24
+    )
     assert four.static_bytes == (4 * Q25_P // 4) * 2 + 8 * Q25_P // 4 + 2 * Q25_P // 4 + 2 * GiB + 2 * Q25_P
 
 
@@ -187,8 +191,14 @@ def test_hf_batch_is_the_backends():
 def test_predict_update_for_a_batch_by_hand():
     from pcsd.train.plan import batch_microbatch, predict_update
 
-    cfg = load_config(["preset=alfworld-qwen2.5-3b", "optim.tokens_per_microbatch=100",
-                       "rollout.max_prompt_tokens=80", "rollout.max_response_tokens=20"])
+    cfg = load_config(
+        [
+            "preset=alfworld-qwen2.5-3b",
+            "optim.tokens_per_microbatch=100",
+            "rollout.max_prompt_tokens=80",
+            "rollout.max_response_tokens=20",
+        ]
+    )
     prompts, responses = [10, 80, 60, 5], [5, 5, 10, 0]  # sizes 15, 85 | 70 | (no response: left out)
     padded = batch_microbatch(cfg, prompts, responses, varlen=False)
     assert (padded.tokens, padded.base, padded.response_tokens, padded.longest_response) == (170, 100, 10, 10)
@@ -215,11 +225,13 @@ def test_cli_plan_prints_and_loads_nothing(capsys, monkeypatch):
     assert "does NOT fit" in capsys.readouterr().out
     assert cli.main(["preset=alfworld-qwen2.5-3b", "--plan", "--gpus", "0"]) == 2
     assert "--gpus must be > 0" in capsys.readouterr().err
-    for args, message in ((["--gpu-memory-gb", "nan"], "--gpu-memory-gb must be a finite number, got 'nan'"),
-                          (["--gpu-memory-gb=inf"], "--gpu-memory-gb must be a finite number, got 'inf'"),
-                          (["--gpu-memory-gb", "1e9"], "--gpu-memory-gb must be at most 4096, got 1e+09"),
-                          (["--gpus", str(10**12)], "--gpus must be at most 65536, got 1e+12"),
-                          (["--gpus", "1.5"], "--gpus must be a whole number, got '1.5'")):
+    for args, message in (
+        (["--gpu-memory-gb", "nan"], "--gpu-memory-gb must be a finite number, got 'nan'"),
+        (["--gpu-memory-gb=inf"], "--gpu-memory-gb must be a finite number, got 'inf'"),
+        (["--gpu-memory-gb", "1e9"], "--gpu-memory-gb must be at most 4096, got 1e+09"),
+        (["--gpus", str(10**12)], "--gpus must be at most 65536, got 1e+12"),
+        (["--gpus", "1.5"], "--gpus must be a whole number, got '1.5'"),
+    ):
         assert cli.main(["preset=alfworld-qwen2.5-3b", "--plan", *args]) == 2
         err = capsys.readouterr().err
         assert err.strip() == f"pcsd.train: {message}", err

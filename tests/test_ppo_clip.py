@@ -33,8 +33,12 @@ def loop_token_terms(logp, old, ref, adv, clip):
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(1, 40), seed=st.integers(0, 2**31 - 1), spread=st.floats(0.05, 1.5),
-       clip=st.sampled_from([0.1, 0.2, 0.28, 0.5]))
+@given(
+    n=st.integers(1, 40),
+    seed=st.integers(0, 2**31 - 1),
+    spread=st.floats(0.05, 1.5),
+    clip=st.sampled_from([0.1, 0.2, 0.28, 0.5]),
+)
 def test_grpo_token_terms_match_a_loop_with_ratios_away_from_one(n, seed, spread, clip):
     """Ratios exp(N(0, spread)) reach far outside [1 - eps, 1 + eps] on both sides, for positive
     and negative advantages: values, the clipped indicator and the gradient all match the loop."""
@@ -96,7 +100,8 @@ def _reference_epochs(model, frozen, rb, cfg, lr: float, clip: float) -> tuple[d
         d = ref - lp
         agg = cfg.algo.loss_agg
         loss = aggregate(pg, mask, traj, rb.num_trajectories, agg) + cfg.algo.kl_beta * aggregate(
-            torch.exp(d) - d - 1, mask, traj, rb.num_trajectories, agg)
+            torch.exp(d) - d - 1, mask, traj, rb.num_trajectories, agg
+        )
         loss.backward()
         fracs.append(float((clipped < unclipped).float().mean()))
         with torch.no_grad():
@@ -115,9 +120,20 @@ def test_two_ppo_epochs_with_a_learning_rate_match_a_plain_reference(tiny_dir, f
     from pcsd.train.update import update_step
 
     lr = 0.05  # the second epoch: ~35 % of the ratios outside [0.8, 1.2], most within [0.6, 1.4]
-    cfg = load_config(["method=grpo", "rollout.backend=hf", "optim.tokens_per_microbatch=60",
-                       "rollout.max_prompt_tokens=40", "rollout.max_response_tokens=20", "optim.grad_clip=1e9",
-                       "optim.ppo_epochs=2", f"optim.lr={lr}", "algo.kl_beta=0.01", f"optim.fused_lm_head={fused}"])
+    cfg = load_config(
+        [
+            "method=grpo",
+            "rollout.backend=hf",
+            "optim.tokens_per_microbatch=60",
+            "rollout.max_prompt_tokens=40",
+            "rollout.max_response_tokens=20",
+            "optim.grad_clip=1e9",
+            "optim.ppo_epochs=2",
+            f"optim.lr={lr}",
+            "algo.kl_beta=0.01",
+            f"optim.fused_lm_head={fused}",
+        ]
+    )
     student, frozen = student_and_frozen(tiny_dir)
     rb = synthetic_rollout_batch(num_groups=2, group_size=3, seed=5, turns=(1, 2))
     start = copy.deepcopy(student)
@@ -130,11 +146,13 @@ def test_two_ppo_epochs_with_a_learning_rate_match_a_plain_reference(tiny_dir, f
     assert stats["clip_frac"] == pytest.approx(fracs[1], abs=1e-6)
     for n, p in ref_model.named_parameters():
         torch.testing.assert_close(got[n], want[n], rtol=1e-3, atol=1e-6, msg=n)
-        torch.testing.assert_close(dict(student.named_parameters())[n].detach(), p.detach(), rtol=1e-4, atol=1e-6,
-                                   msg=n)
+        torch.testing.assert_close(
+            dict(student.named_parameters())[n].detach(), p.detach(), rtol=1e-4, atol=1e-6, msg=n
+        )
     wide, _ = _reference_epochs(copy.deepcopy(start), frozen, rb, cfg, lr, 2 * cfg.algo.clip_eps)
     assert max(float((wide[n] - want[n]).abs().max()) for n in want) > 100 * max(
-        float((got[n] - want[n]).abs().max()) for n in want)
+        float((got[n] - want[n]).abs().max()) for n in want
+    )
 
 
 @pytest.mark.parametrize("value", ["0", "0.0", "-0.1", "-1"])

@@ -72,12 +72,15 @@ def _step(cfg, ctx=None, rb=None):
     student, frozen = _models(cfg, ctx)
     ctx = ctx or du.single_process()
     before = {k: v.float().clone() for k, v in du.full_model_state(student, ctx, all_ranks=True).items()}
-    opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.optim.lr,
-                            weight_decay=cfg.optim.weight_decay)
+    opt = torch.optim.AdamW(
+        [p for p in student.parameters() if p.requires_grad], lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+    )
     rb = rb or synthetic_rollout_batch(num_groups=3, group_size=2, seed=2)
     update_step(student, frozen, opt, rb, cfg, step=0, ctx=ctx)
-    grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).float().clone()
-             for n, p in student.named_parameters()}
+    grads = {
+        n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).float().clone()
+        for n, p in student.named_parameters()
+    }
     after = {k: v.float().clone() for k, v in du.full_model_state(student, ctx, all_ranks=True).items()}
     return before, after, grads, student, frozen, opt
 
@@ -107,8 +110,12 @@ def _check_against_fp32(before, after, grads, ref_after, ref_grads) -> None:
 
 def test_paper_precision_step_moves_the_weights_and_matches_fp32(tiny_dir):
     cfg = _cfg(tiny_dir)
-    assert (cfg.optim.lr, cfg.model.param_dtype, cfg.model.compute_dtype, cfg.model.teacher_dtype) == \
-        (LR, "float32", "bfloat16", "bfloat16")
+    assert (cfg.optim.lr, cfg.model.param_dtype, cfg.model.compute_dtype, cfg.model.teacher_dtype) == (
+        LR,
+        "float32",
+        "bfloat16",
+        "bfloat16",
+    )
     before, after, grads, student, frozen, opt = _step(cfg)
     assert all(p.dtype == torch.float32 for p in student.parameters())  # master weights
     assert all(p.dtype == torch.bfloat16 for p in frozen.parameters())  # half the memory of a copy
@@ -123,8 +130,9 @@ def test_paper_precision_step_moves_the_weights_and_matches_fp32(tiny_dir):
 def test_bf16_weights_round_the_step_away(tiny_dir):
     """What the paper presets did before: bf16 parameters updated in place. Most of the step is lost,
     which is why the config refuses it."""
-    cfg = _cfg(tiny_dir, "model.param_dtype=bfloat16", "model.compute_dtype=bfloat16",
-               "optim.allow_low_precision_params=true")
+    cfg = _cfg(
+        tiny_dir, "model.param_dtype=bfloat16", "model.compute_dtype=bfloat16", "optim.allow_low_precision_params=true"
+    )
     before, after, grads, *_ = _step(cfg)
     assert _moved_share(before, after, grads) < 0.5
 
@@ -133,8 +141,12 @@ def test_bf16_params_with_an_optimizer_are_refused_with_the_reason(tiny_dir):
     with pytest.raises(ConfigError, match="rounds back.*optim.allow_low_precision_params=true"):
         _cfg(tiny_dir, "model.param_dtype=bfloat16")
     with pytest.raises(ConfigError, match="model.compute_dtype=float32 with model.param_dtype=bfloat16"):
-        _cfg(tiny_dir, "model.param_dtype=bfloat16", "model.compute_dtype=float32",
-             "optim.allow_low_precision_params=true")
+        _cfg(
+            tiny_dir,
+            "model.param_dtype=bfloat16",
+            "model.compute_dtype=float32",
+            "optim.allow_low_precision_params=true",
+        )
     # bf16 weights without any training is fine (evaluation-only, Vanilla)
     assert _cfg(tiny_dir, "model.param_dtype=bfloat16", "optim.steps=0").model.param_dtype == "bfloat16"
 
@@ -185,17 +197,20 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
         rb = du.select_groups(synthetic_rollout_batch(num_groups=4, group_size=2, seed=2), du.split_groups(4, ctx))
         before, after, grads, student, frozen, opt = _step(cfg, ctx, rb)
         local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731 (the root stays unsharded)
-        dtypes = {"student": {local(p).dtype for p in student.parameters()},
-                  "frozen": {local(p).dtype for p in frozen.parameters()},
-                  "adam": {local(v).dtype for st in opt.state.values() for v in st.values() if v.dim()}}
+        dtypes = {
+            "student": {local(p).dtype for p in student.parameters()},
+            "frozen": {local(p).dtype for p in frozen.parameters()},
+            "adam": {local(v).dtype for st in opt.state.values() for v in st.values() if v.dim()},
+        }
         if ctx.is_main:
             torch.save({"before": before, "after": after, "grads": grads, "dtypes": dtypes}, out)
     finally:
         du.shutdown(ctx)
 
 
-@pytest.mark.skipif(not torch.distributed.is_available() or sys.platform == "win32",
-                    reason="torch.distributed with gloo is needed")
+@pytest.mark.skipif(
+    not torch.distributed.is_available() or sys.platform == "win32", reason="torch.distributed with gloo is needed"
+)
 def test_fsdp2_two_gloo_ranks_mixed_precision(tiny_dir, tmp_path):
     """FSDP2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): the shards and AdamW
     state stay fp32, >= 99 % of the elements move, and the step matches one all-fp32 process."""
@@ -235,13 +250,31 @@ def test_paper_preset_cpu_run_validates_and_resumes_bit_exact(tmp_path, tiny_dir
     from safetensors.torch import load_file
 
     def train(*args: str) -> None:
-        r = subprocess.run([sys.executable, "-m", "pcsd.train", *args], cwd=tmp_path, env=child_env,
-                           capture_output=True, text=True, timeout=900)
+        r = subprocess.run(
+            [sys.executable, "-m", "pcsd.train", *args],
+            cwd=tmp_path,
+            env=child_env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
-    common = [PAPER, f"model.path={tiny_dir}", "rollout.backend=hf", "run.device=cpu", "optim.steps=2",
-              "run.save_every=1", "env.max_steps=1", "rollout.tasks_per_step=1", "rollout.group_size=2",
-              "rollout.max_response_tokens=4", "eval.episodes=2", "eval.every=1", "run.tensorboard=false"]
+    common = [
+        PAPER,
+        f"model.path={tiny_dir}",
+        "rollout.backend=hf",
+        "run.device=cpu",
+        "optim.steps=2",
+        "run.save_every=1",
+        "env.max_steps=1",
+        "rollout.tasks_per_step=1",
+        "rollout.group_size=2",
+        "rollout.max_response_tokens=4",
+        "eval.episodes=2",
+        "eval.every=1",
+        "run.tensorboard=false",
+    ]
     full, part = tmp_path / "full", tmp_path / "part"
     train(*common, f"run.dir={full}")
     train(*common, f"run.dir={part}", "run.stop_after=1")

@@ -146,8 +146,15 @@ def test_write_games_rooms_rotate_within_what_each_task_allows(tmp_path):
 
     from pcsd.envs.procedural import write_games
 
-    paths = write_games(tmp_path, 8, 70, ("pick_and_place_simple", "pick_heat_then_place_in_recep"),
-                        rooms=("bedroom", "kitchen"), receptacles=12, distractors=0)
+    paths = write_games(
+        tmp_path,
+        8,
+        70,
+        ("pick_and_place_simple", "pick_heat_then_place_in_recep"),
+        rooms=("bedroom", "kitchen"),
+        receptacles=12,
+        distractors=0,
+    )
     rooms = [json.loads(open(p).read())["pcsd_gen"]["room"] for p in paths]
     assert rooms[0::2] == ["bedroom", "kitchen", "bedroom", "kitchen"]  # pick: both rooms in turn
     assert rooms[1::2] == ["kitchen"] * 4  # heat: only the kitchen
@@ -162,17 +169,25 @@ def test_write_games_rooms_rotate_within_what_each_task_allows(tmp_path):
 # ----------------------------------------------------------------------------- games on demand
 # sha256 (first 16 hex digits) of files the file-based write_games wrote before games were generated
 # on demand (pcsd at b5ba070): the tiny-cpu preset's training knobs, and the default knobs
-BEFORE_TINY = {0: ("00000-pick_and_place_simple.tw-pddl", "693172fb3199146a"),
-               1: ("00001-look_at_obj_in_light.tw-pddl", "800b476ee3d4fa3e"),
-               5: ("00005-look_at_obj_in_light.tw-pddl", "21bdfa412756c7bd"),
-               12: ("00012-pick_and_place_simple.tw-pddl", "5b3247dbf4571d1e"),
-               69: ("00069-look_at_obj_in_light.tw-pddl", "d21dfdf19f338458")}
-BEFORE_DEFAULT = {0: ("00000-pick_and_place_simple.tw-pddl", "714fa90936849a79"),
-                  1: ("00001-look_at_obj_in_light.tw-pddl", "25b1b383089ae93e"),
-                  5: ("00005-pick_two_obj_and_place.tw-pddl", "0d3112d515df33a5"),
-                  12: ("00012-pick_and_place_simple.tw-pddl", "76529ea359c14fed")}
-TINY = dict(task_types=("pick_and_place_simple", "look_at_obj_in_light"), rooms=("livingroom", "bedroom"),
-            receptacles=6, distractors=0)
+BEFORE_TINY = {
+    0: ("00000-pick_and_place_simple.tw-pddl", "693172fb3199146a"),
+    1: ("00001-look_at_obj_in_light.tw-pddl", "800b476ee3d4fa3e"),
+    5: ("00005-look_at_obj_in_light.tw-pddl", "21bdfa412756c7bd"),
+    12: ("00012-pick_and_place_simple.tw-pddl", "5b3247dbf4571d1e"),
+    69: ("00069-look_at_obj_in_light.tw-pddl", "d21dfdf19f338458"),
+}
+BEFORE_DEFAULT = {
+    0: ("00000-pick_and_place_simple.tw-pddl", "714fa90936849a79"),
+    1: ("00001-look_at_obj_in_light.tw-pddl", "25b1b383089ae93e"),
+    5: ("00005-pick_two_obj_and_place.tw-pddl", "0d3112d515df33a5"),
+    12: ("00012-pick_and_place_simple.tw-pddl", "76529ea359c14fed"),
+}
+TINY = dict(
+    task_types=("pick_and_place_simple", "look_at_obj_in_light"),
+    rooms=("livingroom", "bedroom"),
+    receptacles=6,
+    distractors=0,
+)
 
 
 def _digest(text: str) -> str:
@@ -233,7 +248,8 @@ def test_the_pool_plays_a_generated_game_as_it_plays_its_file(tmp_path):
                 out.append(pool.step([adm[-1] for adm in out[-1].admissible]))
             runs.append([(b.obs, b.admissible, b.reward.tolist(), b.done.tolist()) for b in out])
             assert [pool.task_of(e) for e in range(6)][::2] == [
-                (g.task_type, pool.task_of(2 * k)[1]) for k, g in enumerate(games)]
+                (g.task_type, pool.task_of(2 * k)[1]) for k, g in enumerate(games)
+            ]
     assert runs[0] == runs[1]
     with pytest.raises(ValueError, match=r"games\[0\]: expected a game file path or a ProceduralGame"):
         EnvPool("alfworld", 1, games=[3.5])

@@ -67,12 +67,9 @@ def ref_alfworld(task, obs, adm, history, step, h):
     if step == 0 or not recent:
         return head + f"Your current observation is: {obs}\n\n" + tail
     first = step - len(recent) + 1
-    hist = "\n".join(
-        f"[Observation {first + j}: '{o}', Action {first + j}: '{a}']" for j, (o, a) in enumerate(recent)
-    )
+    hist = "\n".join(f"[Observation {first + j}: '{o}', Action {first + j}: '{a}']" for j, (o, a) in enumerate(recent))
     return (
-        head
-        + f"Prior to this step, you have already taken {step} step(s). Below are the most recent "
+        head + f"Prior to this step, you have already taken {step} step(s). Below are the most recent "
         f"{len(recent)} observations and the corresponding actions you took: {hist}\n\n"
         f"You are now at step {step + 1} and your current observation is: {obs}\n\n" + tail
     )
@@ -231,8 +228,7 @@ def test_encode_chat_batch_matches_python(model_dirs, hf_tokenizers, name):
     tok = hf_tokenizers[name]
     pb = P.PromptBuilder("alfworld", tokenizer_dir=model_dirs[name], max_prompt_tokens=None)
     prompts = [
-        pb.build(TASK, f"{OBS0} variant {i}", ADM, [(f"o{j}", f"a{j}") for j in range(i % 3)], i % 3)
-        for i in range(40)
+        pb.build(TASK, f"{OBS0} variant {i}", ADM, [(f"o{j}", f"a{j}") for j in range(i % 3)], i % 3) for i in range(40)
     ]
     for system in (None, "You are an agent."):
         got = pb.encode_chat(prompts, system=system)
@@ -245,8 +241,13 @@ def test_encode_chat_batch_matches_python(model_dirs, hf_tokenizers, name):
 def test_build_batch_matches_single_calls(model_dirs, hf_tokenizers):
     d = model_dirs["qwen3"]
     reqs = [
-        {"task": TASK, "observation": f"obs {i}", "admissible": ADM,
-         "history": [(f"o{j}", f"a{j}") for j in range(i % 4)], "step": i % 4}
+        {
+            "task": TASK,
+            "observation": f"obs {i}",
+            "admissible": ADM,
+            "history": [(f"o{j}", f"a{j}") for j in range(i % 4)],
+            "step": i % 4,
+        }
         for i in range(30)
     ]
     for budget, threads in ((None, 0), (4096, 0), (None, 1), (4096, 3)):  # own pools of 1 and 3 threads too
@@ -282,8 +283,7 @@ def batch_builder(model_dirs):
     as_mappings=st.booleans(),
     as_tuples=st.booleans(),
 )
-def test_encode_batch_reads_requests_like_single_calls(model_dirs, n_hist, h, extra_steps, obs, as_mappings,
-                                                        as_tuples):
+def test_encode_batch_reads_requests_like_single_calls(model_dirs, n_hist, h, extra_steps, obs, as_mappings, as_tuples):
     """Requests are read in place (only the history tail the template shows) and ids go out as
     lists of shared ints: same prompts and ids as one build + encode_chat per request, whatever
     the history's length, H, the entries' form (pairs or mappings) and the containers."""
@@ -293,9 +293,16 @@ def test_encode_batch_reads_requests_like_single_calls(model_dirs, n_hist, h, ex
     hist = [(f"obs {j} {obs}", f"go to cabinet {j}") for j in range(n_hist)]
     entries = [{"observation": o, "action": a} for o, a in hist] if as_mappings else hist
     step = n_hist + extra_steps
-    reqs = [{"task": TASK, "observation": obs or "o", "admissible": tuple(ADM) if as_tuples else ADM,
-             "history": tuple(entries) if as_tuples else entries, "step": step},
-            MappingProxyType({"task": TASK, "observation": OBS0, "admissible": ADM})]
+    reqs = [
+        {
+            "task": TASK,
+            "observation": obs or "o",
+            "admissible": tuple(ADM) if as_tuples else ADM,
+            "history": tuple(entries) if as_tuples else entries,
+            "step": step,
+        },
+        MappingProxyType({"task": TASK, "observation": OBS0, "admissible": ADM}),
+    ]
     for teacher in (False, True):
         build = pb.build_teacher if teacher else pb.build
         texts = [build(TASK, obs or "o", ADM, hist, step), build(TASK, OBS0, ADM, [], 0)]
@@ -308,30 +315,61 @@ def test_encode_batch_reads_requests_like_single_calls(model_dirs, n_hist, h, ex
         assert pb.encode_batch(reqs, teacher=teacher)[0] == got[0][1]
 
 
-@pytest.mark.parametrize("requests, match", [
-    ("task", r"requests: expected a list of request mappings, got str"),
-    (7, r"requests: expected a list of request mappings, got int"),
-    ([["task", "obs"]], r"requests\[0\]: expected a mapping, got list"),
-    ([{"observation": "o", "admissible": []}], r"requests\[0\]: missing key 'task'"),
-    ([{"task": TASK, "observation": b"o", "admissible": []}], r"requests\[0\]\['observation'\]: expected str, got bytes"),
-    ([{"task": TASK, "observation": "o", "admissible": "look"}], r"\['admissible'\]: expected a list of strings, got str"),
-    ([{"task": TASK, "observation": "o", "admissible": ["look", 3]}], r"\['admissible'\]\[1\]: expected str, got int"),
-    ([{"task": TASK, "observation": "\ud800", "admissible": []}], r"\['observation'\]: not encodable as UTF-8"),
-    ([{"task": TASK, "observation": "o", "admissible": [], "step": -1}], r"\['step'\]: expected a non-negative int"),
-    ([{"task": TASK, "observation": "o", "admissible": [], "step": True}], r"\['step'\]: expected a non-negative int"),
-    ([{"task": TASK, "observation": "o", "admissible": [], "step": 1.0}], r"\['step'\]: expected a non-negative int"),
-    ([{"task": TASK, "observation": "o", "admissible": [], "history": "ab", "step": 1}],
-     r"\['history'\]: expected a list of \(observation, action\) pairs, got str"),
-    ([{"task": TASK, "observation": "o", "admissible": [], "history": [("a", "b")] * 3, "step": 2}],
-     r"requests\[0\]: .*at most `step` \(= 2\) entries.*got 3"),
-    ([{"task": TASK, "observation": "o", "admissible": [], "history": [("a", "b", "c")], "step": 1}],
-     r"\['history'\]\[0\]: expected an \(observation, action\) pair, got 3 items"),
-    ([{"task": TASK, "observation": "o", "admissible": [], "history": [("a", None)], "step": 1}],
-     r"\['history'\]\[0\]\[1\]: expected str, got NoneType"),
-    ([{"task": TASK, "observation": "o", "admissible": [], "history": [{"observation": "a"}], "step": 1}],
-     r"\['history'\]\[0\]: expected keys 'observation' and 'action', missing 'action'"),
-    ([{"task": "  ", "observation": "o", "admissible": []}], r"`task`"),
-])
+@pytest.mark.parametrize(
+    "requests, match",
+    [
+        ("task", r"requests: expected a list of request mappings, got str"),
+        (7, r"requests: expected a list of request mappings, got int"),
+        ([["task", "obs"]], r"requests\[0\]: expected a mapping, got list"),
+        ([{"observation": "o", "admissible": []}], r"requests\[0\]: missing key 'task'"),
+        (
+            [{"task": TASK, "observation": b"o", "admissible": []}],
+            r"requests\[0\]\['observation'\]: expected str, got bytes",
+        ),
+        (
+            [{"task": TASK, "observation": "o", "admissible": "look"}],
+            r"\['admissible'\]: expected a list of strings, got str",
+        ),
+        (
+            [{"task": TASK, "observation": "o", "admissible": ["look", 3]}],
+            r"\['admissible'\]\[1\]: expected str, got int",
+        ),
+        ([{"task": TASK, "observation": "\ud800", "admissible": []}], r"\['observation'\]: not encodable as UTF-8"),
+        (
+            [{"task": TASK, "observation": "o", "admissible": [], "step": -1}],
+            r"\['step'\]: expected a non-negative int",
+        ),
+        (
+            [{"task": TASK, "observation": "o", "admissible": [], "step": True}],
+            r"\['step'\]: expected a non-negative int",
+        ),
+        (
+            [{"task": TASK, "observation": "o", "admissible": [], "step": 1.0}],
+            r"\['step'\]: expected a non-negative int",
+        ),
+        (
+            [{"task": TASK, "observation": "o", "admissible": [], "history": "ab", "step": 1}],
+            r"\['history'\]: expected a list of \(observation, action\) pairs, got str",
+        ),
+        (
+            [{"task": TASK, "observation": "o", "admissible": [], "history": [("a", "b")] * 3, "step": 2}],
+            r"requests\[0\]: .*at most `step` \(= 2\) entries.*got 3",
+        ),
+        (
+            [{"task": TASK, "observation": "o", "admissible": [], "history": [("a", "b", "c")], "step": 1}],
+            r"\['history'\]\[0\]: expected an \(observation, action\) pair, got 3 items",
+        ),
+        (
+            [{"task": TASK, "observation": "o", "admissible": [], "history": [("a", None)], "step": 1}],
+            r"\['history'\]\[0\]\[1\]: expected str, got NoneType",
+        ),
+        (
+            [{"task": TASK, "observation": "o", "admissible": [], "history": [{"observation": "a"}], "step": 1}],
+            r"\['history'\]\[0\]: expected keys 'observation' and 'action', missing 'action'",
+        ),
+        ([{"task": "  ", "observation": "o", "admissible": []}], r"`task`"),
+    ],
+)
 def test_encode_batch_bad_requests(batch_builder, requests, match):
     for call in (batch_builder.build_batch, batch_builder.encode_batch):
         with pytest.raises(ValueError, match=match):
@@ -346,9 +384,10 @@ def test_encode_batch_bad_system(batch_builder):
 def test_budget_fallback_and_error(model_dirs):
     d = model_dirs["qwen2.5"]
     hist = [("You arrive at cabinet 1. " * 20, "go to cabinet 1")] * 2
-    assert P.PromptBuilder("alfworld", tokenizer_dir=d, max_prompt_tokens=None).build_detailed(
-        TASK, OBS0, ADM, hist, 2
-    )[2] is None  # no budget, nothing measured
+    assert (
+        P.PromptBuilder("alfworld", tokenizer_dir=d, max_prompt_tokens=None).build_detailed(TASK, OBS0, ADM, hist, 2)[2]
+        is None
+    )  # no budget, nothing measured
     probe = P.PromptBuilder("alfworld", tokenizer_dir=d, max_prompt_tokens=10**6)
     full, variant, n_full = probe.build_detailed(TASK, OBS0, ADM, hist, 2)
     assert variant == "history"
@@ -506,15 +545,19 @@ def test_every_real_alfworld_game_is_classified_as_its_own_task_type(alfworld_da
     classifier names the type in the game's path, and retrieval gives general + that type's skills."""
     games = _real_games(alfworld_data)
     assert len(games) > 800 and len({t for _, t, _ in games}) == 6
-    wrong = [(task, kind, P.classify_alfworld_task(task), path) for task, kind, path in games
-             if P.classify_alfworld_task(task) != kind]
+    wrong = [
+        (task, kind, P.classify_alfworld_task(task), path)
+        for task, kind, path in games
+        if P.classify_alfworld_task(task) != kind
+    ]
     assert not wrong, wrong[:10]
     for task, kind, _ in games[:: max(len(games) // 60, 1)]:
         assert P._mod().retrieve_skill_names(task, "alfworld") == ["general", kind]
 
 
-@pytest.mark.parametrize("task", ["", "xyz", "go to the kitchen", "find a mug", "open the fridge",
-                                  "the computer output"])
+@pytest.mark.parametrize(
+    "task", ["", "xyz", "go to the kitchen", "find a mug", "open the fridge", "the computer output"]
+)
 def test_no_task_type_match_gives_the_general_skills_only(task):
     """The paper's appendix: "If no task-type skill is matched, only the general skills are
     provided" (pick-and-place is matched by its own words, "put", "place", "move", not by default)."""
@@ -529,7 +572,9 @@ def test_no_task_type_match_gives_the_general_skills_only(task):
 def test_pick_and_place_has_keywords_of_its_own(verb):
     assert P.classify_alfworld_task(f"{verb} a mug in desk") == "pick_and_place_simple"
     assert P._mod().retrieve_skill_names(f"{verb} some keychain on sofa", "alfworld") == [
-        "general", "pick_and_place_simple"]
+        "general",
+        "pick_and_place_simple",
+    ]
 
 
 def test_encode_chat_from_several_threads(model_dirs):
@@ -547,9 +592,43 @@ def test_encode_chat_from_several_threads(model_dirs):
 # ------------------------------------------------------------------------------------------------
 # Piece-cache encoding (rust_envpool/src/piece_cache.rs) against whole-string encoding.
 # ------------------------------------------------------------------------------------------------
-_PIECES = ["\n", "\n", "\n\n", " ", "  ", "\n ", " \n", "\r\n", "\t", "\u00a0", "\u2028", "a", "the", "Go to",
-           "'s", "'", "[", "].", ",", "ü", "u\u0308", "\u0301", "e\u0301\u0323", "Å", "0", "12", "٣", "日本語",
-           "🙂", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|im_", "cabinet 10"]
+_PIECES = [
+    "\n",
+    "\n",
+    "\n\n",
+    " ",
+    "  ",
+    "\n ",
+    " \n",
+    "\r\n",
+    "\t",
+    "\u00a0",
+    "\u2028",
+    "a",
+    "the",
+    "Go to",
+    "'s",
+    "'",
+    "[",
+    "].",
+    ",",
+    "ü",
+    "u\u0308",
+    "\u0301",
+    "e\u0301\u0323",
+    "Å",
+    "0",
+    "12",
+    "٣",
+    "日本語",
+    "🙂",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<|im_",
+    "cabinet 10",
+]
 _texts = st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=6)), max_size=50).map("".join)
 
 
@@ -632,6 +711,11 @@ def test_encode_batch_reentered_during_a_collection(model_dirs, tmp_path):
 
     # cwd away from the checkout: `python -c` puts the cwd first on sys.path, and the source tree's
     # pcsd/ has no compiled modules when pcsd is installed
-    r = subprocess.run([sys.executable, "-c", _REENTRANT, str(model_dirs["qwen2.5"])], capture_output=True,
-                       text=True, timeout=120, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-c", _REENTRANT, str(model_dirs["qwen2.5"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr[-2000:]

@@ -75,16 +75,42 @@ class Reference:
                 done = term or trunc or limit
                 if done:
                     self.state[e] = "done"
-                won = info["won"] if "won" in info else (done and self.threshold is not None
-                                                          and self.score[e] >= self.threshold)
-                out.append((obs, info.get("admissible_actions", []), r, self.score[e], done, won,
-                            trunc or (limit and not term), self.steps[e], ""))
+                won = (
+                    info["won"]
+                    if "won" in info
+                    else (done and self.threshold is not None and self.score[e] >= self.threshold)
+                )
+                out.append(
+                    (
+                        obs,
+                        info.get("admissible_actions", []),
+                        r,
+                        self.score[e],
+                        done,
+                        won,
+                        trunc or (limit and not term),
+                        self.steps[e],
+                        "",
+                    )
+                )
         return out
 
 
 def rows(b):
-    return [(b.obs[k], b.admissible[k], float(b.reward[k]), float(b.score[k]), bool(b.done[k]), bool(b.won[k]),
-             bool(b.truncated[k]), int(b.step_count[k]), "error" if b.error[k] else "") for k in range(len(b))]
+    return [
+        (
+            b.obs[k],
+            b.admissible[k],
+            float(b.reward[k]),
+            float(b.score[k]),
+            bool(b.done[k]),
+            bool(b.won[k]),
+            bool(b.truncated[k]),
+            int(b.step_count[k]),
+            "error" if b.error[k] else "",
+        )
+        for k in range(len(b))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -103,16 +129,22 @@ def test_pool_equals_the_plain_reference_on_random_calls(counter_workers, data):
     threshold = data.draw(st.sampled_from([None, 1.0, 2.5]))
     auto = data.draw(st.booleans())
     ref = Reference(f("Counter", length=3, won=False), n, group, seeds, max_steps, threshold, auto)
-    with PythonEnvPool(counter_workers, n, group_size=group, seeds=seeds, max_steps=max_steps,
-                       success_threshold=threshold, auto_reset=auto) as pool:
+    with PythonEnvPool(
+        counter_workers,
+        n,
+        group_size=group,
+        seeds=seeds,
+        max_steps=max_steps,
+        success_threshold=threshold,
+        auto_reset=auto,
+    ) as pool:
         for _ in range(data.draw(st.integers(1, 8))):
             ids = data.draw(st.lists(st.integers(0, n), unique=True, min_size=1, max_size=n + 1))
             if data.draw(st.integers(0, 4)) == 0:
                 ids = [e for e in ids if e < n] or [0]
                 assert rows(pool.reset(ids)) == ref.reset(ids)
             else:
-                acts = data.draw(st.lists(st.sampled_from(["go", "stop", "x"]), min_size=len(ids),
-                                          max_size=len(ids)))
+                acts = data.draw(st.lists(st.sampled_from(["go", "stop", "x"]), min_size=len(ids), max_size=len(ids)))
                 assert rows(pool.step(acts, ids)) == ref.step(ids, acts)
             for e in range(n):
                 if ref.state[e] != "new":
@@ -202,10 +234,15 @@ def _play_past_the_fault(pool: PythonEnvPool) -> list:
     return [first, second, pool.step(["go", "go", "go", "go"])]
 
 
-@pytest.mark.parametrize("name,what", [("Raises", "step() raised RuntimeError: boom at step 2"),
-                                       ("Hangs", "did not return within 1 s"),
-                                       ("Exits", "worker process died (exit code 3)"),
-                                       ("Segfaults", "worker process died (signal 11)")])
+@pytest.mark.parametrize(
+    "name,what",
+    [
+        ("Raises", "step() raised RuntimeError: boom at step 2"),
+        ("Hangs", "did not return within 1 s"),
+        ("Exits", "worker process died (exit code 3)"),
+        ("Segfaults", "worker process died (signal 11)"),
+    ],
+)
 def test_a_faulty_env_ends_only_its_own_episode(name, what):
     """An exception, a hang, an exit or a segfault in env 1 is env 1's error (done, empty obs, its
     episode over); envs 0, 2, 3 on the same worker get exactly what they would have got."""
@@ -243,9 +280,14 @@ def test_an_env_that_does_not_replay_to_its_state_is_an_error_not_a_silent_chang
         assert all("not deterministic for a seed" in e for e in s.error)
 
 
-@pytest.mark.parametrize("name,what", [("NonText", "returned an observation of type int, expected str"),
-                                       ("OldGymStep", "step() returned a tuple of 4"),
-                                       ("BadInfo", "info['admissible_actions'] of type str")])
+@pytest.mark.parametrize(
+    "name,what",
+    [
+        ("NonText", "returned an observation of type int, expected str"),
+        ("OldGymStep", "step() returned a tuple of 4"),
+        ("BadInfo", "info['admissible_actions'] of type str"),
+    ],
+)
 def test_results_outside_the_protocol_are_that_envs_error(name, what):
     with PythonEnvPool(f(name), 2, seeds=[12, 13], num_workers=1) as pool:
         b = pool.reset()
@@ -320,8 +362,13 @@ def test_ctrl_c_during_a_call_ends_every_worker():
         except KeyboardInterrupt:
             print("interrupted", pool.closed, flush=True)
     """)
-    r = subprocess.run([sys.executable, "-c", _SCRIPT.format(here=str(HERE), then=then)], capture_output=True,
-                       text=True, timeout=120, cwd=HERE.parent)
+    r = subprocess.run(
+        [sys.executable, "-c", _SCRIPT.format(here=str(HERE), then=then)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=HERE.parent,
+    )
     lines = r.stdout.split("\n")
     assert lines[1] == "interrupted True", r.stdout + r.stderr
     assert "Traceback" not in r.stderr, r.stderr
@@ -330,8 +377,12 @@ def test_ctrl_c_during_a_call_ends_every_worker():
 
 def test_workers_end_when_their_parent_is_killed():
     then = "pool.step(['go', 'go'])  # hangs"
-    proc = subprocess.Popen([sys.executable, "-c", _SCRIPT.format(here=str(HERE), then=then)],
-                            stdout=subprocess.PIPE, text=True, cwd=HERE.parent)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SCRIPT.format(here=str(HERE), then=then)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=HERE.parent,
+    )
     pids = [int(p) for p in proc.stdout.readline().split()]
     assert pids and all(alive(p) for p in pids)
     time.sleep(0.5)
@@ -347,19 +398,27 @@ def test_workers_end_when_their_parent_is_killed():
 def test_check_env_reports_the_env():
     c = check_env(f("Counter"))
     assert (c.task, c.observation, c.admissible, c.action, c.has_expert) == (
-        "count 0", "0:0:", ["go", "stop"], "go", True)
+        "count 0",
+        "0:0:",
+        ["go", "stop"],
+        "go",
+        True,
+    )
 
 
-@pytest.mark.parametrize("factory,stage,what", [
-    (EnvFactory("no_such_pkg_xyz:Env"), "import", "no module named 'no_such_pkg_xyz'"),
-    (EnvFactory("textenv_faults:Nope"), "import", "has no attribute 'Nope'"),
-    (EnvFactory("textenv_faults:HERE_IS_NOT"), "import", "has no attribute"),
-    (EnvFactory("textenv_faults"), "import", "expected 'module:Class'"),
-    (EnvFactory("textenv_faults:NeedsArg"), "construct", "missing 1 required positional argument: 'size'"),
-    (EnvFactory("textenv_faults:Counter", kwargs={"colour": 1}), "construct", "unexpected keyword argument"),
-    (EnvFactory("textenv_faults:not_a_class"), "construct", "ValueError: cannot build this one"),
-    (EnvFactory(id="NoSuchEnv-v9"), "import", "NoSuchEnv"),
-])
+@pytest.mark.parametrize(
+    "factory,stage,what",
+    [
+        (EnvFactory("no_such_pkg_xyz:Env"), "import", "no module named 'no_such_pkg_xyz'"),
+        (EnvFactory("textenv_faults:Nope"), "import", "has no attribute 'Nope'"),
+        (EnvFactory("textenv_faults:HERE_IS_NOT"), "import", "has no attribute"),
+        (EnvFactory("textenv_faults"), "import", "expected 'module:Class'"),
+        (EnvFactory("textenv_faults:NeedsArg"), "construct", "missing 1 required positional argument: 'size'"),
+        (EnvFactory("textenv_faults:Counter", kwargs={"colour": 1}), "construct", "unexpected keyword argument"),
+        (EnvFactory("textenv_faults:not_a_class"), "construct", "ValueError: cannot build this one"),
+        (EnvFactory(id="NoSuchEnv-v9"), "import", "NoSuchEnv"),
+    ],
+)
 def test_check_env_build_errors_name_their_stage(factory, stage, what):
     if factory.id is not None:
         pytest.importorskip("gymnasium")
@@ -368,14 +427,17 @@ def test_check_env_build_errors_name_their_stage(factory, stage, what):
     assert ei.value.stage == stage and what in str(ei.value) and "\n" not in str(ei.value)
 
 
-@pytest.mark.parametrize("name,kw,what", [
-    ("NonText", {"bad_seed": 0, "at": 1}, "observation of type int, expected str"),
-    ("Raises", {"bad_seed": 0, "at": 0}, "reset() raised RuntimeError: boom"),
-    ("Raises", {"bad_seed": 0, "at": 1}, "step('go') raised RuntimeError"),
-    ("Hangs", {"bad_seed": 0, "at": 1}, "did not return within 1 s"),
-    ("Exits", {"bad_seed": 0, "at": 0}, "worker process died (exit code 3)"),
-    ("BadInfo", {}, "info['admissible_actions'] of type str"),
-])
+@pytest.mark.parametrize(
+    "name,kw,what",
+    [
+        ("NonText", {"bad_seed": 0, "at": 1}, "observation of type int, expected str"),
+        ("Raises", {"bad_seed": 0, "at": 0}, "reset() raised RuntimeError: boom"),
+        ("Raises", {"bad_seed": 0, "at": 1}, "step('go') raised RuntimeError"),
+        ("Hangs", {"bad_seed": 0, "at": 1}, "did not return within 1 s"),
+        ("Exits", {"bad_seed": 0, "at": 0}, "worker process died (exit code 3)"),
+        ("BadInfo", {}, "info['admissible_actions'] of type str"),
+    ],
+)
 def test_check_env_protocol_errors_are_one_line(name, kw, what):
     with pytest.raises(ProtocolError) as ei:
         check_env(f(name, **kw), timeout=1.0)
@@ -385,9 +447,16 @@ def test_check_env_protocol_errors_are_one_line(name, kw, what):
 def test_step_batch_columns_have_the_native_types():
     with PythonEnvPool(COUNTER, 2, num_workers=1) as pool:
         b = pool.reset()
-    for name, dtype in (("env_id", np.int64), ("reward", np.float64), ("score", np.float64), ("done", np.bool_),
-                        ("won", np.bool_), ("truncated", np.bool_), ("step_count", np.int64),
-                        ("has_search_bar", np.bool_)):
+    for name, dtype in (
+        ("env_id", np.int64),
+        ("reward", np.float64),
+        ("score", np.float64),
+        ("done", np.bool_),
+        ("won", np.bool_),
+        ("truncated", np.bool_),
+        ("step_count", np.int64),
+        ("has_search_bar", np.bool_),
+    ):
         assert getattr(b, name).dtype == dtype, name
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pcsd.text.prompts import PromptBuilder
 from pcsd.rollout.backends import make_backend
 from pcsd.rollout.loop import collect_rollouts
 from pcsd.testing import make_tiny_model
+from pcsd.text.prompts import PromptBuilder
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +25,18 @@ def setup(tmp_path_factory):
 
 def run(setup, seed=0, episode_len=3, max_steps=5, groups=2, g=3):
     backend, builder, eos, _ = setup
-    return collect_rollouts(backend, builder, groups, g, max_steps=max_steps, max_response_tokens=12,
-                            seed=seed, stop_token_ids=[eos], env_kind="dummy",
-                            env_options=dict(episode_len=episode_len))
+    return collect_rollouts(
+        backend,
+        builder,
+        groups,
+        g,
+        max_steps=max_steps,
+        max_response_tokens=12,
+        seed=seed,
+        stop_token_ids=[eos],
+        env_kind="dummy",
+        env_options=dict(episode_len=episode_len),
+    )
 
 
 def test_batch_layout_and_groups(setup):
@@ -82,13 +91,13 @@ def test_vllm_rollout_on_alfworld_games(setup, tmp_path, vllm_available):
 
     _, builder, eos, model = setup
     model_dir = builder.tokenizer.tokenizer_dir
-    games = [str(write_game(tmp_path / f"g{i}.tw-pddl", tt, i))
-             for i, tt in enumerate(["pick_and_place_simple", "look_at_obj_in_light"])]
-    vb = make_backend("vllm", model_path=model_dir, dtype="float32", max_model_len=2048,
-                      kv_cache_bytes=128 << 20)
+    games = [
+        str(write_game(tmp_path / f"g{i}.tw-pddl", tt, i))
+        for i, tt in enumerate(["pick_and_place_simple", "look_at_obj_in_light"])
+    ]
+    vb = make_backend("vllm", model_path=model_dir, dtype="float32", max_model_len=2048, kv_cache_bytes=128 << 20)
     try:
-        rb = collect_rollouts(vb, builder, games, 2, max_steps=3, max_response_tokens=16, seed=1,
-                              stop_token_ids=[eos])
+        rb = collect_rollouts(vb, builder, games, 2, max_steps=3, max_response_tokens=16, seed=1, stop_token_ids=[eos])
     finally:
         vb.close()
     assert rb.num_trajectories == 4 and rb.length.tolist() == [3, 3, 3, 3]
@@ -116,15 +125,15 @@ def test_an_over_long_prompt_ends_its_episode_not_the_run(setup):
     with EnvPool("alfworld", len(games), games=games) as pool:
         first = pool.reset()
         tasks = [pool.task_of(e)[1] for e in range(len(games))]
-    size = [len(unbounded.encode_batch([dict(task=tasks[e], observation=first.obs[k],
-                                             admissible=first.admissible[k])])[0])
-            for k, e in enumerate(first.env_id.tolist())]
+    size = [
+        len(unbounded.encode_batch([dict(task=tasks[e], observation=first.obs[k], admissible=first.admissible[k])])[0])
+        for k, e in enumerate(first.env_id.tolist())
+    ]
     budget = sorted(size)[len(size) // 2]
     over = [n > budget for n in size]
     assert 0 < sum(over) < len(games)
     builder = PromptBuilder("alfworld", history_length=2, max_prompt_tokens=budget, tokenizer_dir=path)
-    rb = collect_rollouts(backend, builder, games, 1, max_steps=3, max_response_tokens=8, seed=0,
-                          stop_token_ids=[eos])
+    rb = collect_rollouts(backend, builder, games, 1, max_steps=3, max_response_tokens=8, seed=0, stop_token_ids=[eos])
     for e, o in enumerate(over):
         if o:  # ended before its first turn
             assert rb.prompt_overflow[e] and rb.length[e] == 0 and not rb.won[e] and e not in rb.traj_id.tolist()
@@ -132,10 +141,11 @@ def test_an_over_long_prompt_ends_its_episode_not_the_run(setup):
             assert rb.length[e] >= 1
     assert rb.prompt_overflows >= sum(over) and rb.prompt_overflows == int(rb.prompt_overflow.sum())
     assert all(len(p) <= budget for p in rb.prompt_ids)
-    res = play_games(backend, builder, games, max_steps=3, max_response_tokens=8, temperature=0.4,
-                     stop_token_ids=[eos])
+    res = play_games(backend, builder, games, max_steps=3, max_response_tokens=8, temperature=0.4, stop_token_ids=[eos])
     assert all(g.prompt_overflow and not g.won and g.steps == 0 for g, o in zip(res, over) if o)
     doc = EvalResult(label="m", split="procedural", games=res).to_dict()
     assert doc["prompt_overflows"] >= sum(over)
-    assert "Episodes ended unwon because a prompt exceeded the token budget even without history: m (procedural)" \
+    assert (
+        "Episodes ended unwon because a prompt exceeded the token budget even without history: m (procedural)"
         in render_table([doc])
+    )

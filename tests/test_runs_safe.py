@@ -16,9 +16,19 @@ import pytest
 
 from pcsd.train.rundir import LOCK_NAME, RunDirError, claim_run_dir
 
-_TINY = ["rollout.backend=hf", "optim.sft_steps=0", "env.max_steps=1", "rollout.tasks_per_step=1",
-         "rollout.group_size=2", "rollout.max_response_tokens=4", "eval.episodes=1", "optim.steps=2",
-         "run.save_every=1", "model.tiny_layers=1", "optim.lr=1e-2"]
+_TINY = [
+    "rollout.backend=hf",
+    "optim.sft_steps=0",
+    "env.max_steps=1",
+    "rollout.tasks_per_step=1",
+    "rollout.group_size=2",
+    "rollout.max_response_tokens=4",
+    "eval.episodes=1",
+    "optim.steps=2",
+    "run.save_every=1",
+    "model.tiny_layers=1",
+    "optim.lr=1e-2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +39,9 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 def _train(args: list[str], cwd: Path, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pcsd.train", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "pcsd.train", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _one_line_error(stderr: str, *needles: str) -> str:
@@ -54,8 +65,7 @@ def test_training_games_are_generated_when_played_not_written(tmp_path):
     from pcsd.train.config import load_config
     from pcsd.train.job import setup
 
-    cfg = load_config(["optim.steps=100000", "rollout.tasks_per_step=1000", f"run.dir={tmp_path}",
-                       "eval.episodes=4"])
+    cfg = load_config(["optim.steps=100000", "rollout.tasks_per_step=1000", f"run.dir={tmp_path}", "eval.episodes=4"])
     t0 = time.perf_counter()
     job = setup(cfg, tmp_path, None)
     assert time.perf_counter() - t0 < 30
@@ -74,8 +84,14 @@ def test_two_trainings_on_one_run_dir_then_a_new_run_into_the_finished_one(tmp_p
     run aside (nothing deleted) and starts clean."""
     run = tmp_path / "run"
     common = _TINY + [f"model.path={tiny_dir}", f"run.dir={run}"]
-    first = subprocess.Popen([sys.executable, "-m", "pcsd.train", *common, "optim.steps=4"], cwd=tmp_path,
-                             env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "pcsd.train", *common, "optim.steps=4"],
+        cwd=tmp_path,
+        env=child_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 300
         while not (run / "config.yaml").exists():  # the first run holds the folder
@@ -94,8 +110,9 @@ def test_two_trainings_on_one_run_dir_then_a_new_run_into_the_finished_one(tmp_p
 
     again = _train(common + ["optim.steps=1"], tmp_path, child_env)
     assert again.returncode == 2
-    _one_line_error(again.stderr, f"run.dir={run} is not empty: it holds a run", "checkpoints/", "--resume",
-                    "run.overwrite=true")
+    _one_line_error(
+        again.stderr, f"run.dir={run} is not empty: it holds a run", "checkpoints/", "--resume", "run.overwrite=true"
+    )
     both = _train(["--resume", str(run), "run.overwrite=true"], tmp_path, child_env)
     assert both.returncode == 2
     _one_line_error(both.stderr, "give one of them")
@@ -115,9 +132,18 @@ def test_a_killed_training_leaves_no_stale_lock(tmp_path, child_env):
     (kill -9: no handler runs)."""
     run = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom pcsd.train.rundir import claim_run_dir\n"
-         "claim_run_dir(sys.argv[1], resume=False)\nprint('locked', flush=True)\ntime.sleep(600)", str(run)],
-        cwd=tmp_path, env=child_env, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom pcsd.train.rundir import claim_run_dir\n"
+            "claim_run_dir(sys.argv[1], resume=False)\nprint('locked', flush=True)\ntime.sleep(600)",
+            str(run),
+        ],
+        cwd=tmp_path,
+        env=child_env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(RunDirError, match=rf"in use by another training \(pid {holder.pid} on "):
@@ -173,8 +199,10 @@ def test_resume_skips_a_damaged_checkpoint_with_one_warning(tmp_path, tiny_dir, 
     assert main(["--resume", str(run), "run.stop_after=0"]) == 0
     out = capsys.readouterr().out
     warnings = [ln for ln in out.splitlines() if "warning:" in ln]
-    assert warnings == [f"[pcsd] warning: checkpoint {run / 'checkpoints' / 'step-00000002'} is damaged "
-                        f"(model/model.safetensors has {size // 2} bytes, {size} when written (truncated)); skipped"]
+    assert warnings == [
+        f"[pcsd] warning: checkpoint {run / 'checkpoints' / 'step-00000002'} is damaged "
+        f"(model/model.safetensors has {size // 2} bytes, {size} when written (truncated)); skipped"
+    ]
     assert f"resuming from {run / 'checkpoints' / 'step-00000001'} (step 1)" in out
     assert _steps(run) == [1, 2, 3] and json.loads((run / "summary.json").read_text())["steps"] == 3
     from pcsd.train.checkpoint import load_checkpoint
@@ -196,8 +224,14 @@ def _until(proc: subprocess.Popen, text: str, seen: list[str], timeout: float = 
 def _interrupt(args: list[str], at: str, cwd: Path, env: dict) -> tuple[list[str], str]:
     """Runs ``python -m pcsd.train args``, sends SIGINT (Ctrl-C) once a stdout line holds ``at``."""
     env = dict(env, PYTHONUNBUFFERED="1")  # each line as it is printed
-    proc = subprocess.Popen([sys.executable, "-m", "pcsd.train", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pcsd.train", *args],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     seen: list[str] = []
     try:
         _until(proc, at, seen)
@@ -215,10 +249,22 @@ def test_ctrl_c_during_then_after_the_warm_up_and_resume(tmp_path, child_env):
     after the warm-up (no RL checkpoint yet): ``--resume`` continues from the saved warm-up without
     training it again."""
     run = tmp_path / "run"
-    args = [f"run.dir={run}", "rollout.backend=hf", "optim.sft_steps=50", "optim.sft_games=4", "optim.steps=1",
-            "optim.sft_batch_size=4", "model.tiny_hidden_size=64", "model.tiny_layers=1", "rollout.tasks_per_step=1",
-            "rollout.group_size=2", "rollout.max_response_tokens=8", "env.max_steps=2", "eval.episodes=2",
-            "run.save_every=0"]
+    args = [
+        f"run.dir={run}",
+        "rollout.backend=hf",
+        "optim.sft_steps=50",
+        "optim.sft_games=4",
+        "optim.steps=1",
+        "optim.sft_batch_size=4",
+        "model.tiny_hidden_size=64",
+        "model.tiny_layers=1",
+        "rollout.tasks_per_step=1",
+        "rollout.group_size=2",
+        "rollout.max_response_tokens=8",
+        "env.max_steps=2",
+        "eval.episodes=2",
+        "run.save_every=0",
+    ]
     _, err = _interrupt(args, "sft 25/50", tmp_path, child_env)  # during the warm-up
     assert "Traceback" not in err and f"interrupted; continue with python -m pcsd.train --resume {run}" in err
     assert not (run / "sft-model").exists() and not list(run.glob(".tmp-*"))

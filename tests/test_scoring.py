@@ -18,9 +18,16 @@ def tiny_qwen2(vocab=300, seed=0):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                      tie_word_embeddings=False)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     return Qwen2ForCausalLM(cfg).eval()
 
 
@@ -45,8 +52,8 @@ def test_chunked_gradients():
     b = torch.randn(20, generator=g, dtype=torch.float64, requires_grad=True)
     t = torch.randint(0, 20, (3,), generator=g)
     assert torch.autograd.gradcheck(
-        lambda h, w, b: selective_logprobs(h, w, t, b, token_chunk=2, vocab_chunk=8, temperature=0.7),
-        (h, w, b))
+        lambda h, w, b: selective_logprobs(h, w, t, b, token_chunk=2, vocab_chunk=8, temperature=0.7), (h, w, b)
+    )
     # and against autograd of the naive form on a larger case
     h2 = torch.randn(50, 16, generator=g, requires_grad=True)
     w2 = torch.randn(500, 16, generator=g, requires_grad=True)
@@ -81,7 +88,7 @@ def test_packed_scoring_equals_one_sequence_at_a_time(monkeypatch, packed_row):
         packed = score_packed(model, prompts, responses, max_tokens_per_pass=20)
         for p, r, lp in zip(prompts, responses, packed):
             logits = model(torch.tensor([p + r])).logits[0].log_softmax(-1)
-            ref = logits[len(p) - 1: len(p) - 1 + len(r)].gather(1, torch.tensor(r)[:, None]).squeeze(1)
+            ref = logits[len(p) - 1 : len(p) - 1 + len(r)].gather(1, torch.tensor(r)[:, None]).squeeze(1)
             torch.testing.assert_close(lp, ref, rtol=1e-5, atol=1e-5)
     pb = pack_sequences([[1, 2], [3, 4, 5]])
     assert pb.position_ids.tolist() == [[0, 1, 0, 1, 2]] and pb.cu_seqlens.tolist() == [0, 2, 5]
@@ -129,9 +136,9 @@ def test_chunked_peak_memory_far_below_naive_on_full_vocab(tmp_path):
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(pcsd.__file__)))
     res = {}
     for kind in ("chunked", "naive"):
-        out = subprocess.run([sys.executable, "-c", MEM_SCRIPT, kind], capture_output=True, text=True,
-                             cwd=tmp_path, env=env,
-                             timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", MEM_SCRIPT, kind], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300
+        )
         assert out.returncode == 0, out.stderr
         res[kind] = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["chunked"]["first"] == pytest.approx(res["naive"]["first"], abs=1e-4)

@@ -25,9 +25,18 @@ def _repo(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_repository_retrieval(tmp_path):
-    repo = P.SkillRepository(_repo(tmp_path, {
-        "general.md": "G\n", "pick_and_place_simple.md": "PP\n", "look_at_obj_in_light.md": "LOOK\n",
-        "keywords/keychain.md": "K\n", "keywords/key.md": "NOT A WHOLE WORD\n"}))
+    repo = P.SkillRepository(
+        _repo(
+            tmp_path,
+            {
+                "general.md": "G\n",
+                "pick_and_place_simple.md": "PP\n",
+                "look_at_obj_in_light.md": "LOOK\n",
+                "keywords/keychain.md": "K\n",
+                "keywords/key.md": "NOT A WHOLE WORD\n",
+            },
+        )
+    )
     assert repo.retrieve(TASK) == "G\n\nPP\n\nK"
     assert repo.retrieve("examine the book with the desklamp") == "G\n\nLOOK"
     assert repo.retrieve("Put some KeyChain on sofa") == "G\n\nPP\n\nK"  # case-insensitive words
@@ -62,7 +71,7 @@ def test_builder_uses_the_repository(tmp_path):
     assert "dressers" in t and P.retrieve_skills(TASK) not in t
     assert builtin.build_teacher(TASK, "o", ADM, hist, 1) != t
     req = [dict(task=TASK, observation="o", admissible=ADM, history=hist, step=1)]
-    (text, ids), = pb.build_batch(req, teacher=True)
+    ((text, ids),) = pb.build_batch(req, teacher=True)
     assert text == t and ids == pb.encode_chat([t])[0] == pb.encode_batch(req, teacher=True)[0]
     assert pb.encode_batch(req) == builtin.encode_batch(req)  # the student's prompt is unchanged
 
@@ -95,8 +104,16 @@ def test_usual_place_knob(tmp_path):
     # with usual_place=1 the skill-reading expert finds the object sooner than the blind one
     from pcsd.train.sft import expert_episodes, skill_search_first
 
-    games = write_games(tmp_path / "g", 40, 100, ("pick_and_place_simple",), ("bedroom", "livingroom"),
-                        receptacles=6, distractors=0, usual_place=1.0)
+    games = write_games(
+        tmp_path / "g",
+        40,
+        100,
+        ("pick_and_place_simple",),
+        ("bedroom", "livingroom"),
+        receptacles=6,
+        distractors=0,
+        usual_place=1.0,
+    )
     repo = P.SkillRepository(resolve_skills_dir("skills/usual-places"))
     blind = expert_episodes(games, 15)
     reader = expert_episodes(games, 15, "plan", skill_search_first(repo))
@@ -125,11 +142,11 @@ def test_sft_examples_with_teacher_episodes(tmp_path):
     from pcsd.testing import make_tiny_model
     from pcsd.train.sft import expert_episodes, sft_examples, skill_search_first
 
-    games = write_games(tmp_path / "g", 4, 5, ("pick_and_place_simple",), ("bedroom",), receptacles=6,
-                        distractors=0, usual_place=1.0)
+    games = write_games(
+        tmp_path / "g", 4, 5, ("pick_and_place_simple",), ("bedroom",), receptacles=6, distractors=0, usual_place=1.0
+    )
     repo = P.SkillRepository(resolve_skills_dir("skills/usual-places"))
-    pb = P.PromptBuilder("alfworld", tokenizer_dir=make_tiny_model(tmp_path / "m"), max_prompt_tokens=None,
-                         skills=repo)
+    pb = P.PromptBuilder("alfworld", tokenizer_dir=make_tiny_model(tmp_path / "m"), max_prompt_tokens=None, skills=repo)
     blind, reader = expert_episodes(games, 15), expert_episodes(games, 15, "plan", skill_search_first(repo))
     n_student = sum(len(e.steps) for e in blind)
     assert len(sft_examples(pb, blind, eos_id(pb), 0.0, teacher_episodes=reader)) == n_student
@@ -146,10 +163,26 @@ def test_smoke_of_the_toy_preset_without_the_evaluation_before(tmp_path):
     from pcsd.train.cli import main
 
     run = tmp_path / "run"
-    assert main([f"run.dir={run}", "preset=tiny-cpu-skills", "rollout.backend=hf", "optim.sft_steps=3",
-                 "optim.sft_games=6", "optim.steps=1", "rollout.tasks_per_step=1", "rollout.group_size=2",
-                 "rollout.max_response_tokens=8", "env.max_steps=2", "eval.episodes=2", "eval.before=false",
-                 "run.tensorboard=false"]) == 0
+    assert (
+        main(
+            [
+                f"run.dir={run}",
+                "preset=tiny-cpu-skills",
+                "rollout.backend=hf",
+                "optim.sft_steps=3",
+                "optim.sft_games=6",
+                "optim.steps=1",
+                "rollout.tasks_per_step=1",
+                "rollout.group_size=2",
+                "rollout.max_response_tokens=8",
+                "env.max_steps=2",
+                "eval.episodes=2",
+                "eval.before=false",
+                "run.tensorboard=false",
+            ]
+        )
+        == 0
+    )
     s = json.loads((run / "summary.json").read_text())
     assert s["preset"] == "tiny-cpu-skills" and "success_before" not in s and s["success_after"] is not None
     assert s["sft_skill_expert_success"] >= 0
@@ -166,17 +199,43 @@ def test_smoke_of_the_toy_preset_without_the_evaluation_before(tmp_path):
     assert (own.general, own.task_types, own.keywords) == (repo.general, repo.task_types, repo.keywords)
     from pcsd.eval.cli import main as eval_main
 
-    assert eval_main(["--model", str(run), "--skills", "--split", "procedural", "--procedural-games", "2",
-                      "--backend", "hf", "--device", "cpu", "--max-steps", "1", "--max-response-tokens", "4",
-                      "--quiet", "--out", str(tmp_path / "ev")]) == 0
+    assert (
+        eval_main(
+            [
+                "--model",
+                str(run),
+                "--skills",
+                "--split",
+                "procedural",
+                "--procedural-games",
+                "2",
+                "--backend",
+                "hf",
+                "--device",
+                "cpu",
+                "--max-steps",
+                "1",
+                "--max-response-tokens",
+                "4",
+                "--quiet",
+                "--out",
+                str(tmp_path / "ev"),
+            ]
+        )
+        == 0
+    )
     (res,) = json.loads((tmp_path / "ev" / "results.json").read_text())["results"]
     assert res["settings"]["skills"] and res["settings"]["skills_dir"] == str(run / "skills")
     assert res["label"].endswith("*")
 
 
 def test_saved_repository_retrieves_the_same(tmp_path):
-    repo = P.SkillRepository(_repo(tmp_path / "a", {
-        "general.md": "G\n", "pick_heat_then_place_in_recep.md": "  HEAT\n\n", "keywords/apple.md": "A\nB\n"}))
+    repo = P.SkillRepository(
+        _repo(
+            tmp_path / "a",
+            {"general.md": "G\n", "pick_heat_then_place_in_recep.md": "  HEAT\n\n", "keywords/apple.md": "A\nB\n"},
+        )
+    )
     copy = P.SkillRepository(repo.save(tmp_path / "b"))
     for task in ("heat some apple and put it in fridge", "put a pen on desk"):
         assert copy.block(task) == repo.block(task)
@@ -190,7 +249,8 @@ def test_eval_skills_folder_choice_and_errors(tmp_path, capsys):
     --skills-dir fails before any model loads."""
     import argparse
 
-    from pcsd.eval.cli import EvalError, _skill_repositories, main as eval_main
+    from pcsd.eval.cli import EvalError, _skill_repositories
+    from pcsd.eval.cli import main as eval_main
 
     folder = _repo(tmp_path / "s", {"general.md": "G", "keywords/mug.md": "M"})
     args = argparse.Namespace(skills=True, skills_dir=str(folder))
@@ -204,14 +264,27 @@ def test_eval_skills_folder_choice_and_errors(tmp_path, capsys):
     repos = _skill_repositories(plain, run, cfg, ["alfworld", "webshop"])
     assert repos["alfworld"].general == "RUN" and repos["webshop"] is None
     assert _skill_repositories(argparse.Namespace(skills=False, skills_dir=None), run, cfg, ["alfworld"]) == {
-        "alfworld": None}
+        "alfworld": None
+    }
     assert _skill_repositories(plain, run, {"env": {}}, ["alfworld"]) == {"alfworld": None}  # built-in skills
     (run / "skills" / "general.md").unlink()
     (run / "skills").rmdir()
     with pytest.raises(EvalError, match="holds no copy of it.*--skills-dir"):
         _skill_repositories(plain, run, cfg, ["alfworld"])
-    assert eval_main(["--model", str(tmp_path / "no-model"), "--skills-dir", str(tmp_path / "nope"),
-                      "--split", "procedural", "--quiet"]) == 2
+    assert (
+        eval_main(
+            [
+                "--model",
+                str(tmp_path / "no-model"),
+                "--skills-dir",
+                str(tmp_path / "nope"),
+                "--split",
+                "procedural",
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     assert "skills_dir=" in capsys.readouterr().err
     (tmp_path / "s" / "pick_heat_then_place_in_recep.md").write_text("H")  # a task-type file: ALFWorld only
     with pytest.raises(EvalError, match="skills_dir=.*unexpected file 'pick_heat_then_place_in_recep.md'"):

@@ -8,7 +8,6 @@ import collections
 import importlib.util
 import os
 import random
-import re
 import sys
 
 import pytest
@@ -22,8 +21,9 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 if importlib.util.find_spec("textarena") is None:
     if IN_CI:
-        pytest.fail("the 'textarena' package is not installed (required under CI; run.sh installs .[textarena])",
-                    pytrace=False)
+        pytest.fail(
+            "the 'textarena' package is not installed (required under CI; run.sh installs .[textarena])", pytrace=False
+        )
     pytest.skip("the 'textarena' package is not installed (pip install '.[textarena]')", allow_module_level=True)
 
 
@@ -34,6 +34,7 @@ def one_line(e: pytest.ExceptionInfo[BaseException]) -> str:
 
 
 # --- GuessTheNumber ---------------------------------------------------------------------------------
+
 
 def play_bisect(env: TextArenaEnv, seed: int, lo: int = 1, hi: int = 20) -> tuple[list[tuple], int]:
     """Plays a game by binary search on the hints in the observations; returns the steps and the
@@ -175,6 +176,7 @@ def test_seed_is_deterministic_and_envs_do_not_share_random() -> None:
 
 # --- TowerOfHanoi -----------------------------------------------------------------------------------
 
+
 def hanoi(n: int, source: str, target: str, spare: str) -> list[str]:
     if n == 0:
         return []
@@ -209,7 +211,7 @@ def hanoi_distances(disks: int) -> dict[tuple[str, ...], int]:
                 for target in "ABC":
                     if target == pos[disk] or any(pos[d] in (pos[disk], target) for d in range(disk)):
                         continue
-                    new = pos[:disk] + (target,) + pos[disk + 1:]
+                    new = pos[:disk] + (target,) + pos[disk + 1 :]
                     if new not in dist:
                         dist[new] = dist[pos] + 1
                         nxt.append(new)
@@ -260,6 +262,7 @@ def test_expert_only_for_games_that_have_one() -> None:
 
 # --- bad input: one line each ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("env_id", ["TicTacToe-v0", "QuantumTicTacToe-v0"])
 def test_multi_player_id_refused(env_id: str) -> None:
     """TicTacToe cannot start with one player; QuantumTicTacToe starts but as a two-player game."""
@@ -296,8 +299,10 @@ def test_game_that_cannot_start_here(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_nltk_lookup_error_is_one_line() -> None:
     """NLTK's missing-data error is a framed paragraph; it becomes the resource's name and the fix
     (the word games are not played here: TextArena would try to download the data)."""
-    framed = ("\n" + "*" * 70 + "\n  Resource \x1b[93mwords\x1b[0m not found.\n  Please use the NLTK Downloader "
-              "to obtain the resource:\n\n  >>> import nltk\n  >>> nltk.download('words')\n" + "*" * 70 + "\n")
+    framed = (
+        "\n" + "*" * 70 + "\n  Resource \x1b[93mwords\x1b[0m not found.\n  Please use the NLTK Downloader "
+        "to obtain the resource:\n\n  >>> import nltk\n  >>> nltk.download('words')\n" + "*" * 70 + "\n"
+    )
     msg = ta_env._one_line(framed)
     assert msg.startswith("needs the NLTK data 'words'") and "python -m nltk.downloader words" in msg
     assert "\n" not in msg

@@ -32,36 +32,60 @@ def _cfg(*over: str, method: str = "grpo"):
 
 
 # ----------------------------------------------------------------------------- config checks
-@pytest.mark.parametrize("over,key,what", [
-    (["env.entry_point=no_such_pkg_xyz.envs:Env"], "env.entry_point=no_such_pkg_xyz.envs:Env",
-     "no module named 'no_such_pkg_xyz'"),
-    (["env.entry_point=textenv_needs_pkg:Env"], "env.entry_point=textenv_needs_pkg:Env",
-     "no module named 'no_such_package_abc' in the packages textenv_needs_pkg imports"),
-    (["env.entry_point=textenv_faults:Nope"], "env.entry_point=textenv_faults:Nope", "has no attribute 'Nope'"),
-    (["env.entry_point=textenv_faults"], "env.entry_point=textenv_faults", "expected 'module:Class'"),
-    (["env.entry_point=null"], "env.entry_point", "needs exactly one of env.entry_point"),
-    (["env.id=KeyDoor-v0"], "env.entry_point", "not both"),
-    (["env.entry_point=null", "env.id=NoSuchEnv-v7"], "env.id=NoSuchEnv-v7", "NoSuchEnv"),
-    (["env.kwargs.colours=3"], "env.kwargs=", "unexpected keyword argument 'colours'"),
-    (["env.entry_point=textenv_faults:NeedsArg"], "env.entry_point=textenv_faults:NeedsArg",
-     "missing 1 required positional argument"),
-    (["env.kwargs.colors=9"], "env.entry_point=examples.keydoor:KeyDoorEnv", "colors: expected 2..6"),
-    (["env.entry_point=textenv_faults:NonText", "env.kwargs={bad_seed: 0, at: 1}"], "env.entry_point",
-     "observation of type int, expected str"),
-    (["env.entry_point=textenv_faults:OldGymStep"], "env.entry_point", "returned a tuple of 4"),
-    (["env.entry_point=textenv_faults:Raises", "env.kwargs={bad_seed: 0, at: 0}"], "env.entry_point",
-     "reset() raised RuntimeError: boom"),
-    (["env.entry_point=textenv_faults:Hangs", "env.kwargs={bad_seed: 0, at: 1}", "env.step_timeout=1"],
-     "env.entry_point", "did not return within 1 s"),
-    (["env.entry_point=textenv_faults:Exits", "env.kwargs={bad_seed: 0, at: 1}"], "env.entry_point",
-     "worker process died (exit code 3)"),
-    (["env.eval_kwargs={colors: 1}"], "env.eval_kwargs=", "colors: expected 2..6"),
-    (["env.rooms=[bedroom]"], "env.rooms", "ALFWorld / WebShop setting"),
-    (["env.url=http://x"], "env.url", "not a setting of env.name=gym"),
-    (["eval.protocol=paper"], "eval.protocol=paper", "use eval.protocol=full"),
-    (["env.step_timeout=0"], "env.step_timeout", "must be > 0"),
-    (["env.template=no/such.jinja"], "env.template=no/such.jinja", "no such file"),
-])
+@pytest.mark.parametrize(
+    "over,key,what",
+    [
+        (
+            ["env.entry_point=no_such_pkg_xyz.envs:Env"],
+            "env.entry_point=no_such_pkg_xyz.envs:Env",
+            "no module named 'no_such_pkg_xyz'",
+        ),
+        (
+            ["env.entry_point=textenv_needs_pkg:Env"],
+            "env.entry_point=textenv_needs_pkg:Env",
+            "no module named 'no_such_package_abc' in the packages textenv_needs_pkg imports",
+        ),
+        (["env.entry_point=textenv_faults:Nope"], "env.entry_point=textenv_faults:Nope", "has no attribute 'Nope'"),
+        (["env.entry_point=textenv_faults"], "env.entry_point=textenv_faults", "expected 'module:Class'"),
+        (["env.entry_point=null"], "env.entry_point", "needs exactly one of env.entry_point"),
+        (["env.id=KeyDoor-v0"], "env.entry_point", "not both"),
+        (["env.entry_point=null", "env.id=NoSuchEnv-v7"], "env.id=NoSuchEnv-v7", "NoSuchEnv"),
+        (["env.kwargs.colours=3"], "env.kwargs=", "unexpected keyword argument 'colours'"),
+        (
+            ["env.entry_point=textenv_faults:NeedsArg"],
+            "env.entry_point=textenv_faults:NeedsArg",
+            "missing 1 required positional argument",
+        ),
+        (["env.kwargs.colors=9"], "env.entry_point=examples.keydoor:KeyDoorEnv", "colors: expected 2..6"),
+        (
+            ["env.entry_point=textenv_faults:NonText", "env.kwargs={bad_seed: 0, at: 1}"],
+            "env.entry_point",
+            "observation of type int, expected str",
+        ),
+        (["env.entry_point=textenv_faults:OldGymStep"], "env.entry_point", "returned a tuple of 4"),
+        (
+            ["env.entry_point=textenv_faults:Raises", "env.kwargs={bad_seed: 0, at: 0}"],
+            "env.entry_point",
+            "reset() raised RuntimeError: boom",
+        ),
+        (
+            ["env.entry_point=textenv_faults:Hangs", "env.kwargs={bad_seed: 0, at: 1}", "env.step_timeout=1"],
+            "env.entry_point",
+            "did not return within 1 s",
+        ),
+        (
+            ["env.entry_point=textenv_faults:Exits", "env.kwargs={bad_seed: 0, at: 1}"],
+            "env.entry_point",
+            "worker process died (exit code 3)",
+        ),
+        (["env.eval_kwargs={colors: 1}"], "env.eval_kwargs=", "colors: expected 2..6"),
+        (["env.rooms=[bedroom]"], "env.rooms", "ALFWorld / WebShop setting"),
+        (["env.url=http://x"], "env.url", "not a setting of env.name=gym"),
+        (["eval.protocol=paper"], "eval.protocol=paper", "use eval.protocol=full"),
+        (["env.step_timeout=0"], "env.step_timeout", "must be > 0"),
+        (["env.template=no/such.jinja"], "env.template=no/such.jinja", "no such file"),
+    ],
+)
 def test_bad_environment_config_is_one_line_naming_the_key(gymnasium_available, over, key, what):
     with pytest.raises(ConfigError) as ei:
         _cfg(*over)
@@ -96,8 +120,10 @@ def test_python_env_keys_are_refused_for_the_native_envs():
         load_config(["env.kwargs.colors=3"])
 
 
-@pytest.mark.parametrize("src,what", [("{% if task %}never closed", "compiling the environment's prompt template"),
-                                      ("{{ taks }}", "undefined")])
+@pytest.mark.parametrize(
+    "src,what",
+    [("{% if task %}never closed", "compiling the environment's prompt template"), ("{{ taks }}", "undefined")],
+)
 def test_bad_template_names_env_template(gymnasium_available, tmp_path, src, what):
     t = tmp_path / "t.jinja"
     t.write_text(src)
@@ -107,8 +133,14 @@ def test_bad_template_names_env_template(gymnasium_available, tmp_path, src, wha
 
 
 def test_cli_bad_env_exits_2_with_one_line(gymnasium_available, child_env):
-    r = subprocess.run([sys.executable, "-m", "pcsd.train", "env.name=gym", "env.entry_point=nope_mod:Env",
-                        "method=grpo"], cwd=ROOT, env=child_env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "pcsd.train", "env.name=gym", "env.entry_point=nope_mod:Env", "method=grpo"],
+        cwd=ROOT,
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pcsd.train: env.entry_point=nope_mod:Env: no module named"), lines
@@ -117,35 +149,63 @@ def test_cli_bad_env_exits_2_with_one_line(gymnasium_available, child_env):
 # ----------------------------------------------------------------------------- the template
 def _reference(src: str, task, obs, actions, history, step, h):
     """The template rendered by Python's jinja2 with the documented variables (the reference)."""
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=False, autoescape=False)
-    shown = history[len(history) - min(h, len(history)):] if h else []
+    env = jinja2.Environment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=False,
+        autoescape=False,
+    )
+    shown = history[len(history) - min(h, len(history)) :] if h else []
     first = max(step + 1 - len(shown), 1)
     hist = [dict(step=first + j, observation=o, action=a) for j, (o, a) in enumerate(shown)]
-    lines = "\n".join(f"[Observation {x['step']}: '{x['observation']}', Action {x['step']}: '{x['action']}']"
-                      for x in hist)
-    instr = ("You should first reason step-by-step about the current situation. This reasoning process MUST be "
-             "enclosed within <think> </think> tags.\nOnce you've finished your reasoning, you should choose "
-             + ("an admissible action" if actions else "an action")
-             + " for current step and present it within <action> </action> tags.")
-    ctx = dict(task=task, observation=obs, actions=list(actions), history=hist, step=step, current_step=step + 1,
-               admissible_actions="\n ".join(f"'{a}'" for a in actions), action_history=lines, instructions=instr,
-               task_description=task, current_observation=obs, step_count=step, history_length=len(hist))
+    lines = "\n".join(
+        f"[Observation {x['step']}: '{x['observation']}', Action {x['step']}: '{x['action']}']" for x in hist
+    )
+    instr = (
+        "You should first reason step-by-step about the current situation. This reasoning process MUST be "
+        "enclosed within <think> </think> tags.\nOnce you've finished your reasoning, you should choose "
+        + ("an admissible action" if actions else "an action")
+        + " for current step and present it within <action> </action> tags."
+    )
+    ctx = dict(
+        task=task,
+        observation=obs,
+        actions=list(actions),
+        history=hist,
+        step=step,
+        current_step=step + 1,
+        admissible_actions="\n ".join(f"'{a}'" for a in actions),
+        action_history=lines,
+        instructions=instr,
+        task_description=task,
+        current_observation=obs,
+        step_count=step,
+        history_length=len(hist),
+    )
     assert set(ctx) == set(TEXT_TEMPLATE_VARIABLES)
     return env.from_string(src).render(**ctx)
 
 
 # \x1c-\x1f: whitespace to Python's str.strip, not to Rust's (minijinja's strip()); docs/environments.md says so
 _text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x1c\x1d\x1e\x1f"), max_size=30)
-USER_TEMPLATE = ("{{ task | upper }} ({{ step }})\n{% for h in history %}\n{{ h.step }}. {{ h.observation }} -> "
-                 "{{ h.action }}\n{% endfor %}\n{% if actions %}choose: {{ actions | join(' | ') }}\n{% endif %}"
-                 "{{ observation.strip() }}\n")
+USER_TEMPLATE = (
+    "{{ task | upper }} ({{ step }})\n{% for h in history %}\n{{ h.step }}. {{ h.observation }} -> "
+    "{{ h.action }}\n{% endfor %}\n{% if actions %}choose: {{ actions | join(' | ') }}\n{% endif %}"
+    "{{ observation.strip() }}\n"
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(task=_text.filter(lambda t: t.strip()), obs=_text, actions=st.lists(_text, max_size=4),
-       history=st.lists(st.tuples(_text, _text), max_size=4), extra=st.integers(0, 3), h=st.integers(0, 3),
-       user=st.booleans())
+@given(
+    task=_text.filter(lambda t: t.strip()),
+    obs=_text,
+    actions=st.lists(_text, max_size=4),
+    history=st.lists(st.tuples(_text, _text), max_size=4),
+    extra=st.integers(0, 3),
+    h=st.integers(0, 3),
+    user=st.booleans(),
+)
 def test_text_prompts_equal_jinja2(task, obs, actions, history, extra, h, user):
     src = USER_TEMPLATE if user else TEXT_TEMPLATE
     step = len(history) + extra
@@ -208,8 +268,18 @@ def _roll(tiny, factory, seeds, group=2, **kw):
     from pcsd.rollout.loop import collect_rollouts
 
     backend, builder, eos = tiny
-    return collect_rollouts(backend, builder, seeds, group, max_steps=3, max_response_tokens=8, seed=1,
-                            stop_token_ids=[eos], env_kind="gym", env_options={"make_env": factory, **kw})
+    return collect_rollouts(
+        backend,
+        builder,
+        seeds,
+        group,
+        max_steps=3,
+        max_response_tokens=8,
+        seed=1,
+        stop_token_ids=[eos],
+        env_kind="gym",
+        env_options={"make_env": factory, **kw},
+    )
 
 
 def test_rollouts_on_a_python_env_reward_its_summed_reward(tiny):
@@ -240,9 +310,25 @@ def test_example_env_trains_end_to_end_and_evaluates(gymnasium_available, tmp_pa
     RL with the teacher reading the example's skills, evaluations before and after), then
     ``python -m pcsd.eval`` on the run: Success and mean reward on the run's evaluation seeds."""
     run = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "pcsd.train", "preset=tiny-cpu-gym", "method=pcsd", f"run.dir={run}",
-                        "optim.steps=2", "optim.sft_steps=40", "optim.sft_games=64", "eval.episodes=16"],
-                       cwd=ROOT, env=child_env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pcsd.train",
+            "preset=tiny-cpu-gym",
+            "method=pcsd",
+            f"run.dir={run}",
+            "optim.steps=2",
+            "optim.sft_steps=40",
+            "optim.sft_games=64",
+            "eval.episodes=16",
+        ],
+        cwd=ROOT,
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((run / "summary.json").read_text())
     assert s["steps"] == 2 and s["sft_expert_success"] == 100.0 and s["sft_examples"] > 0
@@ -250,8 +336,14 @@ def test_example_env_trains_end_to_end_and_evaluates(gymnasium_available, tmp_pa
         assert s[key] is not None, key
     assert "Mean reward" in (run / "eval.md").read_text()
     assert (run / "skills" / "general.md").is_file()
-    r = subprocess.run([sys.executable, "-m", "pcsd.eval", "--model", str(run), "--backend", "hf", "--quiet",
-                        "--episodes", "8"], cwd=ROOT, env=child_env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "pcsd.eval", "--model", str(run), "--backend", "hf", "--quiet", "--episodes", "8"],
+        cwd=ROOT,
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "gym examples.keydoor:KeyDoorEnv" in r.stdout and "Mean reward" in r.stdout
     doc = json.loads((run / "eval" / "results.json").read_text())
@@ -260,9 +352,19 @@ def test_example_env_trains_end_to_end_and_evaluates(gymnasium_available, tmp_pa
     assert [g["game"] for g in res["games"]] == [str(1_000_000_000 + i) for i in range(8)]
 
 
-_QUICK = ["preset=tiny-cpu-gym", "optim.sft_steps=0", "optim.steps=1", "rollout.tasks_per_step=1",
-          "rollout.group_size=2", "rollout.max_response_tokens=8", "eval.episodes=2", "env.max_steps=2",
-          "model.tiny_layers=1", "run.progress=false", "run.tensorboard=false"]
+_QUICK = [
+    "preset=tiny-cpu-gym",
+    "optim.sft_steps=0",
+    "optim.steps=1",
+    "rollout.tasks_per_step=1",
+    "rollout.group_size=2",
+    "rollout.max_response_tokens=8",
+    "eval.episodes=2",
+    "env.max_steps=2",
+    "model.tiny_layers=1",
+    "run.progress=false",
+    "run.tensorboard=false",
+]
 
 
 def _train_quick(run: Path, method: str) -> dict:
@@ -272,8 +374,9 @@ def _train_quick(run: Path, method: str) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
-def test_generated_tiny_model_without_warm_up_trains_with_and_without_a_teacher(gymnasium_available, tmp_path,
-                                                                                   monkeypatch):
+def test_generated_tiny_model_without_warm_up_trains_with_and_without_a_teacher(
+    gymnasium_available, tmp_path, monkeypatch
+):
     """``optim.sft_steps=0`` with the generated tiny model (its tokenizer learns the envs' first
     pages); RLSD (the teacher's gaps in the advantages) and Skill-GRPO (the skills in the student's
     prompts) on the example env."""
@@ -289,17 +392,31 @@ def test_no_expert_skips_the_warm_up_with_a_message(gymnasium_available, tmp_pat
 
     monkeypatch.chdir(ROOT)
     quick = [o for o in _QUICK if not o.startswith("preset=")]  # the default preset, its env replaced
-    assert main([*quick, "env.name=gym", "env.entry_point=textenv_faults:NoExpert", "env.kwargs={length: 2}",
-                 "method=grpo", "optim.sft_steps=5", "optim.sft_games=4", "optim.steps=0",
-                 f"run.dir={tmp_path / 'r'}"]) == 0
+    assert (
+        main(
+            [
+                *quick,
+                "env.name=gym",
+                "env.entry_point=textenv_faults:NoExpert",
+                "env.kwargs={length: 2}",
+                "method=grpo",
+                "optim.sft_steps=5",
+                "optim.sft_games=4",
+                "optim.steps=0",
+                f"run.dir={tmp_path / 'r'}",
+            ]
+        )
+        == 0
+    )
     assert "warm-up skipped: textenv_faults:NoExpert" in capsys.readouterr().out
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["sft_skipped"] == "no expert" and not (tmp_path / "r" / "sft-model").exists()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["vanilla", "skill-prompt", "grpo", "opsd", "grpo+opsd", "sdar", "skill-sd",
-                                    "pcsd-fixed-n4", "pcsd-star"])
+@pytest.mark.parametrize(
+    "method", ["vanilla", "skill-prompt", "grpo", "opsd", "grpo+opsd", "sdar", "skill-sd", "pcsd-fixed-n4", "pcsd-star"]
+)
 def test_every_method_trains_on_a_python_env(gymnasium_available, tmp_path, monkeypatch, method):
     monkeypatch.chdir(ROOT)
     s = _train_quick(tmp_path / "r", method)
@@ -324,14 +441,26 @@ def test_text_env_demonstrations_restate_the_task():
     assert think_for("open the red door.", "take red key", restate_task=True) == "open the red door. Next: take."
     assert think_for("open the red door.", "take red key") == "Next: take."
     assert think_for("put a hot apple in fridge.", "go to fridge 1", restate_task=True) == (
-        "apple to fridge. Next: go.")
+        "apple to fridge. Next: go."
+    )
 
 
 # ----------------------------------------------------------------------------- TextArena and OpenEnv kinds
 OPENENV_FIXTURES = HERE / "fixtures" / "openenv"
-_SMALL = ["model.tiny_layers=1", "model.tiny_hidden_size=64", "rollout.backend=hf", "rollout.tasks_per_step=2",
-          "rollout.group_size=2", "rollout.max_response_tokens=16", "optim.steps=1", "eval.episodes=4",
-          "env.history_length=1", "run.device=cpu", "run.progress=false", "run.tensorboard=false"]
+_SMALL = [
+    "model.tiny_layers=1",
+    "model.tiny_hidden_size=64",
+    "rollout.backend=hf",
+    "rollout.tasks_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_response_tokens=16",
+    "optim.steps=1",
+    "eval.episodes=4",
+    "env.history_length=1",
+    "run.device=cpu",
+    "run.progress=false",
+    "run.tensorboard=false",
+]
 
 
 def _skills(root: Path, task_type: str, text: str) -> Path:
@@ -344,15 +473,27 @@ def _skills(root: Path, task_type: str, text: str) -> Path:
 def _train_and_eval(run: Path, over: list[str], child_env, label: str) -> tuple[dict, dict, str]:
     """``python -m pcsd.train ... method=pcsd`` then ``python -m pcsd.eval --model <run>``: the
     run's summary, the evaluation's result row and its printed table."""
-    r = subprocess.run([sys.executable, "-m", "pcsd.train", *over, "method=pcsd", *_SMALL, f"run.dir={run}"],
-                       cwd=ROOT, env=child_env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "pcsd.train", *over, "method=pcsd", *_SMALL, f"run.dir={run}"],
+        cwd=ROOT,
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((run / "summary.json").read_text())
     assert s["steps"] == 1 and s["method"] == "pcsd"
     for key in ("success_before", "success_after", "mean_reward_before", "mean_reward_after"):
         assert s[key] is not None, key
-    r = subprocess.run([sys.executable, "-m", "pcsd.eval", "--model", str(run), "--backend", "hf", "--quiet",
-                        "--episodes", "4"], cwd=ROOT, env=child_env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "pcsd.eval", "--model", str(run), "--backend", "hf", "--quiet", "--episodes", "4"],
+        cwd=ROOT,
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert label in r.stdout and "Mean reward" in r.stdout, r.stdout
     res = json.loads((run / "eval" / "results.json").read_text())["results"][0]
@@ -365,12 +506,24 @@ def test_textarena_game_trains_end_to_end_and_evaluates(textarena_available, tmp
     """``env.name=textarena env.id=GuessTheNumber-v0``: the warm-up on the adapter's expert (binary
     search on the game's hints: every episode won), one GRPO + PCSD step whose teacher reads the
     game's skills (task type = the game id), evaluations before and after, then ``pcsd.eval``."""
-    skills = _skills(tmp_path / "skills", "GuessTheNumber-v0",
-                     "Guess the middle of the range the hints leave open, in square brackets: [10].\n")
-    s, res, out = _train_and_eval(tmp_path / "run", ["env.name=textarena", "env.id=GuessTheNumber-v0",
-                                                     f"env.skills_dir={skills}", "env.max_steps=6",
-                                                     "optim.sft_steps=10", "optim.sft_games=8"],
-                                  child_env, "textarena GuessTheNumber-v0")
+    skills = _skills(
+        tmp_path / "skills",
+        "GuessTheNumber-v0",
+        "Guess the middle of the range the hints leave open, in square brackets: [10].\n",
+    )
+    s, res, out = _train_and_eval(
+        tmp_path / "run",
+        [
+            "env.name=textarena",
+            "env.id=GuessTheNumber-v0",
+            f"env.skills_dir={skills}",
+            "env.max_steps=6",
+            "optim.sft_steps=10",
+            "optim.sft_games=8",
+        ],
+        child_env,
+        "textarena GuessTheNumber-v0",
+    )
     assert s["sft_expert_success"] == 100.0 and s["sft_examples"] > 0
     assert res["env"] == "textarena"
 
@@ -385,10 +538,18 @@ def test_openenv_server_trains_end_to_end_and_evaluates(openenv_available, tmp_p
     skills.mkdir()
     (skills / "general.md").write_text("Guess the middle of the numbers the hints leave open.\n")
     with OpenEnvServer("guess_server:app", app_dir=str(OPENENV_FIXTURES)) as server:
-        s, res, out = _train_and_eval(tmp_path / "run", ["env.name=openenv", f"env.url={server.base_url}",
-                                                         f"env.skills_dir={skills}", "env.max_steps=3",
-                                                         "optim.sft_steps=0"],
-                                      child_env, f"openenv {server.base_url}")
+        s, res, out = _train_and_eval(
+            tmp_path / "run",
+            [
+                "env.name=openenv",
+                f"env.url={server.base_url}",
+                f"env.skills_dir={skills}",
+                "env.max_steps=3",
+                "optim.sft_steps=0",
+            ],
+            child_env,
+            f"openenv {server.base_url}",
+        )
     assert "sft_examples" not in s and res["env"] == "openenv"
 
 
@@ -409,8 +570,11 @@ def test_textarena_config_is_checked_at_read(textarena_available, monkeypatch):
     assert cfg.env.id == "GuessTheNumber-v0" and cfg.env.kwargs == {"max_number": 50}
     for over, key, what in [
         (["env.id=GuessTheNumbr-v0"], "env.id=GuessTheNumbr-v0", "did you mean GuessTheNumber-v0"),
-        (["env.id=GuessTheNumber-v0", "env.kwargs.colours=3"], "env.kwargs={'colours': 3}",
-         "unexpected keyword argument 'colours'"),
+        (
+            ["env.id=GuessTheNumber-v0", "env.kwargs.colours=3"],
+            "env.kwargs={'colours': 3}",
+            "unexpected keyword argument 'colours'",
+        ),
         (["env.id=TicTacToe-v0"], "env.id=TicTacToe-v0", "single-player"),
         ([], "env.id", "needs env.id=<a TextArena game id>"),
         (["env.id=GuessTheNumber-v0", "env.entry_point=a:B"], "env.entry_point", "not a setting of env.name=textarena"),
@@ -419,8 +583,9 @@ def test_textarena_config_is_checked_at_read(textarena_available, monkeypatch):
     monkeypatch.setitem(sys.modules, "textarena", None)  # as if the package were not installed
     with pytest.raises(ConfigError) as ei:
         _kind_cfg("env.name=textarena", "env.id=Sudoku-v0")
-    assert str(ei.value) == ("env.name=textarena needs the 'textarena==0.7.4' package, which is not installed: "
-                             "pip install 'pcsd[textarena]'")
+    assert str(ei.value) == (
+        "env.name=textarena needs the 'textarena==0.7.4' package, which is not installed: pip install 'pcsd[textarena]'"
+    )
 
 
 def test_openenv_config_is_checked_at_read(openenv_available, monkeypatch):
@@ -445,17 +610,24 @@ def test_openenv_config_is_checked_at_read(openenv_available, monkeypatch):
         ([f"env.url={dead}"], f"env.url={dead}", "is unreachable"),
         (["env.url=127.0.0.1:80"], "env.url=127.0.0.1:80", "base_url must be an http(s)://"),
         ([f"env.url={url}/grid"], f"env.url={url}/grid", "its action MoveAction(x, y) has no text field"),
-        ([f"env.url={url}", "env.kwargs.message_timeout=3"], "env.kwargs={'message_timeout': 3}",
-         "unexpected keyword argument 'message_timeout'"),
+        (
+            [f"env.url={url}", "env.kwargs.message_timeout=3"],
+            "env.kwargs={'message_timeout': 3}",
+            "unexpected keyword argument 'message_timeout'",
+        ),
         ([f"env.url={url}", "env.kwargs.app_dir=."], "env.kwargs.app_dir", "settings of env.kwargs.start"),
         (["env.kwargs.start=no_such_server_mod:app"], "env.kwargs.start=no_such_server_mod:app", "no module"),
-        (["env.kwargs.start=textenv_faults:app", f"env.kwargs.app_dir={HERE}"], "env.kwargs.start=textenv_faults:app",
-         "exited with code"),
+        (
+            ["env.kwargs.start=textenv_faults:app", f"env.kwargs.app_dir={HERE}"],
+            "env.kwargs.start=textenv_faults:app",
+            "exited with code",
+        ),
         ([f"env.url={url}", "env.id=x"], "env.id", "not a setting of env.name=openenv"),
     ]:
         _refused("env.name=openenv", over, key, what)
     monkeypatch.setitem(sys.modules, "websockets", None)  # as if the package were not installed
     with pytest.raises(ConfigError) as ei:
         _kind_cfg("env.name=openenv", f"env.url={url}")
-    assert str(ei.value) == ("env.name=openenv needs the 'websockets' package, which is not installed: "
-                             "pip install 'pcsd[openenv]'")
+    assert str(ei.value) == (
+        "env.name=openenv needs the 'websockets' package, which is not installed: pip install 'pcsd[openenv]'"
+    )

@@ -12,9 +12,16 @@ from pcsd.text.prompts import ChatTokenizer, PromptBuilder
 from pcsd.train.config import load_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "templates"
-REQS = [{"task": "put a clean mug in coffeemachine", "observation": f"You see a cabinet {i}.",
-         "admissible": ["go to cabinet 1", "look"], "history": [("obs a", "look")] * (i % 2), "step": i % 2}
-        for i in range(3)]
+REQS = [
+    {
+        "task": "put a clean mug in coffeemachine",
+        "observation": f"You see a cabinet {i}.",
+        "admissible": ["go to cabinet 1", "look"],
+        "history": [("obs a", "look")] * (i % 2),
+        "step": i % 2,
+    }
+    for i in range(3)
+]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +70,8 @@ def test_chat_template_jinja_wins_like_transformers(tmp_path):
     d = make_tiny_model(tmp_path / "both", template="qwen2.5")
     (d / "chat_template.jinja").write_text((FIXTURES / "qwen3.jinja").read_text())
     msgs = [{"role": "user", "content": "hello"}]
-    want = AutoTokenizer.from_pretrained(d).apply_chat_template(msgs, add_generation_prompt=True, tokenize=False,
-                                                                enable_thinking=False)
+    want = AutoTokenizer.from_pretrained(d).apply_chat_template(
+        msgs, add_generation_prompt=True, tokenize=False, enable_thinking=False
+    )
     assert "You are Qwen" not in want and want.endswith("<think>\n\n</think>\n\n")  # Qwen3's, not Qwen2.5's
     assert ChatTokenizer(d, enable_thinking=False).render(msgs) == want

@@ -37,7 +37,9 @@ def test_loads_generates_and_is_float32(tiny):
     assert next(model.parameters()).dtype == torch.float32
     ids = tok.apply_chat_template(
         [{"role": "user", "content": "put some keychain on sofa"}],
-        add_generation_prompt=True, tokenize=True, return_dict=False,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
     )
     x = torch.tensor([list(ids)])
     out = model.generate(x, max_new_tokens=6, do_sample=False)

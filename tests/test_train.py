@@ -18,7 +18,6 @@ from pcsd.train.config import ConfigError, load_config, resume_config
 from pcsd.train.methods import METHODS, available_methods
 
 
-
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
     from pcsd.testing import make_tiny_model
@@ -37,24 +36,38 @@ def test_every_trained_parameter_changes(tiny_dir):
     from pcsd.testing import synthetic_rollout_batch
     from pcsd.train.update import update_step
 
-    cfg = load_config(["rollout.backend=hf", "optim.lr=1e-3", "optim.tokens_per_microbatch=128",
-                       "rollout.max_prompt_tokens=96", "rollout.max_response_tokens=32"])
+    cfg = load_config(
+        [
+            "rollout.backend=hf",
+            "optim.lr=1e-3",
+            "optim.tokens_per_microbatch=128",
+            "rollout.max_prompt_tokens=96",
+            "rollout.max_response_tokens=32",
+        ]
+    )
     student, frozen = _models(tiny_dir)
     before = {n: p.detach().clone() for n, p in student.named_parameters()}
     opt = torch.optim.AdamW(student.parameters(), lr=cfg.optim.lr)
-    stats = update_step(student, frozen, opt, synthetic_rollout_batch(num_groups=3, group_size=2, seed=2),
-                        cfg, step=0)
+    stats = update_step(student, frozen, opt, synthetic_rollout_batch(num_groups=3, group_size=2, seed=2), cfg, step=0)
     unchanged = [n for n, p in student.named_parameters() if torch.equal(p.detach(), before[n])]
     assert not unchanged, unchanged
     assert stats["pcsd"] != 0.0 and stats["tokens"] > 0
 
 
-@pytest.mark.parametrize("extra", [[], ["algo.loss_agg=token-mean", "rule=sdar"], ["rule=rlsd"],
-                                   ["optim.ppo_epochs=2"], ["method=skill-sd", "algo.lambda_distill=0.5"],
-                                   ["method=skill-sd", "algo.lambda_distill=0.5", "optim.ppo_epochs=2"],
-                                   ["method=opsd"], ["method=opsd", "optim.fused_lm_head=false"]],
-                         ids=["pcsd", "sdar-token-mean", "rlsd", "pcsd-old-pass", "skill-sd", "skill-sd-old-pass",
-                              "opsd", "opsd-unfused"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["algo.loss_agg=token-mean", "rule=sdar"],
+        ["rule=rlsd"],
+        ["optim.ppo_epochs=2"],
+        ["method=skill-sd", "algo.lambda_distill=0.5"],
+        ["method=skill-sd", "algo.lambda_distill=0.5", "optim.ppo_epochs=2"],
+        ["method=opsd"],
+        ["method=opsd", "optim.fused_lm_head=false"],
+    ],
+    ids=["pcsd", "sdar-token-mean", "rlsd", "pcsd-old-pass", "skill-sd", "skill-sd-old-pass", "opsd", "opsd-unfused"],
+)
 def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
     """update_step's accumulated micro-batch gradients == autograd of L_GRPO + lambda L_PCSD computed
     plainly (unpacked full-logit log-probs, pcsd.ops.grpo.grpo_loss, pcsd.ops.losses.pcsd_loss). One PPO
@@ -62,12 +75,22 @@ def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
     (with lr 0 the second epoch's gradient is the first's)."""
     from pcsd.ops.grpo import group_advantages, grpo_loss
     from pcsd.ops.losses import pcsd_loss
+    from pcsd.ops.weighting import get_rule
     from pcsd.testing import plain_logprobs, synthetic_rollout_batch
     from pcsd.train.update import update_step
-    from pcsd.ops.weighting import get_rule
 
-    cfg = load_config(["rollout.backend=hf", "optim.tokens_per_microbatch=60", "rollout.max_prompt_tokens=40", "rollout.max_response_tokens=20", "optim.grad_clip=1e9",
-                       "algo.lambda_distill=0.5", "algo.kl_beta=0.1"] + extra)
+    cfg = load_config(
+        [
+            "rollout.backend=hf",
+            "optim.tokens_per_microbatch=60",
+            "rollout.max_prompt_tokens=40",
+            "rollout.max_response_tokens=20",
+            "optim.grad_clip=1e9",
+            "algo.lambda_distill=0.5",
+            "algo.kl_beta=0.1",
+        ]
+        + extra
+    )
     student, frozen = _models(tiny_dir, perturb_frozen=0.02)
     rb = synthetic_rollout_batch(num_groups=2, group_size=3, seed=5, turns=(1, 2))  # both groups mixed
     opt = torch.optim.SGD(student.parameters(), lr=0.0)  # leaves the gradients in .grad
@@ -92,8 +115,18 @@ def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
     elif rule.kind == "weights":
         params = {k: v for k, v in dict(cfg.algo.pcsd).items() if k in rule.defaults}
         w = rule(teacher - old, rb.cu_seqlens(), mask, **params)
-    terms = grpo_loss(lp, old, ref, adv, mask, traj, rb.num_trajectories, clip_eps=cfg.algo.clip_eps,
-                      kl_beta=cfg.algo.kl_beta, agg=cfg.algo.loss_agg)
+    terms = grpo_loss(
+        lp,
+        old,
+        ref,
+        adv,
+        mask,
+        traj,
+        rb.num_trajectories,
+        clip_eps=cfg.algo.clip_eps,
+        kl_beta=cfg.algo.kl_beta,
+        agg=cfg.algo.loss_agg,
+    )
     # OPSD (algo.grpo=false): no policy-gradient term, the KL penalty stays (the SDAR code's OPSD)
     total = terms.loss if cfg.algo.grpo else cfg.algo.kl_beta * terms.kl
     if rule.kind == "weights":
@@ -143,7 +176,9 @@ def test_procedural_task_types_and_rooms_are_checked():
 
 
 def test_ablation_rule_needs_its_parameter():
-    with pytest.raises(ConfigError, match=r"rule=pcsd-fixed-n4 is defined by algo\.pcsd\.n_min=4.*method=pcsd-fixed-n4"):
+    with pytest.raises(
+        ConfigError, match=r"rule=pcsd-fixed-n4 is defined by algo\.pcsd\.n_min=4.*method=pcsd-fixed-n4"
+    ):
         load_config(["rule=pcsd-fixed-n4"])
     with pytest.raises(ConfigError, match=r"algo\.pcsd\.alpha=1\.0"):
         load_config(["rule=pcsd-no-decay"])
@@ -248,9 +283,19 @@ def test_cli_errors_exit_2(capsys):
 
 
 # ----------------------------------------------------------------------------- runs
-_TINY = ["rollout.backend=hf", "optim.sft_steps=0", "env.max_steps=1", "rollout.tasks_per_step=1",
-         "rollout.group_size=2", "rollout.max_response_tokens=4", "eval.episodes=1", "optim.steps=2",
-         "run.save_every=1", "model.tiny_layers=1", "optim.lr=1e-2"]
+_TINY = [
+    "rollout.backend=hf",
+    "optim.sft_steps=0",
+    "env.max_steps=1",
+    "rollout.tasks_per_step=1",
+    "rollout.group_size=2",
+    "rollout.max_response_tokens=4",
+    "eval.episodes=1",
+    "optim.steps=2",
+    "run.save_every=1",
+    "model.tiny_layers=1",
+    "optim.lr=1e-2",
+]
 
 
 def _records(run: Path) -> list[dict]:
@@ -263,8 +308,14 @@ def test_smoke_run_then_stop_and_resume_is_bit_exact(tmp_path, tiny_dir, child_e
     from safetensors.torch import load_file
 
     def train(*args: str) -> None:  # each run in its own process, all with the same environment
-        r = subprocess.run([sys.executable, "-m", "pcsd.train", *args], cwd=tmp_path, env=child_env,
-                           capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [sys.executable, "-m", "pcsd.train", *args],
+            cwd=tmp_path,
+            env=child_env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
     common = _TINY + [f"model.path={tiny_dir}"]
@@ -306,14 +357,15 @@ def test_sft_loss_is_response_nll_plus_weighted_prompt_nll(tmp_path, tiny_dir, p
     the examples are the student's rollout prompts with the expert's think/action response."""
     import random
 
-    from pcsd.text.prompts import PromptBuilder
-    from pcsd.train.sft import expert_episodes, sft_examples, sft_warmup, think_for
     from pcsd.envs.procedural import write_games as procedural_games
     from pcsd.models import eos_id
+    from pcsd.text.prompts import PromptBuilder
+    from pcsd.train.sft import expert_episodes, sft_examples, sft_warmup, think_for
 
     builder = PromptBuilder("alfworld", history_length=2, max_prompt_tokens=1024, tokenizer_dir=tiny_dir)
-    games = procedural_games(tmp_path / "g", 2, 77, ("pick_and_place_simple",), rooms=("bedroom",),
-                             receptacles=6, distractors=0)
+    games = procedural_games(
+        tmp_path / "g", 2, 77, ("pick_and_place_simple",), rooms=("bedroom",), receptacles=6, distractors=0
+    )
     model, _ = _models(tiny_dir)
     plain = copy.deepcopy(model)
     episodes = expert_episodes(games, 6)
@@ -324,8 +376,9 @@ def test_sft_loss_is_response_nll_plus_weighted_prompt_nll(tmp_path, tiny_dir, p
     for ep in episodes:
         hist = []
         for obs, adm, action in ep.steps:
-            (_, ids), = builder.build_batch([dict(task=ep.task, observation=obs, admissible=adm, history=hist,
-                                                  step=len(hist))])
+            ((_, ids),) = builder.build_batch(
+                [dict(task=ep.task, observation=obs, admissible=adm, history=hist, step=len(hist))]
+            )
             text = f"<think>{think_for(ep.task, action)}</think><action>{action}</action>"
             want_examples.append((list(ids), builder.tokenizer.encode(text) + [eos_id(builder)]))
             hist = hist + [(obs, action)]
@@ -340,7 +393,7 @@ def test_sft_loss_is_response_nll_plus_weighted_prompt_nll(tmp_path, tiny_dir, p
             lp = plain(input_ids=seq).logits[0].float().log_softmax(-1)
             tok = lp[:-1].gather(1, seq[0, 1:, None]).squeeze(1)
             prompt_nll.append(-tok[: len(p) - 1])
-            resp_nll.append(-tok[len(p) - 1:])
+            resp_nll.append(-tok[len(p) - 1 :])
     want = torch.cat(resp_nll).mean() + prompt_weight * torch.cat(prompt_nll).mean()
     assert losses[0] == pytest.approx(float(want), rel=1e-4)
 
@@ -350,8 +403,11 @@ def test_sft_bad_arguments_name_themselves(tiny_dir):
 
     model, _ = _models(tiny_dir)
     ex = [([5, 6, 7], [8, 2])]
-    for kw, name in ((dict(prompt_weight=-1.0), "prompt_weight"), (dict(batch_size=0), "batch_size"),
-                     (dict(schedule="linear"), "schedule")):
+    for kw, name in (
+        (dict(prompt_weight=-1.0), "prompt_weight"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(schedule="linear"), "schedule"),
+    ):
         with pytest.raises(ValueError, match=name):
             sft_warmup(model, ex, steps=1, lr=0.0, **kw)
     with pytest.raises(ValueError, match="examples is empty"):
@@ -361,14 +417,15 @@ def test_sft_bad_arguments_name_themselves(tiny_dir):
 def test_sft_teacher_share_adds_skill_prompts_with_the_same_responses(tmp_path, tiny_dir):
     """teacher_share=1: every step twice, the second time with the teacher's prompt (the skills
     block prepended to the same student prompt) and the same response; 0: student prompts only."""
-    from pcsd.text.prompts import PromptBuilder
-    from pcsd.train.sft import expert_episodes, sft_examples
     from pcsd.envs.procedural import write_games as procedural_games
     from pcsd.models import eos_id
+    from pcsd.text.prompts import PromptBuilder
+    from pcsd.train.sft import expert_episodes, sft_examples
 
     builder = PromptBuilder("alfworld", history_length=2, max_prompt_tokens=None, tokenizer_dir=tiny_dir)
-    games = procedural_games(tmp_path / "g", 2, 78, ("pick_and_place_simple",), rooms=("bedroom",),
-                             receptacles=6, distractors=0)
+    games = procedural_games(
+        tmp_path / "g", 2, 78, ("pick_and_place_simple",), rooms=("bedroom",), receptacles=6, distractors=0
+    )
     episodes = expert_episodes(games, 6)
     plain = sft_examples(builder, episodes, eos_id(builder))
     both = sft_examples(builder, episodes, eos_id(builder), teacher_share=1.0)
@@ -397,10 +454,11 @@ def test_sft_schedule_warms_up_then_decays():
 
 def test_game_corpus_makes_every_name_one_token(tmp_path):
     """The tokenizer trained with the games' text holds each object/receptacle name whole."""
-    from pcsd.train.sft import expert_episodes, game_corpus
-    from pcsd.testing import make_tiny_model
-    from pcsd.envs.procedural import write_games as procedural_games
     from tokenizers import Tokenizer
+
+    from pcsd.envs.procedural import write_games as procedural_games
+    from pcsd.testing import make_tiny_model
+    from pcsd.train.sft import expert_episodes, game_corpus
 
     games = procedural_games(tmp_path / "g", 12, 5, distractors=4)
     episodes = expert_episodes(games, 8)
@@ -418,22 +476,25 @@ def test_game_corpus_makes_every_name_one_token(tmp_path):
         make_tiny_model(tmp_path / "bad", corpus="one string")
 
 
-@pytest.mark.parametrize("task, parts", [
-    ("put a plate in cabinet.", ("plate", "cabinet")),
-    ("put some spraybottle on toilet.", ("spraybottle", "toilet")),
-    ("put a clean plate in microwave.", ("plate", "microwave")),
-    ("put a hot mug in sidetable.", ("mug", "sidetable")),
-    ("put a cool tomato in countertop.", ("tomato", "countertop")),
-    ("clean some lettuce and put it in fridge.", ("lettuce", "fridge")),
-    ("heat some egg and put it in garbagecan.", ("egg", "garbagecan")),
-    ("cool some mug and put it on shelf.", ("mug", "shelf")),
-    ("put two cellphone in bed.", ("cellphone", "bed")),
-    ("find two book and put them in sidetable.", ("book", "sidetable")),
-    ("look at bowl under the desklamp.", ("bowl", "desklamp")),
-    ("examine the book with the desklamp.", ("book", "desklamp")),
-    ("go to the kitchen.", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "task, parts",
+    [
+        ("put a plate in cabinet.", ("plate", "cabinet")),
+        ("put some spraybottle on toilet.", ("spraybottle", "toilet")),
+        ("put a clean plate in microwave.", ("plate", "microwave")),
+        ("put a hot mug in sidetable.", ("mug", "sidetable")),
+        ("put a cool tomato in countertop.", ("tomato", "countertop")),
+        ("clean some lettuce and put it in fridge.", ("lettuce", "fridge")),
+        ("heat some egg and put it in garbagecan.", ("egg", "garbagecan")),
+        ("cool some mug and put it on shelf.", ("mug", "shelf")),
+        ("put two cellphone in bed.", ("cellphone", "bed")),
+        ("find two book and put them in sidetable.", ("book", "sidetable")),
+        ("look at bowl under the desklamp.", ("bowl", "desklamp")),
+        ("examine the book with the desklamp.", ("book", "desklamp")),
+        ("go to the kitchen.", None),
+        ("", None),
+    ],
+)
 def test_task_parts_reads_every_alfworld_template(task, parts):
     from pcsd.train.sft import task_parts, think_for
 
@@ -464,9 +525,23 @@ def test_smoke_of_the_default_path_with_its_warm_up(tmp_path):
     from pcsd.train.cli import main
 
     run = tmp_path / "run"
-    assert main([f"run.dir={run}", "rollout.backend=hf", "optim.sft_steps=3", "optim.sft_games=6",
-                 "optim.steps=1", "rollout.tasks_per_step=1", "rollout.group_size=2",
-                 "rollout.max_response_tokens=8", "env.max_steps=2", "eval.episodes=2"]) == 0
+    assert (
+        main(
+            [
+                f"run.dir={run}",
+                "rollout.backend=hf",
+                "optim.sft_steps=3",
+                "optim.sft_games=6",
+                "optim.steps=1",
+                "rollout.tasks_per_step=1",
+                "rollout.group_size=2",
+                "rollout.max_response_tokens=8",
+                "env.max_steps=2",
+                "eval.episodes=2",
+            ]
+        )
+        == 0
+    )
     s = json.loads((run / "summary.json").read_text())
     assert s["preset"] == "tiny-cpu" and s["steps"] == 1
     assert s["sft_examples"] > 0 and s["sft_expert_success"] >= 0 and len(s["sft_loss_first_last"]) == 2
@@ -482,8 +557,20 @@ def test_skill_sd_trains_and_records_gaps_the_diagnostics_read(tmp_path, tiny_di
     from pcsd.train.gaps import load_gap_records
 
     run = tmp_path / "run"
-    assert main(_TINY + [f"model.path={tiny_dir}", f"run.dir={run}", "method=skill-sd", "run.record_gaps=true",
-                         "rollout.max_response_tokens=6", "algo.teacher=frozen"]) == 0
+    assert (
+        main(
+            _TINY
+            + [
+                f"model.path={tiny_dir}",
+                f"run.dir={run}",
+                "method=skill-sd",
+                "run.record_gaps=true",
+                "rollout.max_response_tokens=6",
+                "algo.teacher=frozen",
+            ]
+        )
+        == 0
+    )
     s = json.loads((run / "summary.json").read_text())
     assert s["method"] == "skill-sd" and s["rule"] == "skill-sd" and s["steps"] == 2
     recs = _records(run)
@@ -498,7 +585,22 @@ def test_skill_sd_trains_and_records_gaps_the_diagnostics_read(tmp_path, tiny_di
     from pcsd.diagnostics.cli import main as diag
 
     out = tmp_path / "diag"
-    assert diag(["rank-robustness", "--run-dir", str(run), "--out", str(out), "--repeats", "2",
-                 "--rules", "pcsd,sdar", "--quiet"]) == 0
+    assert (
+        diag(
+            [
+                "rank-robustness",
+                "--run-dir",
+                str(run),
+                "--out",
+                str(out),
+                "--repeats",
+                "2",
+                "--rules",
+                "pcsd,sdar",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     d = json.loads((out / "diagnostics.json").read_text())["rank_robustness"]
     assert d["num_tokens"] == sum(g.num_tokens for g in gaps) and "recorded steps 1..2" in d["source"]

@@ -54,7 +54,7 @@ def test_replay_every_public_trace_step(webshop_data: Path) -> None:
     for ep in eps:
         shop = _shop(str(webshop_data), ep["env_config"], ep["env_seed"])
         env = shop.env()
-        eid = f'{ep["config"]}#{ep["episode_id"]}'
+        eid = f"{ep['config']}#{ep['episode_id']}"
         obs, info = env.reset(ep["goal_index"])
         want = ep["reset"]
         if obs != want["obs"] or info["available_actions"] != want["available_actions"]:
@@ -63,7 +63,7 @@ def test_replay_every_public_trace_step(webshop_data: Path) -> None:
             diffs.append(f"{eid} goal")
         for st in ep["steps"]:
             n_steps += 1
-            where = f'{eid} step {st["i"]} {st["action"]!r}'
+            where = f"{eid} step {st['i']} {st['action']!r}"
             if "exception" in st:
                 n_raised += 1
                 with pytest.raises(err) as exc:
@@ -117,8 +117,18 @@ def test_goal_lists_equal(webshop_data: Path, file: str, config: str, seed: int)
     want = _lines(webshop_data / "facts" / file)[0]
     shop = _shop(str(webshop_data), config, seed)
     assert shop.num_goals == want["n_goals"] == len(want["goals"])
-    keys = ["asin", "instruction_text", "attributes", "goal_options", "price_upper", "weight", "name", "query",
-            "category", "product_category"]
+    keys = [
+        "asin",
+        "instruction_text",
+        "attributes",
+        "goal_options",
+        "price_upper",
+        "weight",
+        "name",
+        "query",
+        "category",
+        "product_category",
+    ]
     for i, w in enumerate(want["goals"]):
         g = shop.goal(i)
         assert {k: g[k] for k in keys} == {k: w[k] for k in keys}, i
@@ -185,8 +195,11 @@ def test_option_groups_with_a_repeated_value_or_none(webshop_data: Path) -> None
     assert len(mine) == 8  # 4 colours x 2 (equal) sizes
     texts = sorted(g["instruction_text"].split(", and price")[0] for g in mine)
     assert texts[0::2] == texts[1::2]
-    gi = next(i for i, g in goals.items()
-              if g["asin"] == "B08G14B779" and g["goal_options"] == {"color": "pink purple", "size": "26 inch x 10 inch"})
+    gi = next(
+        i
+        for i, g in goals.items()
+        if g["asin"] == "B08G14B779" and g["goal_options"] == {"color": "pink purple", "size": "26 inch x 10 inch"}
+    )
     env = shop.env()
     env.reset(gi)
     obs, info = _open_item(env, products, "B08G14B779")
@@ -194,8 +207,18 @@ def test_option_groups_with_a_repeated_value_or_none(webshop_data: Path) -> None
     want_opts = ["color", "pink", "pink light blue", "pink purple", "pink rose", "size", *sizes]
     assert obs.split(" [SEP] ")[4:12] == want_opts
     assert info["available_actions"]["clickables"] == [
-        "back to search", "< prev", "description", "features", "reviews", "buy now",
-        "pink", "pink light blue", "pink purple", "pink rose", "26 inch x 10 inch"]
+        "back to search",
+        "< prev",
+        "description",
+        "features",
+        "reviews",
+        "buy now",
+        "pink",
+        "pink light blue",
+        "pink purple",
+        "pink rose",
+        "26 inch x 10 inch",
+    ]
     env.step("click[26 inch x 10 inch]")
     env.step("click[pink]")
     obs, r, done, info = env.step("click[buy now]")
@@ -203,9 +226,18 @@ def test_option_groups_with_a_repeated_value_or_none(webshop_data: Path) -> None
     assert '[SEP] options [SEP] {"color": "pink", "size": "26 inch x 10 inch"} [SEP]' in obs
     env.reset(gi)
     obs, info = _open_item(env, products, "B09DG92LJL")  # {'Color': None}
-    assert obs.split(" [SEP] ")[3:5] == ["< Prev", next(p["name"] for p in products if p["asin"] == "B09DG92LJL").strip()]
+    assert obs.split(" [SEP] ")[3:5] == [
+        "< Prev",
+        next(p["name"] for p in products if p["asin"] == "B09DG92LJL").strip(),
+    ]
     assert info["available_actions"]["clickables"] == [
-        "back to search", "< prev", "description", "features", "reviews", "buy now"]
+        "back to search",
+        "< prev",
+        "description",
+        "features",
+        "reviews",
+        "buy now",
+    ]
 
 
 # ----------------------------------------------------------------------------- bad input, one class each
@@ -382,12 +414,35 @@ def test_pool_bad_webshop_arguments(webshop_data: Path) -> None:
 def test_bench_env_webshop_rows(webshop_data: Path, tmp_path: Path) -> None:
     from pcsd.bench.cli import main as bench_main
 
-    bench_main(["env", "--tiny", "--no-real", "--sizes", "16", "--threads", "1", "--webshop", str(webshop_data),
-                "--webshop-products", "3000", "--out", str(tmp_path)])
+    bench_main(
+        [
+            "env",
+            "--tiny",
+            "--no-real",
+            "--sizes",
+            "16",
+            "--threads",
+            "1",
+            "--webshop",
+            str(webshop_data),
+            "--webshop-products",
+            "3000",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     data = json.loads((tmp_path / "env_webshop.json").read_text())
     kinds = {r["action"]: r for r in data["rows"] if "action" in r}
-    assert set(kinds) >= {"search", "click_product", "click_option", "click_nav", "click_subpage", "click_buy",
-                          "invalid", "reset"}
+    assert set(kinds) >= {
+        "search",
+        "click_product",
+        "click_option",
+        "click_nav",
+        "click_subpage",
+        "click_buy",
+        "invalid",
+        "reset",
+    }
     assert all(r["native_us"] > 0 and r["original_ms"] > 0 for r in kinds.values())
     scale = [r for r in data["rows"] if "products" in r]
     assert scale and scale[0]["products"] == 3000 and scale[0]["search_median_us"] > 0

@@ -49,8 +49,9 @@ def test_prompts_equal_every_recorded_verl_prompt(webshop_data: Path) -> None:
             agent_obs = P.format_webshop_observation(st["obs"], task)
             where = f"episode {ep['episode_id']} ({ep['config']}) step {st['i']}"
             assert agent_obs == st["agent_obs"], where
-            text, variant, _ = pb.build_detailed(task, agent_obs, _avail(st["available_actions"]), history,
-                                                 len(history))
+            text, variant, _ = pb.build_detailed(
+                task, agent_obs, _avail(st["available_actions"]), history, len(history)
+            )
             assert text == st["prompt"], where
             n_prompts += 1
             n_fallback += variant == "no_history"
@@ -90,7 +91,9 @@ def test_projection_rules(response: str, action: str, valid: bool) -> None:
 def test_observation_and_action_formatting() -> None:
     task = "i want red shoes"
     obs = f"Instruction: [SEP] {task} [SEP] Back to Search [SEP] Page 1 (Total results: 1) [SEP] Next >"
-    assert P.format_webshop_observation(obs, task) == "'Back to Search' [SEP] 'Page 1 (Total results: 1)' [SEP] 'Next >'"
+    assert (
+        P.format_webshop_observation(obs, task) == "'Back to Search' [SEP] 'Page 1 (Total results: 1)' [SEP] 'Next >'"
+    )
     done = "Thank you for shopping with us! [SEP] Your code: [SEP] None"
     assert P.format_webshop_observation(done, task) == done
     assert P.webshop_actions(True, ["search"]) == ["search[<your query>]", "click[search]"]
@@ -233,7 +236,7 @@ class _ShopperBackend:
         for ids in prompts:
             text = self.tok.decode(ids)
             task = re.search(r"Your task is to: (.*)\.\n", text).group(1)
-            adm = text[text.rindex("are: \n[\n"):]
+            adm = text[text.rindex("are: \n[\n") :]
             if "'search[<your query>]'" in adm:
                 act = f"search[{task}]"
             elif "'click[buy now]'" in adm:
@@ -263,9 +266,17 @@ def test_rollouts_on_webshop(webshop_data: Path, tiny_builder) -> None:
     pb, eos = tiny_builder
     shop = WebShop.load(webshop_data, seed=0, variant="verl")
     goals = [600, 601, 602, 603, 604, 605]
-    rb = collect_rollouts(_ShopperBackend(pb.tokenizer, eos, bad_turn=1), pb, goals, 2, max_steps=15,
-                          success_reward=10.0, invalid_action_penalty=0.1, env_kind="webshop",
-                          env_options={"shop": shop})
+    rb = collect_rollouts(
+        _ShopperBackend(pb.tokenizer, eos, bad_turn=1),
+        pb,
+        goals,
+        2,
+        max_steps=15,
+        success_reward=10.0,
+        invalid_action_penalty=0.1,
+        env_kind="webshop",
+        env_options={"shop": shop},
+    )
     n = len(goals) * 2
     assert rb.num_trajectories == n and rb.length.tolist() == [3] * n  # search, open, buy
     assert rb.action_valid.view(-1, n).tolist() == [[True] * n, [False] * n, [True] * n]
@@ -283,8 +294,15 @@ def test_rollouts_on_webshop(webshop_data: Path, tiny_builder) -> None:
     obs0, info0 = shop.env().reset(goals[0])
     task = P.webshop_task(obs0)
     av = info0["available_actions"]
-    expected = pb.encode_batch([dict(task=task, observation=P.format_webshop_observation(obs0, task),
-                                     admissible=P.webshop_actions(av["has_search_bar"], av["clickables"]))])[0]
+    expected = pb.encode_batch(
+        [
+            dict(
+                task=task,
+                observation=P.format_webshop_observation(obs0, task),
+                admissible=P.webshop_actions(av["has_search_bar"], av["clickables"]),
+            )
+        ]
+    )[0]
     assert rb.prompt_ids[0] == expected
 
 
@@ -296,13 +314,23 @@ def test_evaluation_reports_score_and_acc(webshop_data: Path, tiny_builder) -> N
 
     pb, eos = tiny_builder
     shop = WebShop.load(webshop_data, seed=1000, variant="verl")
-    cfg = OmegaConf.create(dict(env=dict(name="webshop", max_steps=15, num_threads=0),
-                                rollout=dict(max_response_tokens=128),
-                                eval=dict(greedy=False, temperature=0.4, skills=False, batch_size=0,
-                                          protocol="full")))
+    cfg = OmegaConf.create(
+        dict(
+            env=dict(name="webshop", max_steps=15, num_threads=0),
+            rollout=dict(max_response_tokens=128),
+            eval=dict(greedy=False, temperature=0.4, skills=False, batch_size=0, protocol="full"),
+        )
+    )
     goals = [0, 1, 2, 3, 4, 5, 6, 7]
-    out = evaluate(_ShopperBackend(pb.tokenizer, eos), pb, goals, cfg, label="scripted", split="webshop",
-                   env_options={"shop": shop})
+    out = evaluate(
+        _ShopperBackend(pb.tokenizer, eos),
+        pb,
+        goals,
+        cfg,
+        label="scripted",
+        split="webshop",
+        env_options={"shop": shop},
+    )
     scores = [g["score"] for g in out["games"]]
     assert out["env"] == "webshop" and len(scores) == 8
     assert out["score"] == pytest.approx(100.0 * sum(scores) / 8)
@@ -325,8 +353,25 @@ def test_eval_cli_webshop_split(webshop_data: Path, tmp_path: Path, capsys, monk
 
     monkeypatch.delenv("WEBSHOP_DATA", raising=False)
     path = make_tiny_model(tmp_path / "m", seed=0)
-    base = ["--model", str(path), "--label", "Tiny", "--backend", "hf", "--device", "cpu", "--max-steps", "2",
-            "--max-response-tokens", "8", "--quiet", "--split", "webshop", "--count", "2"]
+    base = [
+        "--model",
+        str(path),
+        "--label",
+        "Tiny",
+        "--backend",
+        "hf",
+        "--device",
+        "cpu",
+        "--max-steps",
+        "2",
+        "--max-response-tokens",
+        "8",
+        "--quiet",
+        "--split",
+        "webshop",
+        "--count",
+        "2",
+    ]
     assert ev.main(base + ["--out", str(tmp_path / "a")]) == 2
     assert "webshop_data" in capsys.readouterr().err  # no data folder: an error naming it
     assert ev.main(base + ["--out", str(tmp_path / "a"), "--webshop-data", str(webshop_data)]) == 0
@@ -363,12 +408,26 @@ def test_training_smoke_run(webshop_data: Path, tmp_path: Path, child_env: dict)
     import sys
 
     env = dict(child_env, WEBSHOP_DATA=str(webshop_data))
-    args = ["preset=tiny-cpu-webshop", "rollout.backend=hf", "optim.sft_steps=2", "optim.sft_games=6",
-            "optim.sft_batch_size=2", "optim.steps=1", "rollout.tasks_per_step=1", "rollout.group_size=2",
-            "env.max_steps=8", "rollout.max_response_tokens=8", "eval.episodes=2", "model.tiny_layers=1",
-            f"run.dir={tmp_path / 'run'}", "run.progress=false", "run.tensorboard=false"]
-    r = subprocess.run([sys.executable, "-m", "pcsd.train", *args], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=600)
+    args = [
+        "preset=tiny-cpu-webshop",
+        "rollout.backend=hf",
+        "optim.sft_steps=2",
+        "optim.sft_games=6",
+        "optim.sft_batch_size=2",
+        "optim.steps=1",
+        "rollout.tasks_per_step=1",
+        "rollout.group_size=2",
+        "env.max_steps=8",
+        "rollout.max_response_tokens=8",
+        "eval.episodes=2",
+        "model.tiny_layers=1",
+        f"run.dir={tmp_path / 'run'}",
+        "run.progress=false",
+        "run.tensorboard=false",
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "pcsd.train", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     for key in ("score_before", "acc_before", "score_after", "acc_after", "sft_expert_success"):

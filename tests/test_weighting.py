@@ -11,8 +11,18 @@ from pcsd.ops.kernels import pcsd_weights
 from pcsd.ops.reference import pcsd_weights_reference
 from pcsd.ops.weighting import available_rules, get_rule, rlsd_lambda
 
-EXPECTED = {"pcsd", "pcsd-fixed-n1", "pcsd-fixed-n4", "pcsd-no-trend", "pcsd-no-decay",
-            "uniform", "sdar", "sdar-norm", "rlsd", "skill-sd"}
+EXPECTED = {
+    "pcsd",
+    "pcsd-fixed-n1",
+    "pcsd-fixed-n4",
+    "pcsd-no-trend",
+    "pcsd-no-decay",
+    "uniform",
+    "sdar",
+    "sdar-norm",
+    "rlsd",
+    "skill-sd",
+}
 
 
 def batch(seed=0):
@@ -31,13 +41,16 @@ def test_every_rule_of_the_paper_is_registered():
         get_rule("nope")
 
 
-@pytest.mark.parametrize("name, ref_kw", [
-    ("pcsd", {}),
-    ("pcsd-fixed-n1", dict(adaptive=False, n_min=1)),
-    ("pcsd-fixed-n4", dict(adaptive=False, n_min=4)),
-    ("pcsd-no-trend", dict(trend=False)),
-    ("pcsd-no-decay", dict(alpha=1.0)),
-])
+@pytest.mark.parametrize(
+    "name, ref_kw",
+    [
+        ("pcsd", {}),
+        ("pcsd-fixed-n1", dict(adaptive=False, n_min=1)),
+        ("pcsd-fixed-n4", dict(adaptive=False, n_min=4)),
+        ("pcsd-no-trend", dict(trend=False)),
+        ("pcsd-no-decay", dict(alpha=1.0)),
+    ],
+)
 def test_pcsd_variants_match_the_reference(name, ref_kw):
     gap, cu, mask = batch()
     got = get_rule(name)(gap, cu, mask)
@@ -58,8 +71,8 @@ def test_fixed_window_uses_decayed_mean_only():
     assert bool((st.r == 0).all())
     # adaptive equals the decayed mean over 4 tokens inside the segment
     i = 5
-    w = torch.tensor([0.8 ** j for j in range(4)]) * mask[i:i + 4]
-    torch.testing.assert_close(st.adaptive[i], (w * gap[i:i + 4]).sum() / w.sum())
+    w = torch.tensor([0.8**j for j in range(4)]) * mask[i : i + 4]
+    torch.testing.assert_close(st.adaptive[i], (w * gap[i : i + 4]).sum() / w.sum())
 
 
 def test_uniform_is_the_gate_with_beta_zero():
@@ -98,8 +111,12 @@ def _sdar_norm_loop(gap, cu, mask, beta_gate=5.0):
 
 
 @settings(max_examples=50, deadline=None)
-@given(lens=st.lists(st.integers(0, 12), min_size=1, max_size=8), seed=st.integers(0, 2**31 - 1),
-       beta=st.sampled_from([0.0, 1.0, 5.0, 20.0]), keep=st.floats(0.0, 1.0))
+@given(
+    lens=st.lists(st.integers(0, 12), min_size=1, max_size=8),
+    seed=st.integers(0, 2**31 - 1),
+    beta=st.sampled_from([0.0, 1.0, 5.0, 20.0]),
+    keep=st.floats(0.0, 1.0),
+)
 @example(lens=[1, 1], seed=0, beta=20.0, keep=1.0)  # a gate of ~1e-5 after one of ~1: no prefix-sum cancellation
 def test_sdar_norm_matches_a_loop(lens, seed, beta, keep):
     """Segments of any length (empty ones, ones with no valid token included), any mask."""

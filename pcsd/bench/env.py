@@ -12,11 +12,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-import torch
-
 from pcsd.bench import pyenv
 from pcsd.bench.common import amdahl, emit, measure, measure_pool, pos_int, rel_spread
-
 
 _SAFE_PREFIXES = ("go to ", "examine ", "look", "inventory")  # never win, so episodes run to the limit
 
@@ -25,8 +22,10 @@ def make_games(dirpath: Path, count: int, seed: int = 0) -> list[str]:
     """``count`` procedural games (task types round-robin) under ``dirpath``."""
     from pcsd.envs.procedural import TASK_TYPES, write_game
 
-    return [str(write_game(dirpath / f"g{i:04d}" / "game.tw-pddl", TASK_TYPES[i % len(TASK_TYPES)], seed + i))
-            for i in range(count)]
+    return [
+        str(write_game(dirpath / f"g{i:04d}" / "game.tw-pddl", TASK_TYPES[i % len(TASK_TYPES)], seed + i))
+        for i in range(count)
+    ]
 
 
 def command_streams(games: Sequence[str], length: int) -> list[list[str]]:
@@ -58,8 +57,15 @@ def _native_sync(games, streams, num_envs, group, threads, steps, repeats):
     L = len(streams[0])
     n_groups = num_envs // group
     gi = [g % len(games) for g in range(n_groups)]
-    pool = EnvPool("alfworld", num_envs, group_size=group, games=[games[i] for i in gi], max_steps=L,
-                   num_threads=threads, auto_reset=True)
+    pool = EnvPool(
+        "alfworld",
+        num_envs,
+        group_size=group,
+        games=[games[i] for i in gi],
+        max_steps=L,
+        num_threads=threads,
+        auto_reset=True,
+    )
     pool.reset()
     k = [0]
     # actions per step index: env e plays streams[game of its group][k mod (L+1)]; index L is the
@@ -84,8 +90,15 @@ def _native_async(games, streams, num_envs, group, threads, steps, repeats):
     L = len(streams[0])
     n_groups = num_envs // group
     gi = [g % len(games) for g in range(n_groups)]
-    pool = EnvPool("alfworld", num_envs, group_size=group, games=[games[i] for i in gi], max_steps=L,
-                   num_threads=threads, auto_reset=True)
+    pool = EnvPool(
+        "alfworld",
+        num_envs,
+        group_size=group,
+        games=[games[i] for i in gi],
+        max_steps=L,
+        num_threads=threads,
+        auto_reset=True,
+    )
     pool.send_reset(range(num_envs))
     k = [0] * num_envs
     batch = max(1, num_envs // 2)
@@ -238,6 +251,7 @@ def _real_mp_rates(games, streams, num_envs, workers, steps, repeats) -> tuple[d
         return None if j == L else streams[game_of[e]][j]
 
     try:
+
         def sync_once():
             for _ in range(steps):
                 pool.step([cmd(e) for e in range(num_envs)])
@@ -317,15 +331,26 @@ def cmd_env(args) -> dict:
                 ms = _native_sync(games, streams, n, group, t, steps, args.repeats)
                 ma = _native_async(games, streams, n, group, t, steps, args.repeats)
                 total = n * steps
-                rows.append(dict(engine="native pool", envs=n, threads=t,
-                                 sync_steps_per_s=total / ms["median_s"], sync_spread_rel=rel_spread(ms),
-                                 async_steps_per_s=total / ma["median_s"], async_spread_rel=rel_spread(ma),
-                                 sync_per_core=total / ms["median_s"] / t,
-                                 async_vs_sync=ms["median_s"] / ma["median_s"],
-                                 sync_serial_ns=ms["serial_ns"], sync_worker_ns=ms["worker_ns"],
-                                 sync_serial_share=ms["serial_share"], async_serial_ns=ma["serial_ns"],
-                                 async_worker_ns=ma["worker_ns"], async_serial_share=ma["serial_share"],
-                                 load=os.getloadavg()[0]))
+                rows.append(
+                    dict(
+                        engine="native pool",
+                        envs=n,
+                        threads=t,
+                        sync_steps_per_s=total / ms["median_s"],
+                        sync_spread_rel=rel_spread(ms),
+                        async_steps_per_s=total / ma["median_s"],
+                        async_spread_rel=rel_spread(ma),
+                        sync_per_core=total / ms["median_s"] / t,
+                        async_vs_sync=ms["median_s"] / ma["median_s"],
+                        sync_serial_ns=ms["serial_ns"],
+                        sync_worker_ns=ms["worker_ns"],
+                        sync_serial_share=ms["serial_share"],
+                        async_serial_ns=ma["serial_ns"],
+                        async_worker_ns=ma["worker_ns"],
+                        async_serial_share=ma["serial_share"],
+                        load=os.getloadavg()[0],
+                    )
+                )
         missing = [p for p in ("alfworld", "textworld") if importlib.util.find_spec(p) is None]
         if args.no_real:
             notes.append("real alfworld engine columns skipped: --no-real")
@@ -336,19 +361,35 @@ def cmd_env(args) -> dict:
             real_steps = args.real_steps or n_real * cycle
             mr, reset_s = _real_engine_rate(games[:n_real], streams[:n_real], real_steps, args.repeats)
             real_rate = real_steps / mr["median_s"]
-            rows.append(dict(engine="alfworld, 1 env at a time", envs=n_real, threads=1,
-                             sync_steps_per_s=real_rate, sync_spread_rel=rel_spread(mr), sync_per_core=real_rate,
-                             reset_s=reset_s))
+            rows.append(
+                dict(
+                    engine="alfworld, 1 env at a time",
+                    envs=n_real,
+                    threads=1,
+                    sync_steps_per_s=real_rate,
+                    sync_spread_rel=rel_spread(mr),
+                    sync_per_core=real_rate,
+                    reset_s=reset_s,
+                )
+            )
             n_mp = max(args.mp_envs, max(threads))
             mp_steps = args.mp_steps or cycle
             for w in threads:
                 ms, ma = _real_mp_rates(games, streams, n_mp, w, mp_steps, args.repeats)
                 total = n_mp * mp_steps
-                rows.append(dict(engine="alfworld mp pool", envs=n_mp, threads=w,
-                                 sync_steps_per_s=total / ms["median_s"], sync_spread_rel=rel_spread(ms),
-                                 async_steps_per_s=total / ma["median_s"], async_spread_rel=rel_spread(ma),
-                                 sync_per_core=total / ms["median_s"] / min(w, ncpu),
-                                 async_vs_sync=ms["median_s"] / ma["median_s"]))
+                rows.append(
+                    dict(
+                        engine="alfworld mp pool",
+                        envs=n_mp,
+                        threads=w,
+                        sync_steps_per_s=total / ms["median_s"],
+                        sync_spread_rel=rel_spread(ms),
+                        async_steps_per_s=total / ma["median_s"],
+                        async_spread_rel=rel_spread(ma),
+                        sync_per_core=total / ms["median_s"] / min(w, ncpu),
+                        async_vs_sync=ms["median_s"] / ma["median_s"],
+                    )
+                )
             mp_rows = {r["threads"]: r for r in rows if r["engine"] == "alfworld mp pool"}
             for r in rows:
                 if r["engine"] == "native pool":
@@ -357,36 +398,67 @@ def cmd_env(args) -> dict:
                     m = mp_rows[r["threads"]]
                     r["sync_vs_mp"] = r["sync_steps_per_s"] / m["sync_steps_per_s"]
                     r["async_vs_mp"] = r["async_steps_per_s"] / m["async_steps_per_s"]
-            notes.append(f"the real-engine rows are measured on fewer envs (their `envs` column) than the native pool "
-                         f"and compared per env-step: the single engine steps {n_real} game(s) one after another "
-                         f"({real_steps} steps per repeat, median reset {reset_s:.3f} s); the mp pool holds "
-                         f"{n_mp} real envs split over `threads` worker processes (multiprocessing, fork, pipes; "
-                         f"env e plays game e mod {len(games)}), {mp_steps} steps per env per repeat, async = "
-                         "serve whichever worker answers first; per core = steps/s / min(workers, cores)")
-            notes.append("sync_vs_mp / async_vs_mp: native pool vs the mp pool with as many worker processes as "
-                         "the pool has threads")
+            notes.append(
+                f"the real-engine rows are measured on fewer envs (their `envs` column) than the native pool "
+                f"and compared per env-step: the single engine steps {n_real} game(s) one after another "
+                f"({real_steps} steps per repeat, median reset {reset_s:.3f} s); the mp pool holds "
+                f"{n_mp} real envs split over `threads` worker processes (multiprocessing, fork, pipes; "
+                f"env e plays game e mod {len(games)}), {mp_steps} steps per env per repeat, async = "
+                "serve whichever worker answers first; per core = steps/s / min(workers, cores)"
+            )
+            notes.append(
+                "sync_vs_mp / async_vs_mp: native pool vs the mp pool with as many worker processes as "
+                "the pool has threads"
+            )
     for r in rows:  # scaling from the fewest threads / worker processes, per engine and size
         if "async_steps_per_s" in r:
-            b = min((x for x in rows if x["engine"] == r["engine"] and x["envs"] == r["envs"]),
-                    key=lambda x: x["threads"])
+            b = min(
+                (x for x in rows if x["engine"] == r["engine"] and x["envs"] == r["envs"]), key=lambda x: x["threads"]
+            )
             r["sync_scaling_vs_1thr"] = r["sync_steps_per_s"] / b["sync_steps_per_s"]
             r["async_scaling_vs_1thr"] = r["async_steps_per_s"] / b["async_steps_per_s"]
             if "sync_serial_share" in b and r["threads"] > b["threads"]:  # what the 1-thread CPU split allows
                 r["sync_amdahl_bound"] = amdahl(b["sync_serial_share"], r["threads"] // b["threads"])
                 r["async_amdahl_bound"] = amdahl(b["async_serial_share"], r["threads"] // b["threads"])
-    notes.append(f"{len(games)} procedural games, groups of {args.group_size} envs, command streams of "
-                 f"{args.stream_len} safe commands then a reset (in every engine); native: {steps} steps per "
-                 "env per repeat; threads = pool threads (native) or worker processes (mp pool)")
-    notes.append("CPU split of the native pool, per env step: serial_ns = the calling thread (Python, argument and "
-                 "result conversion with the GIL held, dispatch; it never runs in parallel), worker_ns = the pool's "
-                 "worker threads; serial_share = serial / (serial + worker). CPU time stays meaningful on a loaded "
-                 "machine, where wall-time scaling does not (see `load`, the 1-minute load average); "
-                 "*_amdahl_bound = 1 / (s + (1 - s) / k) for k times the threads, s from the fewest-threads row")
-    cols = ["engine", "envs", "threads", "sync_steps_per_s", "sync_spread_rel", "async_steps_per_s",
-            "async_spread_rel", "async_vs_sync", "sync_per_core", "sync_scaling_vs_1thr", "async_scaling_vs_1thr",
-            "sync_serial_ns", "sync_worker_ns", "sync_serial_share", "async_serial_ns", "async_worker_ns",
-            "async_serial_share", "sync_amdahl_bound", "async_amdahl_bound", "load",
-            "per_core_vs_real", "sync_vs_real", "sync_vs_mp", "async_vs_mp", "reset_s"]
+    notes.append(
+        f"{len(games)} procedural games, groups of {args.group_size} envs, command streams of "
+        f"{args.stream_len} safe commands then a reset (in every engine); native: {steps} steps per "
+        "env per repeat; threads = pool threads (native) or worker processes (mp pool)"
+    )
+    notes.append(
+        "CPU split of the native pool, per env step: serial_ns = the calling thread (Python, argument and "
+        "result conversion with the GIL held, dispatch; it never runs in parallel), worker_ns = the pool's "
+        "worker threads; serial_share = serial / (serial + worker). CPU time stays meaningful on a loaded "
+        "machine, where wall-time scaling does not (see `load`, the 1-minute load average); "
+        "*_amdahl_bound = 1 / (s + (1 - s) / k) for k times the threads, s from the fewest-threads row"
+    )
+    cols = [
+        "engine",
+        "envs",
+        "threads",
+        "sync_steps_per_s",
+        "sync_spread_rel",
+        "async_steps_per_s",
+        "async_spread_rel",
+        "async_vs_sync",
+        "sync_per_core",
+        "sync_scaling_vs_1thr",
+        "async_scaling_vs_1thr",
+        "sync_serial_ns",
+        "sync_worker_ns",
+        "sync_serial_share",
+        "async_serial_ns",
+        "async_worker_ns",
+        "async_serial_share",
+        "sync_amdahl_bound",
+        "async_amdahl_bound",
+        "load",
+        "per_core_vs_real",
+        "sync_vs_real",
+        "sync_vs_mp",
+        "async_vs_mp",
+        "reset_s",
+    ]
 
     def plot(ax, rows):
         for n in sorted({r["envs"] for r in rows if r["engine"] == "native pool"}):
@@ -396,10 +468,20 @@ def cmd_env(args) -> dict:
             ax.plot(x, [r["async_steps_per_s"] for r in rs], "s--", label=f"native async {n} envs")
         rs = [r for r in rows if r["engine"] == "alfworld mp pool"]
         if rs:
-            ax.plot([r["threads"] for r in rs], [r["sync_steps_per_s"] for r in rs], "o-", color="red",
-                    label=f"alfworld mp pool sync ({rs[0]['envs']} envs)")
-            ax.plot([r["threads"] for r in rs], [r["async_steps_per_s"] for r in rs], "s--", color="red",
-                    label="alfworld mp pool async")
+            ax.plot(
+                [r["threads"] for r in rs],
+                [r["sync_steps_per_s"] for r in rs],
+                "o-",
+                color="red",
+                label=f"alfworld mp pool sync ({rs[0]['envs']} envs)",
+            )
+            ax.plot(
+                [r["threads"] for r in rs],
+                [r["async_steps_per_s"] for r in rs],
+                "s--",
+                color="red",
+                label="alfworld mp pool async",
+            )
         for r in rows:
             if r["engine"] == "alfworld, 1 env at a time":
                 ax.axhline(r["sync_steps_per_s"], color="black", ls=":", label="alfworld, 1 env at a time")
@@ -408,8 +490,16 @@ def cmd_env(args) -> dict:
         ax.set_yscale("log")
         ax.legend(fontsize=6)
 
-    payload = emit("env", "Env pool: native alfworld engine vs the real alfworld engine (alone and in a "
-                   "multiprocessing pool)", rows, cols, Path(args.out), args, notes, plot)
+    payload = emit(
+        "env",
+        "Env pool: native alfworld engine vs the real alfworld engine (alone and in a multiprocessing pool)",
+        rows,
+        cols,
+        Path(args.out),
+        args,
+        notes,
+        plot,
+    )
     webshop_root = args.webshop or os.environ.get("WEBSHOP_DATA")
     if webshop_root:
         payload["webshop"] = cmd_env_webshop(Path(webshop_root), args)
@@ -424,27 +514,58 @@ def cmd_env_webshop(root: Path, args) -> dict:
     rows = webshop.per_kind_rows(root, max(1, args.repeats))
     for n in args.webshop_products:
         rows.append(webshop.scale_row(root, n))
-    notes = ["original_ms: median per env.step of princeton-nlp/WebShop (pyserini/Lucene, spaCy, Flask templates, "
-             "bs4) recorded with the same actions in traces_public.jsonl.gz on a 2-core machine (FACTS.md); native_us: "
-             "the same steps through pcsd.envs.webshop (Python call included), median over the replays; speedup = "
-             "original / native per step on one core",
-             "scale rows: synthetic catalogues built like the real one (pcsd.bench.webshop.synthetic_catalogue), "
-             "loaded in a fresh process; load_and_index_s = streaming JSON load + index build + goal generation; "
-             "rss_mib / rss_added_mib / peak_rss_mib = resident memory after the load / added by it / at its peak; "
-             "search = WebShop.search on goal instructions (analyzer + BM25 + top 50)"]
-    cols = ["engine", "action", "steps", "native_us", "original_ms", "speedup", "products", "goals",
-            "catalogue_gb", "load_and_index_s", "rss_mib", "rss_added_mib", "peak_rss_mib", "search_median_us",
-            "search_p90_us", "original_lucene_query_ms"]
-    return emit("env_webshop", "WebShop: native engine per step vs the original, and a large catalogue", rows, cols,
-                Path(args.out), args, notes)
+    notes = [
+        "original_ms: median per env.step of princeton-nlp/WebShop (pyserini/Lucene, spaCy, Flask templates, "
+        "bs4) recorded with the same actions in traces_public.jsonl.gz on a 2-core machine (FACTS.md); native_us: "
+        "the same steps through pcsd.envs.webshop (Python call included), median over the replays; speedup = "
+        "original / native per step on one core",
+        "scale rows: synthetic catalogues built like the real one (pcsd.bench.webshop.synthetic_catalogue), "
+        "loaded in a fresh process; load_and_index_s = streaming JSON load + index build + goal generation; "
+        "rss_mib / rss_added_mib / peak_rss_mib = resident memory after the load / added by it / at its peak; "
+        "search = WebShop.search on goal instructions (analyzer + BM25 + top 50)",
+    ]
+    cols = [
+        "engine",
+        "action",
+        "steps",
+        "native_us",
+        "original_ms",
+        "speedup",
+        "products",
+        "goals",
+        "catalogue_gb",
+        "load_and_index_s",
+        "rss_mib",
+        "rss_added_mib",
+        "peak_rss_mib",
+        "search_median_us",
+        "search_p90_us",
+        "original_lucene_query_ms",
+    ]
+    return emit(
+        "env_webshop",
+        "WebShop: native engine per step vs the original, and a large catalogue",
+        rows,
+        cols,
+        Path(args.out),
+        args,
+        notes,
+    )
 
 
 NAME = "env"
 HELP = "native env pool vs the real alfworld engine (alone and in a process pool); --python: Python text envs"
 #: sizes: (full, --quick, --tiny); --tiny is for the tests (seconds)
-DEFAULTS: dict[str, tuple] = dict(sizes=([128, 1024, 4096], [128, 1024], [16]), repeats=(5, 3, 2), games=(64, 16, 2),
-                real_games=(4, 2, 1), stream_len=(10, 10, 3), mp_envs=(16, 4, 2),
-                webshop_products=([100_000], [20_000], [2_000]), **pyenv.DEFAULTS)
+DEFAULTS: dict[str, tuple] = dict(
+    sizes=([128, 1024, 4096], [128, 1024], [16]),
+    repeats=(5, 3, 2),
+    games=(64, 16, 2),
+    real_games=(4, 2, 1),
+    stream_len=(10, 10, 3),
+    mp_envs=(16, 4, 2),
+    webshop_products=([100_000], [20_000], [2_000]),
+    **pyenv.DEFAULTS,
+)
 
 
 def pool_size(s: str) -> int:
@@ -460,23 +581,35 @@ def pool_size(s: str) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", type=pool_size, nargs="+", help="pool sizes (envs)")
-    p.add_argument("--threads", type=pos_int, nargs="+",
-                   help="native pool threads and mp-pool worker processes (default 1 .. all cores)")
+    p.add_argument(
+        "--threads",
+        type=pos_int,
+        nargs="+",
+        help="native pool threads and mp-pool worker processes (default 1 .. all cores)",
+    )
     p.add_argument("--steps", type=pos_int, help="native steps per env per timed repeat (default: one episode cycle)")
     p.add_argument("--games", type=pos_int, help="distinct procedural games")
     p.add_argument("--group-size", type=pos_int, default=8, help="envs per game (GRPO group)")
     p.add_argument("--stream-len", type=pos_int, help="commands per episode before the reset")
-    p.add_argument("--real-steps", type=pos_int, help="single real engine: steps per timed repeat (default: one "
-                   "episode cycle per game)")
+    p.add_argument(
+        "--real-steps",
+        type=pos_int,
+        help="single real engine: steps per timed repeat (default: one episode cycle per game)",
+    )
     p.add_argument("--real-games", type=pos_int, help="games the real engine plays")
     p.add_argument("--mp-envs", type=pos_int, help="real alfworld envs in the multiprocessing pool")
-    p.add_argument("--mp-steps", type=pos_int, help="mp-pool steps per env per timed repeat (default: one episode "
-                   "cycle)")
+    p.add_argument(
+        "--mp-steps", type=pos_int, help="mp-pool steps per env per timed repeat (default: one episode cycle)"
+    )
     p.add_argument("--no-real", action="store_true", help="skip the real alfworld engine (alone and mp pool)")
     p.add_argument("--webshop", help="WebShop data folder (default $WEBSHOP_DATA): adds the WebShop rows")
-    p.add_argument("--webshop-products", type=pos_int, nargs="+",
-                   help="products in the synthetic WebShop scale rows (the full catalogue, 1181436: "
-                        "benchmarks/webshop_catalogue.py)")
+    p.add_argument(
+        "--webshop-products",
+        type=pos_int,
+        nargs="+",
+        help="products in the synthetic WebShop scale rows (the full catalogue, 1181436: "
+        "benchmarks/webshop_catalogue.py)",
+    )
     pyenv.add_arguments(p)
 
 

@@ -68,9 +68,17 @@ DEFAULTS: dict[str, tuple] = {}  # shapes come from --small
 
 #: --small's model: Qwen2.5-3B's architecture (qwen2: q/k/v bias, tied embeddings) at a small size, as the
 #: config.json fields of pcsd.train.plan.BUILTIN_SHAPES (which gives the full-size one)
-SMALL_SHAPE = dict(model_type="qwen2", hidden_size=128, intermediate_size=352, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=4096,
-                   tie_word_embeddings=True)  # head_dim 32: vLLM's CPU attention takes 32, not 16
+SMALL_SHAPE = dict(
+    model_type="qwen2",
+    hidden_size=128,
+    intermediate_size=352,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    vocab_size=4096,
+    tie_word_embeddings=True,
+)  # head_dim 32: vLLM's CPU attention takes 32, not 16
 MEMORY_GOAL = 0.10  # |measured / predicted - 1| of the paper update's peak
 BANDWIDTH_GOAL = 0.60  # CUDA kernel bandwidth / device-to-device copy bandwidth at 10M tokens
 TIE_NATS = 0.05  # greedy outputs may part where hf's log-probs of the two tokens are this close
@@ -128,20 +136,38 @@ def machine() -> dict[str, Any]:
     import pcsd
     from pcsd.bench.common import machine_line
 
-    info: dict[str, Any] = dict(line=machine_line(), python=platform.python_version(), platform=platform.platform(),
-                                torch=torch.__version__, cuda=torch.version.cuda,
-                                cuda_available=torch.cuda.is_available())
-    for key, dist in (("transformers", "transformers"), ("vllm", "vllm"), ("flash_attn", "flash-attn"),
-                      ("numpy", "numpy")):
+    info: dict[str, Any] = dict(
+        line=machine_line(),
+        python=platform.python_version(),
+        platform=platform.platform(),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        cuda_available=torch.cuda.is_available(),
+    )
+    for key, dist in (
+        ("transformers", "transformers"),
+        ("vllm", "vllm"),
+        ("flash_attn", "flash-attn"),
+        ("numpy", "numpy"),
+    ):
         info[key] = _dist_version(dist) if importlib.util.find_spec(key) else None
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
-        info.update(gpu=p.name, gpu_memory_GiB=round(p.total_memory / 2 ** 30, 2), capability=f"{p.major}.{p.minor}",
-                    multiprocessors=p.multi_processor_count, gpus=torch.cuda.device_count(),
-                    cudnn=torch.backends.cudnn.version())
+        info.update(
+            gpu=p.name,
+            gpu_memory_GiB=round(p.total_memory / 2**30, 2),
+            capability=f"{p.major}.{p.minor}",
+            multiprocessors=p.multi_processor_count,
+            gpus=torch.cuda.device_count(),
+            cudnn=torch.backends.cudnn.version(),
+        )
         try:
-            q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=30)
+            q = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             info["driver"] = q.stdout.strip().splitlines()[0] if q.returncode == 0 and q.stdout.strip() else None
         except (OSError, subprocess.SubprocessError):
             info["driver"] = None
@@ -170,8 +196,8 @@ def peak_memory(ctx: Ctx, into: dict, prefix: str = ""):
     yield
     if ctx.cuda:
         ctx.sync()
-        into[prefix + "peak_allocated_GiB"] = torch.cuda.max_memory_allocated() / 2 ** 30
-        into[prefix + "peak_reserved_GiB"] = torch.cuda.max_memory_reserved() / 2 ** 30
+        into[prefix + "peak_allocated_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+        into[prefix + "peak_reserved_GiB"] = torch.cuda.max_memory_reserved() / 2**30
 
 
 def _free() -> None:
@@ -213,8 +239,9 @@ def student_model(ctx: Ctx):
     if "student" not in ctx.cache:
         torch.manual_seed(0)
         conf = qwen_config(shape_conf(ctx), eos_token_id=2, bos_token_id=1, pad_token_id=0)
-        conf._attn_implementation = ("flash_attention_2" if ctx.cuda and importlib.util.find_spec("flash_attn")
-                                     else "sdpa")
+        conf._attn_implementation = (
+            "flash_attention_2" if ctx.cuda and importlib.util.find_spec("flash_attn") else "sdpa"
+        )
         from transformers import AutoModelForCausalLM
 
         with torch.device(ctx.device):
@@ -231,8 +258,12 @@ def paper_config(ctx: Ctx, batch_tokens: tuple[int, int], **over: Any):
     from pcsd.train.config import load_config
 
     prompt, response = batch_tokens
-    items = ["preset=alfworld-qwen2.5-3b", "rollout.backend=hf", f"rollout.max_prompt_tokens={prompt}",
-             f"rollout.max_response_tokens={response}"]
+    items = [
+        "preset=alfworld-qwen2.5-3b",
+        "rollout.backend=hf",
+        f"rollout.max_prompt_tokens={prompt}",
+        f"rollout.max_response_tokens={response}",
+    ]
     if ctx.small:
         items.append("optim.tokens_per_microbatch=256")
     items += [f"{k}={v}" for k, v in over.items()]
@@ -262,10 +293,15 @@ def part_op(part: Part, ctx: Ctx) -> None:
     part.add(cases=n, failures=len(errs), bandwidth=rows)
     k = min(r["kernel_vs_copy"] for r in rows)
     if ctx.cuda and tokens == 10_000_000:
-        part.goal(f"kernel bandwidth >= {BANDWIDTH_GOAL:.0%} of a device-to-device copy at 10M tokens",
-                  k >= BANDWIDTH_GOAL, f"{k:.2f}")
-    part.summary = (f"{n} cases, {len(errs)} failures; at {tokens:,} tokens kernel "
-                    f"{rows[0]['kernel_GBps']:.1f} GB/s = {k:.2f} x copy (API call {rows[0]['api_vs_copy']:.2f} x)")
+        part.goal(
+            f"kernel bandwidth >= {BANDWIDTH_GOAL:.0%} of a device-to-device copy at 10M tokens",
+            k >= BANDWIDTH_GOAL,
+            f"{k:.2f}",
+        )
+    part.summary = (
+        f"{n} cases, {len(errs)} failures; at {tokens:,} tokens kernel "
+        f"{rows[0]['kernel_GBps']:.1f} GB/s = {k:.2f} x copy (API call {rows[0]['api_vs_copy']:.2f} x)"
+    )
 
 
 # ----------------------------------------------------------------------------- fused lm-head + loss
@@ -284,9 +320,14 @@ def _fused_inputs(ctx: Ctx, n: int, vocab: int, hidden: int):
         lp = logp_all.gather(1, sampled[:, None]).squeeze(1)
         del logp_all
     noise = lambda: torch.randn(n, generator=g, dtype=torch.float64).to(dev)  # noqa: E731
-    data = dict(old=lp + 0.1 * noise(), ref=lp + 0.2 * noise(), teacher=lp + noise(), adv=noise(),
-                weights=torch.rand(n, generator=g, dtype=torch.float64).to(dev),
-                mask=(torch.rand(n, generator=g) > 0.1).double().to(dev))  # old: ratios around 1, some clipped
+    data = dict(
+        old=lp + 0.1 * noise(),
+        ref=lp + 0.2 * noise(),
+        teacher=lp + noise(),
+        adv=noise(),
+        weights=torch.rand(n, generator=g, dtype=torch.float64).to(dev),
+        mask=(torch.rand(n, generator=g) > 0.1).double().to(dev),
+    )  # old: ratios around 1, some clipped
     return h, w, sampled, data
 
 
@@ -335,17 +376,24 @@ def part_fused(part: Part, ctx: Ctx) -> None:
     for k in ("loss", "logp", "grad_hidden", "grad_weight"):
         e_f, e_p = rel_err(fused[k], ref64[k]), rel_err(plain[k], ref64[k])
         errs[k] = dict(fused_bf16=e_f, plain_bf16=e_p)
-        part.check(f"{k}: fused bf16 error <= 2 x plain bf16 error (vs float64)", e_f <= 2 * e_p + 1e-6,
-                   f"{e_f:.2e} vs {e_p:.2e}")
+        part.check(
+            f"{k}: fused bf16 error <= 2 x plain bf16 error (vs float64)",
+            e_f <= 2 * e_p + 1e-6,
+            f"{e_f:.2e} vs {e_p:.2e}",
+        )
     part.add(tokens=n, vocab=vocab, hidden=hid, rel_errors=errs)
     speed = part.figures["reference_bf16_s"] / part.figures["fused_bf16_s"]
     mem = ""
     if ctx.cuda:
-        mem = (f"; peak {part.figures['fused_bf16_peak_allocated_GiB']:.2f} vs "
-               f"{part.figures['reference_bf16_peak_allocated_GiB']:.2f} GiB")
-    part.summary = (f"{n} tokens x V {vocab:,}: grad_weight error {errs['grad_weight']['fused_bf16']:.1e} "
-                    f"(plain bf16 {errs['grad_weight']['plain_bf16']:.1e}); fused {speed:.2f}x the full-logits "
-                    f"speed{mem}")
+        mem = (
+            f"; peak {part.figures['fused_bf16_peak_allocated_GiB']:.2f} vs "
+            f"{part.figures['reference_bf16_peak_allocated_GiB']:.2f} GiB"
+        )
+    part.summary = (
+        f"{n} tokens x V {vocab:,}: grad_weight error {errs['grad_weight']['fused_bf16']:.1e} "
+        f"(plain bf16 {errs['grad_weight']['plain_bf16']:.1e}); fused {speed:.2f}x the full-logits "
+        f"speed{mem}"
+    )
 
 
 # ----------------------------------------------------------------------------- update_step: device vs CPU
@@ -358,8 +406,16 @@ def update_on(device: str) -> tuple[dict, dict[str, torch.Tensor]]:
 
     spec = dict(tasks=2, group_size=4, max_turns=2, prompt_len=[24, 64], response_len=[4, 24], skill_len=8)
     rb = make_batch(spec, 1024)
-    cfg = load_config(["method=pcsd", "rollout.backend=hf", "optim.lr=1e-6", "optim.tokens_per_microbatch=256",
-                       "rollout.max_prompt_tokens=160", "rollout.max_response_tokens=96"])
+    cfg = load_config(
+        [
+            "method=pcsd",
+            "rollout.backend=hf",
+            "optim.lr=1e-6",
+            "optim.tokens_per_microbatch=256",
+            "rollout.max_prompt_tokens=160",
+            "rollout.max_response_tokens=96",
+        ]
+    )
     student, frozen = make_models("tiny")
     student.to(device)
     frozen.to(device)
@@ -376,10 +432,20 @@ def compare_updates(part: Part, got: tuple[dict, dict], want: tuple[dict, dict],
         a, b = s_got[k], s_want[k]
         part.check(f"{k} equal within {tol:g} (relative)", abs(a - b) <= tol * max(abs(b), 1e-6), f"{a!r} vs {b!r}")
     same = set(g_got) == set(g_want)
-    worst = max((float((g_got[k] - g).abs().max() / g.abs().max().clamp_min(1e-30)), k)
-                for k, g in g_want.items() if k in g_got) if same else (math.inf, "names differ")
-    part.check(f"every gradient equal within {tol:g} of its largest element", same and worst[0] <= tol,
-               f"worst {worst[1]}: {worst[0]:.1e}")
+    worst = (
+        max(
+            (float((g_got[k] - g).abs().max() / g.abs().max().clamp_min(1e-30)), k)
+            for k, g in g_want.items()
+            if k in g_got
+        )
+        if same
+        else (math.inf, "names differ")
+    )
+    part.check(
+        f"every gradient equal within {tol:g} of its largest element",
+        same and worst[0] <= tol,
+        f"worst {worst[1]}: {worst[0]:.1e}",
+    )
     return worst[0]
 
 
@@ -389,8 +455,9 @@ def part_update(part: Part, ctx: Ctx) -> None:
     cpu, gpu = update_on("cpu"), update_on(str(ctx.device))
     worst = compare_updates(part, gpu, cpu)
     part.add(loss_cuda=gpu[0]["loss"], loss_cpu=cpu[0]["loss"], worst_grad_rel=worst, parameters=len(cpu[1]))
-    part.summary = (f"loss {gpu[0]['loss']:.6g} vs {cpu[0]['loss']:.6g}; {len(cpu[1])} gradients, worst rel. diff "
-                    f"{worst:.1e}")
+    part.summary = (
+        f"loss {gpu[0]['loss']:.6g} vs {cpu[0]['loss']:.6g}; {len(cpu[1])} gradients, worst rel. diff {worst:.1e}"
+    )
 
 
 # ----------------------------------------------------------------------------- a paper-preset update
@@ -398,10 +465,26 @@ def paper_batch(ctx: Ctx, vocab: int):
     from pcsd.testing import synthetic_rollout_batch
 
     if ctx.small:
-        return synthetic_rollout_batch(num_groups=1, group_size=2, vocab_size=vocab, turns=(2, 3),
-                                       prompt_len=(48, 96), response_len=(8, 32), skill_len=16, seed=5), (96, 32)
-    return synthetic_rollout_batch(num_groups=2, group_size=4, vocab_size=vocab, turns=(1, 2),
-                                   prompt_len=(1536, 2048), response_len=(128, 512), skill_len=256, seed=5), (2048, 512)
+        return synthetic_rollout_batch(
+            num_groups=1,
+            group_size=2,
+            vocab_size=vocab,
+            turns=(2, 3),
+            prompt_len=(48, 96),
+            response_len=(8, 32),
+            skill_len=16,
+            seed=5,
+        ), (96, 32)
+    return synthetic_rollout_batch(
+        num_groups=2,
+        group_size=4,
+        vocab_size=vocab,
+        turns=(1, 2),
+        prompt_len=(1536, 2048),
+        response_len=(128, 512),
+        skill_len=256,
+        seed=5,
+    ), (2048, 512)
 
 
 def part_paper_update(part: Part, ctx: Ctx) -> None:
@@ -422,15 +505,22 @@ def part_paper_update(part: Part, ctx: Ctx) -> None:
     varlen = uses_varlen_attention(student)
     shape = Shape.from_config(conf, shape_name(ctx))
     tokens = sum(len(p) + len(r) for p, r in zip(rb.prompt_ids, rb.response_ids))
-    part.add(rows=rb.num_rows, tokens=tokens, response_tokens=rb.num_tokens(),
-             attention="varlen" if varlen else "padded", parameters=shape.params(), tokens_per_microbatch=cfg.optim.tokens_per_microbatch)
+    part.add(
+        rows=rb.num_rows,
+        tokens=tokens,
+        response_tokens=rb.num_tokens(),
+        attention="varlen" if varlen else "padded",
+        parameters=shape.params(),
+        tokens_per_microbatch=cfg.optim.tokens_per_microbatch,
+    )
     try:
         update_step(student, frozen, opt, rb, cfg, step=0)  # the first: AdamW allocates its state
         sides = {}
         for fused in (True, False):
             cfg.optim.fused_lm_head = fused
-            plan = predict_update(cfg, [len(p) for p in rb.prompt_ids], [len(r) for r in rb.response_ids],
-                                  shape=shape, varlen=varlen)
+            plan = predict_update(
+                cfg, [len(p) for p in rb.prompt_ids], [len(r) for r in rb.response_ids], shape=shape, varlen=varlen
+            )
             mem: dict[str, float] = {}
             ctx.sync()
             t0 = time.perf_counter()
@@ -438,18 +528,29 @@ def part_paper_update(part: Part, ctx: Ctx) -> None:
                 stats = update_step(student, frozen, opt, rb, cfg, step=1)
             secs = time.perf_counter() - t0
             name = "fused" if fused else "recompute"
-            side = dict(seconds=secs, tokens_per_s=tokens / secs, score_s=stats["score_seconds"],
-                        update_s=stats["update_seconds"], loss=stats["loss"],
-                        predicted_GiB=(plan.static_bytes + plan.update_bytes) / GiB,
-                        predicted_lines={r.item: r.size / GiB for r in plan.rows}, **mem)
-            part.check(f"{name}: finite loss and gradient norm", math.isfinite(stats["loss"]) and
-                       math.isfinite(stats["grad_norm"]), f"loss {stats['loss']!r}, grad norm {stats['grad_norm']!r}")
+            side = dict(
+                seconds=secs,
+                tokens_per_s=tokens / secs,
+                score_s=stats["score_seconds"],
+                update_s=stats["update_seconds"],
+                loss=stats["loss"],
+                predicted_GiB=(plan.static_bytes + plan.update_bytes) / GiB,
+                predicted_lines={r.item: r.size / GiB for r in plan.rows},
+                **mem,
+            )
+            part.check(
+                f"{name}: finite loss and gradient norm",
+                math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"]),
+                f"loss {stats['loss']!r}, grad norm {stats['grad_norm']!r}",
+            )
             if ctx.cuda:
                 ratio = mem["peak_allocated_GiB"] / side["predicted_GiB"]
                 side["measured_vs_predicted"] = ratio
-                part.goal(f"{name}: measured peak within {MEMORY_GOAL:.0%} of the plan's prediction",
-                          abs(ratio - 1) <= MEMORY_GOAL,
-                          f"{mem['peak_allocated_GiB']:.2f} GiB allocated vs {side['predicted_GiB']:.2f} GiB predicted")
+                part.goal(
+                    f"{name}: measured peak within {MEMORY_GOAL:.0%} of the plan's prediction",
+                    abs(ratio - 1) <= MEMORY_GOAL,
+                    f"{mem['peak_allocated_GiB']:.2f} GiB allocated vs {side['predicted_GiB']:.2f} GiB predicted",
+                )
             sides[name] = side
         part.add(**sides)
     finally:
@@ -458,10 +559,16 @@ def part_paper_update(part: Part, ctx: Ctx) -> None:
         del opt, frozen
         _free()
     f, r = sides["fused"], sides["recompute"]
-    part.summary = (f"{tokens:,} tokens: fused {f['seconds']:.2f} s ({f['tokens_per_s']:,.0f} tok/s), recompute "
-                    f"{r['seconds']:.2f} s" + (f"; peak {f['peak_allocated_GiB']:.1f} GiB vs plan "
-                                               f"{f['predicted_GiB']:.1f} GiB ({f['measured_vs_predicted']:.2f}x)"
-                                               if ctx.cuda else "; memory measured on CUDA only"))
+    part.summary = (
+        f"{tokens:,} tokens: fused {f['seconds']:.2f} s ({f['tokens_per_s']:,.0f} tok/s), recompute "
+        f"{r['seconds']:.2f} s"
+        + (
+            f"; peak {f['peak_allocated_GiB']:.1f} GiB vs plan "
+            f"{f['predicted_GiB']:.1f} GiB ({f['measured_vs_predicted']:.2f}x)"
+            if ctx.cuda
+            else "; memory measured on CUDA only"
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- hf generation
@@ -481,7 +588,7 @@ def rescore(model, prompts, samples, autocast: bool) -> torch.Tensor:
 
     ps = [p for p, o in zip(prompts, samples) for s in o if s.token_ids]
     rs = [s.token_ids for o in samples for s in o if s.token_ids]
-    with torch.no_grad(), (compute_context(model) if autocast else contextlib.nullcontext()):
+    with torch.no_grad(), compute_context(model) if autocast else contextlib.nullcontext():
         return torch.cat(score_packed(model, ps, rs, max_tokens_per_pass=16384)).double().cpu()
 
 
@@ -509,22 +616,42 @@ def part_hf_generation(part: Part, ctx: Ctx) -> None:
     fp32 = rescore(student, prompts, out, autocast=False)
     gap = float((behaviour - bf16).abs().mean())
     noise = float((bf16 - fp32).abs().mean())
-    part.check("behaviour log-probs = the trainer's rescoring (mean |diff| <= 2 x bf16's own + 0.02)",
-               gap <= 2 * noise + 0.02, f"{gap:.4f} vs bf16-vs-fp32 {noise:.4f} nats")
+    part.check(
+        "behaviour log-probs = the trainer's rescoring (mean |diff| <= 2 x bf16's own + 0.02)",
+        gap <= 2 * noise + 0.02,
+        f"{gap:.4f} vs bf16-vs-fp32 {noise:.4f} nats",
+    )
     part.check("every sample has its log-probs", behaviour.numel() == gen_tokens == bf16.numel())
-    part.add(sequences=n, prompt_tokens=sum(map(len, prompts)), generated_tokens=gen_tokens, seconds=secs,
-             tokens_per_s=gen_tokens / secs, mean_abs_logprob_diff=gap, max_abs_logprob_diff=float(
-                 (behaviour - bf16).abs().max()), bf16_vs_fp32_mean_abs=noise, **mem)
+    part.add(
+        sequences=n,
+        prompt_tokens=sum(map(len, prompts)),
+        generated_tokens=gen_tokens,
+        seconds=secs,
+        tokens_per_s=gen_tokens / secs,
+        mean_abs_logprob_diff=gap,
+        max_abs_logprob_diff=float((behaviour - bf16).abs().max()),
+        bf16_vs_fp32_mean_abs=noise,
+        **mem,
+    )
     if ctx.cuda:
         shape = Shape.from_config(conf, shape_name(ctx))
         _, gen, how = hf_generation_bytes(shape, cfg, 1)
         P = shape.params()
         predicted = P * 4 + P * 2 + gen  # fp32 weights + autocast's casts + KV, prefill and logits
-        part.add(predicted_GiB=predicted / GiB, predicted_how=how,
-                 measured_vs_predicted=mem["peak_allocated_GiB"] * GiB / predicted)
-    part.summary = (f"{n} x {new} tokens: {gen_tokens / secs:,.0f} tok/s; |behaviour - rescoring| {gap:.4f} nats "
-                    f"(bf16 noise {noise:.4f})" + (f"; peak {mem['peak_allocated_GiB']:.1f} GiB vs plan "
-                                                   f"{part.figures['predicted_GiB']:.1f}" if ctx.cuda else ""))
+        part.add(
+            predicted_GiB=predicted / GiB,
+            predicted_how=how,
+            measured_vs_predicted=mem["peak_allocated_GiB"] * GiB / predicted,
+        )
+    part.summary = (
+        f"{n} x {new} tokens: {gen_tokens / secs:,.0f} tok/s; |behaviour - rescoring| {gap:.4f} nats "
+        f"(bf16 noise {noise:.4f})"
+        + (
+            f"; peak {mem['peak_allocated_GiB']:.1f} GiB vs plan {part.figures['predicted_GiB']:.1f}"
+            if ctx.cuda
+            else ""
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- vLLM
@@ -546,8 +673,11 @@ def _greedy_equal(part: Part, what: str, hf_model, prompts, a, b) -> bool:
             lp = torch.log_softmax(hf_model(input_ids=ids).logits[0, -1].float(), -1)
         worst = max(worst, abs(float(lp[tx[j]] - lp[ty[j]])))
     same = sum(x[0].token_ids == y[0].token_ids for x, y in zip(a, b))
-    return part.check(f"{what}: greedy outputs equal (or part at a near tie, <= {TIE_NATS} nats)",
-                      worst <= TIE_NATS, f"{same} of {len(prompts)} identical; widest tie at a parting {worst:.3f}")
+    return part.check(
+        f"{what}: greedy outputs equal (or part at a near tie, <= {TIE_NATS} nats)",
+        worst <= TIE_NATS,
+        f"{same} of {len(prompts)} identical; widest tie at a parting {worst:.3f}",
+    )
 
 
 def _device_used() -> int:
@@ -559,8 +689,8 @@ def part_vllm(part: Part, ctx: Ctx) -> None:
     if importlib.util.find_spec("vllm") is None:
         raise Skip("vLLM is not installed here")
     from pcsd.rollout.backends import make_backend
-    from pcsd.train.plan import VLLM_CUDA_GRAPH_BYTES, GiB
     from pcsd.train.distributed import iter_weights, single_process
+    from pcsd.train.plan import VLLM_CUDA_GRAPH_BYTES, GiB
     from pcsd.train.precision import export_model, frozen_copy
 
     conf = shape_conf(ctx)
@@ -604,8 +734,10 @@ def part_vllm(part: Part, ctx: Ctx) -> None:
             eng.load_weights(iter_weights(student, single_process(student.device), getattr(torch, dtype), 512 << 20))
             part.add(sync_s=time.perf_counter() - t0)
             after = eng.generate(prompts, **greedy)
-            part.check("the sync changed the engine's output", [o[0].token_ids for o in after] !=
-                       [o[0].token_ids for o in first])
+            part.check(
+                "the sync changed the engine's output",
+                [o[0].token_ids for o in after] != [o[0].token_ids for o in first],
+            )
             ref_model, ref = hf_greedy()
             _greedy_equal(part, "after the sync", ref_model, prompts, after, ref)
             del ref_model
@@ -620,10 +752,11 @@ def part_vllm(part: Part, ctx: Ctx) -> None:
             _free()
     ctx.cache.pop("student", None)  # its weights were changed for the sync
     kept = part.figures.get("asleep_kept_GiB")
-    part.summary = (f"{n} prompts x {new} greedy tokens: {part.figures['tokens_per_s']:,.0f} tok/s, sync "
-                    f"{part.figures['sync_s']:.2f} s, engine start {part.figures['engine_start_s']:.0f} s"
-                    + (f"; asleep it keeps {kept:.2f} GiB (plan: {VLLM_CUDA_GRAPH_BYTES / GiB:.0f})"
-                       if kept is not None else ""))
+    part.summary = (
+        f"{n} prompts x {new} greedy tokens: {part.figures['tokens_per_s']:,.0f} tok/s, sync "
+        f"{part.figures['sync_s']:.2f} s, engine start {part.figures['engine_start_s']:.0f} s"
+        + (f"; asleep it keeps {kept:.2f} GiB (plan: {VLLM_CUDA_GRAPH_BYTES / GiB:.0f})" if kept is not None else "")
+    )
 
 
 # ----------------------------------------------------------------------------- CUDA-only tests
@@ -636,8 +769,19 @@ def part_cuda_tests(part: Part, ctx: Ctx) -> None:
     _free()
     log = ctx.out / "cuda-tests.log"
     # -P: import the installed pcsd, not the source tree of the current folder
-    cmd = [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "cuda", "-rs",
-           str(ctx.root / "tests")]
+    cmd = [
+        sys.executable,
+        "-P",
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-m",
+        "cuda",
+        "-rs",
+        str(ctx.root / "tests"),
+    ]
     res = subprocess.run(cmd, cwd=ctx.root, capture_output=True, text=True, timeout=300)
     log.write_text(res.stdout + res.stderr)
     last = (res.stdout.strip().splitlines() or [""])[-1]
@@ -651,8 +795,13 @@ def part_cuda_tests(part: Part, ctx: Ctx) -> None:
 
 
 PARTS: dict[str, Callable[[Part, Ctx], None]] = {
-    "op": part_op, "fused": part_fused, "update": part_update, "paper_update": part_paper_update,
-    "hf_generation": part_hf_generation, "vllm": part_vllm, "cuda_tests": part_cuda_tests,
+    "op": part_op,
+    "fused": part_fused,
+    "update": part_update,
+    "paper_update": part_paper_update,
+    "hf_generation": part_hf_generation,
+    "vllm": part_vllm,
+    "cuda_tests": part_cuda_tests,
 }
 
 
@@ -681,12 +830,17 @@ def run_part(name: str, ctx: Ctx) -> Part:
 # ----------------------------------------------------------------------------- output
 def markdown(payload: dict) -> str:
     m = payload["machine"]
-    where = (f"{m.get('gpu')} ({m.get('gpu_memory_GiB')} GiB, driver {m.get('driver')}), " if m.get("gpu") else "")
-    lines = [f"# python -m pcsd.bench gpu --device {payload['device']}{' --small' if payload['small'] else ''}", "",
-             f"{where}torch {m['torch']} (CUDA {m['cuda']}), transformers {m.get('transformers')}, "
-             f"vLLM {m.get('vllm') or 'not installed'}, flash-attn {m.get('flash_attn') or 'not installed'}; "
-             f"{m['line']}", "",
-             "| part | status | seconds | result |", "| --- | --- | ---: | --- |"]
+    where = f"{m.get('gpu')} ({m.get('gpu_memory_GiB')} GiB, driver {m.get('driver')}), " if m.get("gpu") else ""
+    lines = [
+        f"# python -m pcsd.bench gpu --device {payload['device']}{' --small' if payload['small'] else ''}",
+        "",
+        f"{where}torch {m['torch']} (CUDA {m['cuda']}), transformers {m.get('transformers')}, "
+        f"vLLM {m.get('vllm') or 'not installed'}, flash-attn {m.get('flash_attn') or 'not installed'}; "
+        f"{m['line']}",
+        "",
+        "| part | status | seconds | result |",
+        "| --- | --- | ---: | --- |",
+    ]
     for p in payload["parts"]:
         text = p["summary"] if p["status"] == "pass" else (p["reason"] or p["summary"])
         missed = [g["what"] + f" ({g['detail']})" for g in p["goals"] if not g["met"]]
@@ -694,8 +848,11 @@ def markdown(payload: dict) -> str:
             text += "; goal missed: " + "; ".join(missed)
         lines.append(f"| {p['name']} | {p['status']} | {p['seconds']:.1f} | {text.replace('|', '/')} |")
     s = payload["summary"]
-    lines += ["", f"{s['pass']} passed, {s['fail']} failed, {s['skipped']} skipped in {payload['seconds']:.0f} s"
-              + (f"; not run (yet): {', '.join(payload['pending'])}" if payload["pending"] else "")]
+    lines += [
+        "",
+        f"{s['pass']} passed, {s['fail']} failed, {s['skipped']} skipped in {payload['seconds']:.0f} s"
+        + (f"; not run (yet): {', '.join(payload['pending'])}" if payload["pending"] else ""),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -703,8 +860,9 @@ def resolve_device(name: Optional[str]) -> torch.device:
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("error: --device cuda: no CUDA device here (torch.cuda.is_available() is False); "
-                         "use --device cpu")
+        raise SystemExit(
+            "error: --device cuda: no CUDA device here (torch.cuda.is_available() is False); use --device cpu"
+        )
     return torch.device(name)
 
 
@@ -721,8 +879,11 @@ def repo_root() -> Optional[Path]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available, else cpu")
-    p.add_argument("--small", action="store_true",
-                   help="small shapes (--quick and --tiny mean the same): with --device cpu < 2 min, for CI")
+    p.add_argument(
+        "--small",
+        action="store_true",
+        help="small shapes (--quick and --tiny mean the same): with --device cpu < 2 min, for CI",
+    )
     p.add_argument("--parts", nargs="+", choices=list(PARTS), help="run only these parts (default: all, in order)")
 
 
@@ -730,9 +891,17 @@ def write(ctx: Ctx, info: dict, parts: list[Part], args: argparse.Namespace, t0:
     """``gpu.json`` and ``gpu.md`` as they stand (written after every part: a run stopped by a
     time limit keeps what it measured; ``pending`` names the parts not run yet)."""
     summary = {k: sum(p.status == k for p in parts) for k in ("pass", "fail", "skipped")}
-    payload = dict(benchmark="gpu", device=ctx.device.type, small=ctx.small, seconds=time.perf_counter() - t0,
-                   machine=info, summary=summary, parts=[vars(p) for p in parts], pending=todo,
-                   args={k: v for k, v in vars(args).items() if k != "func"})
+    payload = dict(
+        benchmark="gpu",
+        device=ctx.device.type,
+        small=ctx.small,
+        seconds=time.perf_counter() - t0,
+        machine=info,
+        summary=summary,
+        parts=[vars(p) for p in parts],
+        pending=todo,
+        args={k: v for k, v in vars(args).items() if k != "func"},
+    )
     (ctx.out / "gpu.json").write_text(json.dumps(payload, indent=2, default=str))
     (ctx.out / "gpu.md").write_text(markdown(payload))
     return payload
@@ -756,7 +925,7 @@ def run(args: argparse.Namespace) -> dict:
         parts.append(part)
         said = part.summary if part.status == "pass" else part.reason
         print(f"[gpu] {name}: {part.status} in {part.seconds:.1f} s: {said}", flush=True)
-        write(ctx, info, parts, args, t0, names[i + 1:])
+        write(ctx, info, parts, args, t0, names[i + 1 :])
     ctx.cache.clear()
     _free()
     payload = write(ctx, info, parts, args, t0, [])

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from pcsd.bench.common import FULL_VOCAB, bar, emit, measure, pos_int, rel_spread
+from pcsd.bench.common import FULL_VOCAB, emit, measure, pos_int, rel_spread
 
 
 def _logprob_inputs(tokens: int, hidden: int, vocab: int, device: str, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(tokens, hidden, generator=g).to(device)
-    w = (torch.randn(vocab, hidden, generator=g) * hidden ** -0.5).to(device)
+    w = (torch.randn(vocab, hidden, generator=g) * hidden**-0.5).to(device)
     t = torch.randint(0, vocab, (tokens,), generator=g).to(device)
     return h, w, t
 
@@ -44,13 +44,13 @@ def _logprob_fn(side: str, h, w, t, backward: bool):
         if backward:
             loss.backward()
         return out
+
     return fn
 
 
 def logprobs_peak_worker(side: str, tokens: int, hidden: int, vocab: int, backward: bool) -> dict:
     """Run in a fresh process: peak RSS growth of one call over the inputs already allocated."""
     import resource
-
     import threading
 
     page = os.sysconf("SC_PAGE_SIZE")
@@ -81,8 +81,10 @@ def logprobs_peak_worker(side: str, tokens: int, hidden: int, vocab: int, backwa
 
 
 def _peak_subprocess(side, tokens, hidden, vocab, backward) -> float:
-    code = ("import json,sys; from pcsd.bench.logprobs import logprobs_peak_worker as f; "
-            f"print(json.dumps(f({side!r}, {tokens}, {hidden}, {vocab}, {backward})))")
+    code = (
+        "import json,sys; from pcsd.bench.logprobs import logprobs_peak_worker as f; "
+        f"print(json.dumps(f({side!r}, {tokens}, {hidden}, {vocab}, {backward})))"
+    )
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)))
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -118,34 +120,82 @@ def cmd_logprobs(args) -> dict:
                 res[side] = (m, extra)
             (mc, xc), (mn, xn), (mf, xf) = res["chunked"], res["naive"], res["fused"]
             full = n * args.vocab * 4  # bytes of the float32 [N, V] logits
-            rows.append(dict(tokens=n, hidden=args.hidden, vocab=args.vocab, pass_="fwd+bwd" if backward else "fwd",
-                             fused_ms=mf["median_s"] * 1e3, fused_spread_rel=rel_spread(mf),
-                             time_fused_vs_naive=mf["median_s"] / mn["median_s"],
-                             time_fused_vs_chunked=mf["median_s"] / mc["median_s"],
-                             fused_peak_KB_per_token=xf / n / 1024, fused_peak_vs_full_logits=xf / full,
-                             chunked_peak_vs_full_logits=xc / full,
-                             chunked_ms=mc["median_s"] * 1e3, chunked_spread_rel=rel_spread(mc),
-                             naive_ms=mn["median_s"] * 1e3, naive_spread_rel=rel_spread(mn),
-                             time_chunked_vs_naive=mc["median_s"] / mn["median_s"],
-                             chunked_us_per_token=mc["median_s"] / n * 1e6, naive_us_per_token=mn["median_s"] / n * 1e6,
-                             chunked_peak_KB_per_token=xc / n / 1024, naive_peak_KB_per_token=xn / n / 1024,
-                             memory_naive_vs_chunked=xn / xc if xc > 0 else float("nan"), max_abs_err=err))
+            rows.append(
+                dict(
+                    tokens=n,
+                    hidden=args.hidden,
+                    vocab=args.vocab,
+                    pass_="fwd+bwd" if backward else "fwd",
+                    fused_ms=mf["median_s"] * 1e3,
+                    fused_spread_rel=rel_spread(mf),
+                    time_fused_vs_naive=mf["median_s"] / mn["median_s"],
+                    time_fused_vs_chunked=mf["median_s"] / mc["median_s"],
+                    fused_peak_KB_per_token=xf / n / 1024,
+                    fused_peak_vs_full_logits=xf / full,
+                    chunked_peak_vs_full_logits=xc / full,
+                    chunked_ms=mc["median_s"] * 1e3,
+                    chunked_spread_rel=rel_spread(mc),
+                    naive_ms=mn["median_s"] * 1e3,
+                    naive_spread_rel=rel_spread(mn),
+                    time_chunked_vs_naive=mc["median_s"] / mn["median_s"],
+                    chunked_us_per_token=mc["median_s"] / n * 1e6,
+                    naive_us_per_token=mn["median_s"] / n * 1e6,
+                    chunked_peak_KB_per_token=xc / n / 1024,
+                    naive_peak_KB_per_token=xn / n / 1024,
+                    memory_naive_vs_chunked=xn / xc if xc > 0 else float("nan"),
+                    max_abs_err=err,
+                )
+            )
     for n in args.memory_tokens or []:  # peak memory only, at sizes where full logits would not fit
         for side in ("fused", "chunked"):
             x = _peak_subprocess(side, n, args.hidden, args.vocab, True)
-            rows.append(dict(tokens=n, hidden=args.hidden, vocab=args.vocab, pass_=f"fwd+bwd {side} memory only",
-                             **{f"{side}_peak_KB_per_token": x / n / 1024,
-                                f"{side}_peak_vs_full_logits": x / (n * args.vocab * 4)}))
-    notes.append("peak = " + ("torch.cuda.max_memory_allocated over the inputs" if device == "cuda" else
-                              "RSS growth over the allocated inputs (polled /proc/self/statm and ru_maxrss), in a fresh subprocess per side") +
-                 f"; device {device}; chunk defaults token_chunk=1024, vocab_chunk=16384 (chunked), "
-                 "tiles of 2^24 floats (fused); fwd+bwd: gradients of the hidden states and the lm-head weight; "
-                 "*_peak_vs_full_logits: peak over the float32 [N, V] logits' size")
-    cols = ["tokens", "hidden", "vocab", "pass_", "fused_ms", "fused_spread_rel", "time_fused_vs_naive",
-            "time_fused_vs_chunked", "fused_peak_KB_per_token", "fused_peak_vs_full_logits",
-            "chunked_peak_vs_full_logits", "chunked_ms", "chunked_spread_rel", "naive_ms", "naive_spread_rel",
-            "time_chunked_vs_naive", "chunked_us_per_token", "naive_us_per_token", "chunked_peak_KB_per_token",
-            "naive_peak_KB_per_token", "memory_naive_vs_chunked", "max_abs_err"]
+            rows.append(
+                dict(
+                    tokens=n,
+                    hidden=args.hidden,
+                    vocab=args.vocab,
+                    pass_=f"fwd+bwd {side} memory only",
+                    **{
+                        f"{side}_peak_KB_per_token": x / n / 1024,
+                        f"{side}_peak_vs_full_logits": x / (n * args.vocab * 4),
+                    },
+                )
+            )
+    notes.append(
+        "peak = "
+        + (
+            "torch.cuda.max_memory_allocated over the inputs"
+            if device == "cuda"
+            else "RSS growth over the allocated inputs (polled /proc/self/statm and ru_maxrss), in a fresh subprocess per side"
+        )
+        + f"; device {device}; chunk defaults token_chunk=1024, vocab_chunk=16384 (chunked), "
+        "tiles of 2^24 floats (fused); fwd+bwd: gradients of the hidden states and the lm-head weight; "
+        "*_peak_vs_full_logits: peak over the float32 [N, V] logits' size"
+    )
+    cols = [
+        "tokens",
+        "hidden",
+        "vocab",
+        "pass_",
+        "fused_ms",
+        "fused_spread_rel",
+        "time_fused_vs_naive",
+        "time_fused_vs_chunked",
+        "fused_peak_KB_per_token",
+        "fused_peak_vs_full_logits",
+        "chunked_peak_vs_full_logits",
+        "chunked_ms",
+        "chunked_spread_rel",
+        "naive_ms",
+        "naive_spread_rel",
+        "time_chunked_vs_naive",
+        "chunked_us_per_token",
+        "naive_us_per_token",
+        "chunked_peak_KB_per_token",
+        "naive_peak_KB_per_token",
+        "memory_naive_vs_chunked",
+        "max_abs_err",
+    ]
 
     def plot(ax, rows):
         labels = [f"{r['tokens']} {r['pass_']}" for r in rows]
@@ -158,23 +208,39 @@ def cmd_logprobs(args) -> dict:
         ax.set_ylabel("peak KB / token")
         ax.legend()
 
-    return emit("logprobs", "Selective log-probs: chunked vs naive (full vocabulary)", rows, cols, Path(args.out),
-                args, notes, plot)
+    return emit(
+        "logprobs",
+        "Selective log-probs: chunked vs naive (full vocabulary)",
+        rows,
+        cols,
+        Path(args.out),
+        args,
+        notes,
+        plot,
+    )
 
 
 NAME = "logprobs"
 HELP = "fused lm-head + loss, chunked and naive selective log-probs, full vocabulary"
 #: sizes: (full, --quick, --tiny); --tiny is for the tests (seconds)
-DEFAULTS: dict[str, tuple] = dict(tokens=([512, 2048], [256, 1024], [16]), hidden=(64, 64, 32), repeats=(5, 3, 2),
-                                  memory_tokens=([8192], [8192], [32]))
+DEFAULTS: dict[str, tuple] = dict(
+    tokens=([512, 2048], [256, 1024], [16]),
+    hidden=(64, 64, 32),
+    repeats=(5, 3, 2),
+    memory_tokens=([8192], [8192], [32]),
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=pos_int, nargs="+")
     p.add_argument("--hidden", type=pos_int)
     p.add_argument("--vocab", type=pos_int, default=FULL_VOCAB)
-    p.add_argument("--memory-tokens", type=pos_int, nargs="*",
-                   help="token counts with only the fused and chunked peak memory measured (fwd+bwd)")
+    p.add_argument(
+        "--memory-tokens",
+        type=pos_int,
+        nargs="*",
+        help="token counts with only the fused and chunked peak memory measured (fwd+bwd)",
+    )
 
 
 run = cmd_logprobs

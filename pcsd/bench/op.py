@@ -30,8 +30,9 @@ def make_segments(total: int, device: str = "cpu", seed: int = 0):
     return gap.to(device), cu.to(device), mask.to(device)
 
 
-def bench_op(tokens: Sequence[int], threads: Sequence[int], repeats: int, compile_ref: bool,
-             device: str = "cpu") -> tuple[list[dict], list[str]]:
+def bench_op(
+    tokens: Sequence[int], threads: Sequence[int], repeats: int, compile_ref: bool, device: str = "cpu"
+) -> tuple[list[dict], list[str]]:
     from pcsd.ops.kernels import kernel_for, pcsd_weights
     from pcsd.ops.reference import pcsd_weights_reference
 
@@ -61,17 +62,29 @@ def bench_op(tokens: Sequence[int], threads: Sequence[int], repeats: int, compil
             m_nat = measure(lambda: pcsd_weights(gap, cu, mask, out=out), repeats, sync=sync)
             m_ref = measure(lambda: pcsd_weights_reference(gap, cu, mask), repeats, sync=sync)
             m_cp = measure(lambda: dst.copy_(src), repeats, sync=sync)
-            row = dict(device=device, kernel=kernel_for(gap.device), tokens=total, threads=nt,
-                       native_ms=m_nat["median_s"] * 1e3, native_spread_ms=m_nat["spread_s"] * 1e3,
-                       eager_ms=m_ref["median_s"] * 1e3, eager_spread_ms=m_ref["spread_s"] * 1e3,
-                       copy_ms=m_cp["median_s"] * 1e3,
-                       speedup_vs_eager=m_ref["median_s"] / m_nat["median_s"],
-                       native_GBps=nbytes / m_nat["median_s"] / 1e9, copy_GBps=nbytes / m_cp["median_s"] / 1e9,
-                       bandwidth_vs_copy=m_cp["median_s"] / m_nat["median_s"], max_abs_err_vs_ref=max_err)
+            row = dict(
+                device=device,
+                kernel=kernel_for(gap.device),
+                tokens=total,
+                threads=nt,
+                native_ms=m_nat["median_s"] * 1e3,
+                native_spread_ms=m_nat["spread_s"] * 1e3,
+                eager_ms=m_ref["median_s"] * 1e3,
+                eager_spread_ms=m_ref["spread_s"] * 1e3,
+                copy_ms=m_cp["median_s"] * 1e3,
+                speedup_vs_eager=m_ref["median_s"] / m_nat["median_s"],
+                native_GBps=nbytes / m_nat["median_s"] / 1e9,
+                copy_GBps=nbytes / m_cp["median_s"] / 1e9,
+                bandwidth_vs_copy=m_cp["median_s"] / m_nat["median_s"],
+                max_abs_err_vs_ref=max_err,
+            )
             if compiled is not None:
                 m_c = measure(lambda: compiled(gap, cu, mask), repeats, sync=sync)
-                row.update(compiled_ms=m_c["median_s"] * 1e3, compiled_spread_ms=m_c["spread_s"] * 1e3,
-                           speedup_vs_compiled=m_c["median_s"] / m_nat["median_s"])
+                row.update(
+                    compiled_ms=m_c["median_s"] * 1e3,
+                    compiled_spread_ms=m_c["spread_s"] * 1e3,
+                    speedup_vs_compiled=m_c["median_s"] / m_nat["median_s"],
+                )
             rows.append(row)
     torch.set_num_threads(os.cpu_count() or 1)
     return rows, notes
@@ -84,9 +97,23 @@ def cmd_op(args) -> dict:
         r2, n2 = bench_op(args.tokens, [torch.get_num_threads()], args.repeats, not args.no_compile, "cuda")
         rows += r2
         notes += n2
-    cols = ["device", "kernel", "tokens", "threads", "native_ms", "native_spread_ms", "eager_ms", "eager_spread_ms",
-            "compiled_ms", "speedup_vs_eager", "speedup_vs_compiled", "native_GBps", "copy_GBps",
-            "bandwidth_vs_copy", "max_abs_err_vs_ref"]
+    cols = [
+        "device",
+        "kernel",
+        "tokens",
+        "threads",
+        "native_ms",
+        "native_spread_ms",
+        "eager_ms",
+        "eager_spread_ms",
+        "compiled_ms",
+        "speedup_vs_eager",
+        "speedup_vs_compiled",
+        "native_GBps",
+        "copy_GBps",
+        "bandwidth_vs_copy",
+        "max_abs_err_vs_ref",
+    ]
 
     def plot(ax, rows):
         labels = [f"{r['device']} {r['tokens']:,}t {r['threads']}thr" for r in rows]
@@ -96,8 +123,16 @@ def cmd_op(args) -> dict:
         ax.legend()
         ax.tick_params(axis="x", labelsize=7, rotation=30)
 
-    return emit("op", "PCSD weights op: native kernel vs eager / torch.compile reference", rows, cols,
-                Path(args.out), args, notes, plot)
+    return emit(
+        "op",
+        "PCSD weights op: native kernel vs eager / torch.compile reference",
+        rows,
+        cols,
+        Path(args.out),
+        args,
+        notes,
+        plot,
+    )
 
 
 NAME = "op"

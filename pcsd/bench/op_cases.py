@@ -28,8 +28,21 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-__all__ = ["Params", "Batch", "PARAM_SETS", "make_batch", "unmasked", "run_cpu", "run_cuda", "run_reference",
-           "compare", "cases", "api_accepts", "correctness", "bandwidth"]
+__all__ = [
+    "Params",
+    "Batch",
+    "PARAM_SETS",
+    "make_batch",
+    "unmasked",
+    "run_cpu",
+    "run_cuda",
+    "run_reference",
+    "compare",
+    "cases",
+    "api_accepts",
+    "correctness",
+    "bandwidth",
+]
 
 
 def _c():
@@ -53,15 +66,26 @@ class Params:
     trend: bool = True
 
     def args(self) -> tuple:
-        return (self.n_min, self.n_max, self.alpha, self.tau_low, self.tau_high, self.gamma,
-                self.beta_gate, self.eps_slope, self.eps_scale, self.adaptive, self.trend)
+        return (
+            self.n_min,
+            self.n_max,
+            self.alpha,
+            self.tau_low,
+            self.tau_high,
+            self.gamma,
+            self.beta_gate,
+            self.eps_slope,
+            self.eps_scale,
+            self.adaptive,
+            self.trend,
+        )
 
 
 @dataclass
 class Batch:
-    gap: np.ndarray        # float32 [T]
-    mask: np.ndarray       # uint8 [T]
-    cu: np.ndarray         # int64 [S + 1]
+    gap: np.ndarray  # float32 [T]
+    mask: np.ndarray  # uint8 [T]
+    cu: np.ndarray  # int64 [S + 1]
     seg_mag: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per token: max |g| valid
     clean: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # gap before garbage
 
@@ -86,11 +110,11 @@ def make_batch(rng: np.random.Generator, lengths: list[int], hole_rate: float = 
             pos = 0
             while pos < n:
                 run = int(rng.integers(1, 40))
-                x[pos:pos + run] = rng.normal(0.0, mag) if rng.random() < 0.5 else x[pos]
+                x[pos : pos + run] = rng.normal(0.0, mag) if rng.random() < 0.5 else x[pos]
                 pos += run
         elif kind == 3:  # smooth trend (negative slopes hit eta)
             x = mag * (np.linspace(1.0, -1.0, n) + 0.1 * rng.normal(size=n))
-        gap[a:a + n] = x.astype(np.float32)
+        gap[a : a + n] = x.astype(np.float32)
         m = np.ones(n, dtype=np.uint8)
         if rng.random() < 0.05:
             m[:] = 0  # fully masked segment
@@ -99,10 +123,10 @@ def make_batch(rng: np.random.Generator, lengths: list[int], hole_rate: float = 
             while pos < n:  # masked holes of random length
                 if rng.random() < hole_rate:
                     h = int(rng.integers(1, 12))
-                    m[pos:pos + h] = 0
+                    m[pos : pos + h] = 0
                     pos += h
                 pos += int(rng.integers(1, 30))
-        mask[a:a + n] = m
+        mask[a : a + n] = m
     clean = gap.copy()
     # Garbage at masked positions: the kernels must never read it into a sum.
     bad = np.flatnonzero(mask == 0)
@@ -135,9 +159,19 @@ def run_cpu(b: Batch, p: Params, use_mask: bool = True) -> dict[str, np.ndarray]
     mask = torch.from_numpy(b.mask.copy())
     out = {k: torch.empty(T, dtype=torch.float32) for k in ("w", "ad", "r", "slope", "eta")}
     status, where = _c().pcsd_weights_cpu(
-        gap.data_ptr(), cu.data_ptr(), b.cu.size - 1, T, mask.data_ptr() if use_mask else 0,
-        *p.args(), out["w"].data_ptr(), out["ad"].data_ptr(), out["r"].data_ptr(),
-        out["slope"].data_ptr(), out["eta"].data_ptr(), 0)
+        gap.data_ptr(),
+        cu.data_ptr(),
+        b.cu.size - 1,
+        T,
+        mask.data_ptr() if use_mask else 0,
+        *p.args(),
+        out["w"].data_ptr(),
+        out["ad"].data_ptr(),
+        out["r"].data_ptr(),
+        out["slope"].data_ptr(),
+        out["eta"].data_ptr(),
+        0,
+    )
     if status != 0:
         raise RuntimeError(f"CPU kernel status {status} at {where}")
     return {k: v.numpy() for k, v in out.items()}
@@ -147,35 +181,44 @@ GUARD = 64
 SENTINEL = 12345.0
 
 
-def run_cuda(b: Batch, p: Params, use_mask: bool = True, stats: bool = True,
-             offset: int = 0) -> dict[str, np.ndarray]:
+def run_cuda(b: Batch, p: Params, use_mask: bool = True, stats: bool = True, offset: int = 0) -> dict[str, np.ndarray]:
     """offset > 0 places every buffer at a non-16-byte-aligned address (scalar code paths)."""
     T = b.gap.size
     dev = torch.device("cuda")
     gbuf = torch.zeros(T + offset + 1, dtype=torch.float32, device=dev)
-    gbuf[offset:offset + T] = torch.from_numpy(b.gap).to(dev)
+    gbuf[offset : offset + T] = torch.from_numpy(b.gap).to(dev)
     mbuf = torch.zeros(T + offset + 1, dtype=torch.uint8, device=dev)
-    mbuf[offset:offset + T] = torch.from_numpy(b.mask).to(dev)
+    mbuf[offset : offset + T] = torch.from_numpy(b.mask).to(dev)
     cu = torch.from_numpy(b.cu).to(dev)
-    outs = {k: torch.full((T + offset + GUARD,), SENTINEL, dtype=torch.float32, device=dev)
-            for k in ("w", "ad", "r", "slope", "eta")}
+    outs = {
+        k: torch.full((T + offset + GUARD,), SENTINEL, dtype=torch.float32, device=dev)
+        for k in ("w", "ad", "r", "slope", "eta")
+    }
 
     def ptr(t: torch.Tensor, elem: int) -> int:
         return t.data_ptr() + offset * elem
 
     stat_ptrs = [ptr(outs[k], 4) if stats else 0 for k in ("ad", "r", "slope", "eta")]
     _c().pcsd_weights_cuda(
-        ptr(gbuf, 4), cu.data_ptr(), b.cu.size - 1, T, ptr(mbuf, 1) if use_mask else 0, *p.args(),
-        ptr(outs["w"], 4), *stat_ptrs, torch.cuda.current_stream().cuda_stream)
+        ptr(gbuf, 4),
+        cu.data_ptr(),
+        b.cu.size - 1,
+        T,
+        ptr(mbuf, 1) if use_mask else 0,
+        *p.args(),
+        ptr(outs["w"], 4),
+        *stat_ptrs,
+        torch.cuda.current_stream().cuda_stream,
+    )
     torch.cuda.synchronize()
     res = {}
     for k, t in outs.items():
         h = t.cpu().numpy()
-        if not (h[:offset] == SENTINEL).all() or not (h[offset + T:] == SENTINEL).all():
+        if not (h[:offset] == SENTINEL).all() or not (h[offset + T :] == SENTINEL).all():
             raise AssertionError(f"{k}: the CUDA kernel wrote outside [0, T)")
         if not stats and k != "w" and not (h == SENTINEL).all():
             raise AssertionError(f"{k}: written although its pointer was null")
-        res[k] = h[offset:offset + T]
+        res[k] = h[offset : offset + T]
     return res
 
 
@@ -185,10 +228,22 @@ def run_reference(b: Batch, p: Params, use_mask: bool = True) -> dict[str, np.nd
 
     gap = torch.from_numpy(b.gap.astype(np.float64))
     mask = torch.from_numpy(b.mask != 0) if use_mask else None
-    st = pcsd_weights_reference(gap, torch.from_numpy(b.cu.copy()), mask, n_min=p.n_min, n_max=p.n_max,
-                                alpha=p.alpha, tau_low=p.tau_low, tau_high=p.tau_high, gamma=p.gamma,
-                                beta_gate=p.beta_gate, eps_slope=p.eps_slope, eps_scale=p.eps_scale,
-                                adaptive=p.adaptive, trend=p.trend)
+    st = pcsd_weights_reference(
+        gap,
+        torch.from_numpy(b.cu.copy()),
+        mask,
+        n_min=p.n_min,
+        n_max=p.n_max,
+        alpha=p.alpha,
+        tau_low=p.tau_low,
+        tau_high=p.tau_high,
+        gamma=p.gamma,
+        beta_gate=p.beta_gate,
+        eps_slope=p.eps_slope,
+        eps_scale=p.eps_scale,
+        adaptive=p.adaptive,
+        trend=p.trend,
+    )
     return {k: v.numpy() for k, v in zip(("w", "ad", "r", "slope", "eta"), st)}
 
 
@@ -205,8 +260,9 @@ def segment_scale(b: Batch, use_mask: bool, eps: float) -> np.ndarray:
     return out
 
 
-def compare(name: str, b: Batch, p: Params, ref: dict, got: dict, use_mask: bool,
-            log: Optional[Callable[[str], None]] = print) -> list[str]:
+def compare(
+    name: str, b: Batch, p: Params, ref: dict, got: dict, use_mask: bool, log: Optional[Callable[[str], None]] = print
+) -> list[str]:
     """The differences of ``got`` from ``ref`` beyond the tolerances (module doc), one line each;
     ``log`` gets one summary line per case."""
     errs = []
@@ -227,16 +283,20 @@ def compare(name: str, b: Batch, p: Params, ref: dict, got: dict, use_mask: bool
         bad &= ~both_nan
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            errs.append(f"{name}: {k} differs at {int(bad.sum())} of {bad.size} tokens; first i={i}:"
-                        f" cuda={got[k][i]!r} cpu={ref[k][i]!r} tol={tol[i]:.3g}")
+            errs.append(
+                f"{name}: {k} differs at {int(bad.sum())} of {bad.size} tokens; first i={i}:"
+                f" cuda={got[k][i]!r} cpu={ref[k][i]!r} tol={tol[i]:.3g}"
+            )
     if use_mask:
         masked = b.mask == 0
         if (got["w"][masked] != 0).any():
             errs.append(f"{name}: w is not exactly 0 at masked positions")
     strict = np.abs(got["w"] - ref["w"]) <= 1e-5 * np.abs(ref["w"]) + 1e-6
-    log and log(f"  {name:<48} T={b.gap.size:>8}  max|dw|={np.abs(got['w'] - ref['w']).max(initial=0):.2e}"
-          f"  strict-1e-5 pass={strict.mean() if strict.size else 1.0:.6f}"
-          f"  {'OK' if not errs else 'FAIL'}")
+    log and log(
+        f"  {name:<48} T={b.gap.size:>8}  max|dw|={np.abs(got['w'] - ref['w']).max(initial=0):.2e}"
+        f"  strict-1e-5 pass={strict.mean() if strict.size else 1.0:.6f}"
+        f"  {'OK' if not errs else 'FAIL'}"
+    )
     return errs
 
 
@@ -286,8 +346,10 @@ def cases(level: str = "full", seed: int = 1234) -> list[tuple[str, Batch, list[
     batches.append(("tile-sized segments", make_batch(rng, [2048, 2048, 2047, 2049, 1, 4095])))
     small = [ps for ps in PARAM_SETS if ps[0] in SMALL_PARAM_SETS]
     edge = {"full": PARAM_SETS, "quick": PARAM_SETS[:3], "small": PARAM_SETS[:1]}[level]
-    return [(name, b, (small if level == "small" else PARAM_SETS) if name == "random varlen" else edge)
-            for name, b in batches]
+    return [
+        (name, b, (small if level == "small" else PARAM_SETS) if name == "random varlen" else edge)
+        for name, b in batches
+    ]
 
 
 def api_accepts(p: Params) -> bool:
@@ -296,8 +358,17 @@ def api_accepts(p: Params) -> bool:
     from pcsd.ops.kernels import check_pcsd_params
 
     try:
-        check_pcsd_params(n_min=p.n_min, n_max=p.n_max, alpha=p.alpha, tau_low=p.tau_low, tau_high=p.tau_high,
-                          gamma=p.gamma, beta_gate=p.beta_gate, eps_slope=p.eps_slope, eps_scale=p.eps_scale)
+        check_pcsd_params(
+            n_min=p.n_min,
+            n_max=p.n_max,
+            alpha=p.alpha,
+            tau_low=p.tau_low,
+            tau_high=p.tau_high,
+            gamma=p.gamma,
+            beta_gate=p.beta_gate,
+            eps_slope=p.eps_slope,
+            eps_scale=p.eps_scale,
+        )
     except ValueError:
         return False
     return True
@@ -306,8 +377,9 @@ def api_accepts(p: Params) -> bool:
 Impl = Callable[..., dict]
 
 
-def correctness(level: str = "full", impl: Impl = run_cuda, ref: Impl = run_cpu,
-                log: Optional[Callable[[str], None]] = print) -> tuple[int, list[str]]:
+def correctness(
+    level: str = "full", impl: Impl = run_cuda, ref: Impl = run_cpu, log: Optional[Callable[[str], None]] = print
+) -> tuple[int, list[str]]:
     """Runs the :func:`cases` of ``level`` through ``impl`` and ``ref`` (masked and unmasked; with
     :func:`run_reference` only the parameters the public API accepts); for the CUDA kernel also
     bitwise determinism, the w-only launch, unaligned buffers and an empty input. Returns the
@@ -338,8 +410,9 @@ def correctness(level: str = "full", impl: Impl = run_cuda, ref: Impl = run_cpu,
                     errs.append(f"{label}: w differs between the w-only and the stats launch")
         if cuda:  # unaligned buffers (scalar load/store paths)
             p = Params()
-            errs += compare(f"{bname} | default | unaligned", b, p, ref(b, p, True), run_cuda(b, p, True, offset=1),
-                            True, log)
+            errs += compare(
+                f"{bname} | default | unaligned", b, p, ref(b, p, True), run_cuda(b, p, True, offset=1), True, log
+            )
             n += 1
     if cuda:  # empty input: nothing to do, must not fail
         run_cuda(Batch(np.zeros(0, np.float32), np.zeros(0, np.uint8), np.zeros(4, np.int64)), Params())
@@ -371,15 +444,26 @@ def bandwidth(total: int, use_mask: bool, device: str = "cuda", iters: int = 50)
     for a0, n in zip(starts, lengths):
         if n > 60 and rng.random() < 0.3:
             h0 = int(a0 + rng.integers(0, n - 50))
-            m[h0:h0 + int(rng.integers(5, 50))] = 0
+            m[h0 : h0 + int(rng.integers(5, 50))] = 0
     mask8 = torch.from_numpy(m).to(dev)
     mask = mask8.bool() if use_mask else None
     w = torch.empty(total, device=dev)
     nbytes = total * (4 + (1 if use_mask else 0) + 4)
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
-    args = (gap.data_ptr(), cu.data_ptr(), len(lengths), total, mask8.data_ptr() if use_mask else 0,
-            *Params().args(), w.data_ptr(), 0, 0, 0, 0)
+    args = (
+        gap.data_ptr(),
+        cu.data_ptr(),
+        len(lengths),
+        total,
+        mask8.data_ptr() if use_mask else 0,
+        *Params().args(),
+        w.data_ptr(),
+        0,
+        0,
+        0,
+        0,
+    )
 
     def kernel() -> None:
         if dev.type == "cuda":
@@ -412,6 +496,14 @@ def bandwidth(total: int, use_mask: bool, device: str = "cuda", iters: int = 50)
     t_api = time_it(lambda: pcsd_weights(gap, cu, mask, out=w))
     t_c = time_it(lambda: dst.copy_(src))
     copy_bw = 2 * src.numel() / t_c
-    return dict(tokens=total, mask=use_mask, kernel_s=t_k, api_s=t_api, copy_s=t_c,
-                kernel_GBps=nbytes / t_k / 1e9, copy_GBps=copy_bw / 1e9,
-                kernel_vs_copy=nbytes / t_k / copy_bw, api_vs_copy=nbytes / t_api / copy_bw)
+    return dict(
+        tokens=total,
+        mask=use_mask,
+        kernel_s=t_k,
+        api_s=t_api,
+        copy_s=t_c,
+        kernel_GBps=nbytes / t_k / 1e9,
+        copy_GBps=copy_bw / 1e9,
+        kernel_vs_copy=nbytes / t_k / copy_bw,
+        api_vs_copy=nbytes / t_api / copy_bw,
+    )

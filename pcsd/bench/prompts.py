@@ -11,25 +11,28 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from pcsd.bench.common import bar, emit, pos_int
-
+from pcsd.bench.common import emit, pos_int
 from pcsd.bench.env import make_games
 
-_INSTR = ("You should first reason step-by-step about the current situation. This reasoning process MUST be "
-          "enclosed within <think> </think> tags.\nOnce you've finished your reasoning, you should choose an "
-          "admissible action for current step and present it within <action> </action> tags.")
+_INSTR = (
+    "You should first reason step-by-step about the current situation. This reasoning process MUST be "
+    "enclosed within <think> </think> tags.\nOnce you've finished your reasoning, you should choose an "
+    "admissible action for current step and present it within <action> </action> tags."
+)
 PY_ALFWORLD_TEMPLATE = (
     "You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: {task_description}\n\n"
     "Prior to this step, you have already taken {step_count} step(s). Below are the most recent {history_length} "
     "observations and the corresponding actions you took: {action_history}\n\n"
     "You are now at step {current_step} and your current observation is: {current_observation}\n\n"
     "Your admissible actions of the current situation are: [{admissible_actions}].\n\n"
-    "Now it's your turn to take an action.\n{instructions}")
+    "Now it's your turn to take an action.\n{instructions}"
+)
 PY_ALFWORLD_TEMPLATE_NO_HIS = (
     "You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: {task_description}\n\n"
     "Your current observation is: {current_observation}\n\n"
     "Your admissible actions of the current situation are: [{admissible_actions}].\n\n"
-    "Now it's your turn to take an action.\n{instructions}")
+    "Now it's your turn to take an action.\n{instructions}"
+)
 
 
 def python_prompt(req: dict, history_length: int) -> str:
@@ -37,16 +40,25 @@ def python_prompt(req: dict, history_length: int) -> str:
     adm = "\n ".join(f"'{a}'" for a in req["admissible"] if a.strip() != "help")
     step = req["step"]
     if step == 0 or history_length == 0:
-        return PY_ALFWORLD_TEMPLATE_NO_HIS.format(task_description=req["task"].strip(),
-                                                  current_observation=req["observation"].strip(),
-                                                  admissible_actions=adm, instructions=_INSTR)
-    recent = req["history"][max(0, len(req["history"]) - history_length):]
+        return PY_ALFWORLD_TEMPLATE_NO_HIS.format(
+            task_description=req["task"].strip(),
+            current_observation=req["observation"].strip(),
+            admissible_actions=adm,
+            instructions=_INSTR,
+        )
+    recent = req["history"][max(0, len(req["history"]) - history_length) :]
     first = max(step + 1 - len(recent), 1)
     hist = "\n".join(f"[Observation {first + j}: '{o}', Action {first + j}: '{a}']" for j, (o, a) in enumerate(recent))
-    return PY_ALFWORLD_TEMPLATE.format(task_description=req["task"].strip(), step_count=step,
-                                       history_length=len(recent), action_history=hist, current_step=step + 1,
-                                       current_observation=req["observation"].strip(), admissible_actions=adm,
-                                       instructions=_INSTR)
+    return PY_ALFWORLD_TEMPLATE.format(
+        task_description=req["task"].strip(),
+        step_count=step,
+        history_length=len(recent),
+        action_history=hist,
+        current_step=step + 1,
+        current_observation=req["observation"].strip(),
+        admissible_actions=adm,
+        instructions=_INSTR,
+    )
 
 
 def prompt_stream(games: Sequence[str], group_size: int, turns: int, seed: int = 0) -> list[list[dict]]:
@@ -68,8 +80,12 @@ def prompt_stream(games: Sequence[str], group_size: int, turns: int, seed: int =
         obs, adm = list(b.obs), [list(a) for a in b.admissible]
         hist: list[list[tuple[str, str]]] = [[] for _ in range(n)]
         for _ in range(turns):
-            stream.append([dict(task=tasks[e], observation=obs[e], admissible=adm[e], history=list(hist[e]),
-                                step=len(hist[e])) for e in range(n)])
+            stream.append(
+                [
+                    dict(task=tasks[e], observation=obs[e], admissible=adm[e], history=list(hist[e]), step=len(hist[e]))
+                    for e in range(n)
+                ]
+            )
             acts = [rng.choice([a for a in adm[e] if a != "help"]) for e in range(n)]
             b = pool.step(acts)
             for e in range(n):
@@ -99,14 +115,19 @@ def python_prompt_ids(reqs: Sequence[dict]) -> list[list[int]]:
     :func:`_py_prompt_init`)."""
     out = []
     for r in reqs:
-        ids = _PY_TOKENIZER.apply_chat_template([{"role": "user", "content": python_prompt(r, 2)}],
-                                                add_generation_prompt=True, tokenize=True)
+        ids = _PY_TOKENIZER.apply_chat_template(
+            [{"role": "user", "content": python_prompt(r, 2)}], add_generation_prompt=True, tokenize=True
+        )
         out.append(list(ids if isinstance(ids, list) else ids["input_ids"]))  # transformers 5: BatchEncoding
     return out
 
 
-def _stream_times(run_turn: Callable[[list[dict]], Any], stream: list[list[dict]], repeats: int,
-                  fresh: Callable[[], Any] = lambda: None) -> dict:
+def _stream_times(
+    run_turn: Callable[[list[dict]], Any],
+    stream: list[list[dict]],
+    repeats: int,
+    fresh: Callable[[], Any] = lambda: None,
+) -> dict:
     """Per repeat (``fresh()`` first): the first turn's time (cold) and the later turns' total
     (steady state), wall and process CPU; medians over the repeats."""
     cold, steady, cold_cpu, steady_cpu = [], [], [], []
@@ -123,16 +144,20 @@ def _stream_times(run_turn: Callable[[list[dict]], Any], stream: list[list[dict]
             steady.append(sum(w for w, _ in turns[1:]))
             steady_cpu.append(sum(c for _, c in turns[1:]))
     med = statistics.median
-    return dict(cold_s=med(cold), steady_s=med(steady) if steady else float("nan"), cold_cpu_s=med(cold_cpu),
-                steady_cpu_s=med(steady_cpu) if steady_cpu else float("nan"),
-                cold_spread_rel=(max(cold) - min(cold)) / med(cold))
+    return dict(
+        cold_s=med(cold),
+        steady_s=med(steady) if steady else float("nan"),
+        cold_cpu_s=med(cold_cpu),
+        steady_cpu_s=med(steady_cpu) if steady_cpu else float("nan"),
+        cold_spread_rel=(max(cold) - min(cold)) / med(cold),
+    )
 
 
 def cmd_prompts(args) -> dict:
     import multiprocessing as mp
 
-    from pcsd.text.prompts import PromptBuilder
     from pcsd.testing import make_tiny_model
+    from pcsd.text.prompts import PromptBuilder
 
     notes = []
     rows = []
@@ -149,8 +174,9 @@ def cmd_prompts(args) -> dict:
         _py_prompt_init(model_dir)
 
         def builder(t: int) -> PromptBuilder:
-            return PromptBuilder("alfworld", history_length=2, max_prompt_tokens=None, tokenizer_dir=model_dir,
-                                 num_threads=t)
+            return PromptBuilder(
+                "alfworld", history_length=2, max_prompt_tokens=None, tokenizer_dir=model_dir, num_threads=t
+            )
 
         # same texts and ids on the first and the last turn (a fresh builder, then the one that saw the stream)
         check = [stream[0], stream[-1]]
@@ -165,8 +191,12 @@ def cmd_prompts(args) -> dict:
         ntok = sum(len(i) for _, i in out) / n
         for t in threads:
             state: dict = {}
-            rust = _stream_times(lambda reqs: state["b"].encode_batch(reqs), stream, args.repeats,
-                                 fresh=lambda: state.update(b=builder(t)))
+            rust = _stream_times(
+                lambda reqs: state["b"].encode_batch(reqs),
+                stream,
+                args.repeats,
+                fresh=lambda: state.update(b=builder(t)),
+            )
             if t == 1:
                 py = _stream_times(python_prompt_ids, stream, args.repeats)
             else:  # the same cores for Python: t worker processes, each a contiguous share of the batch
@@ -175,48 +205,83 @@ def cmd_prompts(args) -> dict:
 
                     def py_turn(reqs: list[dict]) -> list:
                         k = -(-len(reqs) // t)
-                        return procs.map(python_prompt_ids, [reqs[i:i + k] for i in range(0, len(reqs), k)])
+                        return procs.map(python_prompt_ids, [reqs[i : i + k] for i in range(0, len(reqs), k)])
 
                     py = _stream_times(py_turn, stream, args.repeats)
-            for phase, key, count in (("cold: turn 1", "cold", n), (f"steady: turns 2-{len(stream)}", "steady",
-                                                                     n * (len(stream) - 1))):
+            for phase, key, count in (
+                ("cold: turn 1", "cold", n),
+                (f"steady: turns 2-{len(stream)}", "steady", n * (len(stream) - 1)),
+            ):
                 r, p = rust[f"{key}_s"], py[f"{key}_s"]
-                row = dict(threads=t, phase=phase, rust_prompts_per_s=count / r, python_prompts_per_s=count / p,
-                           speedup=p / r)
+                row = dict(
+                    threads=t, phase=phase, rust_prompts_per_s=count / r, python_prompts_per_s=count / p, speedup=p / r
+                )
                 if t == 1:  # CPU time: the like-for-like figure on a loaded machine
                     rc, pc = rust[f"{key}_cpu_s"], py[f"{key}_cpu_s"]
-                    row.update(rust_cpu_us_per_prompt=1e6 * rc / count, python_cpu_us_per_prompt=1e6 * pc / count,
-                               cpu_speedup=pc / rc)
-                row.update(mean_prompt_tokens=ntok, texts_equal=texts_equal, ids_equal=ids_equal,
-                           load=os.getloadavg()[0])
+                    row.update(
+                        rust_cpu_us_per_prompt=1e6 * rc / count,
+                        python_cpu_us_per_prompt=1e6 * pc / count,
+                        cpu_speedup=pc / rc,
+                    )
+                row.update(
+                    mean_prompt_tokens=ntok, texts_equal=texts_equal, ids_equal=ids_equal, load=os.getloadavg()[0]
+                )
                 rows.append(row)
-    notes.append(f"a live stream: {n} envs ({len(games)} procedural games x groups of {group}) playing random "
-                 f"admissible actions for {len(stream)} turns, one prompt per env per turn (H = 2 history); "
-                 f"observations and histories are new every turn. Rust: one PromptBuilder for the whole stream "
-                 f"(as the trainer uses it), encode_batch (ids, as the rollout takes them) per turn on `threads` threads; cold = its first turn "
-                 f"(every piece new to its token-id cache), steady = the later turns. Python: str.format + "
-                 f"apply_chat_template(add_generation_prompt=True, tokenize=True), one prompt after another, in "
-                 f"`threads` processes (each a share of the turn's batch). Medians of {args.repeats} passes over "
-                 f"the stream (a new builder each pass)")
-    notes.append("cpu_*: process CPU time per prompt (1 thread, both sides in this process): comparable on a loaded "
-                 "machine; texts/ids compared on the first and the last turn")
-    cols = ["threads", "phase", "rust_prompts_per_s", "python_prompts_per_s", "speedup", "rust_cpu_us_per_prompt",
-            "python_cpu_us_per_prompt", "cpu_speedup", "mean_prompt_tokens", "texts_equal", "ids_equal", "load"]
+    notes.append(
+        f"a live stream: {n} envs ({len(games)} procedural games x groups of {group}) playing random "
+        f"admissible actions for {len(stream)} turns, one prompt per env per turn (H = 2 history); "
+        f"observations and histories are new every turn. Rust: one PromptBuilder for the whole stream "
+        f"(as the trainer uses it), encode_batch (ids, as the rollout takes them) per turn on `threads` threads; cold = its first turn "
+        f"(every piece new to its token-id cache), steady = the later turns. Python: str.format + "
+        f"apply_chat_template(add_generation_prompt=True, tokenize=True), one prompt after another, in "
+        f"`threads` processes (each a share of the turn's batch). Medians of {args.repeats} passes over "
+        f"the stream (a new builder each pass)"
+    )
+    notes.append(
+        "cpu_*: process CPU time per prompt (1 thread, both sides in this process): comparable on a loaded "
+        "machine; texts/ids compared on the first and the last turn"
+    )
+    cols = [
+        "threads",
+        "phase",
+        "rust_prompts_per_s",
+        "python_prompts_per_s",
+        "speedup",
+        "rust_cpu_us_per_prompt",
+        "python_cpu_us_per_prompt",
+        "cpu_speedup",
+        "mean_prompt_tokens",
+        "texts_equal",
+        "ids_equal",
+        "load",
+    ]
 
     def plot(ax, rows):
         labels = [f"{r['threads']}t {r['phase'].split(':')[0]}" for r in rows]
         x = range(len(rows))
         ax.bar([i - 0.2 for i in x], [r["rust_prompts_per_s"] for r in rows], width=0.4, label="Rust encode_batch")
-        ax.bar([i + 0.2 for i in x], [r["python_prompts_per_s"] for r in rows], width=0.4,
-               label="Python format + apply_chat_template")
+        ax.bar(
+            [i + 0.2 for i in x],
+            [r["python_prompts_per_s"] for r in rows],
+            width=0.4,
+            label="Python format + apply_chat_template",
+        )
         ax.set_xticks(list(x))
         ax.set_xticklabels(labels, fontsize=7)
         ax.set_yscale("log")
         ax.set_ylabel("prompts/s")
         ax.legend(fontsize=7)
 
-    return emit("prompts", "Prompt build + chat template + tokenise on a live rollout stream: Rust vs Python", rows,
-                cols, Path(args.out), args, notes, plot)
+    return emit(
+        "prompts",
+        "Prompt build + chat template + tokenise on a live rollout stream: Rust vs Python",
+        rows,
+        cols,
+        Path(args.out),
+        args,
+        notes,
+        plot,
+    )
 
 
 NAME = "prompts"
@@ -229,8 +294,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--envs", type=pos_int, help="envs in the stream (one prompt per env per turn)")
     p.add_argument("--group-size", type=pos_int, default=8, help="envs per procedural game (GRPO group)")
     p.add_argument("--turns", type=pos_int, help="turns of the stream (the first is the cold one)")
-    p.add_argument("--threads", type=pos_int, nargs="+",
-                   help="Rust encode_batch threads and Python processes (default 1 and all cores)")
+    p.add_argument(
+        "--threads",
+        type=pos_int,
+        nargs="+",
+        help="Rust encode_batch threads and Python processes (default 1 and all cores)",
+    )
 
 
 run = cmd_prompts

@@ -112,12 +112,20 @@ def run(args) -> dict:
             plain = _plain(trivial, n, steps, repeats)
             pool = _pool(trivial, n, w, steps, repeats)
             total = n * steps
-            rows.append(dict(measure="overhead, trivial env", envs=n, workers=w, envs_per_worker=n / w,
-                             plain_us_per_step=plain["median_s"] / total * 1e6,
-                             pool_us_per_step=pool["median_s"] / total * 1e6,
-                             overhead_us_per_step=(pool["median_s"] - plain["median_s"]) / total * 1e6,
-                             cpu_overhead_us_per_step=(pool["cpu_s"] - plain["cpu_s"]) / total * 1e6,
-                             pool_spread_rel=rel_spread(pool), load=os.getloadavg()[0]))
+            rows.append(
+                dict(
+                    measure="overhead, trivial env",
+                    envs=n,
+                    workers=w,
+                    envs_per_worker=n / w,
+                    plain_us_per_step=plain["median_s"] / total * 1e6,
+                    pool_us_per_step=pool["median_s"] / total * 1e6,
+                    overhead_us_per_step=(pool["median_s"] - plain["median_s"]) / total * 1e6,
+                    cpu_overhead_us_per_step=(pool["cpu_s"] - plain["cpu_s"]) / total * 1e6,
+                    pool_spread_rel=rel_spread(pool),
+                    load=os.getloadavg()[0],
+                )
+            )
     iters = calibrate_busy(args.busy_ms)
     busy_env = _factory(iters)
     n = args.scaling_envs
@@ -128,27 +136,64 @@ def run(args) -> dict:
         m = _pool(busy_env, n, w, steps, repeats)
         rates[w] = n * steps / m["median_s"]
         share = m["serial_cpu_s"] / m["cpu_s"] if m["cpu_s"] > 0 else float("nan")
-        rows.append(dict(measure=f"scaling, ~{args.busy_ms:g} ms/step env", envs=n, workers=w, envs_per_worker=n / w,
-                         plain_us_per_step=plain["median_s"] / (n * steps) * 1e6,
-                         pool_us_per_step=1e6 / rates[w], steps_per_s=rates[w], pool_spread_rel=rel_spread(m),
-                         speedup_vs_1_worker=rates[w] / rates[1], serial_share=share,
-                         amdahl_bound_2=amdahl(share, 2) if w == 1 else None, load=os.getloadavg()[0]))
-    notes = [f"overhead = (pool - plain loop) per env step, DirectionEnv (trivial: {rows[0]['plain_us_per_step']:.1f} "
-             "us/step in the plain loop), the pool's workers in their own processes, one message per worker per "
-             "call; goal <= 50 us", f"scaling: DirectionEnv with {iters:,} busy iterations per step (calibrated to "
-             f"~{args.busy_ms:g} ms here), {n} envs; speedup_vs_1_worker of 2 workers, goal >= 1.7 (needs 2 idle "
-             "cores: see load, the 1-minute load average); serial_share = the calling thread's CPU / all CPU of the "
-             "call (parent + workers), amdahl_bound_2 = 1 / (s + (1 - s) / 2), what 2 workers allow on 2 idle cores"]
-    cols = ["measure", "envs", "workers", "envs_per_worker", "plain_us_per_step", "pool_us_per_step",
-            "overhead_us_per_step", "cpu_overhead_us_per_step", "steps_per_s", "speedup_vs_1_worker", "serial_share",
-            "amdahl_bound_2", "pool_spread_rel", "load"]
-    return emit("env_python", "Python text envs: the worker-process pool vs the same envs in a plain loop", rows,
-                cols, Path(args.out), args, notes)
+        rows.append(
+            dict(
+                measure=f"scaling, ~{args.busy_ms:g} ms/step env",
+                envs=n,
+                workers=w,
+                envs_per_worker=n / w,
+                plain_us_per_step=plain["median_s"] / (n * steps) * 1e6,
+                pool_us_per_step=1e6 / rates[w],
+                steps_per_s=rates[w],
+                pool_spread_rel=rel_spread(m),
+                speedup_vs_1_worker=rates[w] / rates[1],
+                serial_share=share,
+                amdahl_bound_2=amdahl(share, 2) if w == 1 else None,
+                load=os.getloadavg()[0],
+            )
+        )
+    notes = [
+        f"overhead = (pool - plain loop) per env step, DirectionEnv (trivial: {rows[0]['plain_us_per_step']:.1f} "
+        "us/step in the plain loop), the pool's workers in their own processes, one message per worker per "
+        "call; goal <= 50 us",
+        f"scaling: DirectionEnv with {iters:,} busy iterations per step (calibrated to "
+        f"~{args.busy_ms:g} ms here), {n} envs; speedup_vs_1_worker of 2 workers, goal >= 1.7 (needs 2 idle "
+        "cores: see load, the 1-minute load average); serial_share = the calling thread's CPU / all CPU of the "
+        "call (parent + workers), amdahl_bound_2 = 1 / (s + (1 - s) / 2), what 2 workers allow on 2 idle cores",
+    ]
+    cols = [
+        "measure",
+        "envs",
+        "workers",
+        "envs_per_worker",
+        "plain_us_per_step",
+        "pool_us_per_step",
+        "overhead_us_per_step",
+        "cpu_overhead_us_per_step",
+        "steps_per_s",
+        "speedup_vs_1_worker",
+        "serial_share",
+        "amdahl_bound_2",
+        "pool_spread_rel",
+        "load",
+    ]
+    return emit(
+        "env_python",
+        "Python text envs: the worker-process pool vs the same envs in a plain loop",
+        rows,
+        cols,
+        Path(args.out),
+        args,
+        notes,
+    )
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--python", action="store_true",
-                   help="benchmark the pool of Python text envs instead (overhead per step, 1 -> 2 workers)")
+    p.add_argument(
+        "--python",
+        action="store_true",
+        help="benchmark the pool of Python text envs instead (overhead per step, 1 -> 2 workers)",
+    )
     p.add_argument("--python-envs", type=pos_int, nargs="+", help="--python: pool sizes of the overhead rows")
     p.add_argument("--python-workers", type=pos_int, nargs="+", help="--python: worker processes of the overhead rows")
     p.add_argument("--python-steps", type=pos_int, help="--python: env steps per timed repeat of an overhead row")
@@ -158,6 +203,10 @@ def add_arguments(p) -> None:
 
 
 #: sizes: (full, --quick, --tiny)
-DEFAULTS: dict[str, tuple] = dict(python_envs=([1, 8, 64, 256], [8, 64], [4]), python_workers=([1, 2], [1, 2], [1]),
-                                  python_steps=(20_000, 5_000, 200), scaling_envs=(16, 16, 4),
-                                  scaling_steps=(50, 20, 2))
+DEFAULTS: dict[str, tuple] = dict(
+    python_envs=([1, 8, 64, 256], [8, 64], [4]),
+    python_workers=([1, 2], [1, 2], [1]),
+    python_steps=(20_000, 5_000, 200),
+    scaling_envs=(16, 16, 4),
+    scaling_steps=(50, 20, 2),
+)

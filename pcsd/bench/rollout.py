@@ -12,19 +12,22 @@ from typing import Sequence
 
 import torch
 
-from pcsd.bench.common import bar, emit, measure, pos_int, rel_spread
-
+from pcsd.bench.common import emit, measure, pos_int, rel_spread
 from pcsd.bench.env import make_games
+
 
 def _first_turn_prompts(builder, games: Sequence[str], group_size: int) -> list[list[int]]:
     """The turn-1 student prompts (token ids) of ``len(games) x group_size`` episodes."""
     from pcsd.envs.pool import EnvPool
 
-    with EnvPool("alfworld", len(games) * group_size, group_size=group_size, games=list(games), max_steps=None,
-                 num_threads=1) as pool:
+    with EnvPool(
+        "alfworld", len(games) * group_size, group_size=group_size, games=list(games), max_steps=None, num_threads=1
+    ) as pool:
         b = pool.reset()
-        reqs = [dict(task=pool.task_of(e)[1], observation=o, admissible=list(a), history=[], step=0)
-                for e, o, a in zip(b.env_id.tolist(), b.obs, b.admissible)]
+        reqs = [
+            dict(task=pool.task_of(e)[1], observation=o, admissible=list(a), history=[], step=0)
+            for e, o, a in zip(b.env_id.tolist(), b.obs, b.admissible)
+        ]
     return builder.encode_batch(reqs)
 
 
@@ -35,11 +38,15 @@ def check_model_path(args) -> None:
     if args.model_path is None:
         return
     if not (Path(args.model_path) / "config.json").is_file():
-        raise SystemExit(f"error: --model-path: expected a Hugging Face checkpoint folder with a config.json, "
-                         f"got {args.model_path!r}")
+        raise SystemExit(
+            f"error: --model-path: expected a Hugging Face checkpoint folder with a config.json, "
+            f"got {args.model_path!r}"
+        )
     if not torch.cuda.is_available():
-        raise SystemExit("error: --model-path: the real-model rollout needs a CUDA GPU and torch.cuda.is_available() "
-                         "is False here; without --model-path the benchmark runs the tiny model on the CPU")
+        raise SystemExit(
+            "error: --model-path: the real-model rollout needs a CUDA GPU and torch.cuda.is_available() "
+            "is False here; without --model-path the benchmark runs the tiny model on the CPU"
+        )
     if importlib.util.find_spec("vllm") is None:
         raise SystemExit("error: --model-path: the real-model rollout needs vLLM (pip install 'pcsd[vllm]')")
 
@@ -49,11 +56,11 @@ def cmd_rollout(args) -> dict:
 
     from transformers import AutoModelForCausalLM
 
-    from pcsd.text.prompts import PromptBuilder
+    from pcsd.ops.scoring import score_packed
     from pcsd.rollout.backends import make_backend
     from pcsd.rollout.loop import collect_rollouts
-    from pcsd.ops.scoring import score_packed
     from pcsd.testing import make_tiny_model
+    from pcsd.text.prompts import PromptBuilder
 
     check_model_path(args)
     real = args.model_path is not None
@@ -73,11 +80,27 @@ def cmd_rollout(args) -> dict:
         elif importlib.util.find_spec("vllm") is None:
             notes.append("vllm backend skipped: vllm is not importable in this environment")
         elif real:  # GPU: the engine takes its share of the device, the trainer's copy sits beside it
-            backends.append(("vllm", lambda: make_backend("vllm", model_path=str(model_dir), dtype="bfloat16",
-                                                          max_model_len=4096, gpu_memory_utilization=0.4)))
+            backends.append(
+                (
+                    "vllm",
+                    lambda: make_backend(
+                        "vllm",
+                        model_path=str(model_dir),
+                        dtype="bfloat16",
+                        max_model_len=4096,
+                        gpu_memory_utilization=0.4,
+                    ),
+                )
+            )
         else:
-            backends.append(("vllm", lambda: make_backend("vllm", model_path=str(model_dir), dtype="float32",
-                                                          max_model_len=2048, kv_cache_bytes=256 << 20)))
+            backends.append(
+                (
+                    "vllm",
+                    lambda: make_backend(
+                        "vllm", model_path=str(model_dir), dtype="float32", max_model_len=2048, kv_cache_bytes=256 << 20
+                    ),
+                )
+            )
         first = _first_turn_prompts(builder, games, args.group_size)
         for name, mk in backends:
             try:
@@ -94,16 +117,31 @@ def cmd_rollout(args) -> dict:
 
                 mg = measure(gen_once, args.repeats, sync=sync)
                 ntok = round(statistics.median(sum(len(s[0].token_ids) for s in out) for out in gen[1:]))
-                rows.append(dict(backend=name, phase="generate only", episodes=len(first), gen_tokens=ntok,
-                                 seconds=mg["median_s"], spread_rel=rel_spread(mg),
-                                 gen_tokens_per_s=ntok / mg["median_s"]))
+                rows.append(
+                    dict(
+                        backend=name,
+                        phase="generate only",
+                        episodes=len(first),
+                        gen_tokens=ntok,
+                        seconds=mg["median_s"],
+                        spread_rel=rel_spread(mg),
+                        gen_tokens_per_s=ntok / mg["median_s"],
+                    )
+                )
 
                 results = []
 
                 def once():
-                    b = collect_rollouts(backend, builder, games=games, group_size=args.group_size,
-                                         max_steps=args.max_steps, max_response_tokens=args.max_tokens,
-                                         seed=len(results), stop_token_ids=[eos])
+                    b = collect_rollouts(
+                        backend,
+                        builder,
+                        games=games,
+                        group_size=args.group_size,
+                        max_steps=args.max_steps,
+                        max_response_tokens=args.max_tokens,
+                        seed=len(results),
+                        stop_token_ids=[eos],
+                    )
                     t0 = time.perf_counter()
                     with torch.no_grad():  # what the trainer does next: log-probs of the sampled tokens
                         score_packed(model, b.prompt_ids, b.response_ids)  # student prompts
@@ -120,12 +158,28 @@ def cmd_rollout(args) -> dict:
             b, scoring_s = timed[k]
             tm = b.timings
             eps = b.num_trajectories
-            rows.append(dict(backend=name, phase="rollout", episodes=eps, turns=b.num_rows, gen_tokens=b.num_tokens(),
-                             seconds=m["median_s"], spread_rel=rel_spread(m), episodes_per_s=eps / tm.total,
-                             turns_per_s=b.num_rows / tm.total, gen_tokens_per_s=b.num_tokens() / tm.total,
-                             generation_s=tm.generation, env_s=tm.env, prompts_s=tm.prompts, parsing_s=tm.parsing,
-                             scoring_s=scoring_s, rollout_s=tm.total, outside_model_share=tm.outside_model_share(),
-                             win_rate=float(b.won.float().mean())))
+            rows.append(
+                dict(
+                    backend=name,
+                    phase="rollout",
+                    episodes=eps,
+                    turns=b.num_rows,
+                    gen_tokens=b.num_tokens(),
+                    seconds=m["median_s"],
+                    spread_rel=rel_spread(m),
+                    episodes_per_s=eps / tm.total,
+                    turns_per_s=b.num_rows / tm.total,
+                    gen_tokens_per_s=b.num_tokens() / tm.total,
+                    generation_s=tm.generation,
+                    env_s=tm.env,
+                    prompts_s=tm.prompts,
+                    parsing_s=tm.parsing,
+                    scoring_s=scoring_s,
+                    rollout_s=tm.total,
+                    outside_model_share=tm.outside_model_share(),
+                    win_rate=float(b.won.float().mean()),
+                )
+            )
         model = None  # the weights freed before the summary (the closures above are done with it)
     gen_rows = {r["backend"]: r for r in rows if r["phase"] == "generate only"}
     roll_rows = {r["backend"]: r for r in rows if r["phase"] == "rollout"}
@@ -133,18 +187,42 @@ def cmd_rollout(args) -> dict:
         gen_rows["vllm"]["vllm_vs_hf"] = gen_rows["vllm"]["gen_tokens_per_s"] / gen_rows["hf"]["gen_tokens_per_s"]
     if "hf" in roll_rows and "vllm" in roll_rows:
         roll_rows["vllm"]["vllm_vs_hf"] = roll_rows["vllm"]["episodes_per_s"] / roll_rows["hf"]["episodes_per_s"]
-    what = (f"model {model_dir} (bfloat16, CUDA)" if real else f"tiny Qwen2 model (random weights, float32, {device})")
-    notes.append(f"{args.games} procedural games x group {args.group_size}, max_steps={args.max_steps}, "
-                 f"max_response_tokens={args.max_tokens}, {what}, torch threads {torch.get_num_threads()}")
-    notes.append("generate only: one batch of the turn-1 prompts of every episode (no stop token); vllm_vs_hf = "
-                 "generated tokens/s (generate only) or episodes/s (rollout) of vLLM over HF")
-    notes.append("rollout: rates and time split (generation, env, prompt assembly, parsing) of the repeat closest to "
-                 "the median; rates over rollout_s; scoring_s = log-probs of the sampled tokens on the student and "
-                 "the teacher prompts (pcsd.ops.scoring.score_packed, no grad), timed after the rollout; "
-                 "outside_model_share = (env + prompts + parsing) / rollout_s (goal <= 5 %)")
-    cols = ["backend", "phase", "episodes", "turns", "gen_tokens", "seconds", "spread_rel", "episodes_per_s",
-            "turns_per_s", "gen_tokens_per_s", "vllm_vs_hf", "generation_s", "env_s", "prompts_s", "parsing_s",
-            "scoring_s", "rollout_s", "outside_model_share", "win_rate"]
+    what = f"model {model_dir} (bfloat16, CUDA)" if real else f"tiny Qwen2 model (random weights, float32, {device})"
+    notes.append(
+        f"{args.games} procedural games x group {args.group_size}, max_steps={args.max_steps}, "
+        f"max_response_tokens={args.max_tokens}, {what}, torch threads {torch.get_num_threads()}"
+    )
+    notes.append(
+        "generate only: one batch of the turn-1 prompts of every episode (no stop token); vllm_vs_hf = "
+        "generated tokens/s (generate only) or episodes/s (rollout) of vLLM over HF"
+    )
+    notes.append(
+        "rollout: rates and time split (generation, env, prompt assembly, parsing) of the repeat closest to "
+        "the median; rates over rollout_s; scoring_s = log-probs of the sampled tokens on the student and "
+        "the teacher prompts (pcsd.ops.scoring.score_packed, no grad), timed after the rollout; "
+        "outside_model_share = (env + prompts + parsing) / rollout_s (goal <= 5 %)"
+    )
+    cols = [
+        "backend",
+        "phase",
+        "episodes",
+        "turns",
+        "gen_tokens",
+        "seconds",
+        "spread_rel",
+        "episodes_per_s",
+        "turns_per_s",
+        "gen_tokens_per_s",
+        "vllm_vs_hf",
+        "generation_s",
+        "env_s",
+        "prompts_s",
+        "parsing_s",
+        "scoring_s",
+        "rollout_s",
+        "outside_model_share",
+        "win_rate",
+    ]
 
     def plot(ax, rows):
         rs = [r for r in rows if r["phase"] == "rollout"]
@@ -163,8 +241,9 @@ def cmd_rollout(args) -> dict:
 NAME = "rollout"
 HELP = "end-to-end multi-turn rollout on the tiny model (hf, vllm)"
 #: sizes: (full, --quick, --tiny); --tiny is for the tests (seconds)
-DEFAULTS: dict[str, tuple] = dict(games=(4, 2, 1), group_size=(4, 2, 2), max_steps=(8, 4, 2), max_tokens=(48, 24, 6),
-                repeats=(3, 2, 1))
+DEFAULTS: dict[str, tuple] = dict(
+    games=(4, 2, 1), group_size=(4, 2, 2), max_steps=(8, 4, 2), max_tokens=(48, 24, 6), repeats=(3, 2, 1)
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -173,8 +252,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=pos_int)
     p.add_argument("--max-tokens", type=pos_int)
     p.add_argument("--no-vllm", action="store_true", help="skip the vLLM backend")
-    p.add_argument("--model-path", help="a HF checkpoint to run instead of the tiny model (needs a CUDA GPU and "
-                   "vLLM): its vLLM generation tokens/s and the rollout split on real hardware")
+    p.add_argument(
+        "--model-path",
+        help="a HF checkpoint to run instead of the tiny model (needs a CUDA GPU and "
+        "vLLM): its vLLM generation tokens/s and the rollout split on real hardware",
+    )
 
 
 run = cmd_rollout

@@ -47,9 +47,17 @@ def make_models(name: str, seed: int = 0):
 
     vocab, hid, layers, heads, kv, inter = MODELS[name]
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hid, intermediate_size=inter, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=4096,
-                      tie_word_embeddings=False, attn_implementation="sdpa")
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hid,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
     student = Qwen2ForCausalLM(cfg).float()
     frozen = copy.deepcopy(student).eval()
     g = torch.Generator().manual_seed(seed + 1)
@@ -63,9 +71,16 @@ def make_models(name: str, seed: int = 0):
 def make_batch(spec: dict, vocab: int):
     from pcsd.testing import synthetic_rollout_batch
 
-    return synthetic_rollout_batch(num_groups=spec["tasks"], group_size=spec["group_size"], vocab_size=vocab,
-                                   turns=(1, spec["max_turns"]), prompt_len=tuple(spec["prompt_len"]),
-                                   response_len=tuple(spec["response_len"]), skill_len=spec["skill_len"], seed=5)
+    return synthetic_rollout_batch(
+        num_groups=spec["tasks"],
+        group_size=spec["group_size"],
+        vocab_size=vocab,
+        turns=(1, spec["max_turns"]),
+        prompt_len=tuple(spec["prompt_len"]),
+        response_len=tuple(spec["response_len"]),
+        skill_len=spec["skill_len"],
+        seed=5,
+    )
 
 
 # ----------------------------------------------------------------------------- the straightforward step
@@ -95,7 +110,7 @@ def full_logits_logprobs(model, ctxs, responses, rows) -> torch.Tensor:
     ids, attn = pad_sequences([list(ctxs[i]) + list(responses[i]) for i in rows])
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits.float()  # [B, L, V]
     logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # [B, L-1]
-    return torch.cat([logp[k, len(ctxs[i]) - 1: len(ctxs[i]) - 1 + len(responses[i])] for k, i in enumerate(rows)])
+    return torch.cat([logp[k, len(ctxs[i]) - 1 : len(ctxs[i]) - 1 + len(responses[i])] for k, i in enumerate(rows)])
 
 
 def straightforward_step(student, frozen, opt, rb, cfg, step: int, naive_tokens: int) -> dict:
@@ -179,12 +194,19 @@ def step_worker(side: str, model: str, spec: dict) -> dict:
     rb = make_batch(spec, MODELS[model][0])
     fused = side != "pcsd-recompute"
     joint = {"pcsd": "auto", "pcsd-joint": "always"}.get(side, "never")
-    cfg = load_config(["method=pcsd", "rollout.backend=hf", "optim.lr=1e-6",
-                       f"optim.tokens_per_microbatch={spec['tokens_per_microbatch']}",
-                       # the config's row budget must fit a micro-batch (a longer row is one of its own)
-                       f"rollout.max_response_tokens={spec['tokens_per_microbatch'] // 4}",
-                       f"rollout.max_prompt_tokens={spec['tokens_per_microbatch'] - spec['tokens_per_microbatch'] // 4}",
-                       f"optim.fused_lm_head={fused}", f"optim.joint_frozen_pass={joint}"])
+    cfg = load_config(
+        [
+            "method=pcsd",
+            "rollout.backend=hf",
+            "optim.lr=1e-6",
+            f"optim.tokens_per_microbatch={spec['tokens_per_microbatch']}",
+            # the config's row budget must fit a micro-batch (a longer row is one of its own)
+            f"rollout.max_response_tokens={spec['tokens_per_microbatch'] // 4}",
+            f"rollout.max_prompt_tokens={spec['tokens_per_microbatch'] - spec['tokens_per_microbatch'] // 4}",
+            f"optim.fused_lm_head={fused}",
+            f"optim.joint_frozen_pass={joint}",
+        ]
+    )
     opt = torch.optim.SGD(student.parameters(), lr=cfg.optim.lr)
     peak, stop = [0], threading.Event()
 
@@ -215,15 +237,25 @@ def step_worker(side: str, model: str, spec: dict) -> dict:
     stop.set()
     th.join()
     best = min(runs, key=lambda r: r["step_s"])
-    return dict(side=side, model=model, peak_extra_bytes=peak[0] - base, runs=runs, **best,
-                tokens=sum(len(p) + len(r) for p, r in zip(rb.prompt_ids, rb.response_ids)),
-                teacher_tokens=sum(len(p) + len(r) for p, r in zip(rb.teacher_prompt_ids, rb.response_ids)),
-                response_tokens=rb.num_tokens(), rows=len(rb.response_ids), trajectories=rb.num_trajectories)
+    return dict(
+        side=side,
+        model=model,
+        peak_extra_bytes=peak[0] - base,
+        runs=runs,
+        **best,
+        tokens=sum(len(p) + len(r) for p, r in zip(rb.prompt_ids, rb.response_ids)),
+        teacher_tokens=sum(len(p) + len(r) for p, r in zip(rb.teacher_prompt_ids, rb.response_ids)),
+        response_tokens=rb.num_tokens(),
+        rows=len(rb.response_ids),
+        trajectories=rb.num_trajectories,
+    )
 
 
 def _run_side(side: str, model: str, spec: dict) -> dict:
-    code = ("import json; from pcsd.bench.step import step_worker as f; "
-            f"print('@@' + json.dumps(f({side!r}, {model!r}, json.loads({json.dumps(spec)!r}))))")
+    code = (
+        "import json; from pcsd.bench.step import step_worker as f; "
+        f"print('@@' + json.dumps(f({side!r}, {model!r}, json.loads({json.dumps(spec)!r}))))"
+    )
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)))
     root = str(Path(__file__).resolve().parent.parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -235,10 +267,18 @@ def _run_side(side: str, model: str, spec: dict) -> dict:
 
 
 def cmd_step(args) -> dict:
-    spec = dict(tasks=args.tasks, group_size=args.group_size, max_turns=args.max_turns,
-                prompt_len=list(args.prompt_len), response_len=list(args.response_len), skill_len=args.skill_len,
-                tokens_per_microbatch=args.tokens_per_microbatch, naive_tokens=args.naive_tokens,
-                warmup=args.warmup, repeats=args.repeats)
+    spec = dict(
+        tasks=args.tasks,
+        group_size=args.group_size,
+        max_turns=args.max_turns,
+        prompt_len=list(args.prompt_len),
+        response_len=list(args.response_len),
+        skill_len=args.skill_len,
+        tokens_per_microbatch=args.tokens_per_microbatch,
+        naive_tokens=args.naive_tokens,
+        warmup=args.warmup,
+        repeats=args.repeats,
+    )
     rows = []
     for model in args.models:
         res = {}
@@ -251,30 +291,63 @@ def cmd_step(args) -> dict:
         for side in args.sides:
             r = res[side]
             su = r["score_s"] + r["update_s"]
-            row = dict(model=model, vocab=vocab, side=side, rows=r["rows"], trajectories=r["trajectories"],
-                       tokens=r["tokens"], response_tokens=r["response_tokens"],
-                       old_s=r.get("old_s", float("nan")), ref_s=r.get("ref_s", float("nan")),
-                       teacher_s=r.get("teacher_s", float("nan")), score_s=r["score_s"], update_s=r["update_s"],
-                       score_update_s=su, step_s=r["step_s"], tokens_per_s=r["tokens"] / su,
-                       peak_extra_MB=r["peak_extra_bytes"] / 2 ** 20, loss=r["loss"])
+            row = dict(
+                model=model,
+                vocab=vocab,
+                side=side,
+                rows=r["rows"],
+                trajectories=r["trajectories"],
+                tokens=r["tokens"],
+                response_tokens=r["response_tokens"],
+                old_s=r.get("old_s", float("nan")),
+                ref_s=r.get("ref_s", float("nan")),
+                teacher_s=r.get("teacher_s", float("nan")),
+                score_s=r["score_s"],
+                update_s=r["update_s"],
+                score_update_s=su,
+                step_s=r["step_s"],
+                tokens_per_s=r["tokens"] / su,
+                peak_extra_MB=r["peak_extra_bytes"] / 2**20,
+                loss=r["loss"],
+            )
             if base is not None:
                 bsu = base["score_s"] + base["update_s"]
                 row["speedup_vs_straightforward"] = bsu / su
-                row["memory_vs_straightforward"] = (r["peak_extra_bytes"] / base["peak_extra_bytes"]
-                                                    if base["peak_extra_bytes"] > 0 else float("nan"))
+                row["memory_vs_straightforward"] = (
+                    r["peak_extra_bytes"] / base["peak_extra_bytes"] if base["peak_extra_bytes"] > 0 else float("nan")
+                )
                 row["loss_rel_diff"] = abs(r["loss"] - base["loss"]) / max(abs(base["loss"]), 1e-12)
             rows.append(row)
-    notes = [f"batch: {args.tasks} tasks x {args.group_size} rollouts, 1-{args.max_turns} turns, prompts "
-             f"{args.prompt_len[0]}-{args.prompt_len[1]} tokens (+{args.skill_len} skill tokens for the teacher), "
-             f"responses {args.response_len[0]}-{args.response_len[1]} tokens (synthetic ids, seed 5)",
-             f"pcsd sides: optim.tokens_per_microbatch={args.tokens_per_microbatch}; straightforward: padded "
-             f"micro-batches of <= {args.naive_tokens} tokens; SGD; {args.warmup} warm-up step(s), best of "
-             f"{args.repeats}; each side in a fresh subprocess",
-             "peak_extra_MB: RSS growth over the loaded models and batch during the timed steps (polled every 2 ms); "
-             "tokens_per_s: prompt+response tokens of the batch / (score_s + update_s)"]
-    cols = ["model", "vocab", "side", "rows", "tokens", "response_tokens", "old_s", "ref_s", "teacher_s", "score_s",
-            "update_s", "score_update_s", "speedup_vs_straightforward", "tokens_per_s", "peak_extra_MB",
-            "memory_vs_straightforward", "loss", "loss_rel_diff"]
+    notes = [
+        f"batch: {args.tasks} tasks x {args.group_size} rollouts, 1-{args.max_turns} turns, prompts "
+        f"{args.prompt_len[0]}-{args.prompt_len[1]} tokens (+{args.skill_len} skill tokens for the teacher), "
+        f"responses {args.response_len[0]}-{args.response_len[1]} tokens (synthetic ids, seed 5)",
+        f"pcsd sides: optim.tokens_per_microbatch={args.tokens_per_microbatch}; straightforward: padded "
+        f"micro-batches of <= {args.naive_tokens} tokens; SGD; {args.warmup} warm-up step(s), best of "
+        f"{args.repeats}; each side in a fresh subprocess",
+        "peak_extra_MB: RSS growth over the loaded models and batch during the timed steps (polled every 2 ms); "
+        "tokens_per_s: prompt+response tokens of the batch / (score_s + update_s)",
+    ]
+    cols = [
+        "model",
+        "vocab",
+        "side",
+        "rows",
+        "tokens",
+        "response_tokens",
+        "old_s",
+        "ref_s",
+        "teacher_s",
+        "score_s",
+        "update_s",
+        "score_update_s",
+        "speedup_vs_straightforward",
+        "tokens_per_s",
+        "peak_extra_MB",
+        "memory_vs_straightforward",
+        "loss",
+        "loss_rel_diff",
+    ]
 
     def plot(ax, rows):
         labels = [f"{r['model']}\n{r['side']}" for r in rows]
@@ -286,18 +359,34 @@ def cmd_step(args) -> dict:
         ax.set_ylabel("seconds per step")
         ax.legend()
 
-    return emit("step", "One GRPO + PCSD step (scoring + update), vs the straightforward implementation", rows, cols,
-                Path(args.out), args, notes, plot)
+    return emit(
+        "step",
+        "One GRPO + PCSD step (scoring + update), vs the straightforward implementation",
+        rows,
+        cols,
+        Path(args.out),
+        args,
+        notes,
+        plot,
+    )
 
 
 NAME = "step"
 HELP = "one GRPO + PCSD training step (scoring + update) vs the straightforward transformers implementation"
 #: sizes: (full, --quick, --tiny); --tiny is for the tests (seconds)
 DEFAULTS: dict[str, tuple] = dict(
-    models=(["tiny", "real-vocab"], ["tiny", "real-vocab"], ["tiny"]), tasks=(16, 4, 2), group_size=(8, 4, 2),
-    max_turns=(2, 2, 2), prompt_len=([48, 128], [48, 128], [6, 16]), response_len=([4, 24], [4, 24], [1, 6]),
-    skill_len=(24, 24, 4), tokens_per_microbatch=(8192, 8192, 64), naive_tokens=(1024, 1024, 32),
-    warmup=(0, 0, 0), repeats=(1, 1, 1))
+    models=(["tiny", "real-vocab"], ["tiny", "real-vocab"], ["tiny"]),
+    tasks=(16, 4, 2),
+    group_size=(8, 4, 2),
+    max_turns=(2, 2, 2),
+    prompt_len=([48, 128], [48, 128], [6, 16]),
+    response_len=([4, 24], [4, 24], [1, 6]),
+    skill_len=(24, 24, 4),
+    tokens_per_microbatch=(8192, 8192, 64),
+    naive_tokens=(1024, 1024, 32),
+    warmup=(0, 0, 0),
+    repeats=(1, 1, 1),
+)
 
 
 def _len_range(s: str) -> int:

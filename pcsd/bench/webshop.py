@@ -25,8 +25,11 @@ def per_kind_rows(root: Path, repeats: int) -> list[dict[str, Any]]:
     with gzip.open(root / "traces_public.jsonl.gz", "rt", encoding="utf-8") as f:
         eps = [json.loads(line) for line in f]
     eps = [e for e in eps if e["env_config"] != "verl"]
-    cfg = {"upstream_synth": dict(goals="synthetic"), "upstream_human": dict(goals="human"),
-           "upstream_attrs": dict(goals="synthetic", show_attrs=True)}
+    cfg = {
+        "upstream_synth": dict(goals="synthetic"),
+        "upstream_human": dict(goals="human"),
+        "upstream_attrs": dict(goals="synthetic", show_attrs=True),
+    }
     shops = {c: WebShop.load(root / "data", seed=0, **kw) for c, kw in cfg.items()}
     native: dict[str, list[float]] = {k: [] for k in KINDS}
     orig: dict[str, list[float]] = {k: [] for k in KINDS}
@@ -54,10 +57,26 @@ def per_kind_rows(root: Path, repeats: int) -> list[dict[str, Any]]:
             continue
         us = statistics.median(native[k])
         ms = statistics.median(orig[k])
-        rows.append(dict(engine="webshop native (1 env, Python API)", action=k, steps=len(native[k]) // repeats,
-                         native_us=us, original_ms=ms, speedup=ms * 1e3 / us))
-    rows.append(dict(engine="webshop native (1 env, Python API)", action="reset", steps=len(resets) // repeats,
-                     native_us=statistics.median(resets), original_ms=2.6, speedup=2.6e3 / statistics.median(resets)))
+        rows.append(
+            dict(
+                engine="webshop native (1 env, Python API)",
+                action=k,
+                steps=len(native[k]) // repeats,
+                native_us=us,
+                original_ms=ms,
+                speedup=ms * 1e3 / us,
+            )
+        )
+    rows.append(
+        dict(
+            engine="webshop native (1 env, Python API)",
+            action="reset",
+            steps=len(resets) // repeats,
+            native_us=statistics.median(resets),
+            original_ms=2.6,
+            speedup=2.6e3 / statistics.median(resets),
+        )
+    )
     return rows
 
 
@@ -151,11 +170,16 @@ def scale_row(root: Path, n: int, queries: int = 200, keep: Optional[Path] = Non
             synthetic_catalogue(root, folder, n)
         write_s = time.perf_counter() - t0
         size = (folder / "data" / "items_shuffle.json").stat().st_size
-        res = subprocess.run([sys.executable, "-c", _CHILD, str(folder), json.dumps(qs)], capture_output=True,
-                             text=True, check=False)
+        res = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(folder), json.dumps(qs)], capture_output=True, text=True, check=False
+        )
         if res.returncode != 0:
             raise RuntimeError(f"the WebShop load of {n:,} products failed: {res.stderr.strip()[-2000:]}")
         row = json.loads(res.stdout.strip().splitlines()[-1])
-    row.update(engine="webshop native, synthetic catalogue", catalogue_gb=size / 1e9, write_s=write_s,
-               original_lucene_query_ms=3.4)
+    row.update(
+        engine="webshop native, synthetic catalogue",
+        catalogue_gb=size / 1e9,
+        write_s=write_s,
+        original_lucene_query_ms=3.4,
+    )
     return row

@@ -23,8 +23,16 @@ from typing import Optional
 
 from rich.console import Console
 
-from pcsd.data.fetch import (DataError, Manifest, check_from_dir, fetch_file, partial_dir, replace_into, sha256_of,
-                             staging_dir)
+from pcsd.data.fetch import (
+    DataError,
+    Manifest,
+    check_from_dir,
+    fetch_file,
+    partial_dir,
+    replace_into,
+    sha256_of,
+    staging_dir,
+)
 
 __all__ = ["ARCHIVE", "GAME_FILE", "ROOT", "count_games", "default_dest", "install"]
 
@@ -74,8 +82,9 @@ def _unpack(archive: Path, into: Path, want: dict[str, int]) -> None:
     try:
         zf = zipfile.ZipFile(archive)
     except (zipfile.BadZipFile, OSError) as exc:
-        raise DataError(f"alfworld: {archive.name} is not a whole zip archive ({exc}): a damaged or truncated "
-                        f"download") from None
+        raise DataError(
+            f"alfworld: {archive.name} is not a whole zip archive ({exc}): a damaged or truncated download"
+        ) from None
     with zf:
         found: dict[str, int] = {s: 0 for s in want}
         games = []
@@ -109,8 +118,9 @@ def _copy_tree(src_root: Path, into: Path, want: dict[str, int]) -> None:
             shutil.copyfile(game, out)
 
 
-def install(manifest: Manifest, dest: Path, *, from_dir: Optional[str] = None, force: bool = False,
-            console: Console) -> Path:
+def install(
+    manifest: Manifest, dest: Path, *, from_dir: Optional[str] = None, force: bool = False, console: Console
+) -> Path:
     """Installs the games into ``dest/json_2.1.1`` and returns ``dest``.
 
     ``from_dir``: a folder holding ``json_2.1.2_tw-pddl.zip``, or an extracted ``json_2.1.1/``
@@ -118,20 +128,24 @@ def install(manifest: Manifest, dest: Path, *, from_dir: Optional[str] = None, f
     incomplete one is replaced only with ``force``."""
     want = {str(k): int(v) for k, v in manifest.extra.get("splits", {}).items()}
     if not want:
-        raise DataError(f"--manifest {manifest.path}: no \"splits\" with the expected game counts")
+        raise DataError(f'--manifest {manifest.path}: no "splits" with the expected game counts')
     src = check_from_dir(from_dir) if from_dir is not None else None
     dest = dest.expanduser().resolve()
     final = dest / ROOT
     if final.exists():
         found = count_games(dest, want)
         if all(found[s] == n for s, n in want.items()) and not force:
-            console.print(f"alfworld: {final} already holds the {sum(want.values()):,} games "
-                          f"({', '.join(f'{s} {n:,}' for s, n in want.items())})")
+            console.print(
+                f"alfworld: {final} already holds the {sum(want.values()):,} games "
+                f"({', '.join(f'{s} {n:,}' for s, n in want.items())})"
+            )
             return dest
         if not force:
-            raise DataError(f"alfworld: {final} exists and is not a complete install "
-                            f"({', '.join(f'{s} {found[s]:,}/{n:,}' for s, n in want.items())}); "
-                            f"pass --force to replace it")
+            raise DataError(
+                f"alfworld: {final} exists and is not a complete install "
+                f"({', '.join(f'{s} {found[s]:,}/{n:,}' for s, n in want.items())}); "
+                f"pass --force to replace it"
+            )
     if src is not None and src == dest:
         raise DataError(f"--from {src}: the same folder as the destination (give another --dest)")
     dest.mkdir(parents=True, exist_ok=True)
@@ -156,8 +170,10 @@ def install(manifest: Manifest, dest: Path, *, from_dir: Optional[str] = None, f
         shutil.rmtree(stage, ignore_errors=True)
     if src is None:
         shutil.rmtree(partial_dir(dest), ignore_errors=True)
-    console.print(f"alfworld: installed {sum(want.values()):,} games in {final} "
-                  f"({', '.join(f'{s} {n:,}' for s, n in want.items())})")
+    console.print(
+        f"alfworld: installed {sum(want.values()):,} games in {final} "
+        f"({', '.join(f'{s} {n:,}' for s, n in want.items())})"
+    )
     return dest
 
 

@@ -24,14 +24,20 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pcsd-data", description="Fetch the real games, the WebShop catalogue and "
-                                "models, checked, into local folders.")
+    p = argparse.ArgumentParser(
+        prog="pcsd-data",
+        description="Fetch the real games, the WebShop catalogue and models, checked, into local folders.",
+    )
     sub = p.add_subparsers(dest="source", required=True, metavar="{alfworld,webshop,model}")
 
     def common(sp: argparse.ArgumentParser, dest_help: str) -> None:
         sp.add_argument("--dest", help=dest_help)
-        sp.add_argument("--from", dest="from_dir", metavar="DIR",
-                        help="install from a local copy of the files instead of downloading (air-gapped machines)")
+        sp.add_argument(
+            "--from",
+            dest="from_dir",
+            metavar="DIR",
+            help="install from a local copy of the files instead of downloading (air-gapped machines)",
+        )
         sp.add_argument("--force", action="store_true", help="replace an existing install")
 
     a = sub.add_parser("alfworld", help="ALFWorld's text games: train / valid_seen / valid_unseen")
@@ -39,17 +45,26 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--manifest", help="a manifest of your own (other URLs, counts, checksums)")
 
     w = sub.add_parser("webshop", help="WebShop's product catalogue and the reward's noun table")
-    common(w, "the folder WEBSHOP_DATA will name (default: $WEBSHOP_DATA, else ~/.cache/pcsd/webshop; "
-              "--full: ~/.cache/pcsd/webshop-full)")
-    w.add_argument("--full", action="store_true",
-                   help="the full 1.18 M-product catalogue (several GB to download, hours of spaCy for the nouns)")
+    common(
+        w,
+        "the folder WEBSHOP_DATA will name (default: $WEBSHOP_DATA, else ~/.cache/pcsd/webshop; "
+        "--full: ~/.cache/pcsd/webshop-full)",
+    )
+    w.add_argument(
+        "--full",
+        action="store_true",
+        help="the full 1.18 M-product catalogue (several GB to download, hours of spaCy for the nouns)",
+    )
     w.add_argument("--nouns", metavar="FILE", help="a noun table you have, instead of building it with spaCy")
     w.add_argument("--manifest", help="a manifest of your own (other URLs, counts, checksums)")
 
     m = sub.add_parser("model", help="a Hugging Face model id into a local folder")
     m.add_argument("name", help="the model id, e.g. Qwen/Qwen2.5-3B-Instruct")
-    common(m, "a model folder (default: the Hugging Face cache, where model.path=NAME finds it; with --from: "
-              "~/.cache/pcsd/models/<name>)")
+    common(
+        m,
+        "a model folder (default: the Hugging Face cache, where model.path=NAME finds it; with --from: "
+        "~/.cache/pcsd/models/<name>)",
+    )
     m.add_argument("--revision", help="a branch, tag or commit of the model (default: main)")
     return p
 
@@ -60,23 +75,38 @@ def run(args: argparse.Namespace, console: Console) -> str:
         from pcsd.data import alfworld
         from pcsd.data.fetch import load_manifest
 
-        dest = alfworld.install(load_manifest("alfworld", args.manifest),
-                                Path(args.dest) if args.dest else alfworld.default_dest(),
-                                from_dir=args.from_dir, force=args.force, console=console)
+        dest = alfworld.install(
+            load_manifest("alfworld", args.manifest),
+            Path(args.dest) if args.dest else alfworld.default_dest(),
+            from_dir=args.from_dir,
+            force=args.force,
+            console=console,
+        )
         return f"export ALFWORLD_DATA={dest}"
     if args.source == "webshop":
         from pcsd.data import webshop
         from pcsd.data.fetch import load_manifest
 
-        dest = webshop.install(load_manifest("webshop", args.manifest),
-                               Path(args.dest) if args.dest else webshop.default_dest(args.full),
-                               full=args.full, from_dir=args.from_dir, nouns=args.nouns, force=args.force,
-                               console=console)
+        dest = webshop.install(
+            load_manifest("webshop", args.manifest),
+            Path(args.dest) if args.dest else webshop.default_dest(args.full),
+            full=args.full,
+            from_dir=args.from_dir,
+            nouns=args.nouns,
+            force=args.force,
+            console=console,
+        )
         return f"export WEBSHOP_DATA={dest}"
     from pcsd.data import model
 
-    where = model.install(args.name, Path(args.dest) if args.dest else None, revision=args.revision,
-                          from_dir=args.from_dir, force=args.force, console=console)
+    where = model.install(
+        args.name,
+        Path(args.dest) if args.dest else None,
+        revision=args.revision,
+        from_dir=args.from_dir,
+        force=args.force,
+        console=console,
+    )
     return f"model.path={where}"
 
 

@@ -28,13 +28,22 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from pcsd.progress import progress_enabled
 
-__all__ = ["DataError", "Manifest", "load_manifest", "file_url", "download", "sha256_of", "partial_dir",
-           "staging_dir", "check_from_dir", "replace_into"]
+__all__ = [
+    "DataError",
+    "Manifest",
+    "load_manifest",
+    "file_url",
+    "download",
+    "sha256_of",
+    "partial_dir",
+    "staging_dir",
+    "check_from_dir",
+    "replace_into",
+]
 
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
 #: connection cuts a download survives in one run (each resumes where the last one stopped)
@@ -73,11 +82,11 @@ def load_manifest(source: str, path: Optional[str | os.PathLike[str]] = None) ->
     except (OSError, ValueError) as exc:
         raise DataError(f"--manifest {p}: not a readable JSON manifest ({exc})") from None
     if not isinstance(raw, dict) or raw.get("source") != source or not isinstance(raw.get("files"), list):
-        raise DataError(f"--manifest {p}: expected a JSON object with \"source\": \"{source}\" and a \"files\" list")
+        raise DataError(f'--manifest {p}: expected a JSON object with "source": "{source}" and a "files" list')
     files = {}
     for f in raw["files"]:
         if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not isinstance(f.get("url"), str):
-            raise DataError(f"--manifest {p}: every file needs a \"name\" and a \"url\", got {f!r}")
+            raise DataError(f'--manifest {p}: every file needs a "name" and a "url", got {f!r}')
         files[f["name"]] = f
     extra = {k: v for k, v in raw.items() if k not in ("source", "files")}
     return Manifest(source, p, files, extra)
@@ -138,8 +147,16 @@ def sha256_of(path: Path) -> str:
 
 
 def _progress(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                    TimeRemainingColumn(), console=console, disable=not progress_enabled(console), transient=False)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not progress_enabled(console),
+        transient=False,
+    )
 
 
 def _reason(exc: BaseException) -> str:
@@ -163,12 +180,15 @@ def _open(url: str, have: int, what: str) -> tuple[Any, int]:
             if total.isdigit() and int(total) == have:
                 return None, have
         if exc.code == 404:
-            raise DataError(f"{what}: {url} answered 404 Not Found (the file is not there: check the mirror "
-                            f"or --manifest)") from None
+            raise DataError(
+                f"{what}: {url} answered 404 Not Found (the file is not there: check the mirror or --manifest)"
+            ) from None
         raise DataError(f"{what}: {url} answered HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, socket.timeout, ConnectionError, http.client.HTTPException, OSError) as exc:
-        raise DataError(f"{what}: could not reach {url} ({_reason(exc)}); without network, install from a local "
-                        f"copy with --from DIR") from None
+        raise DataError(
+            f"{what}: could not reach {url} ({_reason(exc)}); without network, install from a local "
+            f"copy with --from DIR"
+        ) from None
     if have and resp.status == 206:
         start = (resp.headers.get("Content-Range") or "").removeprefix("bytes ").partition("-")[0]
         if start.isdigit() and int(start) == have:
@@ -176,8 +196,9 @@ def _open(url: str, have: int, what: str) -> tuple[Any, int]:
     return resp, 0
 
 
-def download(url: str, part: Path, *, what: str, console: Console, size: Optional[int] = None,
-             html_ok: bool = False) -> Path:
+def download(
+    url: str, part: Path, *, what: str, console: Console, size: Optional[int] = None, html_ok: bool = False
+) -> Path:
     """Downloads ``url`` into ``part`` (resuming what ``part`` already holds) and returns it.
 
     A connection cut mid-file is resumed with a ``Range`` request, up to :data:`RETRIES` times;
@@ -195,8 +216,10 @@ def download(url: str, part: Path, *, what: str, console: Console, size: Optiona
             with resp:
                 ctype = resp.headers.get("Content-Type", "")
                 if not html_ok and ctype.startswith("text/html"):
-                    raise DataError(f"{what}: {url} answered an HTML page instead of the file (a login, quota or "
-                                    f"moved-file page); download it by hand and use --from DIR")
+                    raise DataError(
+                        f"{what}: {url} answered an HTML page instead of the file (a login, quota or "
+                        f"moved-file page); download it by hand and use --from DIR"
+                    )
                 length = resp.headers.get("Content-Length")
                 total = start + int(length) if length and length.isdigit() else size
                 bars.update(task, total=total, completed=start)
@@ -217,21 +240,27 @@ def download(url: str, part: Path, *, what: str, console: Console, size: Optiona
                         raise DataError(f"{what}: writing {part} failed ({exc})") from None
                     cuts += 1
                     if cuts > RETRIES:
-                        raise DataError(f"{what}: the connection to {url} was cut {cuts} times ({_reason(exc)}); "
-                                        f"{got:,} bytes are kept in {part}: run again to resume") from None
+                        raise DataError(
+                            f"{what}: the connection to {url} was cut {cuts} times ({_reason(exc)}); "
+                            f"{got:,} bytes are kept in {part}: run again to resume"
+                        ) from None
                     continue
             if total is not None and got < total:  # closed early without an error
                 cuts += 1
                 if cuts > RETRIES:
-                    raise DataError(f"{what}: {url} ended after {got:,} of {total:,} bytes {cuts} times; "
-                                    f"the bytes are kept in {part}: run again to resume")
+                    raise DataError(
+                        f"{what}: {url} ended after {got:,} of {total:,} bytes {cuts} times; "
+                        f"the bytes are kept in {part}: run again to resume"
+                    )
                 continue
             break
     have = part.stat().st_size
     if size is not None and have != size:
         part.unlink()
-        raise DataError(f"{what}: {part.name.removesuffix('.part')} has {have:,} bytes, the manifest says {size:,} "
-                        f"(a different or damaged file; it was deleted)")
+        raise DataError(
+            f"{what}: {part.name.removesuffix('.part')} has {have:,} bytes, the manifest says {size:,} "
+            f"(a different or damaged file; it was deleted)"
+        )
     return part
 
 
@@ -243,12 +272,15 @@ def check_sha256(path: Path, expected: Optional[str], what: str, name: str) -> N
     got = sha256_of(path)
     if got != expected.lower():
         path.unlink()
-        raise DataError(f"{what}: {name} has SHA-256 {got}, the published one is {expected} (a damaged or "
-                        f"different file; it was deleted, run again to download it anew)")
+        raise DataError(
+            f"{what}: {name} has SHA-256 {got}, the published one is {expected} (a damaged or "
+            f"different file; it was deleted, run again to download it anew)"
+        )
 
 
-def fetch_file(manifest: Manifest, name: str, dest: Path, *, what: str, console: Console,
-               html_ok: bool = False) -> Path:
+def fetch_file(
+    manifest: Manifest, name: str, dest: Path, *, what: str, console: Console, html_ok: bool = False
+) -> Path:
     """Downloads file ``name`` of ``manifest`` (resuming) and checks its size and SHA-256 where
     the manifest has them; returns the path of the ``.part`` file, checked."""
     entry = manifest.file(name)

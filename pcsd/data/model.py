@@ -47,7 +47,9 @@ def _safetensors_whole(path: Path) -> None:
     except (struct.error, ValueError, KeyError, TypeError, IndexError) as exc:
         raise DataError(f"model: {path.name} is not a whole safetensors file ({exc})") from None
     if 8 + n + end != size:
-        raise DataError(f"model: {path.name} has {size:,} bytes, its tensors need {8 + n + end:,} (truncated or damaged)")
+        raise DataError(
+            f"model: {path.name} has {size:,} bytes, its tensors need {8 + n + end:,} (truncated or damaged)"
+        )
 
 
 def check_model_folder(folder: Path, sha256: Optional[dict[str, str]] = None, where: str = "model") -> None:
@@ -75,8 +77,9 @@ def check_model_folder(folder: Path, sha256: Optional[dict[str, str]] = None, wh
             raise DataError(f"{where}: {index.name} does not parse ({exc})") from None
         missing = [w for w in wanted if w not in shards]
         if missing:
-            raise DataError(f"{where}: {folder} lacks {len(missing)} of the {len(wanted)} weight shards "
-                            f"(first: {missing[0]})")
+            raise DataError(
+                f"{where}: {folder} lacks {len(missing)} of the {len(wanted)} weight shards (first: {missing[0]})"
+            )
     if not shards:
         raise DataError(f"{where}: {folder} has no *.safetensors weights")
     for s in shards:
@@ -87,8 +90,10 @@ def check_model_folder(folder: Path, sha256: Optional[dict[str, str]] = None, wh
             blob = p.resolve()  # in the Hugging Face cache: the blob behind the link
             p.unlink()
             blob.unlink(missing_ok=True)
-            raise DataError(f"{where}: {name} does not have the SHA-256 the Hub publishes ({digest}): a damaged "
-                            f"download, deleted (run again to fetch it anew)")
+            raise DataError(
+                f"{where}: {name} does not have the SHA-256 the Hub publishes ({digest}): a damaged "
+                f"download, deleted (run again to fetch it anew)"
+            )
 
 
 def _published_sha256(name: str, revision: Optional[str]) -> dict[str, str]:
@@ -98,8 +103,11 @@ def _published_sha256(name: str, revision: Optional[str]) -> dict[str, str]:
 
     kw = hub_kwargs()
     api = HfApi(endpoint=kw.get("endpoint"))
-    return {f.path: f.lfs.sha256 for f in api.list_repo_tree(name, revision=revision, recursive=True)
-            if isinstance(f, RepoFile) and f.lfs is not None and f.lfs.sha256}
+    return {
+        f.path: f.lfs.sha256
+        for f in api.list_repo_tree(name, revision=revision, recursive=True)
+        if isinstance(f, RepoFile) and f.lfs is not None and f.lfs.sha256
+    }
 
 
 def _progress_bars(console: Console) -> None:
@@ -128,13 +136,21 @@ def _into_cache(name: str, revision: Optional[str], console: Console) -> str:
     return name if revision is None else str(path)
 
 
-def install(name: str, dest: Optional[Path], *, revision: Optional[str] = None, from_dir: Optional[str] = None,
-            force: bool = False, console: Console) -> str:
+def install(
+    name: str,
+    dest: Optional[Path],
+    *,
+    revision: Optional[str] = None,
+    from_dir: Optional[str] = None,
+    force: bool = False,
+    console: Console,
+) -> str:
     """Puts model ``name`` (a Hub id) in the Hugging Face cache (``dest`` None) or in the folder
     ``dest``; returns what ``model.path`` takes: the id, or the folder."""
     if from_dir is None and not is_model_id(name):
-        raise DataError(f"model: {name!r} is not a Hugging Face model id (expected org/name, e.g. "
-                        f"Qwen/Qwen2.5-3B-Instruct)")
+        raise DataError(
+            f"model: {name!r} is not a Hugging Face model id (expected org/name, e.g. Qwen/Qwen2.5-3B-Instruct)"
+        )
     src = check_from_dir(from_dir) if from_dir is not None else None
     if dest is None and src is None:
         return _into_cache(name, revision, console)
@@ -143,8 +159,9 @@ def install(name: str, dest: Optional[Path], *, revision: Optional[str] = None, 
         try:
             check_model_folder(dest)
         except DataError as exc:
-            raise DataError(f"model: {dest} exists and is not a complete model ({exc}); pass --force to replace "
-                            f"it") from None
+            raise DataError(
+                f"model: {dest} exists and is not a complete model ({exc}); pass --force to replace it"
+            ) from None
         console.print(f"model: {dest} already holds {name}")
         return str(dest)
     if src is not None and src == dest:
@@ -178,8 +195,12 @@ def install(name: str, dest: Optional[Path], *, revision: Optional[str] = None, 
 
 
 def _download_error(name: str, where: str, exc: BaseException) -> str:
-    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     if isinstance(exc, GatedRepoError):
         return f"model: {name} is gated on {where}: accept its licence there and log in (HF_TOKEN)"
@@ -188,7 +209,8 @@ def _download_error(name: str, where: str, exc: BaseException) -> str:
     if isinstance(exc, RevisionNotFoundError):
         return f"model: {where} has no such revision of {name}"
     if isinstance(exc, LocalEntryNotFoundError) or "connect" in type(exc).__name__.lower():
-        return (f"model: could not reach {where} for {name}; without network, copy the model folder here and "
-                f"use --from DIR")
+        return (
+            f"model: could not reach {where} for {name}; without network, copy the model folder here and use --from DIR"
+        )
     msg = str(exc).splitlines()[0] if str(exc) else ""
     return f"model: downloading {name} from {where} failed ({type(exc).__name__}: {msg})"

@@ -35,8 +35,16 @@ from typing import Any, Iterable, Optional
 
 from rich.console import Console
 
-from pcsd.data.fetch import DataError, Manifest, check_from_dir, fetch_file, partial_dir, replace_into, sha256_of, \
-    staging_dir
+from pcsd.data.fetch import (
+    DataError,
+    Manifest,
+    check_from_dir,
+    fetch_file,
+    partial_dir,
+    replace_into,
+    sha256_of,
+    staging_dir,
+)
 
 __all__ = ["NOUN_POS", "SETS", "build_noun_table", "default_dest", "install", "load_spacy_model", "noun_file"]
 
@@ -64,7 +72,7 @@ def noun_file(set_name: str) -> str:
 def _set(manifest: Manifest, set_name: str) -> dict[str, Any]:
     sets = manifest.extra.get("sets", {})
     if set_name not in sets:
-        raise DataError(f"--manifest {manifest.path}: no set {set_name!r} (expected \"sets\" with {', '.join(SETS)})")
+        raise DataError(f'--manifest {manifest.path}: no set {set_name!r} (expected "sets" with {", ".join(SETS)})')
     return sets[set_name]
 
 
@@ -77,10 +85,14 @@ def _check_catalogue(path: Path, want: Optional[int]) -> list[str]:
     try:
         entries, names = scan_catalogue(path)
     except (ValueError, OSError) as exc:
-        raise DataError(f"webshop: {path.name.removesuffix('.part')} does not parse as a product list ({exc})") from None
+        raise DataError(
+            f"webshop: {path.name.removesuffix('.part')} does not parse as a product list ({exc})"
+        ) from None
     if want is not None and entries != want:
-        raise DataError(f"webshop: {path.name.removesuffix('.part')} holds {entries:,} products, expected {want:,} "
-                        f"(a truncated or different file)")
+        raise DataError(
+            f"webshop: {path.name.removesuffix('.part')} holds {entries:,} products, expected {want:,} "
+            f"(a truncated or different file)"
+        )
     return names
 
 
@@ -103,8 +115,9 @@ def _check(path: Path, entry: dict[str, Any]) -> Optional[list[str]]:
     if kind in ("attributes", "human"):
         _check_entries(path, entry.get("count"), "a JSON object of per-product entries")
         return None
-    raise DataError(f"--manifest: file {entry.get('name')!r} has kind {kind!r} (expected products, attributes "
-                    f"or human)")
+    raise DataError(
+        f"--manifest: file {entry.get('name')!r} has kind {kind!r} (expected products, attributes or human)"
+    )
 
 
 # ----------------------------------------------------------------------------- nouns
@@ -113,8 +126,10 @@ def load_spacy_model(wheel: Path, into: Path, expect: dict[str, Any]) -> Any:
     try:
         import spacy
     except ImportError:
-        raise DataError("webshop: the reward's noun table is built with spaCy: pip install 'pcsd[webshop]' "
-                        "(or give a table you have with --nouns FILE)") from None
+        raise DataError(
+            "webshop: the reward's noun table is built with spaCy: pip install 'pcsd[webshop]' "
+            "(or give a table you have with --nouns FILE)"
+        ) from None
     try:
         with zipfile.ZipFile(wheel) as zf:
             metas = [n for n in zf.namelist() if n.endswith("/meta.json") and n.count("/") == 2]
@@ -127,35 +142,51 @@ def load_spacy_model(wheel: Path, into: Path, expect: dict[str, Any]) -> Any:
     meta = json.loads((pipe_dir / "meta.json").read_text(encoding="utf-8"))
     for k in ("name", "version"):
         if k in expect and meta.get(k) != expect[k]:
-            raise DataError(f"webshop: {wheel.name} is {meta.get('name')} {meta.get('version')}, expected "
-                            f"{expect.get('name')} {expect.get('version')}")
+            raise DataError(
+                f"webshop: {wheel.name} is {meta.get('name')} {meta.get('version')}, expected "
+                f"{expect.get('name')} {expect.get('version')}"
+            )
     try:
         return spacy.load(pipe_dir, exclude=SPACY_EXCLUDE)
     except Exception as exc:  # spaCy's own errors: a version it cannot load
-        raise DataError(f"webshop: spaCy {spacy.__version__} cannot load {pipe_dir.name} ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0]})") from None
+        raise DataError(
+            f"webshop: spaCy {spacy.__version__} cannot load {pipe_dir.name} ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0]})"
+        ) from None
 
 
 def build_noun_table(names: Iterable[str], nlp: Any, *, console: Console, batch_size: int = 512) -> dict[str, Any]:
     """The noun table of ``names``: ``{"by_name": {name: {"nouns": [...]}}}``, the nouns as the
     original's ``get_type_reward`` takes them from ``nlp(name)``."""
-    from pcsd.progress import progress_enabled
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from pcsd.progress import progress_enabled
 
     names = list(dict.fromkeys(names))
     by_name: dict[str, Any] = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=console, disable=not progress_enabled(console)) as bars:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not progress_enabled(console),
+    ) as bars:
         task = bars.add_task("webshop: nouns of the product names (spaCy)", total=len(names))
         for name, doc in zip(names, nlp.pipe(names, batch_size=batch_size)):
             by_name[name] = {"nouns": [t.text.lower() for t in doc if t.pos_ in NOUN_POS]}
             bars.advance(task)
     import spacy
 
-    return {"what": "[t.text.lower() for t in nlp(name) if t.pos_ in ('PNOUN', 'NOUN', 'PROPN')] per product name "
-                    "(goal.get_type_reward of princeton-nlp/WebShop); written by pcsd-data webshop",
-            "spacy_version": spacy.__version__, "model": {k: nlp.meta.get(k) for k in ("lang", "name", "version")},
-            "pipeline": list(nlp.pipe_names), "n_distinct_names": len(by_name), "by_name": by_name}
+    return {
+        "what": "[t.text.lower() for t in nlp(name) if t.pos_ in ('PNOUN', 'NOUN', 'PROPN')] per product name "
+        "(goal.get_type_reward of princeton-nlp/WebShop); written by pcsd-data webshop",
+        "spacy_version": spacy.__version__,
+        "model": {k: nlp.meta.get(k) for k in ("lang", "name", "version")},
+        "pipeline": list(nlp.pipe_names),
+        "n_distinct_names": len(by_name),
+        "by_name": by_name,
+    }
 
 
 def _check_noun_table(path: Path, names: list[str]) -> None:
@@ -164,11 +195,13 @@ def _check_noun_table(path: Path, names: list[str]) -> None:
         by_name = table["by_name"]
         missing = [n for n in names if n not in by_name or not isinstance(by_name[n].get("nouns"), list)]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise DataError(f"--nouns {path}: not a noun table (expected {{\"by_name\": {{name: {{\"nouns\": [...]}}}}}}: "
-                        f"{exc})") from None
+        raise DataError(
+            f'--nouns {path}: not a noun table (expected {{"by_name": {{name: {{"nouns": [...]}}}}}}: {exc})'
+        ) from None
     if missing:
-        raise DataError(f"--nouns {path}: no nouns for {len(missing):,} of the {len(names):,} product names "
-                        f"(first: {missing[0]!r})")
+        raise DataError(
+            f"--nouns {path}: no nouns for {len(missing):,} of the {len(names):,} product names (first: {missing[0]!r})"
+        )
 
 
 # ----------------------------------------------------------------------------- install
@@ -176,8 +209,16 @@ def _complete(data: Path, files: list[dict[str, Any]], nouns: str) -> bool:
     return all((data / f["name"]).is_file() for f in files) and (data / nouns).is_file()
 
 
-def install(manifest: Manifest, dest: Path, *, full: bool = False, from_dir: Optional[str] = None,
-            nouns: Optional[str] = None, force: bool = False, console: Console) -> Path:
+def install(
+    manifest: Manifest,
+    dest: Path,
+    *,
+    full: bool = False,
+    from_dir: Optional[str] = None,
+    nouns: Optional[str] = None,
+    force: bool = False,
+    console: Console,
+) -> Path:
     """Installs the set into ``dest/data`` and returns ``dest`` (the folder ``WEBSHOP_DATA``
     names). ``from_dir``: a folder holding the set's files (directly or in ``data/``; the spaCy
     wheel or a noun table there too, else the wheel is downloaded). ``nouns``: a noun table to
@@ -206,8 +247,10 @@ def install(manifest: Manifest, dest: Path, *, full: bool = False, from_dir: Opt
             if src is not None:
                 local = src / name
                 if not local.is_file():
-                    raise DataError(f"--from {src}: no {name} there (the {set_name} set needs "
-                                    f"{', '.join(f['name'] for f in files)})")
+                    raise DataError(
+                        f"--from {src}: no {name} there (the {set_name} set needs "
+                        f"{', '.join(f['name'] for f in files)})"
+                    )
                 if entry.get("sha256") and sha256_of(local) != entry["sha256"].lower():
                     raise DataError(f"--from {src}: {name} does not have the published SHA-256 {entry['sha256']}")
                 found = _check(local, entry)
@@ -244,11 +287,12 @@ def install(manifest: Manifest, dest: Path, *, full: bool = False, from_dir: Opt
     return dest
 
 
-def _build_nouns(manifest: Manifest, names: list[str], table: Path, dest: Path, src: Optional[Path],
-                 console: Console) -> None:
+def _build_nouns(
+    manifest: Manifest, names: list[str], table: Path, dest: Path, src: Optional[Path], console: Console
+) -> None:
     model = manifest.extra.get("spacy_model")
     if not model:
-        raise DataError(f"--manifest {manifest.path}: no \"spacy_model\" (the wheel the noun table is built with)")
+        raise DataError(f'--manifest {manifest.path}: no "spacy_model" (the wheel the noun table is built with)')
     wheel_name = model["file"]
     if src is not None and (src / wheel_name).is_file():
         wheel = src / wheel_name
@@ -257,8 +301,10 @@ def _build_nouns(manifest: Manifest, names: list[str], table: Path, dest: Path, 
     unpacked = table.parent / ".spacy"
     try:
         nlp = load_spacy_model(wheel, unpacked, model)
-        console.print(f"webshop: nouns of {len(names):,} product names with spaCy {nlp.meta.get('name')} "
-                      f"{nlp.meta.get('version')}")
+        console.print(
+            f"webshop: nouns of {len(names):,} product names with spaCy {nlp.meta.get('name')} "
+            f"{nlp.meta.get('version')}"
+        )
         out = build_noun_table(names, nlp, console=console)
     finally:
         shutil.rmtree(unpacked, ignore_errors=True)

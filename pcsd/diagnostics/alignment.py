@@ -31,8 +31,16 @@ import torch
 from pcsd.diagnostics.robustness import GapSet, spearman, token_weights
 from pcsd.ops.weighting import available_rules, get_rule
 
-__all__ = ["ExpertPair", "TASK_TYPE_EXAMPLES", "expert_pairs", "load_episodes", "score_contexts",
-           "quality_alignment", "PERTURBATIONS", "PAPER_QUALITY_ALIGNMENT"]
+__all__ = [
+    "ExpertPair",
+    "TASK_TYPE_EXAMPLES",
+    "expert_pairs",
+    "load_episodes",
+    "score_contexts",
+    "quality_alignment",
+    "PERTURBATIONS",
+    "PAPER_QUALITY_ALIGNMENT",
+]
 
 PERTURBATIONS = ("removed", "shuffled")
 #: the paper's Figure "quality alignment" (Spearman of dQ vs dW: skills removed / shuffled)
@@ -65,14 +73,26 @@ def load_episodes(path: str | Path) -> list:
     from pcsd.envs.experts import ExpertEpisode
 
     text = Path(path).read_text()
-    items = json.loads(text) if text.lstrip().startswith("[") else [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+    items = (
+        json.loads(text)
+        if text.lstrip().startswith("[")
+        else [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+    )
     out = []
     for i, it in enumerate(items):
         try:
-            out.append(ExpertEpisode(task=it["task"], task_type=it.get("task_type", ""),
-                                     steps=[(s[0], list(s[1]), s[2]) for s in it["steps"]], won=bool(it.get("won", False))))
+            out.append(
+                ExpertEpisode(
+                    task=it["task"],
+                    task_type=it.get("task_type", ""),
+                    steps=[(s[0], list(s[1]), s[2]) for s in it["steps"]],
+                    won=bool(it.get("won", False)),
+                )
+            )
         except (KeyError, IndexError, TypeError) as exc:
-            raise ValueError(f"{path}: episode {i} is not {{task, task_type, steps: [[obs, admissible, action]]}}: {exc}") from None
+            raise ValueError(
+                f"{path}: episode {i} is not {{task, task_type, steps: [[obs, admissible, action]]}}: {exc}"
+            ) from None
     return out
 
 
@@ -86,8 +106,14 @@ def expert_pairs(episodes: Sequence, max_pairs: int = 0) -> list[ExpertPair]:
         tt = ep.task_type or classify_alfworld_task(ep.task) or ""  # "": no task type matched
         hist: list[tuple[str, str]] = []
         for obs, adm, action in ep.steps:
-            pairs.append(ExpertPair(dict(task=ep.task, observation=obs, admissible=list(adm), history=list(hist),
-                                         step=len(hist)), tt, action, e))
+            pairs.append(
+                ExpertPair(
+                    dict(task=ep.task, observation=obs, admissible=list(adm), history=list(hist), step=len(hist)),
+                    tt,
+                    action,
+                    e,
+                )
+            )
             hist.append((obs, action))
             if max_pairs and len(pairs) >= max_pairs:
                 return pairs
@@ -115,8 +141,9 @@ class Scored:
     shuffled_types: list = field(default_factory=list)
 
 
-def score_contexts(model, builder, pairs: Sequence[ExpertPair], eos: int, seed: int = 0,
-                   tokens_per_pass: int = 8192) -> Scored:
+def score_contexts(
+    model, builder, pairs: Sequence[ExpertPair], eos: int, seed: int = 0, tokens_per_pass: int = 8192
+) -> Scored:
     """Scores every pair's response under the contexts ``student``, ``teacher``, ``removed``
     (= the student prompt) and ``shuffled`` (another task type's skills, drawn with ``seed``; with
     a builder that reads a skills folder, the folder's skills of another task of the pairs whose
@@ -145,8 +172,10 @@ def score_contexts(model, builder, pairs: Sequence[ExpertPair], eos: int, seed: 
             own = repo.retrieve(r["task"])
             others = [t for t in tasks if repo.retrieve(t) != own]
             if not others:
-                raise ValueError(f"skills folder {str(repo.folder)!r} retrieves the same skills for every task "
-                                 "of these episodes: nothing to shuffle")
+                raise ValueError(
+                    f"skills folder {str(repo.folder)!r} retrieves the same skills for every task "
+                    "of these episodes: nothing to shuffle"
+                )
             other = rng.choice(others)
             shuffled_types.append(other)
             shuffled_texts.append(repo.block(other) + s)
@@ -169,7 +198,7 @@ def score_contexts(model, builder, pairs: Sequence[ExpertPair], eos: int, seed: 
     cu = np.concatenate([[0], np.cumsum(lengths)])
     amask = np.zeros(int(cu[-1]), dtype=bool)
     for i, (a, b) in enumerate(spans):
-        amask[cu[i] + a: cu[i] + b] = True
+        amask[cu[i] + a : cu[i] + b] = True
     return Scored(logp, cu, amask, [p.task_type for p in pairs], shuffled_types)
 
 
@@ -209,11 +238,22 @@ def quality_alignment(sc: Scored, rules: Optional[Iterable[str]] = None) -> dict
                 slope, intercept = (float(v) for v in np.polyfit(dQ[p], dW, 1))
             else:
                 slope, intercept = float("nan"), float("nan")
-            out[r][p] = dict(spearman=rho, slope=slope, intercept=intercept, dW=[float(v) for v in dW],
-                             dW_mean=float(dW.mean()), W_original_mean=float(W["teacher"].mean()))
+            out[r][p] = dict(
+                spearman=rho,
+                slope=slope,
+                intercept=intercept,
+                dW=[float(v) for v in dW],
+                dW_mean=float(dW.mean()),
+                W_original_mean=float(W["teacher"].mean()),
+            )
     gap = sc.logp["teacher"] - sc.logp["student"]
-    return dict(rules=out, dQ={p: [float(v) for v in dQ[p]] for p in PERTURBATIONS},
-                Q_mean={c: float(v.mean()) for c, v in Q.items()}, num_pairs=int(cu.size - 1),
-                num_tokens=int(cu[-1]), gap_mean=float(gap.mean()),
-                gap_action_mean=float(gap[am].mean()) if am.any() else float("nan"),
-                kinds={r: get_rule(r).kind for r in rules})
+    return dict(
+        rules=out,
+        dQ={p: [float(v) for v in dQ[p]] for p in PERTURBATIONS},
+        Q_mean={c: float(v.mean()) for c, v in Q.items()},
+        num_pairs=int(cu.size - 1),
+        num_tokens=int(cu[-1]),
+        gap_mean=float(gap.mean()),
+        gap_action_mean=float(gap[am].mean()) if am.any() else float("nan"),
+        kinds={r: get_rule(r).kind for r in rules},
+    )

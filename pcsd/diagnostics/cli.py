@@ -34,8 +34,11 @@ DIAG_GAMES_SEED = 700_000
 def build_parser() -> argparse.ArgumentParser:
     from pcsd.diagnostics.robustness import FRACTIONS
 
-    p = argparse.ArgumentParser(prog="python -m pcsd.diagnostics", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m pcsd.diagnostics",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp):
@@ -48,9 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
         sp.add_argument("--games", type=int, default=24, help="procedural games the expert plays (model scoring)")
         sp.add_argument("--episodes", help="recorded episodes (JSON/JSONL) instead of the native expert's")
-        sp.add_argument("--expert", default="observation", choices=("observation", "skills"),
-                        help="the native expert: observation-only (default), or the one that searches first "
-                             "where the teacher's skills point (optim.sft_teacher_demos=skills)")
+        sp.add_argument(
+            "--expert",
+            default="observation",
+            choices=("observation", "skills"),
+            help="the native expert: observation-only (default), or the one that searches first "
+            "where the teacher's skills point (optim.sft_teacher_demos=skills)",
+        )
         sp.add_argument("--max-pairs", type=int, default=0, help="at most this many state-action pairs (0: all)")
         sp.add_argument("--quiet", action="store_true", help="no table on stdout")
 
@@ -63,12 +70,22 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--magnitude", type=float, default=3.0)
     rr.add_argument("--sign", default="both", choices=("both", "positive", "negative"))
     rr.add_argument("--max-tokens", type=int, default=200_000, help="recorded gaps: at most this many tokens")
-    rr.add_argument("--gaps-from", default="rollouts", choices=("rollouts", "expert"),
-                    help="with a model: score fresh rollouts of the model (as in training) or expert trajectories")
+    rr.add_argument(
+        "--gaps-from",
+        default="rollouts",
+        choices=("rollouts", "expert"),
+        help="with a model: score fresh rollouts of the model (as in training) or expert trajectories",
+    )
     rr.add_argument("--group-size", type=int, default=2, help="fresh rollouts per game")
-    rr.add_argument("--max-steps", type=int, default=0, help="fresh rollouts: turns per episode (0: the run's env.max_steps)")
-    rr.add_argument("--max-response-tokens", type=int, default=0,
-                    help="fresh rollouts: tokens per turn (0: the run's rollout.max_response_tokens)")
+    rr.add_argument(
+        "--max-steps", type=int, default=0, help="fresh rollouts: turns per episode (0: the run's env.max_steps)"
+    )
+    rr.add_argument(
+        "--max-response-tokens",
+        type=int,
+        default=0,
+        help="fresh rollouts: tokens per turn (0: the run's rollout.max_response_tokens)",
+    )
 
     qa = sub.add_parser("quality-alignment", help="dQ vs dW under skill removal / shuffled skills")
     common(qa)
@@ -130,19 +147,17 @@ def _scored(args, console):
         episodes = load_episodes(args.episodes)
         src = args.episodes
     else:
+        from pcsd.diagnostics.report import out_dir_for
         from pcsd.envs.procedural import write_games
         from pcsd.train.job import procedural_knobs
         from pcsd.train.sft import expert_episodes
-
-        from pcsd.diagnostics.report import out_dir_for
 
         base = Path(args.run_dir) if args.run_dir else out_dir_for(args.out, None)
         games = write_games(base / "games" / "diagnostics", args.games, DIAG_GAMES_SEED, **procedural_knobs(cfg))
         if args.expert == "skills":
             from pcsd.train.sft import skill_search_first
 
-            episodes = expert_episodes(games, cfg.env.max_steps, cfg.optim.sft_navigation,
-                                       skill_search_first(skills))
+            episodes = expert_episodes(games, cfg.env.max_steps, cfg.optim.sft_navigation, skill_search_first(skills))
             src = f"{len(games)} procedural games played by the expert that follows the skills"
         else:
             episodes = expert_episodes(games, cfg.env.max_steps, cfg.optim.sft_navigation)
@@ -151,13 +166,20 @@ def _scored(args, console):
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     model = load_model(model_dir, device, "float32" if device.type == "cpu" else "auto").eval()
-    builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
-                            max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=model_dir,
-                            skills=skills)
-    sc = score_contexts(model, builder, pairs, eos_id(builder), seed=args.seed,
-                        tokens_per_pass=cfg.optim.tokens_per_microbatch)
-    console.print(f"[pcsd.diagnostics] scored {len(pairs)} expert state-action pairs ({src}) with {model_dir} "
-                  f"in 4 contexts, {time.time() - t0:.1f}s")
+    builder = PromptBuilder(
+        "alfworld",
+        history_length=cfg.env.history_length,
+        max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+        tokenizer_dir=model_dir,
+        skills=skills,
+    )
+    sc = score_contexts(
+        model, builder, pairs, eos_id(builder), seed=args.seed, tokens_per_pass=cfg.optim.tokens_per_microbatch
+    )
+    console.print(
+        f"[pcsd.diagnostics] scored {len(pairs)} expert state-action pairs ({src}) with {model_dir} "
+        f"in 4 contexts, {time.time() - t0:.1f}s"
+    )
     return sc, dict(model=str(model_dir), episodes_source=src, num_episodes=len(episodes))
 
 
@@ -182,9 +204,13 @@ def _rollout_gaps(args, console):
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     model = load_model(model_dir, device, "float32" if device.type == "cpu" else "auto").eval()
-    builder = PromptBuilder("alfworld", history_length=cfg.env.history_length,
-                            max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=model_dir,
-                            skills=_skills(args, cfg))
+    builder = PromptBuilder(
+        "alfworld",
+        history_length=cfg.env.history_length,
+        max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+        tokenizer_dir=model_dir,
+        skills=_skills(args, cfg),
+    )
     from pcsd.diagnostics.report import out_dir_for
 
     base = Path(args.run_dir) if args.run_dir else out_dir_for(args.out, None)
@@ -192,10 +218,19 @@ def _rollout_gaps(args, console):
     eos = eos_id(builder)
     backend = make_backend("hf", model=model, pad_token_id=eos)
     try:
-        rb = collect_rollouts(backend, builder, games, args.group_size, max_steps=args.max_steps or cfg.env.max_steps,
-                              max_response_tokens=args.max_response_tokens or cfg.rollout.max_response_tokens,
-                              temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=args.seed,
-                              stop_token_ids=[eos], num_threads=cfg.env.num_threads)
+        rb = collect_rollouts(
+            backend,
+            builder,
+            games,
+            args.group_size,
+            max_steps=args.max_steps or cfg.env.max_steps,
+            max_response_tokens=args.max_response_tokens or cfg.rollout.max_response_tokens,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            seed=args.seed,
+            stop_token_ids=[eos],
+            num_threads=cfg.env.num_threads,
+        )
     finally:
         backend.close()
     rows = [i for i, r in enumerate(rb.response_ids) if r]
@@ -209,12 +244,15 @@ def _rollout_gaps(args, console):
     cu = [0]
     for r in resp:
         cu.append(cu[-1] + len(r))
-    console.print(f"[pcsd.diagnostics] {rb.num_trajectories} fresh rollouts of {model_dir} on {len(games)} games "
-                  f"({len(resp)} turns, {len(gap)} tokens, success {100 * float(rb.won.float().mean()):.1f}%), "
-                  f"{time.time() - t0:.1f}s")
+    console.print(
+        f"[pcsd.diagnostics] {rb.num_trajectories} fresh rollouts of {model_dir} on {len(games)} games "
+        f"({len(resp)} turns, {len(gap)} tokens, success {100 * float(rb.won.float().mean()):.1f}%), "
+        f"{time.time() - t0:.1f}s"
+    )
     gs = GapSet(gap, [True] * len(gap), cu, source=f"fresh rollouts of {model_dir.name}")
-    return gs, dict(model=str(model_dir), rollouts=rb.num_trajectories,
-                    rollout_success=100 * float(rb.won.float().mean()))
+    return gs, dict(
+        model=str(model_dir), rollouts=rb.num_trajectories, rollout_success=100 * float(rb.won.float().mean())
+    )
 
 
 def _rules(args) -> Optional[list[str]]:
@@ -242,9 +280,11 @@ def run_rank_robustness(args, console) -> dict:
         gs = gapset_from_records(load_gap_records(args.run_dir), max_tokens=args.max_tokens)
     else:
         if args.run_dir and not args.model:
-            console.print(f"[pcsd.diagnostics] {args.run_dir} has no recorded gaps (run.record_gaps=true): "
-                          f"scoring {'fresh rollouts' if args.gaps_from == 'rollouts' else 'expert trajectories'} "
-                          f"with its model instead")
+            console.print(
+                f"[pcsd.diagnostics] {args.run_dir} has no recorded gaps (run.record_gaps=true): "
+                f"scoring {'fresh rollouts' if args.gaps_from == 'rollouts' else 'expert trajectories'} "
+                f"with its model instead"
+            )
         if args.gaps_from == "rollouts":
             gs, meta = _rollout_gaps(args, console)
         else:
@@ -261,14 +301,17 @@ def run_rank_robustness(args, console) -> dict:
     if args.repeats < 1:
         raise SystemExit(f"error: --repeats={args.repeats}: expected at least 1")
     t0 = time.time()
-    res = rank_robustness(gs, _rules(args), fractions, repeats=args.repeats, magnitude=args.magnitude,
-                          seed=args.seed, sign=args.sign)
+    res = rank_robustness(
+        gs, _rules(args), fractions, repeats=args.repeats, magnitude=args.magnitude, seed=args.seed, sign=args.sign
+    )
     res.update(meta, seconds=time.time() - t0)
     out = report.out_dir_for(args.out, args.run_dir)
     if not args.quiet:
         console.print(report.robustness_table(res))
-    figs = [report.plot_rank_robustness(res, out / "rank_robustness.png", args.figure_rules.split(",")),
-            report.plot_rank_robustness(res, out / "rank_robustness_all_rules.png", list(res["rules"]), paper=False)]
+    figs = [
+        report.plot_rank_robustness(res, out / "rank_robustness.png", args.figure_rules.split(",")),
+        report.plot_rank_robustness(res, out / "rank_robustness_all_rules.png", list(res["rules"]), paper=False),
+    ]
     res["figures"] = [str(f) for f in figs]
     path = report.write_json(out / "diagnostics.json", {"rank_robustness": res})
     console.print(f"[pcsd.diagnostics] wrote {path} and {', '.join(res['figures'])}")

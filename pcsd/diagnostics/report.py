@@ -15,8 +15,14 @@ import numpy as np
 from pcsd.diagnostics.alignment import PAPER_QUALITY_ALIGNMENT, PERTURBATIONS
 from pcsd.diagnostics.robustness import PAPER_RANK_ROBUSTNESS
 
-__all__ = ["robustness_table", "alignment_table", "write_json", "plot_rank_robustness",
-           "plot_quality_alignment", "FIGURE_RULES"]
+__all__ = [
+    "robustness_table",
+    "alignment_table",
+    "write_json",
+    "plot_rank_robustness",
+    "plot_quality_alignment",
+    "FIGURE_RULES",
+]
 
 FIGURE_RULES = ("pcsd", "sdar")
 _LABEL = {"pcsd": "PCSD", "sdar": "SDAR", "sdar-norm": "SDAR (normalised)"}
@@ -31,9 +37,11 @@ def robustness_table(res: dict):
     from rich.table import Table
 
     fr = res["fractions"]
-    t = Table(title=f"Rank robustness: Spearman(original, perturbed weights), spikes of {res['magnitude']:g} "
-                    f"({res['sign']}), {res['repeats']} draws; {res['num_valid']} valid tokens, "
-                    f"{res['num_segments']} turns [{res['source']}]")
+    t = Table(
+        title=f"Rank robustness: Spearman(original, perturbed weights), spikes of {res['magnitude']:g} "
+        f"({res['sign']}), {res['repeats']} draws; {res['num_valid']} valid tokens, "
+        f"{res['num_segments']} turns [{res['source']}]"
+    )
     t.add_column("rule")
     t.add_column("kind")
     for f in fr:
@@ -41,16 +49,22 @@ def robustness_table(res: dict):
     t.add_column("paper", justify="right")
     for r, d in res["rules"].items():
         paper = PAPER_RANK_ROBUSTNESS.get(r)
-        t.add_row(r, res["kinds"].get(r, ""), *[f"{_fmt(d[f]['mean'])} ± {_fmt(d[f]['std'])}" for f in fr],
-                  " / ".join(f"{v:.3f}" for v in paper) if paper else "")
+        t.add_row(
+            r,
+            res["kinds"].get(r, ""),
+            *[f"{_fmt(d[f]['mean'])} ± {_fmt(d[f]['std'])}" for f in fr],
+            " / ".join(f"{v:.3f}" for v in paper) if paper else "",
+        )
     return t
 
 
 def alignment_table(res: dict):
     from rich.table import Table
 
-    t = Table(title=f"Teacher-quality alignment: Spearman(dQ, dW) over {res['num_pairs']} expert state-action "
-                    f"pairs (mean gap with skills {res['gap_mean']:+.3f})")
+    t = Table(
+        title=f"Teacher-quality alignment: Spearman(dQ, dW) over {res['num_pairs']} expert state-action "
+        f"pairs (mean gap with skills {res['gap_mean']:+.3f})"
+    )
     t.add_column("rule")
     t.add_column("kind")
     for p in PERTURBATIONS:
@@ -120,8 +134,16 @@ def plot_rank_robustness(res: dict, path: Path, rules: Sequence[str] = FIGURE_RU
             ax.text(xi, mi + 0.004, f"{mi:.3f}", ha="center", va="bottom", fontsize=6)
         lo = min(lo, float(np.nanmin(m - s)))
         if paper and r in PAPER_RANK_ROBUSTNESS:
-            ax.scatter(xs, PAPER_RANK_ROBUSTNESS[r], marker="o", facecolors="none", edgecolors="k", s=18, zorder=3,
-                       label="paper" if i == 0 else None)
+            ax.scatter(
+                xs,
+                PAPER_RANK_ROBUSTNESS[r],
+                marker="o",
+                facecolors="none",
+                edgecolors="k",
+                s=18,
+                zorder=3,
+                label="paper" if i == 0 else None,
+            )
             lo = min(lo, min(PAPER_RANK_ROBUSTNESS[r]))
     ax.set_xticks(x, [f"{100 * float(f):g}%" for f in fr])
     ax.set_xlabel("perturbation fraction")

@@ -28,8 +28,17 @@ import torch
 
 from pcsd.ops.weighting import available_rules, get_rule
 
-__all__ = ["GapSet", "synthetic_gaps", "gapset_from_records", "inject_spikes", "token_weights",
-           "spearman", "rank_robustness", "FRACTIONS", "PAPER_RANK_ROBUSTNESS"]
+__all__ = [
+    "GapSet",
+    "synthetic_gaps",
+    "gapset_from_records",
+    "inject_spikes",
+    "token_weights",
+    "spearman",
+    "rank_robustness",
+    "FRACTIONS",
+    "PAPER_RANK_ROBUSTNESS",
+]
 
 FRACTIONS = (0.01, 0.05, 0.10)
 #: the paper's Figure "rank preservation" (mean Spearman at 1 / 5 / 10 %)
@@ -61,8 +70,15 @@ class GapSet:
         return int(self.mask.sum())
 
 
-def synthetic_gaps(num_segments: int = 256, min_len: int = 8, max_len: int = 64, seed: int = 0,
-                   phi: float = 0.7, noise: float = 0.5, masked_share: float = 0.05) -> GapSet:
+def synthetic_gaps(
+    num_segments: int = 256,
+    min_len: int = 8,
+    max_len: int = 64,
+    seed: int = 0,
+    phi: float = 0.7,
+    noise: float = 0.5,
+    masked_share: float = 0.05,
+) -> GapSet:
     """Synthetic teacher-student gaps with local persistence: per response turn a level drawn from
     N(-0.3, 0.5) (the teacher mostly slightly below the student, as measured on the tiny default)
     plus a stationary AR(1) process (coefficient ``phi``, marginal std ``noise``), so neighbouring
@@ -102,12 +118,17 @@ def gapset_from_records(records: Sequence, max_tokens: int = 0) -> GapSet:
         off += r.num_tokens
         kept += 1
     steps = [int(r.step) for r in records[:kept]]
-    return GapSet(np.concatenate(gaps), np.concatenate(masks), np.concatenate([[0]] + cus),
-                  source=f"recorded steps {steps[0]}..{steps[-1]} ({kept} records, rule {records[0].rule})")
+    return GapSet(
+        np.concatenate(gaps),
+        np.concatenate(masks),
+        np.concatenate([[0]] + cus),
+        source=f"recorded steps {steps[0]}..{steps[-1]} ({kept} records, rule {records[0].rule})",
+    )
 
 
-def inject_spikes(gs: GapSet, fraction: float, magnitude: float = 3.0, seed: int = 0,
-                  sign: str = "both") -> tuple[np.ndarray, np.ndarray]:
+def inject_spikes(
+    gs: GapSet, fraction: float, magnitude: float = 3.0, seed: int = 0, sign: str = "both"
+) -> tuple[np.ndarray, np.ndarray]:
     """``(perturbed gap, positions)``: ``round(fraction * valid)`` distinct valid positions drawn
     with ``seed`` get ``+magnitude`` (``sign="positive"``), ``-magnitude`` (``"negative"``) or
     either with probability 1/2 (``"both"``) added. Masked positions are never touched."""
@@ -128,8 +149,7 @@ def inject_spikes(gs: GapSet, fraction: float, magnitude: float = 3.0, seed: int
     return out, pos
 
 
-def token_weights(rule_name: str, gap: np.ndarray, mask: np.ndarray, cu_seqlens: np.ndarray,
-                  **params) -> np.ndarray:
+def token_weights(rule_name: str, gap: np.ndarray, mask: np.ndarray, cu_seqlens: np.ndarray, **params) -> np.ndarray:
     """``[T]`` float64 per-token weights of a registered rule (see the module docstring)."""
     rule = get_rule(rule_name) if isinstance(rule_name, str) else rule_name
     g = torch.as_tensor(np.asarray(gap, dtype=np.float32))
@@ -165,9 +185,16 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
         return float(spearmanr(a, b).statistic)
 
 
-def rank_robustness(gs: GapSet, rules: Optional[Iterable[str]] = None, fractions: Sequence[float] = FRACTIONS,
-                    repeats: int = 10, magnitude: float = 3.0, seed: int = 0, sign: str = "both",
-                    rule_params: Optional[dict] = None) -> dict:
+def rank_robustness(
+    gs: GapSet,
+    rules: Optional[Iterable[str]] = None,
+    fractions: Sequence[float] = FRACTIONS,
+    repeats: int = 10,
+    magnitude: float = 3.0,
+    seed: int = 0,
+    sign: str = "both",
+    rule_params: Optional[dict] = None,
+) -> dict:
     """Per rule and fraction: Spearman(original weights, perturbed weights) over the valid tokens,
     for ``repeats`` seeded draws of spike positions (the same draws for every rule). Returns
     ``{"rules": {rule: {fraction: {"mean", "std", "min", "max", "values"}}}, "num_tokens", ...}``
@@ -194,10 +221,20 @@ def rank_robustness(gs: GapSet, rules: Optional[Iterable[str]] = None, fractions
                 std=float(ok.std(ddof=1)) if ok.size > 1 else 0.0,
                 min=float(ok.min()) if ok.size else float("nan"),
                 max=float(ok.max()) if ok.size else float("nan"),
-                values=[float(x) for x in v])
-    return dict(rules=out, fractions=[f"{f:g}" for f in fractions], repeats=repeats, magnitude=magnitude,
-                sign=sign, seed=seed, num_tokens=int(gs.gap.size), num_valid=gs.num_valid,
-                num_segments=int(gs.cu_seqlens.size - 1), source=gs.source,
-                gap_mean=float(gs.gap[gs.mask].mean()) if gs.num_valid else float("nan"),
-                gap_std=float(gs.gap[gs.mask].std()) if gs.num_valid else float("nan"),
-                kinds={r: get_rule(r).kind for r in rules})
+                values=[float(x) for x in v],
+            )
+    return dict(
+        rules=out,
+        fractions=[f"{f:g}" for f in fractions],
+        repeats=repeats,
+        magnitude=magnitude,
+        sign=sign,
+        seed=seed,
+        num_tokens=int(gs.gap.size),
+        num_valid=gs.num_valid,
+        num_segments=int(gs.cu_seqlens.size - 1),
+        source=gs.source,
+        gap_mean=float(gs.gap[gs.mask].mean()) if gs.num_valid else float("nan"),
+        gap_std=float(gs.gap[gs.mask].std()) if gs.num_valid else float("nan"),
+        kinds={r: get_rule(r).kind for r in rules},
+    )

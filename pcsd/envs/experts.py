@@ -83,11 +83,11 @@ class ObservationExpert:
         self.seen.update(_NAME.findall(obs))
         self.arrived = False
         if action and action.startswith(_GO) and not obs.startswith("Nothing happens"):
-            self.location = action[len(_GO):]
+            self.location = action[len(_GO) :]
             self.visited.add(self.location)
             self.arrived = True
         elif action and action.startswith("open ") and not obs.startswith("Nothing happens"):
-            self.opened.add(action[len("open "):])
+            self.opened.add(action[len("open ") :])
 
     def _needs_unseen(self, plan: list[str]) -> bool:
         """Whether the planner's leading ``go to R`` is for an object not observed yet."""
@@ -114,12 +114,11 @@ class ObservationExpert:
         here = self.location
         if here is not None and f"open {here}" in admissible and here not in self.opened:
             return f"open {here}"
-        unvisited = [a for a in admissible if a.startswith(_GO) and a[len(_GO):] not in self.visited]
-        preferred = [a for a in unvisited if a[len(_GO):].rsplit(" ", 1)[0] in self.search_first]
+        unvisited = [a for a in admissible if a.startswith(_GO) and a[len(_GO) :] not in self.visited]
+        preferred = [a for a in unvisited if a[len(_GO) :].rsplit(" ", 1)[0] in self.search_first]
         if preferred or unvisited:
             return (preferred or unvisited)[0]
         return first  # everything visited: the object must be somewhere seen; follow the plan
-
 
     def _sweep(self, admissible: list[str]) -> str:
         """Open the closed receptacle just arrived at, else go to the receptacle after this one in
@@ -135,8 +134,9 @@ class ObservationExpert:
         return next((a for a in gos if a > here_cmd), gos[0])
 
 
-def play_expert(path: str, max_steps: int, navigation: str = "plan",
-                search_first: Optional[Callable[[str], Collection[str]]] = None) -> ExpertEpisode:
+def play_expert(
+    path: str, max_steps: int, navigation: str = "plan", search_first: Optional[Callable[[str], Collection[str]]] = None
+) -> ExpertEpisode:
     """Plays the game at ``path`` with an :class:`ObservationExpert` for at most ``max_steps``;
     ``search_first``: task description -> the receptacle types to search first."""
     if max_steps < 1:

@@ -90,12 +90,14 @@ def _websockets() -> Any:
     try:
         import websockets.sync.client as client
     except ImportError as e:
-        raise ImportError(f"OpenEnv servers need the 'websockets' package, which is not installed ({e}): "
-                          f"{PACKAGE_HINT}") from None
+        raise ImportError(
+            f"OpenEnv servers need the 'websockets' package, which is not installed ({e}): {PACKAGE_HINT}"
+        ) from None
     return client
 
 
 # --- addresses and HTTP ----------------------------------------------------------------------------
+
 
 def _urls(base_url: Any) -> tuple[str, str]:
     """``(http base, ws url)`` from an ``http(s)://`` or ``ws(s)://`` base URL (a path prefix kept)."""
@@ -144,6 +146,7 @@ def _get_json(http_base: str, route: str, timeout_s: float) -> Any:
 
 # --- the server's schema -> text fields ------------------------------------------------------------
 
+
 def _json_types(prop: dict[str, Any]) -> set[str]:
     """The JSON types a schema property allows (``Optional[str]`` -> ``{"string", "null"}``)."""
     if "type" in prop:
@@ -169,10 +172,14 @@ class ServerSpec:
     env_name: str  #: the Action class's title, for messages
 
 
-def _resolve(http_base: str, schemas: Any, action_field: str | None, observation_field: str | None,
-             task_field: str | None) -> ServerSpec:
-    if not isinstance(schemas, dict) or not isinstance(schemas.get("action"), dict) \
-            or not isinstance(schemas.get("observation"), dict):
+def _resolve(
+    http_base: str, schemas: Any, action_field: str | None, observation_field: str | None, task_field: str | None
+) -> ServerSpec:
+    if (
+        not isinstance(schemas, dict)
+        or not isinstance(schemas.get("action"), dict)
+        or not isinstance(schemas.get("observation"), dict)
+    ):
         raise ValueError(f"{http_base} is not an OpenEnv server (GET /schema has no action and observation schemas)")
     act, obs = schemas["action"], schemas["observation"]
     act_name, obs_name = act.get("title", "Action"), obs.get("title", "Observation")
@@ -182,8 +189,10 @@ def _resolve(http_base: str, schemas: Any, action_field: str | None, observation
     where = f"OpenEnv server at {http_base}"
     if action_field is not None:
         if action_field not in texts:
-            raise ValueError(f"action_field {action_field!r}: {act_name} has no text field of that name "
-                             f"(its text fields: {texts or 'none'})")
+            raise ValueError(
+                f"action_field {action_field!r}: {act_name} has no text field of that name "
+                f"(its text fields: {texts or 'none'})"
+            )
     elif len(texts) == 1:
         action_field = texts[0]
     else:
@@ -191,32 +200,44 @@ def _resolve(http_base: str, schemas: Any, action_field: str | None, observation
         if len(required_texts) != 1:
             fields = sorted(k for k in act_props if k != "metadata")
             if not texts:
-                raise ValueError(f"{where}: its action {act_name}({', '.join(fields)}) has no text field; pcsd "
-                                 "sends text actions and plays servers whose Action has one str field")
-            raise ValueError(f"{where}: its action {act_name} has several text fields {texts}; "
-                             "name the one pcsd fills with action_field=")
+                raise ValueError(
+                    f"{where}: its action {act_name}({', '.join(fields)}) has no text field; pcsd "
+                    "sends text actions and plays servers whose Action has one str field"
+                )
+            raise ValueError(
+                f"{where}: its action {act_name} has several text fields {texts}; "
+                "name the one pcsd fills with action_field="
+            )
         action_field = required_texts[0]
     others = [k for k in required if k != action_field]
     if others:
-        raise ValueError(f"{where}: its action {act_name} also requires {others}; pcsd sends text actions "
-                         "and plays servers whose Action needs only one str field")
+        raise ValueError(
+            f"{where}: its action {act_name} also requires {others}; pcsd sends text actions "
+            "and plays servers whose Action needs only one str field"
+        )
 
     obs_props = obs.get("properties", {})
     reserved = _OBS_RESERVED | set(INFO_FIELDS) | {"task"}
     obs_texts = _text_fields(obs, reserved)
     if observation_field is not None:
         if observation_field not in _text_fields(obs, _OBS_RESERVED):
-            raise ValueError(f"observation_field {observation_field!r}: {obs_name} has no text field of that name "
-                             f"(its text fields: {obs_texts or 'none'})")
+            raise ValueError(
+                f"observation_field {observation_field!r}: {obs_name} has no text field of that name "
+                f"(its text fields: {obs_texts or 'none'})"
+            )
     elif len(obs_texts) == 1:
         observation_field = obs_texts[0]
     elif not obs_texts:
         fields = sorted(k for k in obs_props if k not in _OBS_RESERVED)
-        raise ValueError(f"{where}: its observation {obs_name}({', '.join(fields)}) has no text field; "
-                         "pcsd plays servers whose Observation has one str field")
+        raise ValueError(
+            f"{where}: its observation {obs_name}({', '.join(fields)}) has no text field; "
+            "pcsd plays servers whose Observation has one str field"
+        )
     else:
-        raise ValueError(f"{where}: its observation {obs_name} has several text fields {obs_texts}; "
-                         "name the one pcsd reads with observation_field=")
+        raise ValueError(
+            f"{where}: its observation {obs_name} has several text fields {obs_texts}; "
+            "name the one pcsd reads with observation_field="
+        )
     if task_field is not None:
         if task_field not in _text_fields(obs, _OBS_RESERVED):
             raise ValueError(f"task_field {task_field!r}: {obs_name} has no text field of that name")
@@ -226,16 +247,21 @@ def _resolve(http_base: str, schemas: Any, action_field: str | None, observation
     return ServerSpec(http_base, action_field, observation_field, task_field, info, act_name)
 
 
-def inspect_server(base_url: str, *, action_field: str | None = None, observation_field: str | None = None,
-                   task_field: str | None = None, timeout_s: float = 10.0) -> ServerSpec:
+def inspect_server(
+    base_url: str,
+    *,
+    action_field: str | None = None,
+    observation_field: str | None = None,
+    task_field: str | None = None,
+    timeout_s: float = 10.0,
+) -> ServerSpec:
     """Asks a running server for its health and schemas and resolves the text fields; raises one
     line (``ConnectionError``: unreachable; ``ValueError``: not OpenEnv, or types pcsd cannot map)."""
     http_base, _ = _urls(base_url)
     health = _get_json(http_base, "/health", timeout_s)
     if not isinstance(health, dict) or health.get("status") != "healthy":
         raise ConnectionError(f"OpenEnv server at {http_base} is not healthy (GET /health: {_line(health)})")
-    return _resolve(http_base, _get_json(http_base, "/schema", timeout_s), action_field, observation_field,
-                    task_field)
+    return _resolve(http_base, _get_json(http_base, "/schema", timeout_s), action_field, observation_field, task_field)
 
 
 def _app_spec(app: Any) -> tuple[str, str]:
@@ -245,18 +271,32 @@ def _app_spec(app: Any) -> tuple[str, str]:
     return module, attr
 
 
-def check(base_url: str | None = None, *, start: str | None = None, app_dir: str | None = None,
-          action_field: str | None = None, observation_field: str | None = None, task_field: str | None = None,
-          timeout_s: float = 10.0) -> ServerSpec | None:
+def check(
+    base_url: str | None = None,
+    *,
+    start: str | None = None,
+    app_dir: str | None = None,
+    action_field: str | None = None,
+    observation_field: str | None = None,
+    task_field: str | None = None,
+    timeout_s: float = 10.0,
+) -> ServerSpec | None:
     """For config read. With ``base_url``: :func:`inspect_server` (the server must be up). With
     ``start``: the ``module:attribute`` form and that the module is found (without importing it:
     that is the server's work) -> ``None``. Raises one line as :class:`OpenEnvEnv` would."""
     _websockets()
     if (base_url is None) == (start is None):
-        raise ValueError("give exactly one of base_url (a running OpenEnv server) and start (module:attribute to serve)")
+        raise ValueError(
+            "give exactly one of base_url (a running OpenEnv server) and start (module:attribute to serve)"
+        )
     if base_url is not None:
-        return inspect_server(base_url, action_field=action_field, observation_field=observation_field,
-                              task_field=task_field, timeout_s=timeout_s)
+        return inspect_server(
+            base_url,
+            action_field=action_field,
+            observation_field=observation_field,
+            task_field=task_field,
+            timeout_s=timeout_s,
+        )
     module, _ = _app_spec(start)
     path = [app_dir] if app_dir is not None else []
     sys.path[:0] = path
@@ -265,10 +305,11 @@ def check(base_url: str | None = None, *, start: str | None = None, app_dir: str
     except (ImportError, ValueError):
         found = False
     finally:
-        del sys.path[:len(path)]
+        del sys.path[: len(path)]
     if not found:
-        raise ValueError(f"start {start!r}: no module {module!r} in {app_dir or 'the current folder'} "
-                         "or the installed packages")
+        raise ValueError(
+            f"start {start!r}: no module {module!r} in {app_dir or 'the current folder'} or the installed packages"
+        )
     return None
 
 
@@ -296,8 +337,15 @@ class OpenEnvServer:
     first raises one line with the last line of its log. ``stop()`` ends it (SIGTERM, then SIGKILL
     after 5 s). The child's output goes to a log file (``log_path``), removed on ``stop()``."""
 
-    def __init__(self, app: str, *, app_dir: str | None = None, port: int = 0, python: str | None = None,
-                 start_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        app: str,
+        *,
+        app_dir: str | None = None,
+        port: int = 0,
+        python: str | None = None,
+        start_timeout_s: float = 120.0,
+    ) -> None:
         _app_spec(app)
         self.app = app
         self.app_dir = app_dir
@@ -322,13 +370,20 @@ class OpenEnvServer:
             port = sock.getsockname()[1]
             env = dict(os.environ)
             if self.app_dir is not None:
-                env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.abspath(self.app_dir), env.get("PYTHONPATH")) if p)
+                env["PYTHONPATH"] = os.pathsep.join(
+                    p for p in (os.path.abspath(self.app_dir), env.get("PYTHONPATH")) if p
+                )
             fd, self.log_path = tempfile.mkstemp(prefix="pcsd-openenv-", suffix=".log")
             with os.fdopen(fd, "wb") as log:
                 self.process = subprocess.Popen(
                     [self.python, "-c", _LAUNCHER, self.app, str(sock.fileno()), str(os.getpid())],
-                    pass_fds=(sock.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=env, start_new_session=True)
+                    pass_fds=(sock.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
         finally:
             sock.close()
         self.base_url = f"http://127.0.0.1:{port}"
@@ -351,8 +406,10 @@ class OpenEnvServer:
             if code is not None:
                 tail = self._log_tail()
                 self.stop()
-                raise RuntimeError(f"OpenEnv server {self.app!r} exited with code {code} before it was ready"
-                                   + (f": {tail}" if tail else ""))
+                raise RuntimeError(
+                    f"OpenEnv server {self.app!r} exited with code {code} before it was ready"
+                    + (f": {tail}" if tail else "")
+                )
             try:
                 if _get_json(self.base_url, "/health", 2.0).get("status") == "healthy":
                     return
@@ -361,8 +418,10 @@ class OpenEnvServer:
             if time.monotonic() > deadline:
                 log = self.log_path
                 self.stop()
-                raise TimeoutError(f"OpenEnv server {self.app!r} was not ready in {self.start_timeout_s:g} s "
-                                   f"(GET {self.base_url}/health; its log: {log})")
+                raise TimeoutError(
+                    f"OpenEnv server {self.app!r} was not ready in {self.start_timeout_s:g} s "
+                    f"(GET {self.base_url}/health; its log: {log})"
+                )
             time.sleep(0.1)
 
     @property
@@ -431,6 +490,7 @@ def _stop_all() -> None:
 
 # --- the env ---------------------------------------------------------------------------------------
 
+
 class OpenEnvEnv:
     """One episode at a time on an OpenEnv server, in pcsd's text-env protocol (module docs).
 
@@ -441,15 +501,29 @@ class OpenEnvEnv:
     ``message_timeout_s``: each answer; ``start_timeout_s``: the started server's readiness.
     """
 
-    def __init__(self, base_url: str | None = None, *, start: str | None = None, app_dir: str | None = None,
-                 action_field: str | None = None, observation_field: str | None = None,
-                 task_field: str | None = None, connect_timeout_s: float = 10.0, message_timeout_s: float = 60.0,
-                 start_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        start: str | None = None,
+        app_dir: str | None = None,
+        action_field: str | None = None,
+        observation_field: str | None = None,
+        task_field: str | None = None,
+        connect_timeout_s: float = 10.0,
+        message_timeout_s: float = 60.0,
+        start_timeout_s: float = 120.0,
+    ) -> None:
         self._client = _websockets()
         if (base_url is None) == (start is None):
-            raise ValueError("give exactly one of base_url (a running OpenEnv server) and start (module:attribute to serve)")
-        for name, v in (("connect_timeout_s", connect_timeout_s), ("message_timeout_s", message_timeout_s),
-                        ("start_timeout_s", start_timeout_s)):
+            raise ValueError(
+                "give exactly one of base_url (a running OpenEnv server) and start (module:attribute to serve)"
+            )
+        for name, v in (
+            ("connect_timeout_s", connect_timeout_s),
+            ("message_timeout_s", message_timeout_s),
+            ("start_timeout_s", start_timeout_s),
+        ):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {v!r}")
         self.server: OpenEnvServer | None = None
@@ -458,8 +532,13 @@ class OpenEnvEnv:
             base_url = self.server.base_url
         assert base_url is not None  # exactly one of base_url and start (checked above)
         try:
-            self.spec = inspect_server(base_url, action_field=action_field, observation_field=observation_field,
-                                       task_field=task_field, timeout_s=connect_timeout_s)
+            self.spec = inspect_server(
+                base_url,
+                action_field=action_field,
+                observation_field=observation_field,
+                task_field=task_field,
+                timeout_s=connect_timeout_s,
+            )
         except BaseException:
             self._release_server()
             raise
@@ -479,11 +558,17 @@ class OpenEnvEnv:
             try:
                 # entered as a context manager (websockets >= 17 deprecates a bare connect()); _drop exits it
                 self._ws = self._client.connect(
-                    self._ws_url, open_timeout=self._connect_timeout, close_timeout=2, max_size=100 * 2**20,
-                    proxy=None if _is_loopback(self._ws_url) else True).__enter__()
+                    self._ws_url,
+                    open_timeout=self._connect_timeout,
+                    close_timeout=2,
+                    max_size=100 * 2**20,
+                    proxy=None if _is_loopback(self._ws_url) else True,
+                ).__enter__()
             except Exception as e:
-                raise ConnectionError(f"OpenEnv server at {self.spec.base_url} is unreachable "
-                                      f"({self._ws_url}): {_line(e) or type(e).__name__}") from None
+                raise ConnectionError(
+                    f"OpenEnv server at {self.spec.base_url} is unreachable "
+                    f"({self._ws_url}): {_line(e) or type(e).__name__}"
+                ) from None
         return self._ws
 
     def _drop(self) -> None:
@@ -509,13 +594,15 @@ class OpenEnvEnv:
             raw = ws.recv(timeout=self._message_timeout)
         except TimeoutError:
             self._drop()
-            raise TimeoutError(f"OpenEnv server at {self.spec.base_url} did not answer {what} in "
-                               f"{self._message_timeout:g} s") from None
+            raise TimeoutError(
+                f"OpenEnv server at {self.spec.base_url} did not answer {what} in {self._message_timeout:g} s"
+            ) from None
         except ConnectionClosed as e:
             self._drop()
             why = f"code {e.rcvd.code}" if e.rcvd is not None else "no close frame: the server is gone"
-            raise ConnectionError(f"OpenEnv server at {self.spec.base_url} closed the connection during {what} "
-                                  f"({why})") from None
+            raise ConnectionError(
+                f"OpenEnv server at {self.spec.base_url} closed the connection during {what} ({why})"
+            ) from None
         except OSError as e:
             self._drop()
             raise ConnectionError(f"OpenEnv server at {self.spec.base_url}: {what} failed: {_line(e)}") from None
@@ -540,7 +627,8 @@ class OpenEnvEnv:
             raise RuntimeError(
                 f"OpenEnv server at {self.spec.base_url} is full ({error.get('active_sessions')} of "
                 f"{error.get('max_sessions')} sessions): serve it with create_app(..., max_concurrent_envs=N) for N "
-                "envs, from an Environment with SUPPORTS_CONCURRENT_SESSIONS = True")
+                "envs, from an Environment with SUPPORTS_CONCURRENT_SESSIONS = True"
+            )
         if code in ("SESSION_ERROR", "FACTORY_ERROR"):
             self._drop()
         raise RuntimeError(f"OpenEnv server at {self.spec.base_url}: {what} failed ({code}): {message}")
@@ -553,8 +641,10 @@ class OpenEnvEnv:
         if text is None:
             text = ""
         if not isinstance(text, str):
-            raise TypeError(f"OpenEnv server at {self.spec.base_url}: observation field "
-                            f"{self.spec.observation_field!r} is not text (got {type(text).__name__})")
+            raise TypeError(
+                f"OpenEnv server at {self.spec.base_url}: observation field "
+                f"{self.spec.observation_field!r} is not text (got {type(text).__name__})"
+            )
         reward = data.get("reward")
         if reward is None:
             reward = 0.0
@@ -590,8 +680,10 @@ class OpenEnvEnv:
         if not isinstance(action, str):
             raise TypeError(f"action must be a str, got {type(action).__name__}")
         if not self._live:
-            raise RuntimeError(f"OpenEnv server at {self.spec.base_url}: step() before reset() or after the "
-                               "episode ended; call reset()")
+            raise RuntimeError(
+                f"OpenEnv server at {self.spec.base_url}: step() before reset() or after the "
+                "episode ended; call reset()"
+            )
         reply = self._call({"type": "step", "data": {self.spec.action_field: action}}, "step")
         if "__error__" in reply:
             error = reply["__error__"]

@@ -223,8 +223,9 @@ def _game_arg(k: int, game: Any) -> str | tuple[str, str]:
     try:
         path = os.fspath(game)
     except TypeError:
-        raise ValueError(f"games[{k}]: expected a game file path or a ProceduralGame, "
-                         f"got {type(game).__name__}") from None
+        raise ValueError(
+            f"games[{k}]: expected a game file path or a ProceduralGame, got {type(game).__name__}"
+        ) from None
     if not os.path.isfile(path):
         raise ValueError(f"games[{k}]: no such game file: {path}")
     return os.fsdecode(path)

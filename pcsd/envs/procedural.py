@@ -142,7 +142,12 @@ def generate_game_json(
         raise ValueError(f"usual_place={usual_place} is out of range: expected a probability in [0, 1]")
     mod = _native.require("_envpool")
     return _native_call(
-        mod.generate_game_json, task_type, seed, room=room, receptacles=receptacles, distractors=distractors,
+        mod.generate_game_json,
+        task_type,
+        seed,
+        room=room,
+        receptacles=receptacles,
+        distractors=distractors,
         usual_place=float(usual_place),
     )
 
@@ -197,8 +202,14 @@ class ProceduralGames(Sequence[ProceduralGame]):
     :func:`generate_game_json`'s (``receptacles``, ``distractors``, ``usual_place``), checked here.
     Items are made on access (O(1) memory for any ``count``); equal arguments give equal games."""
 
-    def __init__(self, count: int, seed: int, task_types: Sequence[str] = TASK_TYPES,
-                 rooms: Sequence[str] | None = None, **knobs: Any) -> None:
+    def __init__(
+        self,
+        count: int,
+        seed: int,
+        task_types: Sequence[str] = TASK_TYPES,
+        rooms: Sequence[str] | None = None,
+        **knobs: Any,
+    ) -> None:
         _check_int("count", count, optional=False)
         _check_int("seed", seed, optional=False)
         if not task_types or isinstance(task_types, str):
@@ -211,8 +222,7 @@ class ProceduralGames(Sequence[ProceduralGame]):
             for tt in self.task_types:
                 self.rooms[tt] = tuple(r for r in given if r in task_rooms(tt))
                 if not self.rooms[tt]:
-                    raise ValueError(f"rooms={given}: task type {tt} can only be set in "
-                                     f"{', '.join(task_rooms(tt))}")
+                    raise ValueError(f"rooms={given}: task type {tt} can only be set in {', '.join(task_rooms(tt))}")
         unknown = set(knobs) - {"receptacles", "distractors", "usual_place"}
         if unknown:
             raise TypeError(f"unknown knob(s) {sorted(unknown)}: expected receptacles, distractors, usual_place")
@@ -246,9 +256,14 @@ class ProceduralGames(Sequence[ProceduralGame]):
         return f"ProceduralGames(count={self._count}, seed={self.seed}, task_types={self.task_types})"
 
 
-def write_games(out_dir: str | os.PathLike[str], count: int, seed: int,
-                task_types: Sequence[str] = TASK_TYPES, rooms: Sequence[str] | None = None,
-                **knobs: object) -> list[str]:
+def write_games(
+    out_dir: str | os.PathLike[str],
+    count: int,
+    seed: int,
+    task_types: Sequence[str] = TASK_TYPES,
+    rooms: Sequence[str] | None = None,
+    **knobs: object,
+) -> list[str]:
     """The files of :class:`ProceduralGames` ``(count, seed, task_types, rooms, **knobs)`` in
     ``out_dir``: game ``i`` is ``NNNNN-<task type>.tw-pddl``; files already there are reused (the
     list is the same on every call with the same arguments)."""

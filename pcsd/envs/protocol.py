@@ -38,8 +38,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-__all__ = ["EnvBuildError", "EnvFactory", "INFO_KEYS", "Observation", "ProtocolError", "check_reset", "check_step",
-           "load_entry_point", "read_reset", "read_step"]
+__all__ = [
+    "EnvBuildError",
+    "EnvFactory",
+    "INFO_KEYS",
+    "Observation",
+    "ProtocolError",
+    "check_reset",
+    "check_step",
+    "load_entry_point",
+    "read_reset",
+    "read_step",
+]
 
 #: the ``info`` keys pcsd reads
 INFO_KEYS = ("task", "admissible_actions", "won", "task_type")
@@ -74,10 +84,16 @@ def load_entry_point(entry_point: str) -> Callable[..., Any]:
         obj: Any = importlib.import_module(mod_name)
     except ModuleNotFoundError as exc:
         missing = exc.name or mod_name
-        where = ("the current folder or the installed packages" if missing == mod_name.split(".")[0]
-                 else f"the packages {mod_name} imports")
-        raise EnvBuildError("import", f"no module named {missing!r} in {where} (install the package that "
-                                      f"provides it, or run from the folder that holds it)") from None
+        where = (
+            "the current folder or the installed packages"
+            if missing == mod_name.split(".")[0]
+            else f"the packages {mod_name} imports"
+        )
+        raise EnvBuildError(
+            "import",
+            f"no module named {missing!r} in {where} (install the package that "
+            f"provides it, or run from the folder that holds it)",
+        ) from None
     except Exception as exc:  # the user's module raised while importing
         raise EnvBuildError("import", f"importing {mod_name} raised {_first_line(exc)}") from None
     for part in attr.split("."):
@@ -186,13 +202,15 @@ def _info(where: str, info: Any) -> tuple:
     if adm is not None:
         if type(adm) is not list or not all(type(a) is str for a in adm):
             if isinstance(adm, (str, bytes)) or not hasattr(adm, "__iter__"):
-                raise ProtocolError(f"{where} returned info['admissible_actions'] of type {_type(adm)}, expected "
-                                    "a list of str")
+                raise ProtocolError(
+                    f"{where} returned info['admissible_actions'] of type {_type(adm)}, expected a list of str"
+                )
             adm = list(adm)
             for k, a in enumerate(adm):
                 if not isinstance(a, str):
-                    raise ProtocolError(f"{where} returned info['admissible_actions'][{k}] of type {_type(a)}, "
-                                        "expected str")
+                    raise ProtocolError(
+                        f"{where} returned info['admissible_actions'][{k}] of type {_type(a)}, expected str"
+                    )
             adm = [str.__str__(a) for a in adm]
     won = info.get("won")
     if won is not None:
@@ -210,8 +228,10 @@ def _info(where: str, info: Any) -> tuple:
 def _text(where: str, obs: Any) -> str:
     if type(obs) is not str:
         if not isinstance(obs, str):
-            raise ProtocolError(f"{where} returned an observation of type {_type(obs)}, expected str (pcsd trains "
-                                "on text environments: observations and actions are text)")
+            raise ProtocolError(
+                f"{where} returned an observation of type {_type(obs)}, expected str (pcsd trains "
+                "on text environments: observations and actions are text)"
+            )
         return str.__str__(obs)
     return obs
 
@@ -230,10 +250,14 @@ def check_step(result: Any) -> tuple:
     checked, as the tuple ``(obs, reward, terminated, truncated, None, admissible, won, task_type)``
     (the task is read at reset only)."""
     if type(result) is not tuple or len(result) != 5:
-        hint = " (the old Gym API's 4-tuple? Gymnasium splits done into terminated, truncated)" if (
-            isinstance(result, tuple) and len(result) == 4) else ""
-        raise ProtocolError(f"step() returned {_shape(result)}, expected (observation, reward, terminated, "
-                            f"truncated, info){hint}")
+        hint = (
+            " (the old Gym API's 4-tuple? Gymnasium splits done into terminated, truncated)"
+            if (isinstance(result, tuple) and len(result) == 4)
+            else ""
+        )
+        raise ProtocolError(
+            f"step() returned {_shape(result)}, expected (observation, reward, terminated, truncated, info){hint}"
+        )
     obs, reward, terminated, truncated, info = result
     if type(reward) is not float:
         if _is_bool(reward) or not isinstance(reward, numbers.Real):

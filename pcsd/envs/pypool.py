@@ -67,6 +67,7 @@ from pcsd.envs.pyworker import first_line as _first_line
 
 __all__ = ["EnvWorkers", "PythonEnvPool", "check_env", "EnvCheck", "play_experts"]
 
+
 # ----------------------------------------------------------------------------- the workers
 @dataclass
 class _Fault:
@@ -125,15 +126,18 @@ class EnvWorkers:
             one line).
     """
 
-    def __init__(self, make_env: Callable[[], Any], num_workers: int = 0, *, step_timeout: float = 60.0,
-                 quiet: bool = False) -> None:
+    def __init__(
+        self, make_env: Callable[[], Any], num_workers: int = 0, *, step_timeout: float = 60.0, quiet: bool = False
+    ) -> None:
         if not callable(make_env):
             raise ValueError(f"make_env: expected a callable that builds one env, got {type(make_env).__name__}")
         try:
             self._factory = pickle.dumps(make_env)
         except Exception as exc:
-            raise ValueError(f"make_env: must be picklable to reach the worker processes ({_first_line(exc)}); "
-                             "use pcsd.envs.protocol.EnvFactory('module:Class', kwargs=...)") from None
+            raise ValueError(
+                f"make_env: must be picklable to reach the worker processes ({_first_line(exc)}); "
+                "use pcsd.envs.protocol.EnvFactory('module:Class', kwargs=...)"
+            ) from None
         n = _int_arg("num_workers", num_workers, 0) or (os.cpu_count() or 1)
         if isinstance(step_timeout, bool) or not isinstance(step_timeout, (int, float)) or not step_timeout > 0:
             raise ValueError(f"step_timeout: expected a positive number of seconds, got {step_timeout!r}")
@@ -170,12 +174,19 @@ class EnvWorkers:
         parent = Connection(a.detach())
         child_fd = b.detach()
         path = [p if p else os.getcwd() for p in sys.path]
-        code = ("import sys; sys.path[:0] = " + repr(path) + "; from pcsd.envs.pyworker import main; "
-                f"main({child_fd}, {self._marks_file.fileno()}, {w})")
+        code = (
+            "import sys; sys.path[:0] = " + repr(path) + "; from pcsd.envs.pyworker import main; "
+            f"main({child_fd}, {self._marks_file.fileno()}, {w})"
+        )
         try:
-            proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(child_fd, self._marks_file.fileno()),
-                                    stdin=subprocess.DEVNULL, stdout=self._output, stderr=self._output,
-                                    start_new_session=False)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                pass_fds=(child_fd, self._marks_file.fileno()),
+                stdin=subprocess.DEVNULL,
+                stdout=self._output,
+                stderr=self._output,
+                start_new_session=False,
+            )
         finally:
             os.close(child_fd)
         parent.send_bytes(self._factory)
@@ -272,8 +283,7 @@ class EnvWorkers:
         culprit = k if started > finished and 0 <= k < n_ops else None
         self._replace(w)
         if hung:
-            what = (f"did not return within {self.step_timeout:g} s (env.step_timeout); its worker process was "
-                    "replaced")
+            what = f"did not return within {self.step_timeout:g} s (env.step_timeout); its worker process was replaced"
         else:
             sig = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
             what = f"its worker process died ({sig}) during the call; a new one took its place"
@@ -361,17 +371,21 @@ class PythonEnvPool:
                 raise ValueError("seeds: expected a list of ints, one per group")
             seeds = _env_ids(seeds, "seeds")
             if len(seeds) != n_groups:
-                raise ValueError(f"seeds: expected one seed per group ({num_envs} envs / group_size {group_size} = "
-                                 f"{n_groups}), got {len(seeds)}")
+                raise ValueError(
+                    f"seeds: expected one seed per group ({num_envs} envs / group_size {group_size} = "
+                    f"{n_groups}), got {len(seeds)}"
+                )
             for k, s in enumerate(seeds):
                 if not 0 <= s < 2**63:
                     raise ValueError(f"seeds[{k}]: expected an int in [0, 2**63), got {s}")
         self._max_steps = None if max_steps is None else _int_arg("max_steps", max_steps, 1)
         if not isinstance(auto_reset, (bool, np.bool_)):
             raise ValueError(f"auto_reset: expected a bool, got {auto_reset!r}")
-        if success_threshold is not None and (isinstance(success_threshold, bool)
-                                              or not isinstance(success_threshold, (int, float))
-                                              or not np.isfinite(success_threshold)):
+        if success_threshold is not None and (
+            isinstance(success_threshold, bool)
+            or not isinstance(success_threshold, (int, float))
+            or not np.isfinite(success_threshold)
+        ):
             raise ValueError(f"success_threshold: expected a finite number or None, got {success_threshold!r}")
         if options is not None and not isinstance(options, Mapping):
             raise ValueError(f"options: expected a mapping or None, got {type(options).__name__}")
@@ -515,8 +529,10 @@ class PythonEnvPool:
     def __repr__(self) -> str:
         if self._closed:
             return "PythonEnvPool(closed)"
-        return (f"PythonEnvPool({self._workers.describe}, num_envs={self._n}, group_size={self._group}, "
-                f"num_workers={self.num_workers}, max_steps={self._max_steps}, auto_reset={self._auto_reset})")
+        return (
+            f"PythonEnvPool({self._workers.describe}, num_envs={self._n}, group_size={self._group}, "
+            f"num_workers={self.num_workers}, max_steps={self._max_steps}, auto_reset={self._auto_reset})"
+        )
 
     # ---- internals ----
     def _check_open(self) -> None:
@@ -555,8 +571,16 @@ class PythonEnvPool:
                         b = batches[w] = []
                         where[w] = []
                     if stale[e] and op[0] != _RESET:
-                        b.append(("replay", self._slot[e], self._seed_of(e), self._options, list(self._actions[e]),
-                                  self._last_obs[e]))
+                        b.append(
+                            (
+                                "replay",
+                                self._slot[e],
+                                self._seed_of(e),
+                                self._options,
+                                list(self._actions[e]),
+                                self._last_obs[e],
+                            )
+                        )
                         where[w].append(~k)
                     b.append(op)
                     where[w].append(k)
@@ -632,9 +656,11 @@ class PythonEnvPool:
                 rows.append(row)
                 continue
             if st != "live":
-                why = {"new": "was never reset (call reset first)",
-                       "done": "finished its episode (auto_reset is off: reset it first)",
-                       "broken": "is broken by an earlier error (reset it first)"}[st]
+                why = {
+                    "new": "was never reset (call reset first)",
+                    "done": "finished its episode (auto_reset is off: reset it first)",
+                    "broken": "is broken by an earlier error (reset it first)",
+                }[st]
                 cols.error(row, f"env {e} {why}")
                 continue
             a = acts[row]
@@ -676,8 +702,18 @@ class PythonEnvPool:
             self._last_obs[e] = obs
             if won is None:
                 won = done and threshold is not None and self._score[e] >= threshold
-            cols.put(row, obs, adm or [], reward, self._score[e], done, won, truncated,
-                     task_type or self._task_type[e], self._steps[e])
+            cols.put(
+                row,
+                obs,
+                adm or [],
+                reward,
+                self._score[e],
+                done,
+                won,
+                truncated,
+                task_type or self._task_type[e],
+                self._steps[e],
+            )
         return cols.batch(ids)
 
 
@@ -706,12 +742,20 @@ class _Columns:
         self.task_type[row], self.steps[row] = task_type, steps
 
     def batch(self, ids: list[int]) -> StepBatch:
-        return StepBatch(env_id=np.array(ids, dtype=np.int64), obs=self.obs, admissible=self.adm,
-                         reward=np.array(self.reward, dtype=np.float64), score=np.array(self.score, dtype=np.float64),
-                         done=np.array(self.done, dtype=np.bool_), won=np.array(self.won, dtype=np.bool_),
-                         truncated=np.array(self.truncated, dtype=np.bool_), task_type=self.task_type,
-                         step_count=np.array(self.steps, dtype=np.int64), error=self.err,
-                         has_search_bar=np.zeros(len(ids), dtype=np.bool_))
+        return StepBatch(
+            env_id=np.array(ids, dtype=np.int64),
+            obs=self.obs,
+            admissible=self.adm,
+            reward=np.array(self.reward, dtype=np.float64),
+            score=np.array(self.score, dtype=np.float64),
+            done=np.array(self.done, dtype=np.bool_),
+            won=np.array(self.won, dtype=np.bool_),
+            truncated=np.array(self.truncated, dtype=np.bool_),
+            task_type=self.task_type,
+            step_count=np.array(self.steps, dtype=np.int64),
+            error=self.err,
+            has_search_bar=np.zeros(len(ids), dtype=np.bool_),
+        )
 
 
 # ----------------------------------------------------------------------------- checks and experts
@@ -735,6 +779,7 @@ def check_env(make_env: Callable[[], Any], *, seed: int = 0, timeout: float = 60
     kills its process or returns something outside the protocol (a non-text observation, ...),
     each with a one-line message (the worker's own output is dropped). The step's action is the expert's, else the first admissible
     action, else ``"help"``."""
+
     def call(op: tuple, what: str) -> Any:
         res = workers.run({0: [op]})[0]
         res = res if isinstance(res, _Fault) else res[0]
@@ -753,8 +798,13 @@ def check_env(make_env: Callable[[], Any], *, seed: int = 0, timeout: float = 60
         if action is None:
             action = adm[0] if adm else "help"
         call(("step", 0, action), f"step({action!r})")
-    return EnvCheck(task=task if task is not None else obs, observation=obs, admissible=adm or None, action=action,
-                    has_expert=has_expert)
+    return EnvCheck(
+        task=task if task is not None else obs,
+        observation=obs,
+        admissible=adm or None,
+        action=action,
+        has_expert=has_expert,
+    )
 
 
 def play_experts(pool: PythonEnvPool) -> list[ExpertEpisode]:

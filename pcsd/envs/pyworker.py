@@ -97,8 +97,12 @@ class _WorkerState:
                 for a in actions:
                     out = self.step(slot, a)
                 if out[0] != expected:
-                    return ("error", "lost with its worker process: replaying its episode gave a different "
-                                     "observation (the env is not deterministic for a seed)", "env")
+                    return (
+                        "error",
+                        "lost with its worker process: replaying its episode gave a different "
+                        "observation (the env is not deterministic for a seed)",
+                        "env",
+                    )
                 return ("ok", None)
             if kind == "expert":
                 fn = _expert_of(self.built(op[1]))

@@ -59,8 +59,17 @@ class EnvSpec:
             raise ValueError(f"env.name={self.name}: a native env, built by the pool itself")
         return self.make_factory(env)
 
-    def make_pool(self, num_envs: int, group_size: int, games: Sequence[Any] | int, *, max_steps: int,
-                  num_threads: int = 0, seed: int = 0, options: Optional[Mapping[str, Any]] = None) -> Any:
+    def make_pool(
+        self,
+        num_envs: int,
+        group_size: int,
+        games: Sequence[Any] | int,
+        *,
+        max_steps: int,
+        num_threads: int = 0,
+        seed: int = 0,
+        options: Optional[Mapping[str, Any]] = None,
+    ) -> Any:
         """A pool of ``num_envs`` envs of this kind, env ``i`` playing ``games[i // group_size]``:
         game files (ALFWorld), goal indices (WebShop, the shop in ``options["shop"]``), reset seeds
         (Python kinds: ``options["make_env"]`` is the factory or a running
@@ -76,8 +85,16 @@ class EnvSpec:
             if make_env is None:
                 raise ValueError(f"make_env: env kind {self.name!r} needs options['make_env'] (its factory or workers)")
             reset_options = opts.pop("reset_options", None)
-            return PythonEnvPool(make_env, num_envs, group_size=group_size, seeds=list(games), max_steps=max_steps,
-                                 num_workers=num_threads, options=reset_options, **opts)
+            return PythonEnvPool(
+                make_env,
+                num_envs,
+                group_size=group_size,
+                seeds=list(games),
+                max_steps=max_steps,
+                num_workers=num_threads,
+                options=reset_options,
+                **opts,
+            )
         from pcsd.envs.pool import EnvPool
 
         if self.name == "webshop":
@@ -87,8 +104,16 @@ class EnvSpec:
             files = None
         else:
             files = None if isinstance(games, int) else list(games)
-        return EnvPool(self.name, num_envs, group_size=group_size, games=files, max_steps=max_steps,
-                       num_threads=num_threads, seed=seed, **opts)
+        return EnvPool(
+            self.name,
+            num_envs,
+            group_size=group_size,
+            games=files,
+            max_steps=max_steps,
+            num_threads=num_threads,
+            seed=seed,
+            **opts,
+        )
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
@@ -111,8 +136,9 @@ def get(name: str) -> EnvSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"env.name={name!r} is not an environment kind; choose one of "
-                         f"{', '.join(available())}") from None
+        raise ValueError(
+            f"env.name={name!r} is not an environment kind; choose one of {', '.join(available())}"
+        ) from None
 
 
 def available() -> list[str]:
@@ -122,9 +148,11 @@ def available() -> list[str]:
 def _gym_factory(env: Mapping[str, Any]) -> EnvFactory:
     entry, env_id = env.get("entry_point"), env.get("id")
     if (entry is None) == (env_id is None):
-        raise ValueError("env.entry_point: env.name=gym needs exactly one of env.entry_point=module:Class "
-                         "(importable from the current folder or the installed packages) and env.id=<a registered "
-                         "Gymnasium id>" + (", not both" if entry is not None else ""))
+        raise ValueError(
+            "env.entry_point: env.name=gym needs exactly one of env.entry_point=module:Class "
+            "(importable from the current folder or the installed packages) and env.id=<a registered "
+            "Gymnasium id>" + (", not both" if entry is not None else "")
+        )
     if env_id is not None:
         _require(f"env.id={env_id}", "gymnasium", "gymnasium", "gym")
     return EnvFactory(entry_point=entry, id=env_id, kwargs=_kwargs(env))
@@ -154,8 +182,11 @@ def _textarena_factory(env: Mapping[str, Any]) -> EnvFactory:
     if not env.get("id"):
         raise ValueError("env.id: env.name=textarena needs env.id=<a TextArena game id>, e.g. GuessTheNumber-v0")
     _require("env.name=textarena", "textarena", "textarena==0.7.4", "textarena")
-    return EnvFactory(entry_point="pcsd.envs.textarena:TextArenaEnv", kwargs={"env_id": env["id"], **_kwargs(env)},
-                      label=str(env["id"]))
+    return EnvFactory(
+        entry_point="pcsd.envs.textarena:TextArenaEnv",
+        kwargs={"env_id": env["id"], **_kwargs(env)},
+        label=str(env["id"]),
+    )
 
 
 #: OpenEnv servers this process started (``env.kwargs.start``), by app and folder: one per process,
@@ -190,9 +221,11 @@ def _openenv_factory(env: Mapping[str, Any]) -> EnvFactory:
     kw = _kwargs(env)
     url, start = env.get("url"), kw.pop("start", None)
     if (url is None) == (start is None):
-        raise ValueError("env.url: env.name=openenv needs env.url=<a running server's address, http://host:port> or "
-                         "env.kwargs.start=<module:app, an OpenEnv app to serve on 127.0.0.1>"
-                         + (", not both" if url is not None else ""))
+        raise ValueError(
+            "env.url: env.name=openenv needs env.url=<a running server's address, http://host:port> or "
+            "env.kwargs.start=<module:app, an OpenEnv app to serve on 127.0.0.1>"
+            + (", not both" if url is not None else "")
+        )
     _require("env.name=openenv", "websockets", "websockets", "openenv")
     app_dir = kw.pop("app_dir", None)
     start_timeout_s = kw.pop("start_timeout_s", 120.0)
@@ -206,21 +239,53 @@ def _openenv_factory(env: Mapping[str, Any]) -> EnvFactory:
             raise ValueError(f"env.kwargs.start_timeout_s: expected seconds > 0, got {start_timeout_s!r}")
         url = _served(start, app_dir, float(start_timeout_s))
     elif app_dir is not None or "start_timeout_s" in (env.get("kwargs") or {}):
-        raise ValueError("env.kwargs.app_dir / start_timeout_s: settings of env.kwargs.start (a server pcsd starts); "
-                         "env.url names a running one")
-    return EnvFactory(entry_point="pcsd.envs.openenv:OpenEnvEnv", kwargs={"base_url": url, **kw},
-                      label=str(start if start is not None else url))
+        raise ValueError(
+            "env.kwargs.app_dir / start_timeout_s: settings of env.kwargs.start (a server pcsd starts); "
+            "env.url names a running one"
+        )
+    return EnvFactory(
+        entry_point="pcsd.envs.openenv:OpenEnvEnv",
+        kwargs={"base_url": url, **kw},
+        label=str(start if start is not None else url),
+    )
 
 
 register(EnvSpec("alfworld", "alfworld", "the native ALFWorld engine (game files)", errors_end_episode=False))
 register(EnvSpec("webshop", "webshop", "the native WebShop (goal indices of a loaded shop)", task_score="score"))
 register(EnvSpec("dummy", "alfworld", "the native pool's deterministic test game", errors_end_episode=False))
-register(EnvSpec("gym", "text", "any Python text env: env.entry_point=module:Class or env.id=<Gymnasium id>, "
-                 "env.kwargs", python=True, env_reward=True, task_score="score", make_factory=_gym_factory,
-                 keys=("entry_point", "id", "kwargs")))
-register(EnvSpec("textarena", "text", "a single-player TextArena game: env.id=<game id>, env.kwargs (the game's "
-                 "arguments)", python=True, env_reward=True, task_score="score", make_factory=_textarena_factory,
-                 keys=("id", "kwargs")))
-register(EnvSpec("openenv", "text", "an OpenEnv environment server: env.url=<address> or env.kwargs.start=<module:app>",
-                 python=True, env_reward=True, task_score="score", make_factory=_openenv_factory,
-                 keys=("url", "kwargs")))
+register(
+    EnvSpec(
+        "gym",
+        "text",
+        "any Python text env: env.entry_point=module:Class or env.id=<Gymnasium id>, env.kwargs",
+        python=True,
+        env_reward=True,
+        task_score="score",
+        make_factory=_gym_factory,
+        keys=("entry_point", "id", "kwargs"),
+    )
+)
+register(
+    EnvSpec(
+        "textarena",
+        "text",
+        "a single-player TextArena game: env.id=<game id>, env.kwargs (the game's arguments)",
+        python=True,
+        env_reward=True,
+        task_score="score",
+        make_factory=_textarena_factory,
+        keys=("id", "kwargs"),
+    )
+)
+register(
+    EnvSpec(
+        "openenv",
+        "text",
+        "an OpenEnv environment server: env.url=<address> or env.kwargs.start=<module:app>",
+        python=True,
+        env_reward=True,
+        task_score="score",
+        make_factory=_openenv_factory,
+        keys=("url", "kwargs"),
+    )
+)

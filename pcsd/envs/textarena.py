@@ -64,7 +64,9 @@ PACKAGE_HINT = "pip install 'pcsd[textarena]' (textarena==0.7.4)"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 #: the ``random`` module's functions: bound methods of its hidden global ``Random``
-_RANDOM_FUNCS = tuple(n for n in dir(random) if getattr(getattr(random, n), "__self__", None) is getattr(random.random, "__self__"))
+_RANDOM_FUNCS = tuple(
+    n for n in dir(random) if getattr(getattr(random, n), "__self__", None) is getattr(random.random, "__self__")
+)
 
 
 def _random_methods(rng: random.Random) -> list[tuple[str, Any]]:
@@ -88,8 +90,9 @@ def _textarena() -> Any:
     try:
         import textarena
     except ImportError as e:
-        raise ImportError(f"TextArena games need the 'textarena' package, which is not installed ({e}): "
-                          f"{PACKAGE_HINT}") from None
+        raise ImportError(
+            f"TextArena games need the 'textarena' package, which is not installed ({e}): {PACKAGE_HINT}"
+        ) from None
     return textarena
 
 
@@ -98,12 +101,15 @@ def _one_line(text: str) -> str:
     text = _ANSI.sub("", text)
     m = re.search(r"Resource\s+'?([\w./-]+)'?\s+not found", text)
     if m:
-        return (f"needs the NLTK data '{m.group(1)}', which is not installed (TextArena downloads it from "
-                f"GitHub on first use; install it with: python -m nltk.downloader {m.group(1)})")
+        return (
+            f"needs the NLTK data '{m.group(1)}', which is not installed (TextArena downloads it from "
+            f"GitHub on first use; install it with: python -m nltk.downloader {m.group(1)})"
+        )
     return " ".join(text.split())
 
 
 # --- experts ---------------------------------------------------------------------------------------
+
 
 def _guess_the_number(game: Any) -> str:
     """Binary search on the hints the game gave: the middle of the range the hints leave open."""
@@ -147,6 +153,7 @@ EXPERTS: dict[str, Callable[[Any], str]] = {
 
 # --- opening a game --------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class TextArenaGame:
     """What :func:`check` learned about a game id."""
@@ -185,14 +192,17 @@ def _open(env_id: Any, kwargs: Mapping[str, Any]) -> tuple[Any, Any, Any]:
 
     if env_id not in ENV_REGISTRY:
         near = difflib.get_close_matches(env_id, list(ENV_REGISTRY), n=3)
-        hint = f"; did you mean {', '.join(near)}?" if near else " (textarena.envs.registration.ENV_REGISTRY lists them)"
+        hint = (
+            f"; did you mean {', '.join(near)}?" if near else " (textarena.envs.registration.ENV_REGISTRY lists them)"
+        )
         raise ValueError(f"env_id {env_id!r}: textarena {ta.__version__} has no such game{hint}")
     try:
         env = ta.make(env_id, **kwargs)
         game = _unwrap(env, ta)
     except Exception as e:
-        raise ValueError(f"env_id {env_id!r}: the TextArena game cannot be made here: {type(e).__name__}: "
-                         f"{_one_line(str(e))}") from None
+        raise ValueError(
+            f"env_id {env_id!r}: the TextArena game cannot be made here: {type(e).__name__}: {_one_line(str(e))}"
+        ) from None
     why = None
     own = _random_methods(random.Random())  # the caller's `random` stays as it is
     try:
@@ -200,13 +210,16 @@ def _open(env_id: Any, kwargs: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     except Exception as e:
         why = _with_random(own, _player_count_error, ta, env_id, kwargs)
         if why is None:
-            raise ValueError(f"env_id {env_id!r}: the TextArena game cannot start here: {type(e).__name__}: "
-                             f"{_one_line(str(e))}") from None
+            raise ValueError(
+                f"env_id {env_id!r}: the TextArena game cannot start here: {type(e).__name__}: {_one_line(str(e))}"
+            ) from None
     if why is None and not isinstance(game.state, ta.SinglePlayerState):
         why = f"not a single-player game (its state is a {type(game.state).__name__})"
     if why is not None:
-        raise ValueError(f"env_id {env_id!r}: {why}; pcsd trains on TextArena's single-player games "
-                         "(GuessTheNumber-v0, TowerOfHanoi-v0, Sudoku-v0, Minesweeper-v0, ...)")
+        raise ValueError(
+            f"env_id {env_id!r}: {why}; pcsd trains on TextArena's single-player games "
+            "(GuessTheNumber-v0, TowerOfHanoi-v0, Sudoku-v0, Minesweeper-v0, ...)"
+        )
     return ta, env, game
 
 

@@ -48,8 +48,11 @@ class DirectionEnv:
         self._rng = random.Random(seed)
         self._t, self._right = 0, 0
         obs = self._ask()
-        return obs, {"task": "say the direction each observation asks for", "admissible_actions": list(_DIRECTIONS),
-                     "task_type": "direction"}
+        return obs, {
+            "task": "say the direction each observation asks for",
+            "admissible_actions": list(_DIRECTIONS),
+            "task_type": "direction",
+        }
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self.busy_iters:

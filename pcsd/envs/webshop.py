@@ -43,9 +43,22 @@ from pcsd import _native
 if TYPE_CHECKING:  # bound on first use by __getattr__ (the native module loads lazily)
     from pcsd._envpool import WebShopStepError
 
-__all__ = ["WebShop", "WebShopEnv", "WebShopStepError", "GOAL_SETS", "VARIANTS", "run_expert", "VALIDATION_GOALS",
-           "TRAIN_GOALS_START", "VALIDATION_SEED_OFFSET", "train_goal_indices", "draw_goals", "resolve_data_dir",
-           "scan_catalogue", "json_length"]
+__all__ = [
+    "WebShop",
+    "WebShopEnv",
+    "WebShopStepError",
+    "GOAL_SETS",
+    "VARIANTS",
+    "run_expert",
+    "VALIDATION_GOALS",
+    "TRAIN_GOALS_START",
+    "VALIDATION_SEED_OFFSET",
+    "train_goal_indices",
+    "draw_goals",
+    "resolve_data_dir",
+    "scan_catalogue",
+    "json_length",
+]
 
 GOAL_SETS = ("synthetic", "human")
 VARIANTS = ("upstream", "verl")
@@ -109,8 +122,9 @@ class WebShopEnv:
             try:
                 action.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise ValueError(f"action is not valid text (UnicodeEncodeError: {exc}); "
-                                 "the action was not sent to the env") from None
+                raise ValueError(
+                    f"action is not valid text (UnicodeEncodeError: {exc}); the action was not sent to the env"
+                ) from None
         return self._e.step(action)
 
     def observe(self) -> tuple[str, dict[str, Any]]:
@@ -304,8 +318,10 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None, arg: str = "data_d
     if data_dir is None:
         data_dir = os.environ.get("WEBSHOP_DATA") or None
         if data_dir is None:
-            raise ValueError(f"{arg}: WebShop needs its data folder: set {arg} or the WEBSHOP_DATA environment "
-                             "variable to the folder holding data/items_shuffle_1000.json")
+            raise ValueError(
+                f"{arg}: WebShop needs its data folder: set {arg} or the WEBSHOP_DATA environment "
+                "variable to the folder holding data/items_shuffle_1000.json"
+            )
     p = Path(os.fspath(data_dir)).expanduser()
     if not ((p / "items_shuffle_1000.json").is_file() or (p / "data" / "items_shuffle_1000.json").is_file()):
         what = "no such folder" if not p.is_dir() else "no items_shuffle_1000.json there or in data/"

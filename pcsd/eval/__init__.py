@@ -8,8 +8,17 @@ Evaluation imports the rollout, env, text and model layers; never :mod:`pcsd.tra
 
 from pcsd.envs.alfworld import CATEGORIES, CATEGORY_ORDER
 from pcsd.eval.cli import main, resolve_model
-from pcsd.eval.games import (SPLITS, EvalError, game_name, game_seed, game_task_type, procedural_eval_games,
-                             read_games_file, select_games, split_games)
+from pcsd.eval.games import (
+    SPLITS,
+    EvalError,
+    game_name,
+    game_seed,
+    game_task_type,
+    procedural_eval_games,
+    read_games_file,
+    select_games,
+    split_games,
+)
 from pcsd.eval.run import EvalResult, GameResult, evaluate, play_games, render_table
 
 __all__ = [

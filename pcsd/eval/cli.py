@@ -65,8 +65,16 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pcsd.eval.games import (DEFAULT_SEED, RULE_LABELS, SPLITS, EvalError, procedural_eval_games, read_games_file,
-                             select_games, split_games)
+from pcsd.eval.games import (
+    DEFAULT_SEED,
+    RULE_LABELS,
+    SPLITS,
+    EvalError,
+    procedural_eval_games,
+    read_games_file,
+    select_games,
+    split_games,
+)
 from pcsd.eval.run import EvalResult, play_games, render_table
 from pcsd.models import ModelNotFound, is_model_id, resolve_model_path
 
@@ -101,8 +109,10 @@ def resolve_model(path: str | os.PathLike[str]) -> tuple[Path, Path, Optional[Pa
             raise EvalError(str(exc)) from None
         return snap, snap, None
     if not p.exists():
-        raise EvalError(f"model={str(p)!r}: no such file or directory (expected a HF checkpoint, a run dir or a "
-                        f"Hugging Face model id)")
+        raise EvalError(
+            f"model={str(p)!r}: no such file or directory (expected a HF checkpoint, a run dir or a "
+            f"Hugging Face model id)"
+        )
     run_dir: Optional[Path] = None
     if (p / "config.json").is_file():
         model_dir = p
@@ -118,8 +128,11 @@ def resolve_model(path: str | os.PathLike[str]) -> tuple[Path, Path, Optional[Pa
             skip = {"base-model", "sft-model"}
             cands = [c.parent for c in p.rglob("config.json") if c.parent.name not in skip]
             if not cands:
-                warm = (f" (its warm-up's model: --model {p / 'sft-model'})"
-                        if (p / "sft-model" / "config.json").is_file() else "")
+                warm = (
+                    f" (its warm-up's model: --model {p / 'sft-model'})"
+                    if (p / "sft-model" / "config.json").is_file()
+                    else ""
+                )
                 raise EvalError(f"model={str(p)!r}: a run directory without final-model/ or any checkpoint{warm}")
             model_dir = max(cands, key=lambda d: (_checkpoint_step(d, p), d.stat().st_mtime))
     else:
@@ -166,50 +179,103 @@ def _run_label(run_dir: Optional[Path], model_dir: Path, skills: bool) -> str:
     return label + ("*" if skills else "")
 
 
-
 # ----------------------------------------------------------------------------- CLI
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m pcsd.eval", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", action="append", required=True,
-                    help="HF checkpoint folder, training run dir or Hugging Face model id (repeat for more rows)")
-    ap.add_argument("--label", action="append", default=None,
-                    help="row label per --model (default: the run's method, e.g. PCSD, GRPO)")
-    ap.add_argument("--split", default=None,
-                    help=f"comma-separated, of {', '.join(SPLITS + (WEBSHOP, TEXT_ENV))} (default: env for a run "
-                         "trained on a Python env, else valid_seen)")
-    ap.add_argument("--env", action="append", default=None, metavar="KEY=VALUE",
-                    help="split=env: a key of the run's env section to override (repeat), e.g. name=gym, "
-                         "entry_point=examples.keydoor:KeyDoorEnv, kwargs.colors=4, template=my.jinja")
+    ap = argparse.ArgumentParser(
+        prog="python -m pcsd.eval",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        help="HF checkpoint folder, training run dir or Hugging Face model id (repeat for more rows)",
+    )
+    ap.add_argument(
+        "--label",
+        action="append",
+        default=None,
+        help="row label per --model (default: the run's method, e.g. PCSD, GRPO)",
+    )
+    ap.add_argument(
+        "--split",
+        default=None,
+        help=f"comma-separated, of {', '.join(SPLITS + (WEBSHOP, TEXT_ENV))} (default: env for a run "
+        "trained on a Python env, else valid_seen)",
+    )
+    ap.add_argument(
+        "--env",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="split=env: a key of the run's env section to override (repeat), e.g. name=gym, "
+        "entry_point=examples.keydoor:KeyDoorEnv, kwargs.colors=4, template=my.jinja",
+    )
     ap.add_argument("--count", type=int, default=0, help="only the first N games (after --task-types)")
-    ap.add_argument("--protocol", default="full", choices=["full", "paper"],
-                    help="full: every game once (default); paper: 128 episodes drawn as verl-agent validates")
-    ap.add_argument("--episodes", type=int, default=0,
-                    help="full: a stratified subset of N games; paper: N draws (default 128)")
-    ap.add_argument("--validation-index", type=int, default=0,
-                    help="protocol paper: which validation of a training run (0 = before training)")
-    ap.add_argument("--draw-seed", type=int, default=None,
-                    help="protocol paper: verl-agent's env.seed (default: the run's run.seed, else 0)")
-    ap.add_argument("--enable-thinking", default=None, choices=["true", "false"],
-                    help="the chat template's enable_thinking (Qwen3); default: the run's model.enable_thinking")
+    ap.add_argument(
+        "--protocol",
+        default="full",
+        choices=["full", "paper"],
+        help="full: every game once (default); paper: 128 episodes drawn as verl-agent validates",
+    )
+    ap.add_argument(
+        "--episodes", type=int, default=0, help="full: a stratified subset of N games; paper: N draws (default 128)"
+    )
+    ap.add_argument(
+        "--validation-index",
+        type=int,
+        default=0,
+        help="protocol paper: which validation of a training run (0 = before training)",
+    )
+    ap.add_argument(
+        "--draw-seed",
+        type=int,
+        default=None,
+        help="protocol paper: verl-agent's env.seed (default: the run's run.seed, else 0)",
+    )
+    ap.add_argument(
+        "--enable-thinking",
+        default=None,
+        choices=["true", "false"],
+        help="the chat template's enable_thinking (Qwen3); default: the run's model.enable_thinking",
+    )
     ap.add_argument("--task-types", default=None, help="comma-separated categories, e.g. Pick,Heat")
     ap.add_argument("--games-file", default=None, help="a file listing game paths, one a line")
-    ap.add_argument("--procedural-games", type=int, default=0,
-                    help="split=procedural: size of the fixed generated list (default: the run's "
-                         "eval.episodes, else 48); with a tiny-preset run the list is the trainer's own")
+    ap.add_argument(
+        "--procedural-games",
+        type=int,
+        default=0,
+        help="split=procedural: size of the fixed generated list (default: the run's "
+        "eval.episodes, else 48); with a tiny-preset run the list is the trainer's own",
+    )
     ap.add_argument("--games-dir", default=None, help="where split=procedural writes its games")
-    ap.add_argument("--distractors", type=int, default=None,
-                    help="split=procedural: distractor objects (default: the run's env.distractors, else drawn)")
-    ap.add_argument("--receptacles", type=int, default=None,
-                    help="split=procedural: receptacles per game (default: the run's env.receptacles, else drawn)")
-    ap.add_argument("--webshop-data", default=None,
-                    help="split=webshop: the WebShop folder (default: the run's env.webshop_data, else $WEBSHOP_DATA)")
+    ap.add_argument(
+        "--distractors",
+        type=int,
+        default=None,
+        help="split=procedural: distractor objects (default: the run's env.distractors, else drawn)",
+    )
+    ap.add_argument(
+        "--receptacles",
+        type=int,
+        default=None,
+        help="split=procedural: receptacles per game (default: the run's env.receptacles, else drawn)",
+    )
+    ap.add_argument(
+        "--webshop-data",
+        default=None,
+        help="split=webshop: the WebShop folder (default: the run's env.webshop_data, else $WEBSHOP_DATA)",
+    )
     ap.add_argument("--temperature", type=float, default=0.4)
     ap.add_argument("--greedy", action="store_true", help="temperature 0")
     ap.add_argument("--skills", action="store_true", help="skills in the student prompt (starred rows)")
-    ap.add_argument("--skills-dir", default=None,
-                    help="the skills folder for --skills (implies it; layout of env.skills_dir); default: a run's "
-                         "own copy (<run>/skills/, when it trained with env.skills_dir), else the built-in skills")
+    ap.add_argument(
+        "--skills-dir",
+        default=None,
+        help="the skills folder for --skills (implies it; layout of env.skills_dir); default: a run's "
+        "own copy (<run>/skills/, when it trained with env.skills_dir), else the built-in skills",
+    )
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
     ap.add_argument("--batch-size", type=int, default=0, help="games played together (0 = all)")
     ap.add_argument("--backend", default="vllm", choices=["vllm", "hf"])
@@ -255,8 +321,10 @@ def _text_env_section(args: argparse.Namespace, run_cfg: dict) -> dict:
     except Exception as exc:
         raise EvalError(f"env: {str(exc).splitlines()[0]}") from None
     if not env.get("name"):
-        raise EvalError("split=env needs a Python environment: evaluate a run trained on one, or name it with "
-                        "--env name=gym --env entry_point=module:Class (or --env id=<Gymnasium id>)")
+        raise EvalError(
+            "split=env needs a Python environment: evaluate a run trained on one, or name it with "
+            "--env name=gym --env entry_point=module:Class (or --env id=<Gymnasium id>)"
+        )
     return env
 
 
@@ -269,8 +337,9 @@ def _run_config(run_dir: Optional[Path]) -> dict:
     return OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
 
 
-def _text_env_setup(args: argparse.Namespace, run_dir: Optional[Path], run_cfg: dict
-                    ) -> tuple[list[int], dict, str, str, Optional[str]]:
+def _text_env_setup(
+    args: argparse.Namespace, run_dir: Optional[Path], run_cfg: dict
+) -> tuple[list[int], dict, str, str, Optional[str]]:
     """The seeds ``--split env`` plays, the rollout loop's ``env_options``, the env kind, the
     row's split name and the prompt template's source (``--env template=FILE``, else the run's
     copy, else None)."""
@@ -291,8 +360,9 @@ def _text_env_setup(args: argparse.Namespace, run_dir: Optional[Path], run_cfg: 
     except (ValueError, EnvBuildError, ProtocolError) as exc:
         raise EvalError(f"env: {exc}") from None
     template = None
-    if env.get("template") and any(o.split("=", 1)[0].strip().removeprefix("env.") == "template"
-                                   for o in args.env or []):
+    if env.get("template") and any(
+        o.split("=", 1)[0].strip().removeprefix("env.") == "template" for o in args.env or []
+    ):
         path = Path(str(env["template"])).expanduser()
         if not path.is_file():
             raise EvalError(f"env: template={path}: no such file")
@@ -300,18 +370,22 @@ def _text_env_setup(args: argparse.Namespace, run_dir: Optional[Path], run_cfg: 
     elif run_dir is not None and (run_dir / "template.jinja").is_file():
         template = (run_dir / "template.jinja").read_text(encoding="utf-8")
     elif env.get("template"):
-        raise EvalError(f"model={run_dir}: the run used env.template={env['template']} but holds no copy of it "
-                        "(template.jinja); pass it as --env template=FILE")
+        raise EvalError(
+            f"model={run_dir}: the run used env.template={env['template']} but holds no copy of it "
+            "(template.jinja); pass it as --env template=FILE"
+        )
     seeds = text_env_eval_seeds(args.episodes or int((run_cfg.get("eval") or {}).get("episodes") or 0))
     if args.count:
-        seeds = seeds[:args.count]
-    options = {"make_env": factory, "success_threshold": float(env.get("success_threshold", 1.0)),
-               "step_timeout": timeout}
+        seeds = seeds[: args.count]
+    options = {
+        "make_env": factory,
+        "success_threshold": float(env.get("success_threshold", 1.0)),
+        "step_timeout": timeout,
+    }
     return seeds, options, spec.name, f"{spec.name} {factory.describe()}", template
 
 
-def _skill_repositories(args: argparse.Namespace, run_dir: Optional[Path], run_cfg: dict,
-                        envs: Sequence[str]) -> dict:
+def _skill_repositories(args: argparse.Namespace, run_dir: Optional[Path], run_cfg: dict, envs: Sequence[str]) -> dict:
     """The skills each environment's prompts read with ``--skills``: ``--skills-dir`` for every
     environment, else the run's own copy (``<run>/skills/``, written by the trainer when it ran with
     ``env.skills_dir``) for the environment it trained on, else None (the built-in skills)."""
@@ -333,8 +407,10 @@ def _skill_repositories(args: argparse.Namespace, run_dir: Optional[Path], run_c
         return repos
     own = run_dir / "skills"
     if not own.is_dir():
-        raise EvalError(f"model={run_dir}: the run trained with env.skills_dir={run_env['skills_dir']} but holds no "
-                        f"copy of it (skills/); pass that folder as --skills-dir")
+        raise EvalError(
+            f"model={run_dir}: the run trained with env.skills_dir={run_env['skills_dir']} but holds no "
+            f"copy of it (skills/); pass that folder as --skills-dir"
+        )
     try:
         repos[env] = SkillRepository(own, env)
     except (OSError, ValueError) as exc:
@@ -352,8 +428,10 @@ def _webshop_setup(args: argparse.Namespace, run_cfg: dict) -> tuple[list[int], 
     from pcsd.eval.protocol import webshop_validation_goals
 
     if args.games_file or args.task_types:
-        raise EvalError("games_file / task_types select ALFWorld games; split=webshop plays validation goals "
-                        "(use --episodes / --count)")
+        raise EvalError(
+            "games_file / task_types select ALFWorld games; split=webshop plays validation goals "
+            "(use --episodes / --count)"
+        )
     run_env = run_cfg.get("env", {}) or {}
     try:
         root = resolve_data_dir(args.webshop_data or run_env.get("webshop_data"), "webshop_data")
@@ -362,9 +440,13 @@ def _webshop_setup(args: argparse.Namespace, run_cfg: dict) -> tuple[list[int], 
     seed = _draw_seed(args, run_cfg)
     goals = webshop_validation_goals(args.protocol, args.episodes, seed, args.validation_index)
     if args.count:
-        goals = goals[:args.count]
-    shop = WebShop.load(root, goals="synthetic", seed=seed + VALIDATION_SEED_OFFSET,
-                        variant=str(run_env.get("webshop_variant") or "verl"))
+        goals = goals[: args.count]
+    shop = WebShop.load(
+        root,
+        goals="synthetic",
+        seed=seed + VALIDATION_SEED_OFFSET,
+        variant=str(run_env.get("webshop_variant") or "verl"),
+    )
     return goals, {"shop": shop}
 
 
@@ -399,10 +481,10 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
     """Evaluates every ``--model`` on every split; returns (markdown, JSON document)."""
     import torch
 
-    from pcsd.progress import ProgressReporter
-    from pcsd.text.prompts import PromptBuilder
-    from pcsd.rollout.backends import make_backend, usable_backend
     from pcsd.models import eos_id, load_model, resolve_device
+    from pcsd.progress import ProgressReporter
+    from pcsd.rollout.backends import make_backend, usable_backend
+    from pcsd.text.prompts import PromptBuilder
 
     if args.split is None:  # a run trained on a Python env evaluates on it; else ALFWorld's valid_seen
         first_cfg = _run_config(resolve_model(args.model[0])[2])
@@ -415,8 +497,10 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
     if args.env and TEXT_ENV not in splits:
         raise EvalError("env: --env sets the Python environment of split=env, which --split does not name")
     if TEXT_ENV in splits and (args.protocol == "paper" or args.games_file or args.task_types):
-        raise EvalError("split=env plays a Python environment's fixed evaluation seeds (--episodes, --count); "
-                        "--protocol paper, --games-file and --task-types select ALFWorld / WebShop episodes")
+        raise EvalError(
+            "split=env plays a Python environment's fixed evaluation seeds (--episodes, --count); "
+            "--protocol paper, --games-file and --task-types select ALFWorld / WebShop episodes"
+        )
     if args.games_file and len(splits) > 1:
         raise EvalError("games_file names one list of games: give a single --split (its row label)")
     if args.label is not None and len(args.label) != len(args.model):
@@ -436,9 +520,15 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
         args.skills = True
         _skill_repositories(args, None, {}, envs)
     models = [resolve_model(m) for m in args.model]
-    out_dir = Path(args.out) if args.out else (
-        models[0][2] / "eval" if len(models) == 1 and models[0][2] is not None
-        else Path("eval-results") / time.strftime("%Y%m%d-%H%M%S"))
+    out_dir = (
+        Path(args.out)
+        if args.out
+        else (
+            models[0][2] / "eval"
+            if len(models) == 1 and models[0][2] is not None
+            else Path("eval-results") / time.strftime("%Y%m%d-%H%M%S")
+        )
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     first_run = _run_config(models[0][2])
     game_lists: dict = {s: _resolve_games(s, args, out_dir, first_run) for s in splits if s not in family}
@@ -450,7 +540,8 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
     text_template = None
     if TEXT_ENV in splits:
         game_lists[TEXT_ENV], env_options[TEXT_ENV], kind[TEXT_ENV], split_name[TEXT_ENV], text_template = (
-            _text_env_setup(args, models[0][2], first_run))
+            _text_env_setup(args, models[0][2], first_run)
+        )
     temp = 0.0 if args.greedy else args.temperature
     device = resolve_device(args.device)
     results: list[EvalResult] = []
@@ -470,35 +561,54 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
                 return webshop if env == WEBSHOP else alfworld
 
             def limits(env: str) -> tuple[int, int, int]:
-                return (setting(args.max_steps, env_c.get("max_steps"), 50, 15, env),
-                        setting(args.max_response_tokens, roll_c.get("max_response_tokens"),
-                                512, 512, env),
-                        setting(args.max_prompt_tokens, roll_c.get("max_prompt_tokens"),
-                                2048, 4096, env))
+                return (
+                    setting(args.max_steps, env_c.get("max_steps"), 50, 15, env),
+                    setting(args.max_response_tokens, roll_c.get("max_response_tokens"), 512, 512, env),
+                    setting(args.max_prompt_tokens, roll_c.get("max_prompt_tokens"), 2048, 4096, env),
+                )
 
             max_len = max(p + r for _, r, p in map(limits, envs))
             hist = env_c.get("history_length", 2) if args.history_length is None else args.history_length
-            thinking = ({"true": True, "false": False}[args.enable_thinking] if args.enable_thinking
-                        else rc.get("model", {}).get("enable_thinking"))
+            thinking = (
+                {"true": True, "false": False}[args.enable_thinking]
+                if args.enable_thinking
+                else rc.get("model", {}).get("enable_thinking")
+            )
             repos = _skill_repositories(args, run_dir, rc, envs)
             if args.skills and "text" in repos and repos["text"] is None:
-                raise EvalError("skills: a Python environment has no built-in skills; evaluate a run that trained "
-                                "with env.skills_dir (its copy is used) or pass --skills-dir")
-            builders = {env: PromptBuilder(env, history_length=hist, max_prompt_tokens=limits(env)[2],
-                                           tokenizer_dir=tok_dir, enable_thinking=thinking, skills=repos[env],
-                                           template=text_template if env == "text" else None)
-                        for env in envs}
+                raise EvalError(
+                    "skills: a Python environment has no built-in skills; evaluate a run that trained "
+                    "with env.skills_dir (its copy is used) or pass --skills-dir"
+                )
+            builders = {
+                env: PromptBuilder(
+                    env,
+                    history_length=hist,
+                    max_prompt_tokens=limits(env)[2],
+                    tokenizer_dir=tok_dir,
+                    enable_thinking=thinking,
+                    skills=repos[env],
+                    template=text_template if env == "text" else None,
+                )
+                for env in envs
+            }
             builder = builders[envs[0]]
             for env, b in builders.items():  # a budget no prompt of the template fits in
                 least = b.min_prompt_tokens()
                 if least is not None and limits(env)[2] < least:
-                    raise EvalError(f"max_prompt_tokens={limits(env)[2]} ({env}) cannot hold a single prompt: the "
-                                    f"template alone is {least} tokens with this tokenizer; give --max-prompt-tokens")
+                    raise EvalError(
+                        f"max_prompt_tokens={limits(env)[2]} ({env}) cannot hold a single prompt: the "
+                        f"template alone is {least} tokens with this tokenizer; give --max-prompt-tokens"
+                    )
             backend_name = usable_backend(args.backend, reporter.print)
             if backend_name == "vllm":
-                backend = make_backend("vllm", model_path=model_dir, seed=args.seed,
-                                       dtype="float32" if device.type == "cpu" else "bfloat16",
-                                       max_model_len=max_len)
+                backend = make_backend(
+                    "vllm",
+                    model_path=model_dir,
+                    seed=args.seed,
+                    dtype="float32" if device.type == "cpu" else "bfloat16",
+                    max_model_len=max_len,
+                )
             else:
                 model = load_model(model_dir, device).eval()
                 backend = make_backend("hf", model=model, pad_token_id=eos_id(builder))
@@ -509,21 +619,48 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
                     env = family.get(s, "alfworld")
                     max_steps, max_resp, max_prompt = limits(env)
                     t0 = time.perf_counter()
-                    res = play_games(backend, builders[env], games, max_steps=max_steps,
-                                     max_response_tokens=max_resp, temperature=temp, seed=args.seed,
-                                     skills=args.skills, batch_size=args.batch_size,
-                                     stop_token_ids=[eos_id(builder)], progress=reporter.rollout(f"eval {label} {s}"),
-                                     env=kind.get(s, "alfworld"), env_options=env_options.get(s))
-                    settings = dict(model=str(model_dir), backend=backend_name, temperature=temp, seed=args.seed,
-                                    skills=args.skills, batch_size=args.batch_size, max_steps=max_steps,
-                                    skills_dir=None if repos[env] is None else str(repos[env].folder),
-                                    max_response_tokens=max_resp, max_prompt_tokens=max_prompt,
-                                    history_length=hist, enable_thinking=thinking, protocol=args.protocol,
-                                    validation_index=args.validation_index,
-                                    draw_seed=_draw_seed(args, first_run),
-                                    seconds=time.perf_counter() - t0)
-                    results.append(EvalResult(label=label, split=split_name.get(s, s), games=res, settings=settings,
-                                              env=kind.get(s, "alfworld")))
+                    res = play_games(
+                        backend,
+                        builders[env],
+                        games,
+                        max_steps=max_steps,
+                        max_response_tokens=max_resp,
+                        temperature=temp,
+                        seed=args.seed,
+                        skills=args.skills,
+                        batch_size=args.batch_size,
+                        stop_token_ids=[eos_id(builder)],
+                        progress=reporter.rollout(f"eval {label} {s}"),
+                        env=kind.get(s, "alfworld"),
+                        env_options=env_options.get(s),
+                    )
+                    settings = dict(
+                        model=str(model_dir),
+                        backend=backend_name,
+                        temperature=temp,
+                        seed=args.seed,
+                        skills=args.skills,
+                        batch_size=args.batch_size,
+                        max_steps=max_steps,
+                        skills_dir=None if repos[env] is None else str(repos[env].folder),
+                        max_response_tokens=max_resp,
+                        max_prompt_tokens=max_prompt,
+                        history_length=hist,
+                        enable_thinking=thinking,
+                        protocol=args.protocol,
+                        validation_index=args.validation_index,
+                        draw_seed=_draw_seed(args, first_run),
+                        seconds=time.perf_counter() - t0,
+                    )
+                    results.append(
+                        EvalResult(
+                            label=label,
+                            split=split_name.get(s, s),
+                            games=res,
+                            settings=settings,
+                            env=kind.get(s, "alfworld"),
+                        )
+                    )
             finally:
                 backend.close()
                 del backend

@@ -10,7 +10,6 @@ from typing import Any, Optional, Sequence
 
 from pcsd.envs.alfworld import CATEGORIES, CATEGORY_ORDER
 
-
 SPLITS: tuple[str, ...] = ("valid_seen", "valid_unseen", "train", "procedural")
 #: seed of the first procedural evaluation game (the trainer's fixed evaluation set uses it too)
 PROCEDURAL_EVAL_SEED = 900_000
@@ -29,13 +28,13 @@ class EvalError(ValueError):
     """A bad evaluation argument; the message names it and says what was expected."""
 
 
-
 # ----------------------------------------------------------------------------- game lists
 def _data_root(data_root: Optional[str | os.PathLike[str]] = None) -> Path:
     root = data_root or os.environ.get("ALFWORLD_DATA")
     if not root:
-        raise EvalError("ALFWorld splits need ALFWORLD_DATA (the folder holding json_2.1.1/); "
-                        "set it, or use split=procedural")
+        raise EvalError(
+            "ALFWorld splits need ALFWORLD_DATA (the folder holding json_2.1.1/); set it, or use split=procedural"
+        )
     return Path(root)
 
 
@@ -50,8 +49,9 @@ def split_games(split: str, data_root: Optional[str | os.PathLike[str]] = None) 
     return games
 
 
-def procedural_eval_games(out_dir: str | os.PathLike[str], count: int, seed: int = PROCEDURAL_EVAL_SEED,
-                          **knobs: Any) -> list[str]:
+def procedural_eval_games(
+    out_dir: str | os.PathLike[str], count: int, seed: int = PROCEDURAL_EVAL_SEED, **knobs: Any
+) -> list[str]:
     """``count`` generated games in a fixed list (task types in the paper's column order, in rotation;
     game ``i`` has seed ``seed + i``), written to ``out_dir`` once and reused."""
     from pcsd.envs.procedural import write_games
@@ -88,8 +88,9 @@ def _category_filter(task_types: Optional[Sequence[str]]) -> Optional[set[str]]:
         elif t.lower() in by_name:
             want.add(by_name[t.lower()])
         else:
-            raise EvalError(f"task type {t!r} is unknown: expected one of {', '.join(CATEGORY_ORDER)} "
-                            f"or {', '.join(CATEGORIES)}")
+            raise EvalError(
+                f"task type {t!r} is unknown: expected one of {', '.join(CATEGORY_ORDER)} or {', '.join(CATEGORIES)}"
+            )
     if not want:
         raise EvalError("task_types is empty: name at least one task type")
     return want

@@ -24,8 +24,16 @@ from typing import Iterator, Sequence
 
 from pcsd.eval.games import EvalError, game_task_type
 
-__all__ = ["PROTOCOLS", "PAPER_EPISODES", "VALIDATION_SEED_OFFSET", "paper_episodes", "stratified_subset",
-           "wilson_interval", "protocol_games", "webshop_validation_goals"]
+__all__ = [
+    "PROTOCOLS",
+    "PAPER_EPISODES",
+    "VALIDATION_SEED_OFFSET",
+    "paper_episodes",
+    "stratified_subset",
+    "wilson_interval",
+    "protocol_games",
+    "webshop_validation_goals",
+]
 
 PROTOCOLS = ("full", "paper")
 PAPER_EPISODES = 128  # data.val_batch_size in verl-agent's / SDAR's ALFWorld scripts
@@ -41,8 +49,9 @@ def _shuffled_cycle(elements: list, rng) -> Iterator:
         yield from elements
 
 
-def paper_episodes(games: Sequence[str], episodes: int = PAPER_EPISODES, seed: int = 0,
-                   validation_index: int = 0) -> list[str]:
+def paper_episodes(
+    games: Sequence[str], episodes: int = PAPER_EPISODES, seed: int = 0, validation_index: int = 0
+) -> list[str]:
     """The ``episodes`` games verl-agent's validation run number ``validation_index`` plays, for
     ``env.seed = seed`` and the split's game list ``games`` (in the order its loader lists them).
 
@@ -105,8 +114,9 @@ def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tup
     return (100.0 * max(0.0, mid - half), 100.0 * min(1.0, mid + half))
 
 
-def protocol_games(games: Sequence[str], protocol: str, episodes: int = 0, seed: int = 0,
-                   validation_index: int = 0) -> list[str]:
+def protocol_games(
+    games: Sequence[str], protocol: str, episodes: int = 0, seed: int = 0, validation_index: int = 0
+) -> list[str]:
     """The episodes of one evaluation: ``full`` every game (or a stratified subset of ``episodes``),
     ``paper`` ``episodes`` (default 128) drawn as :func:`paper_episodes` does."""
     if protocol == "full":
@@ -128,7 +138,8 @@ def webshop_validation_goals(protocol: str, episodes: int = 0, seed: int = 0, va
         raise EvalError(f"protocol={protocol!r}: expected one of {', '.join(PROTOCOLS)}")
     n = episodes or PAPER_EPISODES
     try:
-        return draw_goals(VALIDATION_GOALS, n, seed + VALIDATION_SEED_OFFSET,
-                          validation_index if protocol == "paper" else 0)
+        return draw_goals(
+            VALIDATION_GOALS, n, seed + VALIDATION_SEED_OFFSET, validation_index if protocol == "paper" else 0
+        )
     except (TypeError, ValueError) as exc:
         raise EvalError(f"episodes={episodes!r}, seed={seed!r}, validation_index={validation_index!r}: {exc}") from None

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from pcsd.envs.alfworld import CATEGORIES, CATEGORY_ORDER
-from pcsd.eval.games import DEFAULT_SEED, RULE_LABELS, EvalError, game_name, game_seed, game_task_type
+from pcsd.eval.games import DEFAULT_SEED, EvalError, game_seed
 
 
 # ----------------------------------------------------------------------------- results
@@ -31,7 +31,9 @@ class GameResult:
     steps: int  # environment actions taken
     seed: int  # sampling seed of the batch the game was played in
     actions: list[str] = field(default_factory=list)  # the actions sent to the game, in order
-    score: Optional[float] = None  # WebShop: the task score q in [0, 1]; a Python env's summed reward; None for ALFWorld
+    score: Optional[float] = (
+        None  # WebShop: the task score q in [0, 1]; a Python env's summed reward; None for ALFWorld
+    )
     # the episode ended (unwon) because a prompt exceeded max_prompt_tokens even without history
     prompt_overflow: bool = False
 
@@ -111,21 +113,47 @@ class EvalResult:
         return sum(g.prompt_overflow for g in self.games)
 
     def to_dict(self) -> dict[str, Any]:
-        extra = (dict(score=self.score, acc=self.acc) if self.env == "webshop"
-                 else {} if self.table1 else dict(mean_reward=self.mean_reward))
-        return dict(label=self.label, split=self.split, env=self.env, overall=self.overall,
-                    overall_ci95=list(self.overall_ci95), per_category=self.per_category(), **extra,
-                    counts=self.counts(), episodes=len(self.games), prompt_overflows=self.prompt_overflows,
-                    settings=self.settings, games=[asdict(g) for g in self.games])
-
+        extra = (
+            dict(score=self.score, acc=self.acc)
+            if self.env == "webshop"
+            else {}
+            if self.table1
+            else dict(mean_reward=self.mean_reward)
+        )
+        return dict(
+            label=self.label,
+            split=self.split,
+            env=self.env,
+            overall=self.overall,
+            overall_ci95=list(self.overall_ci95),
+            per_category=self.per_category(),
+            **extra,
+            counts=self.counts(),
+            episodes=len(self.games),
+            prompt_overflows=self.prompt_overflows,
+            settings=self.settings,
+            games=[asdict(g) for g in self.games],
+        )
 
 
 # ----------------------------------------------------------------------------- playing
-def play_games(backend, builder, games: Sequence[str], *, max_steps: int = 50, max_response_tokens: int = 512,
-               temperature: float = 0.4, seed: int = DEFAULT_SEED, skills: bool = False, batch_size: int = 0,
-               num_threads: int = 0, stop_token_ids: Sequence[int] = (),
-               progress: Optional[Callable[[int, int], Any]] = None, env: str = "alfworld",
-               env_options: Optional[dict] = None) -> list[GameResult]:
+def play_games(
+    backend,
+    builder,
+    games: Sequence[str],
+    *,
+    max_steps: int = 50,
+    max_response_tokens: int = 512,
+    temperature: float = 0.4,
+    seed: int = DEFAULT_SEED,
+    skills: bool = False,
+    batch_size: int = 0,
+    num_threads: int = 0,
+    stop_token_ids: Sequence[int] = (),
+    progress: Optional[Callable[[int, int], Any]] = None,
+    env: str = "alfworld",
+    env_options: Optional[dict] = None,
+) -> list[GameResult]:
     """Plays every game once (one episode each) and returns the results in the order of ``games``.
 
     Args:
@@ -151,27 +179,60 @@ def play_games(backend, builder, games: Sequence[str], *, max_steps: int = 50, m
     results: list[GameResult] = []
     total = len(games)
     for b0 in range(0, total, size):
-        chunk = list(games[b0:b0 + size])
+        chunk = list(games[b0 : b0 + size])
         s = game_seed(str(chunk[0]), seed)
         cb = None if progress is None else (lambda d, n, b0=b0: progress(b0 + d, total))
-        rb = collect_rollouts(backend, builder, chunk, 1, max_steps=max_steps,
-                              max_response_tokens=max_response_tokens, temperature=temperature, seed=s,
-                              stop_token_ids=stop_token_ids, student_skills=skills, teacher_prompts=False,
-                              num_threads=num_threads, progress=cb, env_kind=env, env_options=env_options)
+        rb = collect_rollouts(
+            backend,
+            builder,
+            chunk,
+            1,
+            max_steps=max_steps,
+            max_response_tokens=max_response_tokens,
+            temperature=temperature,
+            seed=s,
+            stop_token_ids=stop_token_ids,
+            student_skills=skills,
+            teacher_prompts=False,
+            num_threads=num_threads,
+            progress=cb,
+            env_kind=env,
+            env_options=env_options,
+        )
         acts: list[list[str]] = [[] for _ in chunk]
         for e, a in zip(rb.traj_id.tolist(), rb.actions):  # rows are in turn order
             acts[e].append(a)
         for i, g in enumerate(chunk):
             tt = rb.task_type[i]
             q = float(rb.score[i]) if keeps_score and rb.score is not None else None
-            results.append(GameResult(game=str(g), task_type=tt, category=CATEGORIES.get(tt, tt),
-                                      won=bool(rb.won[i]), steps=int(rb.length[i]), seed=s, actions=acts[i],
-                                      score=q, prompt_overflow=bool(rb.prompt_overflow[i])))
+            results.append(
+                GameResult(
+                    game=str(g),
+                    task_type=tt,
+                    category=CATEGORIES.get(tt, tt),
+                    won=bool(rb.won[i]),
+                    steps=int(rb.length[i]),
+                    seed=s,
+                    actions=acts[i],
+                    score=q,
+                    prompt_overflow=bool(rb.prompt_overflow[i]),
+                )
+            )
     return results
 
 
-def evaluate(backend, builder, games: Sequence[str], cfg, seed: int = DEFAULT_SEED, *, label: str = "",
-             split: str = "", progress=None, env_options: Optional[dict] = None) -> dict[str, Any]:
+def evaluate(
+    backend,
+    builder,
+    games: Sequence[str],
+    cfg,
+    seed: int = DEFAULT_SEED,
+    *,
+    label: str = "",
+    split: str = "",
+    progress=None,
+    env_options: Optional[dict] = None,
+) -> dict[str, Any]:
     """The trainer's evaluation (before and after RL): every game once, fixed order and seed, with
     ``cfg.eval`` settings. Returns the :class:`EvalResult` as a dict (``overall``, ``per_category``,
     per-game ``games``) plus ``per_task`` (success by ALFWorld task type). ``cfg.env.name=webshop``:
@@ -179,14 +240,31 @@ def evaluate(backend, builder, games: Sequence[str], cfg, seed: int = DEFAULT_SE
     from pcsd.models import eos_id
 
     temp = 0.0 if cfg.eval.greedy else float(cfg.eval.temperature)
-    res = play_games(backend, builder, games, max_steps=cfg.env.max_steps,
-                     max_response_tokens=cfg.rollout.max_response_tokens, temperature=temp, seed=seed,
-                     skills=bool(cfg.eval.skills), batch_size=int(cfg.eval.get("batch_size", 0)),
-                     num_threads=cfg.env.num_threads, stop_token_ids=[eos_id(builder)], progress=progress,
-                     env=str(cfg.env.get("name", "alfworld")), env_options=env_options)
-    er = EvalResult(label=label, split=split, games=res, env=str(cfg.env.get("name", "alfworld")),
-                    settings=dict(temperature=temp, seed=seed, skills=bool(cfg.eval.skills),
-                                  protocol=str(cfg.eval.get("protocol", "full"))))
+    res = play_games(
+        backend,
+        builder,
+        games,
+        max_steps=cfg.env.max_steps,
+        max_response_tokens=cfg.rollout.max_response_tokens,
+        temperature=temp,
+        seed=seed,
+        skills=bool(cfg.eval.skills),
+        batch_size=int(cfg.eval.get("batch_size", 0)),
+        num_threads=cfg.env.num_threads,
+        stop_token_ids=[eos_id(builder)],
+        progress=progress,
+        env=str(cfg.env.get("name", "alfworld")),
+        env_options=env_options,
+    )
+    er = EvalResult(
+        label=label,
+        split=split,
+        games=res,
+        env=str(cfg.env.get("name", "alfworld")),
+        settings=dict(
+            temperature=temp, seed=seed, skills=bool(cfg.eval.skills), protocol=str(cfg.eval.get("protocol", "full"))
+        ),
+    )
     out = er.to_dict()
     per: dict[str, list[bool]] = {}
     for g in res:
@@ -211,11 +289,12 @@ def render_text_env_table(rows: Sequence[dict]) -> str:
             lines.append(f"| {r['label'] or 'model'} | {_fmt(r['overall'])} | {r['mean_reward']:.3f} |")
         s = group[0].get("settings", {})
         lo, hi = group[0].get("overall_ci95") or _wilson_of(group[0])
-        notes.append(f"{sp}: {group[0]['episodes']} episodes on fixed evaluation seeds, each once, {_how(s)}, seed "
-                     f"{s.get('seed')}; Success = % of episodes won (info['won'], else summed reward >= the success "
-                     f"threshold), 95 % Wilson interval of the first row [{lo:.1f}, {hi:.1f}]")
+        notes.append(
+            f"{sp}: {group[0]['episodes']} episodes on fixed evaluation seeds, each once, {_how(s)}, seed "
+            f"{s.get('seed')}; Success = % of episodes won (info['won'], else summed reward >= the success "
+            f"threshold), 95 % Wilson interval of the first row [{lo:.1f}, {hi:.1f}]"
+        )
     return "\n".join(lines) + "\n\n" + "; ".join(notes) + ".\n"
-
 
 
 # ----------------------------------------------------------------------------- the table
@@ -237,8 +316,10 @@ def render_table(results: Sequence[EvalResult | dict]) -> str:
     ws = [r for r in rows if r.get("env") == "webshop"]
     al = [r for r in rows if r.get("env") != "webshop"]
     head = ["Method", *(["Score", "Acc"] if ws else []), *CATEGORY_ORDER, "Overall"]
-    lines = ["| " + " | ".join(f"**{h}**" for h in head) + " |",
-             "|" + "|".join([":---"] + ["---:"] * (len(head) - 1)) + "|"]
+    lines = [
+        "| " + " | ".join(f"**{h}**" for h in head) + " |",
+        "|" + "|".join([":---"] + ["---:"] * (len(head) - 1)) + "|",
+    ]
     used: set[int] = set()
 
     def webshop_cells(label: str) -> list[str]:
@@ -268,8 +349,11 @@ def render_table(results: Sequence[EvalResult | dict]) -> str:
     if rest and al:
         lines.append("| " + " | ".join(["*WebShop*"] + [""] * (len(head) - 1)) + " |")
     for w in rest:
-        lines.append("| " + " | ".join([w["label"] or "model", _fmt(w["score"]), _fmt(w["acc"])]
-                                       + ["–"] * (len(CATEGORY_ORDER) + 1)) + " |")
+        lines.append(
+            "| "
+            + " | ".join([w["label"] or "model", _fmt(w["score"]), _fmt(w["acc"])] + ["–"] * (len(CATEGORY_ORDER) + 1))
+            + " |"
+        )
     notes, cis = [], []
     for sp in splits:
         r = next(r for r in al if r["split"] == sp)
@@ -277,8 +361,10 @@ def render_table(results: Sequence[EvalResult | dict]) -> str:
         s = r.get("settings", {})
         how = _how(s)
         if s.get("protocol") == "paper":
-            drawn = (f"drawn with replacement as verl-agent validates (protocol paper, validation "
-                     f"{s.get('validation_index', 0)}, draw seed {s.get('draw_seed', 0)})")
+            drawn = (
+                f"drawn with replacement as verl-agent validates (protocol paper, validation "
+                f"{s.get('validation_index', 0)}, draw seed {s.get('draw_seed', 0)})"
+            )
             notes.append(f"{sp or 'games'}: {r['episodes']} episodes ({n}); {drawn}, {how}, seed {s.get('seed')}")
         else:
             notes.append(f"{sp or 'games'}: {r['episodes']} games ({n}); each once, {how}, seed {s.get('seed')}")
@@ -288,21 +374,46 @@ def render_table(results: Sequence[EvalResult | dict]) -> str:
         cis.append(f"{r['label'] or 'model'}{where} [{lo:.1f}, {hi:.1f}]")
     if ws:
         s = ws[0].get("settings", {})
-        which = ("fixed goals (draw 0)" if s.get("protocol") != "paper"
-                 else f"validation {s.get('validation_index', 0)}'s draw")
-        notes.append(f"WebShop: {ws[0]['episodes']} episodes on distinct validation goals of the seed "
-                     f"{s.get('draw_seed', 0)} + 1000 shop, {which}, {_how(s)}, seed {s.get('seed')}; "
-                     f"Score = 100 x mean task score, Acc = % of episodes with score 1")
+        which = (
+            "fixed goals (draw 0)"
+            if s.get("protocol") != "paper"
+            else f"validation {s.get('validation_index', 0)}'s draw"
+        )
+        notes.append(
+            f"WebShop: {ws[0]['episodes']} episodes on distinct validation goals of the seed "
+            f"{s.get('draw_seed', 0)} + 1000 shop, {which}, {_how(s)}, seed {s.get('seed')}; "
+            f"Score = 100 x mean task score, Acc = % of episodes with score 1"
+        )
         for w in ws:
             lo, hi = w.get("overall_ci95") or _wilson_of(w)
             cis.append(f"{w['label'] or 'model'} (WebShop Acc) [{lo:.1f}, {hi:.1f}]")
     what = "Success rate (%). " if al else ""
-    cut = [f"{r['label'] or 'model'} ({r.get('split') or r.get('env')}) {r['prompt_overflows']}"
-           for r in rows if r.get("prompt_overflows")]
-    over = ("Episodes ended unwon because a prompt exceeded the token budget even without history: "
-            + "; ".join(cut) + " (raise rollout.max_prompt_tokens / --max-prompt-tokens).\n") if cut else ""
-    return ("\n".join(lines) + "\n\n" + what + "; ".join(notes) + ". * = skills at evaluation.\n"
-            + ("Overall" if al else "Acc") + ", 95 % Wilson interval: " + "; ".join(cis) + ".\n" + over)
+    cut = [
+        f"{r['label'] or 'model'} ({r.get('split') or r.get('env')}) {r['prompt_overflows']}"
+        for r in rows
+        if r.get("prompt_overflows")
+    ]
+    over = (
+        (
+            "Episodes ended unwon because a prompt exceeded the token budget even without history: "
+            + "; ".join(cut)
+            + " (raise rollout.max_prompt_tokens / --max-prompt-tokens).\n"
+        )
+        if cut
+        else ""
+    )
+    return (
+        "\n".join(lines)
+        + "\n\n"
+        + what
+        + "; ".join(notes)
+        + ". * = skills at evaluation.\n"
+        + ("Overall" if al else "Acc")
+        + ", 95 % Wilson interval: "
+        + "; ".join(cis)
+        + ".\n"
+        + over
+    )
 
 
 def _how(settings: dict) -> str:

@@ -36,8 +36,15 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["TokenLoss", "fused_logprob_loss", "fused_logprob_loss_reference", "auto_token_chunk",
-           "chunk_bounds", "fused_score_loss", "matmul_dtype"]
+__all__ = [
+    "TokenLoss",
+    "fused_logprob_loss",
+    "fused_logprob_loss_reference",
+    "auto_token_chunk",
+    "chunk_bounds",
+    "fused_score_loss",
+    "matmul_dtype",
+]
 
 #: ``f(logp, lo, hi) -> [hi - lo]``: the per-token losses of tokens ``lo:hi`` given their
 #: log-probs ``logp`` ``[hi - lo]`` (differentiable; token ``i``'s loss may depend on ``logp[i]``
@@ -85,8 +92,10 @@ def _token_grads(loss_fn: TokenLoss, lp: Tensor, lo: int, hi: int) -> tuple[Tens
     with torch.enable_grad():
         per_tok = loss_fn(leaf, lo, hi)
         if not isinstance(per_tok, Tensor) or per_tok.shape != leaf.shape:
-            raise ValueError(f"loss_fn must return the per-token losses, a tensor of shape "
-                             f"{tuple(leaf.shape)}; got {getattr(per_tok, 'shape', type(per_tok).__name__)}")
+            raise ValueError(
+                f"loss_fn must return the per-token losses, a tensor of shape "
+                f"{tuple(leaf.shape)}; got {getattr(per_tok, 'shape', type(per_tok).__name__)}"
+            )
         if not per_tok.requires_grad:  # a loss that does not depend on the log-probs
             return per_tok.detach(), torch.zeros_like(leaf)
         (g,) = torch.autograd.grad(per_tok.sum(), leaf, allow_unused=True)
@@ -105,16 +114,36 @@ def matmul_dtype(weight: Tensor) -> torch.dtype:
 
 class _FusedLogProbLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Optional[Tensor], targets: Tensor,
-                loss_fn: TokenLoss, bounds: list, vocab_chunk: int, inv_temp: float):
+    def forward(
+        ctx,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Optional[Tensor],
+        targets: Tensor,
+        loss_fn: TokenLoss,
+        bounds: list,
+        vocab_chunk: int,
+        inv_temp: float,
+    ):
         mm = matmul_dtype(weight)
         with torch.autocast(hidden.device.type, enabled=False):  # explicit dtypes below
-            return _FusedLogProbLoss._forward(ctx, hidden, weight, bias, targets, loss_fn, bounds, vocab_chunk,
-                                              inv_temp, mm)
+            return _FusedLogProbLoss._forward(
+                ctx, hidden, weight, bias, targets, loss_fn, bounds, vocab_chunk, inv_temp, mm
+            )
 
     @staticmethod
-    def _forward(ctx, hidden: Tensor, weight: Tensor, bias: Optional[Tensor], targets: Tensor, loss_fn: TokenLoss,
-                 bounds: list, vocab_chunk: int, inv_temp: float, mm: torch.dtype):
+    def _forward(
+        ctx,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Optional[Tensor],
+        targets: Tensor,
+        loss_fn: TokenLoss,
+        bounds: list,
+        vocab_chunk: int,
+        inv_temp: float,
+        mm: torch.dtype,
+    ):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = bias is not None and ctx.needs_input_grad[2]
         n, vocab = hidden.shape[0], weight.shape[0]
@@ -186,8 +215,10 @@ class _FusedLogProbLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total: Tensor, _grad_logp: Optional[Tensor]):
         if getattr(ctx, "spent", False):
-            raise RuntimeError("fused_logprob_loss: its stored gradients are scaled in place, so the "
-                               "backward pass can run once (retain_graph is not supported)")
+            raise RuntimeError(
+                "fused_logprob_loss: its stored gradients are scaled in place, so the "
+                "backward pass can run once (retain_graph is not supported)"
+            )
         ctx.spent = True
         gh, gw, gb = ctx.saved_tensors
         hd, wd, bd = ctx.dtypes
@@ -205,8 +236,9 @@ def _check(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tenso
     if not isinstance(hidden, Tensor) or not isinstance(weight, Tensor) or not isinstance(targets, Tensor):
         raise ValueError("hidden, weight and targets must be torch.Tensors")
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and "
-                         f"{tuple(weight.shape)}")
+        raise ValueError(
+            f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
     if not hidden.dtype.is_floating_point or hidden.dtype != weight.dtype:
         raise ValueError(f"hidden and weight must share one floating dtype, got {hidden.dtype} and {weight.dtype}")
     if bias is not None and (bias.shape != weight.shape[:1]):
@@ -219,10 +251,19 @@ def _check(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tenso
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
 
-def fused_logprob_loss(hidden: Tensor, weight: Tensor, targets: Tensor, loss_fn: TokenLoss,
-                       bias: Optional[Tensor] = None, *, segments: Optional[Sequence[int]] = None,
-                       token_chunk: Optional[int] = None, vocab_chunk: int = 32768,
-                       tile_elems: int = DEFAULT_TILE_ELEMS, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+def fused_logprob_loss(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    loss_fn: TokenLoss,
+    bias: Optional[Tensor] = None,
+    *,
+    segments: Optional[Sequence[int]] = None,
+    token_chunk: Optional[int] = None,
+    vocab_chunk: int = 32768,
+    tile_elems: int = DEFAULT_TILE_ELEMS,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor]:
     """``(sum_i loss_fn(logp)_i, logp)`` with ``logp = log softmax(hidden @ weight.T / temperature)
     [i, targets[i]]``, the gradients computed in the forward pass (see the module docstring).
 
@@ -250,12 +291,20 @@ def fused_logprob_loss(hidden: Tensor, weight: Tensor, targets: Tensor, loss_fn:
     if tc <= 0 or vocab_chunk <= 0:
         raise ValueError(f"token_chunk and vocab_chunk must be > 0, got {tc} and {vocab_chunk}")
     bounds = chunk_bounds(hidden.shape[0], tc, segments)
-    return _FusedLogProbLoss.apply(hidden, weight, bias, targets.long(), loss_fn, bounds, vocab_chunk,
-                                   1.0 / temperature)
+    return _FusedLogProbLoss.apply(
+        hidden, weight, bias, targets.long(), loss_fn, bounds, vocab_chunk, 1.0 / temperature
+    )
 
 
-def fused_logprob_loss_reference(hidden: Tensor, weight: Tensor, targets: Tensor, loss_fn: TokenLoss,
-                                 bias: Optional[Tensor] = None, *, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+def fused_logprob_loss_reference(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    loss_fn: TokenLoss,
+    bias: Optional[Tensor] = None,
+    *,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor]:
     """The plain reference: full ``[N, V]`` logits, ``log_softmax``, gather, the loss on all tokens
     at once, autograd for the gradients."""
     _check(hidden, weight, targets, bias, temperature)
@@ -267,8 +316,9 @@ def fused_logprob_loss_reference(hidden: Tensor, weight: Tensor, targets: Tensor
     return loss_fn(lp, 0, lp.shape[0]).sum(), lp.detach()
 
 
-def fused_score_loss(model, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-                     loss_fn: TokenLoss, **kw) -> tuple[Tensor, Tensor]:
+def fused_score_loss(
+    model, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], loss_fn: TokenLoss, **kw
+) -> tuple[Tensor, Tensor]:
     """One forward pass of ``model`` over the ``prompt + response`` sequences (as
     :func:`pcsd.ops.scoring.response_hidden`) and :func:`fused_logprob_loss` of the response
     tokens, concatenated in order, with each response a segment that chunks never split.

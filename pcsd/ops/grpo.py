@@ -30,8 +30,9 @@ __all__ = ["group_advantages", "aggregate", "grpo_loss", "GrpoTerms", "LOSS_AGG_
 def group_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
     """``(R - mean_group) / (std_group + eps)`` per trajectory, population std. ``[N]`` -> ``[N]``."""
     if rewards.shape != group_ids.shape or rewards.dim() != 1:
-        raise ValueError(f"rewards and group_ids must be 1-D of one shape, got {tuple(rewards.shape)} "
-                         f"and {tuple(group_ids.shape)}")
+        raise ValueError(
+            f"rewards and group_ids must be 1-D of one shape, got {tuple(rewards.shape)} and {tuple(group_ids.shape)}"
+        )
     r = rewards.to(torch.float64)
     _, inv = torch.unique(group_ids, return_inverse=True)
     g = int(inv.max()) + 1 if inv.numel() else 0
@@ -89,9 +90,19 @@ class GrpoTerms(NamedTuple):
     ratio_mean: Tensor
 
 
-def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor,
-              mask: Tensor, traj_ids: Tensor, num_traj: int, *, clip_eps: float = 0.2,
-              kl_beta: float = 0.01, agg: str = "seq-mean-token-mean") -> GrpoTerms:
+def grpo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    ref_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    traj_ids: Tensor,
+    num_traj: int,
+    *,
+    clip_eps: float = 0.2,
+    kl_beta: float = 0.01,
+    agg: str = "seq-mean-token-mean",
+) -> GrpoTerms:
     """The paper's GRPO loss. All token tensors ``[T]``; ``advantages`` per token (the trajectory's
     advantage, or a per-token transform of it such as RLSD's); ``ref_logp`` None skips the KL."""
     m = mask.to(logp.dtype)
@@ -133,8 +144,9 @@ def token_coefficients(mask: Tensor, traj_ids: Tensor, num_traj: int, mode: str)
     raise ValueError(f"unknown loss aggregation {mode!r}; valid: {sorted(LOSS_AGG_MODES)}")
 
 
-def grpo_token_terms(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor,
-                     clip_eps: float = 0.2) -> tuple[Tensor, Tensor, Tensor]:
+def grpo_token_terms(
+    logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor, clip_eps: float = 0.2
+) -> tuple[Tensor, Tensor, Tensor]:
     """Per-token policy term ``-min(rho A, clip(rho) A)``, k3 KL (zeros without ``ref_logp``) and
     the clipped indicator, each ``[T]``."""
     ratio = torch.exp(logp - old_logp.detach())

@@ -48,8 +48,15 @@ _STATUS_MESSAGES = {
 
 # ----------------------------------------------------------------------------- validation
 def _check_params(
-    n_min: Any, n_max: Any, alpha: Any, tau_low: Any, tau_high: Any, gamma: Any,
-    beta_gate: Any, eps_slope: Any, eps_scale: Any,
+    n_min: Any,
+    n_max: Any,
+    alpha: Any,
+    tau_low: Any,
+    tau_high: Any,
+    gamma: Any,
+    beta_gate: Any,
+    eps_slope: Any,
+    eps_scale: Any,
 ) -> None:
     def is_int(x: Any) -> bool:
         return isinstance(x, int) and not isinstance(x, bool)
@@ -164,30 +171,47 @@ def kernel_for(device: torch.device) -> str:
 
 
 def _run(
-    gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor], out: Tensor, stats: Optional[list[Tensor]],
-    n_min: int, n_max: int, alpha: float, tau_low: float, tau_high: float, gamma: float,
-    beta_gate: float, eps_slope: float, eps_scale: float, adaptive: bool, trend: bool,
+    gap: Tensor,
+    cu_seqlens: Tensor,
+    mask: Optional[Tensor],
+    out: Tensor,
+    stats: Optional[list[Tensor]],
+    n_min: int,
+    n_max: int,
+    alpha: float,
+    tau_low: float,
+    tau_high: float,
+    gamma: float,
+    beta_gate: float,
+    eps_slope: float,
+    eps_scale: float,
+    adaptive: bool,
+    trend: bool,
 ) -> None:
     """Fills ``out`` (and ``stats`` = [adaptive, r, slope, eta] when given) in place."""
     gap = gap.detach().contiguous()
     cu = cu_seqlens.detach().to(torch.int64).contiguous()
     m8 = _mask_u8(mask.detach()) if mask is not None else None
     num_segments = cu.numel() - 1
-    params = (n_min, n_max, alpha, tau_low, tau_high, gamma, beta_gate, eps_slope, eps_scale,
-              adaptive, trend)
+    params = (n_min, n_max, alpha, tau_low, tau_high, gamma, beta_gate, eps_slope, eps_scale, adaptive, trend)
     which = kernel_for(gap.device)
     ptrs = [0, 0, 0, 0] if stats is None else [t.data_ptr() for t in stats]
     if which == "cpu":
         c = _native.require("_C")
         status, where = c.pcsd_weights_cpu(
-            gap.data_ptr(), cu.data_ptr(), num_segments, gap.numel(),
-            0 if m8 is None else m8.data_ptr(), *params,
-            out.data_ptr(), *ptrs, torch.get_num_threads(),
+            gap.data_ptr(),
+            cu.data_ptr(),
+            num_segments,
+            gap.numel(),
+            0 if m8 is None else m8.data_ptr(),
+            *params,
+            out.data_ptr(),
+            *ptrs,
+            torch.get_num_threads(),
         )
         if status != 0:
             if status == 2:
-                raise ValueError(f"cu_seqlens: {_STATUS_MESSAGES[2]}; "
-                                 f"cu_seqlens[{where + 1}] < cu_seqlens[{where}]")
+                raise ValueError(f"cu_seqlens: {_STATUS_MESSAGES[2]}; cu_seqlens[{where + 1}] < cu_seqlens[{where}]")
             if status == 4:
                 raise ValueError(f"gap: {_STATUS_MESSAGES[4]}; gap[{where}] = {float(gap[where])}")
             got = int(cu[0]) if status == 1 else int(cu[-1])
@@ -198,15 +222,32 @@ def _run(
         c = _native.require("_C")
         with torch.cuda.device(gap.device):  # the kernel launches on the current device
             c.pcsd_weights_cuda(
-                gap.data_ptr(), cu.data_ptr(), num_segments, gap.numel(),
-                0 if m8 is None else m8.data_ptr(), *params,
-                out.data_ptr(), *ptrs, torch.cuda.current_stream(gap.device).cuda_stream,
+                gap.data_ptr(),
+                cu.data_ptr(),
+                num_segments,
+                gap.numel(),
+                0 if m8 is None else m8.data_ptr(),
+                *params,
+                out.data_ptr(),
+                *ptrs,
+                torch.cuda.current_stream(gap.device).cuda_stream,
             )
         return
     ref = pcsd_weights_reference(
-        gap, cu, m8, n_min=n_min, n_max=n_max, alpha=alpha, tau_low=tau_low, tau_high=tau_high,
-        gamma=gamma, beta_gate=beta_gate, eps_slope=eps_slope, eps_scale=eps_scale,
-        adaptive=adaptive, trend=trend,
+        gap,
+        cu,
+        m8,
+        n_min=n_min,
+        n_max=n_max,
+        alpha=alpha,
+        tau_low=tau_low,
+        tau_high=tau_high,
+        gamma=gamma,
+        beta_gate=beta_gate,
+        eps_slope=eps_slope,
+        eps_scale=eps_scale,
+        adaptive=adaptive,
+        trend=trend,
     )
     out.copy_(ref.w)
     if stats is not None:
@@ -216,54 +257,179 @@ def _run(
 
 @torch.library.custom_op("pcsd::pcsd_weights", mutates_args=())
 def _op_weights(
-    gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor], n_min: int, n_max: int, alpha: float,
-    tau_low: float, tau_high: float, gamma: float, beta_gate: float, eps_slope: float,
-    eps_scale: float, adaptive: bool, trend: bool,
+    gap: Tensor,
+    cu_seqlens: Tensor,
+    mask: Optional[Tensor],
+    n_min: int,
+    n_max: int,
+    alpha: float,
+    tau_low: float,
+    tau_high: float,
+    gamma: float,
+    beta_gate: float,
+    eps_slope: float,
+    eps_scale: float,
+    adaptive: bool,
+    trend: bool,
 ) -> Tensor:
     out = torch.empty_like(gap)
-    _run(gap, cu_seqlens, mask, out, None, n_min, n_max, alpha, tau_low, tau_high, gamma,
-         beta_gate, eps_slope, eps_scale, adaptive, trend)
+    _run(
+        gap,
+        cu_seqlens,
+        mask,
+        out,
+        None,
+        n_min,
+        n_max,
+        alpha,
+        tau_low,
+        tau_high,
+        gamma,
+        beta_gate,
+        eps_slope,
+        eps_scale,
+        adaptive,
+        trend,
+    )
     return out
 
 
 @_op_weights.register_fake
-def _(gap, cu_seqlens, mask, n_min, n_max, alpha, tau_low, tau_high, gamma, beta_gate,
-      eps_slope, eps_scale, adaptive, trend):
+def _(
+    gap,
+    cu_seqlens,
+    mask,
+    n_min,
+    n_max,
+    alpha,
+    tau_low,
+    tau_high,
+    gamma,
+    beta_gate,
+    eps_slope,
+    eps_scale,
+    adaptive,
+    trend,
+):
     return torch.empty_like(gap)
 
 
 @torch.library.custom_op("pcsd::pcsd_weights_out", mutates_args=("out",))
 def _op_weights_out(
-    gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor], out: Tensor, n_min: int, n_max: int,
-    alpha: float, tau_low: float, tau_high: float, gamma: float, beta_gate: float,
-    eps_slope: float, eps_scale: float, adaptive: bool, trend: bool,
+    gap: Tensor,
+    cu_seqlens: Tensor,
+    mask: Optional[Tensor],
+    out: Tensor,
+    n_min: int,
+    n_max: int,
+    alpha: float,
+    tau_low: float,
+    tau_high: float,
+    gamma: float,
+    beta_gate: float,
+    eps_slope: float,
+    eps_scale: float,
+    adaptive: bool,
+    trend: bool,
 ) -> None:
-    _run(gap, cu_seqlens, mask, out, None, n_min, n_max, alpha, tau_low, tau_high, gamma,
-         beta_gate, eps_slope, eps_scale, adaptive, trend)
+    _run(
+        gap,
+        cu_seqlens,
+        mask,
+        out,
+        None,
+        n_min,
+        n_max,
+        alpha,
+        tau_low,
+        tau_high,
+        gamma,
+        beta_gate,
+        eps_slope,
+        eps_scale,
+        adaptive,
+        trend,
+    )
 
 
 @_op_weights_out.register_fake
-def _(gap, cu_seqlens, mask, out, n_min, n_max, alpha, tau_low, tau_high, gamma, beta_gate,
-      eps_slope, eps_scale, adaptive, trend):
+def _(
+    gap,
+    cu_seqlens,
+    mask,
+    out,
+    n_min,
+    n_max,
+    alpha,
+    tau_low,
+    tau_high,
+    gamma,
+    beta_gate,
+    eps_slope,
+    eps_scale,
+    adaptive,
+    trend,
+):
     return None
 
 
 @torch.library.custom_op("pcsd::pcsd_weights_stats", mutates_args=())
 def _op_weights_stats(
-    gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor], n_min: int, n_max: int, alpha: float,
-    tau_low: float, tau_high: float, gamma: float, beta_gate: float, eps_slope: float,
-    eps_scale: float, adaptive: bool, trend: bool,
+    gap: Tensor,
+    cu_seqlens: Tensor,
+    mask: Optional[Tensor],
+    n_min: int,
+    n_max: int,
+    alpha: float,
+    tau_low: float,
+    tau_high: float,
+    gamma: float,
+    beta_gate: float,
+    eps_slope: float,
+    eps_scale: float,
+    adaptive: bool,
+    trend: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     out = torch.empty_like(gap)
     stats = [torch.empty_like(gap) for _ in range(4)]
-    _run(gap, cu_seqlens, mask, out, stats, n_min, n_max, alpha, tau_low, tau_high, gamma,
-         beta_gate, eps_slope, eps_scale, adaptive, trend)
+    _run(
+        gap,
+        cu_seqlens,
+        mask,
+        out,
+        stats,
+        n_min,
+        n_max,
+        alpha,
+        tau_low,
+        tau_high,
+        gamma,
+        beta_gate,
+        eps_slope,
+        eps_scale,
+        adaptive,
+        trend,
+    )
     return out, stats[0], stats[1], stats[2], stats[3]
 
 
 @_op_weights_stats.register_fake
-def _(gap, cu_seqlens, mask, n_min, n_max, alpha, tau_low, tau_high, gamma, beta_gate,
-      eps_slope, eps_scale, adaptive, trend):
+def _(
+    gap,
+    cu_seqlens,
+    mask,
+    n_min,
+    n_max,
+    alpha,
+    tau_low,
+    tau_high,
+    gamma,
+    beta_gate,
+    eps_slope,
+    eps_scale,
+    adaptive,
+    trend,
+):
     return tuple(torch.empty_like(gap) for _ in range(5))
 
 
@@ -314,8 +480,19 @@ def pcsd_weights(
     """
     _check_params(n_min, n_max, alpha, tau_low, tau_high, gamma, beta_gate, eps_slope, eps_scale)
     _check_tensors(gap, cu_seqlens, mask, out)
-    args = (n_min, n_max, float(alpha), float(tau_low), float(tau_high), float(gamma),
-            float(beta_gate), float(eps_slope), float(eps_scale), bool(adaptive), bool(trend))
+    args = (
+        n_min,
+        n_max,
+        float(alpha),
+        float(tau_low),
+        float(tau_high),
+        float(gamma),
+        float(beta_gate),
+        float(eps_slope),
+        float(eps_scale),
+        bool(adaptive),
+        bool(trend),
+    )
     gap = gap.detach()
     if return_stats:
         w, ad, r, slope, eta = _op_weights_stats(gap, cu_seqlens, mask, *args)
@@ -338,8 +515,9 @@ def pcsd_weights_padded(gap: Tensor, mask: Tensor, **kwargs: Any) -> Tensor | Pc
     if not isinstance(gap, Tensor) or gap.dim() != 2:
         raise ValueError(f"gap must be a 2-D [B, L] tensor, got {getattr(gap, 'shape', type(gap))}")
     if not isinstance(mask, Tensor) or mask.shape != gap.shape:
-        raise ValueError(f"mask must be a tensor of gap's shape {tuple(gap.shape)}, "
-                         f"got {getattr(mask, 'shape', type(mask))}")
+        raise ValueError(
+            f"mask must be a tensor of gap's shape {tuple(gap.shape)}, got {getattr(mask, 'shape', type(mask))}"
+        )
     if "out" in kwargs:
         raise ValueError("out is not supported by pcsd_weights_padded; use the packed form")
     b, length = gap.shape

@@ -20,24 +20,29 @@ def pcsd_loss(student_logp: Tensor, teacher_logp: Tensor, weights: Tensor, mask:
     by the number of valid tokens M, not by the sum of weights, so ``w`` sets both the allocation
     and the magnitude of distillation. Returns a 0-dim tensor (0 when no token is valid).
     """
-    for name, t in (("student_logp", student_logp), ("teacher_logp", teacher_logp),
-                    ("weights", weights), ("mask", mask)):
+    for name, t in (
+        ("student_logp", student_logp),
+        ("teacher_logp", teacher_logp),
+        ("weights", weights),
+        ("mask", mask),
+    ):
         if not isinstance(t, Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.shape != student_logp.shape:
-            raise ValueError(f"{name} must have student_logp's shape {tuple(student_logp.shape)}, "
-                             f"got {tuple(t.shape)}")
+            raise ValueError(f"{name} must have student_logp's shape {tuple(student_logp.shape)}, got {tuple(t.shape)}")
     if not student_logp.dtype.is_floating_point:
         raise ValueError(f"student_logp must be floating point, got {student_logp.dtype}")
     m = mask.detach().to(student_logp.dtype)
     total = m.sum()
-    per_token = m * weights.detach().to(student_logp.dtype) * (
-        teacher_logp.detach().to(student_logp.dtype) - student_logp)
+    per_token = (
+        m * weights.detach().to(student_logp.dtype) * (teacher_logp.detach().to(student_logp.dtype) - student_logp)
+    )
     return per_token.sum() / total.clamp_min(1.0)
 
 
-def skill_sd_token_loss(student_logp: Tensor, teacher_logp: Tensor, old_logp: Tensor, *,
-                        neg_clamp: float = 20.0, ratio_clamp: float = 10.0) -> Tensor:
+def skill_sd_token_loss(
+    student_logp: Tensor, teacher_logp: Tensor, old_logp: Tensor, *, neg_clamp: float = 20.0, ratio_clamp: float = 10.0
+) -> Tensor:
     """Skill-SD's per-token self-distillation loss (the public SDAR code's ``compute_sdl_loss``).
 
     With ``l = log pi_theta - sg(log pi_teacher)`` the k3 estimator of KL(pi_theta || pi_teacher)
@@ -59,14 +64,20 @@ def skill_sd_token_loss(student_logp: Tensor, teacher_logp: Tensor, old_logp: Te
     return rho * k3
 
 
-def skill_sd_loss(student_logp: Tensor, teacher_logp: Tensor, old_logp: Tensor, mask: Tensor, *,
-                  neg_clamp: float = 20.0, ratio_clamp: float = 10.0) -> Tensor:
+def skill_sd_loss(
+    student_logp: Tensor,
+    teacher_logp: Tensor,
+    old_logp: Tensor,
+    mask: Tensor,
+    *,
+    neg_clamp: float = 20.0,
+    ratio_clamp: float = 10.0,
+) -> Tensor:
     """``L_SDL = (1/M) sum m rho k3`` (token-mean over the ``M`` valid tokens, as SDAR's
     ``agg_loss(..., "token-mean")``) of :func:`skill_sd_token_loss`. Skill-SD adds
     ``lambda * L_SDL`` (lambda = 0.001) to the GRPO loss, whose advantages it leaves unchanged."""
     if not isinstance(mask, Tensor) or mask.shape != student_logp.shape:
         raise ValueError(f"mask must be a tensor of student_logp's shape {tuple(student_logp.shape)}")
     m = mask.detach().to(student_logp.dtype)
-    per = skill_sd_token_loss(student_logp, teacher_logp, old_logp, neg_clamp=neg_clamp,
-                              ratio_clamp=ratio_clamp)
+    per = skill_sd_token_loss(student_logp, teacher_logp, old_logp, neg_clamp=neg_clamp, ratio_clamp=ratio_clamp)
     return (per * m).sum() / m.sum().clamp_min(1.0)

@@ -186,9 +186,7 @@ def pcsd_weights_loop(
             ad = (1 - r) * dbar(n_min) + r * dbar(n_max)
             if len(js) >= 2:
                 jbar = sum(js) / len(js)
-                slope = sum((j - jbar) * x for j, x in zip(js, vals)) / (
-                    sum((j - jbar) ** 2 for j in js) + eps_slope
-                )
+                slope = sum((j - jbar) * x for j, x in zip(js, vals)) / (sum((j - jbar) ** 2 for j in js) + eps_slope)
             else:
                 slope = 0.0
             eta = min(1.0, max(0.0, 1 - gamma * max(0.0, -slope / scale))) if trend else 1.0

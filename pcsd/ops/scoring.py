@@ -19,8 +19,18 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-__all__ = ["greedy_microbatches", "selective_logprobs", "selective_logprobs_naive", "PackedBatch", "pack_sequences",
-           "pad_sequences", "lm_head", "response_hidden", "score_packed", "uses_varlen_attention"]
+__all__ = [
+    "greedy_microbatches",
+    "selective_logprobs",
+    "selective_logprobs_naive",
+    "PackedBatch",
+    "pack_sequences",
+    "pad_sequences",
+    "lm_head",
+    "response_hidden",
+    "score_packed",
+    "uses_varlen_attention",
+]
 
 
 def _acc_dtype(t: Tensor) -> torch.dtype:
@@ -28,8 +38,9 @@ def _acc_dtype(t: Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _lse_and_target(h: Tensor, weight: Tensor, bias: Optional[Tensor], targets: Tensor,
-                    vocab_chunk: int, inv_temp: float) -> tuple[Tensor, Tensor]:
+def _lse_and_target(
+    h: Tensor, weight: Tensor, bias: Optional[Tensor], targets: Tensor, vocab_chunk: int, inv_temp: float
+) -> tuple[Tensor, Tensor]:
     """Online logsumexp over vocabulary chunks and the target logit, both ``[C]`` float32."""
     c = h.shape[0]
     acc = _acc_dtype(h)
@@ -56,8 +67,16 @@ def _lse_and_target(h: Tensor, weight: Tensor, bias: Optional[Tensor], targets: 
 
 class _ChunkedSelectiveLogProb(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Optional[Tensor], targets: Tensor,
-                token_chunk: int, vocab_chunk: int, inv_temp: float) -> Tensor:
+    def forward(
+        ctx,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Optional[Tensor],
+        targets: Tensor,
+        token_chunk: int,
+        vocab_chunk: int,
+        inv_temp: float,
+    ) -> Tensor:
         n = hidden.shape[0]
         acc = _acc_dtype(hidden)
         out = torch.empty(n, device=hidden.device, dtype=acc)
@@ -76,8 +95,9 @@ class _ChunkedSelectiveLogProb(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        with torch.autocast(grad_out.device.type, dtype=ctx.autocast or torch.float32,
-                            enabled=ctx.autocast is not None):
+        with torch.autocast(
+            grad_out.device.type, dtype=ctx.autocast or torch.float32, enabled=ctx.autocast is not None
+        ):
             return _ChunkedSelectiveLogProb._backward(ctx, grad_out)
 
     @staticmethod
@@ -116,13 +136,27 @@ class _ChunkedSelectiveLogProb(torch.autograd.Function):
                     gw[v0:v1] += dlog.T @ h.to(acc)
                 if need_b:
                     gb[v0:v1] += dlog.sum(0)
-        return (gh.to(hidden.dtype) if need_h else None, gw.to(weight.dtype) if need_w else None,
-                gb.to(bias.dtype) if need_b and bias is not None else None, None, None, None, None)
+        return (
+            gh.to(hidden.dtype) if need_h else None,
+            gw.to(weight.dtype) if need_w else None,
+            gb.to(bias.dtype) if need_b and bias is not None else None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def selective_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor] = None,
-                       *, token_chunk: int = 1024, vocab_chunk: int = 16384,
-                       temperature: float = 1.0) -> Tensor:
+def selective_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    bias: Optional[Tensor] = None,
+    *,
+    token_chunk: int = 1024,
+    vocab_chunk: int = 16384,
+    temperature: float = 1.0,
+) -> Tensor:
     """``log softmax(hidden @ weight.T / temperature)[i, targets[i]]`` for every row, ``[N]``
     float32 (float64 for float64 inputs).
 
@@ -135,8 +169,9 @@ def selective_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Op
     Differentiable with respect to ``hidden``, ``weight`` and ``bias``.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and "
-                         f"{tuple(weight.shape)}")
+        raise ValueError(
+            f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
     if targets.shape != hidden.shape[:1] or targets.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"targets must be int [N={hidden.shape[0]}], got {targets.dtype} {tuple(targets.shape)}")
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
@@ -145,12 +180,14 @@ def selective_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Op
         raise ValueError("token_chunk and vocab_chunk must be > 0")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    return _ChunkedSelectiveLogProb.apply(hidden, weight, bias, targets.long(), token_chunk,
-                                          vocab_chunk, 1.0 / temperature)
+    return _ChunkedSelectiveLogProb.apply(
+        hidden, weight, bias, targets.long(), token_chunk, vocab_chunk, 1.0 / temperature
+    )
 
 
-def selective_logprobs_naive(hidden: Tensor, weight: Tensor, targets: Tensor,
-                             bias: Optional[Tensor] = None, temperature: float = 1.0) -> Tensor:
+def selective_logprobs_naive(
+    hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor] = None, temperature: float = 1.0
+) -> Tensor:
     """The plain reference: full logits, ``log_softmax``, gather. Memory ``[N, V]``."""
     logits = hidden @ weight.T
     if bias is not None:
@@ -233,8 +270,9 @@ def lm_head(model: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
 _lm_head = lm_head
 
 
-def response_hidden(model: nn.Module, prompts: Sequence[Sequence[int]],
-                    responses: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor, list[int]]:
+def response_hidden(
+    model: nn.Module, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+) -> tuple[Tensor, Tensor, list[int]]:
     """One forward pass of ``model`` over the sequences ``prompt + response`` (a packed row with
     flash-attention, a right-padded batch otherwise: see :func:`uses_varlen_attention`).
 
@@ -252,8 +290,7 @@ def response_hidden(model: nn.Module, prompts: Sequence[Sequence[int]],
         if fwd is not None:
             hidden = fwd(pb.input_ids, pb.position_ids)[0]
         else:
-            hidden = decoder(input_ids=pb.input_ids, position_ids=pb.position_ids,
-                                 use_cache=False).last_hidden_state[0]
+            hidden = decoder(input_ids=pb.input_ids, position_ids=pb.position_ids, use_cache=False).last_hidden_state[0]
         starts = pb.cu_seqlens[:-1].tolist()
     else:  # right-padded [B, L] batch: attention costs sum(B L^2), not (sum L)^2 of a packed row
         ids, attn = pad_sequences(seqs, device)
@@ -273,9 +310,16 @@ def response_hidden(model: nn.Module, prompts: Sequence[Sequence[int]],
     return hidden[torch.cat(rows)], torch.cat(tgts), spans
 
 
-def score_packed(model: nn.Module, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-                 *, max_tokens_per_pass: int = 8192, token_chunk: int = 1024, vocab_chunk: int = 16384,
-                 temperature: float = 1.0) -> list[Tensor]:
+def score_packed(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    *,
+    max_tokens_per_pass: int = 8192,
+    token_chunk: int = 1024,
+    vocab_chunk: int = 16384,
+    temperature: float = 1.0,
+) -> list[Tensor]:
     """Log-probs of each response's tokens given its prompt (teacher forcing), one ``[len]`` float32
     tensor per response. Sequences are grouped greedily into passes of at most
     ``max_tokens_per_pass`` tokens (padding not counted); gradients flow when the model requires
@@ -293,8 +337,9 @@ def score_packed(model: nn.Module, prompts: Sequence[Sequence[int]], responses: 
     def flush(idx: list[int]) -> None:
         hidden, tgts, spans = response_hidden(model, [prompts[i] for i in idx], [responses[i] for i in idx])
         weight, bias = _lm_head(model)  # after the forward: unsharded there under FSDP
-        lp = selective_logprobs(hidden, weight, tgts, bias,
-                                token_chunk=token_chunk, vocab_chunk=vocab_chunk, temperature=temperature)
+        lp = selective_logprobs(
+            hidden, weight, tgts, bias, token_chunk=token_chunk, vocab_chunk=vocab_chunk, temperature=temperature
+        )
         for i, piece in zip(idx, torch.split(lp, spans)):
             out[i] = piece
 

@@ -61,16 +61,18 @@ class WeightRule:
     def __call__(self, *args: Any, **overrides: Any) -> Tensor:
         unknown = set(overrides) - set(self.defaults)
         if unknown:
-            raise ValueError(f"rule {self.name!r} has no parameter(s) {sorted(unknown)}; "
-                             f"valid: {sorted(self.defaults)}")
+            raise ValueError(
+                f"rule {self.name!r} has no parameter(s) {sorted(unknown)}; valid: {sorted(self.defaults)}"
+            )
         return self.fn(*args, **{**self.defaults, **overrides})
 
 
 _RULES: dict[str, WeightRule] = {}
 
 
-def register_rule(name: str, kind: RuleKind, doc: str = "", pins: Optional[dict[str, Any]] = None,
-                  **defaults: Any) -> Callable:
+def register_rule(
+    name: str, kind: RuleKind, doc: str = "", pins: Optional[dict[str, Any]] = None, **defaults: Any
+) -> Callable:
     """Decorator registering ``fn`` under ``name`` with default parameters (the ones it reads) and
     ``pins``, the parameter values that define it."""
 
@@ -95,12 +97,12 @@ def available_rules(kind: Optional[RuleKind] = None) -> list[str]:
     return sorted(n for n, r in _RULES.items() if kind is None or r.kind == kind)
 
 
-_PCSD_DEFAULTS = dict(n_min=1, n_max=8, alpha=0.8, tau_low=0.05, tau_high=0.5, gamma=0.3,
-                      beta_gate=5.0, eps_slope=1e-6, eps_scale=1e-6)
+_PCSD_DEFAULTS = dict(
+    n_min=1, n_max=8, alpha=0.8, tau_low=0.05, tau_high=0.5, gamma=0.3, beta_gate=5.0, eps_slope=1e-6, eps_scale=1e-6
+)
 
 
-def _pcsd_variant(name: str, doc: str, adaptive: bool = True, trend: bool = True,
-                  **pins: Any) -> None:
+def _pcsd_variant(name: str, doc: str, adaptive: bool = True, trend: bool = True, **pins: Any) -> None:
     """A PCSD variant reading the parameters its mechanisms use (a fixed window has no variance
     interpolation, so no tau_low / tau_high; no trend, no gamma), ``pins`` fixed at their values."""
     unread = ({"tau_low", "tau_high"} if not adaptive else set()) | ({"gamma"} if not trend else set())
@@ -115,10 +117,10 @@ def _pcsd_variant(name: str, doc: str, adaptive: bool = True, trend: bool = True
 
 
 _pcsd_variant("pcsd", "PCSD: adaptive decayed aggregation, one-sided trend, sigmoid gate.")
-_pcsd_variant("pcsd-fixed-n1", "Ablation: decayed mean over a fixed window N=1 (pointwise), trend kept.",
-              adaptive=False, n_min=1)
-_pcsd_variant("pcsd-fixed-n4", "Ablation: decayed mean over a fixed window N=4, trend kept.",
-              adaptive=False, n_min=4)
+_pcsd_variant(
+    "pcsd-fixed-n1", "Ablation: decayed mean over a fixed window N=1 (pointwise), trend kept.", adaptive=False, n_min=1
+)
+_pcsd_variant("pcsd-fixed-n4", "Ablation: decayed mean over a fixed window N=4, trend kept.", adaptive=False, n_min=4)
 _pcsd_variant("pcsd-no-trend", "Ablation: eta = 1.", trend=False)
 _pcsd_variant("pcsd-no-decay", "Ablation: uniform weights inside the windows (alpha = 1).", alpha=1.0)
 
@@ -134,8 +136,7 @@ def _check_gap_mask(gap: Tensor, mask: Optional[Tensor]) -> Tensor:
 
 
 @register_rule("uniform", "weights", constant=0.5)
-def _uniform(gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor] = None, *,
-             constant: float) -> Tensor:
+def _uniform(gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor] = None, *, constant: float) -> Tensor:
     """GRPO+OPSD: the gate with beta_gate = 0, i.e. ``constant`` (0.5) for every valid token."""
     if not 0.0 <= constant:
         raise ValueError(f"constant must be >= 0, got {constant!r}")
@@ -166,8 +167,7 @@ def _sdar_norm(gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor] = None, *
     token's weight. 0 at masked positions and in a response without valid tokens."""
     g, m = _sdar_gates(gap, mask, beta_gate)
     cu = cu_seqlens.to(device=gap.device, dtype=torch.int64)
-    if (cu.dim() != 1 or cu.numel() < 1 or int(cu[0]) != 0 or int(cu[-1]) != gap.numel()
-            or bool((cu.diff() < 0).any())):
+    if cu.dim() != 1 or cu.numel() < 1 or int(cu[0]) != 0 or int(cu[-1]) != gap.numel() or bool((cu.diff() < 0).any()):
         raise ValueError(f"cu_seqlens must rise from 0 to T={gap.numel()}, got {cu.tolist()[:8]}")
     # per-response float64 sums, deterministic on every device (no atomics) and without the
     # cancellation of prefix-sum differences (a response of tiny gates after large ones)
@@ -191,9 +191,17 @@ def rlsd_lambda(step: int, lam0: float = 0.5, decay_steps: int = 100) -> float:
 
 
 @register_rule("rlsd", "advantage", lam0=0.5, decay_steps=100, clip_low=0.8, clip_high=1.2)
-def rlsd_advantages(advantages: Tensor, gap: Tensor, mask: Optional[Tensor] = None,
-                    step: int = 0, *, lam0: float = 0.5, decay_steps: int = 100,
-                    clip_low: float = 0.8, clip_high: float = 1.2) -> Tensor:
+def rlsd_advantages(
+    advantages: Tensor,
+    gap: Tensor,
+    mask: Optional[Tensor] = None,
+    step: int = 0,
+    *,
+    lam0: float = 0.5,
+    decay_steps: int = 100,
+    clip_low: float = 0.8,
+    clip_high: float = 1.2,
+) -> Tensor:
     """RLSD: ``A_t = A ((1 - lam) + lam clip(exp(sign(A) sg(delta_t)), clip_low, clip_high))``.
 
     ``advantages`` and ``gap`` are per token (same shape); ``lam = rlsd_lambda(step)`` with
@@ -212,10 +220,16 @@ def rlsd_advantages(advantages: Tensor, gap: Tensor, mask: Optional[Tensor] = No
 
 
 @register_rule("skill-sd", "loss", neg_clamp=20.0, ratio_clamp=10.0)
-def _skill_sd(student_logp: Tensor, teacher_logp: Tensor, old_logp: Tensor, mask: Optional[Tensor] = None,
-              *, neg_clamp: float, ratio_clamp: float) -> Tensor:
+def _skill_sd(
+    student_logp: Tensor,
+    teacher_logp: Tensor,
+    old_logp: Tensor,
+    mask: Optional[Tensor] = None,
+    *,
+    neg_clamp: float,
+    ratio_clamp: float,
+) -> Tensor:
     """Skill-SD: per token ``exp(min(log pi - log pi_old, 10)) (exp(min(-l, 20)) - 1 + l)``,
     ``l = log pi - sg(log pi_teacher)``; the trainer adds ``lambda`` x its token-mean."""
     m = _check_gap_mask(student_logp.detach(), mask)
-    return skill_sd_token_loss(student_logp, teacher_logp, old_logp, neg_clamp=neg_clamp,
-                               ratio_clamp=ratio_clamp) * m
+    return skill_sd_token_loss(student_logp, teacher_logp, old_logp, neg_clamp=neg_clamp, ratio_clamp=ratio_clamp) * m

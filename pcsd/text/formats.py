@@ -16,8 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pcsd.text.prompts import (ENV_NAMES, ParsedAction, format_webshop_observation, parse_action,
-                               project_webshop_action, webshop_actions, webshop_task)
+from pcsd.text.prompts import (
+    ENV_NAMES,
+    ParsedAction,
+    format_webshop_observation,
+    parse_action,
+    project_webshop_action,
+    webshop_actions,
+    webshop_task,
+)
 
 __all__ = ["TextFormat", "text_format"]
 
@@ -31,8 +38,9 @@ class TextFormat:
         """The task the prompts state, from the env's task and its first observation."""
         return task
 
-    def view(self, page: str, admissible: Sequence[str], task: str, has_search_bar: Any = False
-             ) -> tuple[str, list[str]]:
+    def view(
+        self, page: str, admissible: Sequence[str], task: str, has_search_bar: Any = False
+    ) -> tuple[str, list[str]]:
         """The observation and the admissible actions a prompt shows for an env's page."""
         return page, list(admissible)
 
@@ -50,8 +58,9 @@ class _WebShop(TextFormat):
     def task(self, task: str, first_observation: str) -> str:
         return webshop_task(first_observation)
 
-    def view(self, page: str, admissible: Sequence[str], task: str, has_search_bar: Any = False
-             ) -> tuple[str, list[str]]:
+    def view(
+        self, page: str, admissible: Sequence[str], task: str, has_search_bar: Any = False
+    ) -> tuple[str, list[str]]:
         return format_webshop_observation(page, task), webshop_actions(bool(has_search_bar), admissible)
 
     def parse(self, text: str, admissible: Sequence[str]) -> ParsedAction:

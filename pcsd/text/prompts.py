@@ -94,18 +94,14 @@ def _str_list(name: str, value: Sequence[str]) -> list[str]:
 
 def _history(history: Sequence[HistoryItem]) -> list[tuple[str, str]]:
     if isinstance(history, str) or not isinstance(history, Sequence):
-        raise ValueError(
-            f"history: expected a list of (observation, action) pairs, got {type(history).__name__}"
-        )
+        raise ValueError(f"history: expected a list of (observation, action) pairs, got {type(history).__name__}")
     out: list[tuple[str, str]] = []
     for i, h in enumerate(history):
         if isinstance(h, Mapping):
             try:
                 obs, act = h["observation"], h["action"]
             except KeyError as exc:
-                raise ValueError(
-                    f"history[{i}]: expected keys 'observation' and 'action', missing {exc}"
-                ) from None
+                raise ValueError(f"history[{i}]: expected keys 'observation' and 'action', missing {exc}") from None
         elif isinstance(h, Sequence) and not isinstance(h, str) and len(h) == 2:
             obs, act = h[0], h[1]
         else:
@@ -130,9 +126,7 @@ class ChatTokenizer:
         ValueError: the chat template does not compile.
     """
 
-    def __init__(
-        self, tokenizer_dir: str | os.PathLike[str], enable_thinking: bool | None = None
-    ) -> None:
+    def __init__(self, tokenizer_dir: str | os.PathLike[str], enable_thinking: bool | None = None) -> None:
         """``enable_thinking`` is passed to the template when not None (Qwen3: ``False`` appends an
         empty ``<think>`` block to the generation prompt), like
         ``apply_chat_template(..., enable_thinking=...)``."""
@@ -144,9 +138,7 @@ class ChatTokenizer:
     def tokenizer_dir(self) -> Path:
         return Path(self._inner.tokenizer_dir)
 
-    def render(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
-    ) -> str:
+    def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
         """The chat-template text for ``[{"role": ..., "content": ...}, ...]``."""
         return self._inner.render(_messages(messages), add_generation_prompt)
 
@@ -172,17 +164,21 @@ def _messages(messages: Sequence[Mapping[str, str]]) -> list[tuple[str, str]]:
         try:
             role, content = m["role"], m["content"]
         except (KeyError, TypeError):
-            raise ValueError(
-                f"messages[{i}]: expected a mapping with 'role' and 'content', got {m!r}"
-            ) from None
+            raise ValueError(f"messages[{i}]: expected a mapping with 'role' and 'content', got {m!r}") from None
         if not isinstance(role, str) or not isinstance(content, str):
             raise ValueError(f"messages[{i}]: 'role' and 'content' must be str")
         out.append((role, content))
     return out
 
 
-ALFWORLD_TASK_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
-                       "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place")
+ALFWORLD_TASK_TYPES = (
+    "pick_and_place_simple",
+    "look_at_obj_in_light",
+    "pick_clean_then_place_in_recep",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "pick_two_obj_and_place",
+)
 _KEYWORD = re.compile(r"^[a-z0-9]+$")
 
 
@@ -232,9 +228,15 @@ class SkillRepository:
             else:
                 raise ValueError(
                     f"skills folder {str(self.folder)!r}: unexpected file {str(rel)!r}; expected general.md, "
-                    + ("<task_type>.md (" + ", ".join(ALFWORLD_TASK_TYPES) + "), " if self.env == "alfworld" else
-                       "<task_type>.md (letters, digits, _ - .), " if self.env == "text" else "")
-                    + "or keywords/<word>.md (word: lower-case letters and digits)")
+                    + (
+                        "<task_type>.md (" + ", ".join(ALFWORLD_TASK_TYPES) + "), "
+                        if self.env == "alfworld"
+                        else "<task_type>.md (letters, digits, _ - .), "
+                        if self.env == "text"
+                        else ""
+                    )
+                    + "or keywords/<word>.md (word: lower-case letters and digits)"
+                )
         if self.general is None and not self.task_types and not self.keywords:
             raise ValueError(f"skills folder {str(self.folder)!r} holds no skill file (*.md)")
 
@@ -322,17 +324,18 @@ class PromptBuilder:
     ) -> None:
         self.env: str = _check_env(env)
         if template is not None and not isinstance(template, str):
-            raise ValueError(f"template: expected the template's source text (str) or None, got {type(template).__name__}")
+            raise ValueError(
+                f"template: expected the template's source text (str) or None, got {type(template).__name__}"
+            )
         self.skills: SkillRepository | None = (
-            skills if isinstance(skills, SkillRepository) or skills is None else SkillRepository(skills, self.env))
+            skills if isinstance(skills, SkillRepository) or skills is None else SkillRepository(skills, self.env)
+        )
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 0:
             raise ValueError(f"num_threads: expected a non-negative int, got {num_threads!r}")
         if isinstance(history_length, bool) or not isinstance(history_length, int) or history_length < 0:
             raise ValueError(f"history_length: expected a non-negative int, got {history_length!r}")
         if max_prompt_tokens is not None and (
-            isinstance(max_prompt_tokens, bool)
-            or not isinstance(max_prompt_tokens, int)
-            or max_prompt_tokens <= 0
+            isinstance(max_prompt_tokens, bool) or not isinstance(max_prompt_tokens, int) or max_prompt_tokens <= 0
         ):
             raise ValueError(f"max_prompt_tokens: expected a positive int or None, got {max_prompt_tokens!r}")
         self.history_length = history_length
@@ -464,8 +467,9 @@ class PromptBuilder:
         if teacher and self.skills is not None:
             # the student prompts, each after its task's skill block from the user's folder
             students = self._inner.build_batch(requests, False, system, True)
-            texts = [self.skills.block(str(r["task"]), r.get("task_type")) + text
-                     for r, (text, _) in zip(requests, students)]
+            texts = [
+                self.skills.block(str(r["task"]), r.get("task_type")) + text for r, (text, _) in zip(requests, students)
+            ]
             ids = self.encode_chat(texts, system)
             return list(zip(texts, ids)) if with_text else ids
         return self._inner.build_batch(requests, bool(teacher), system, with_text)
@@ -502,8 +506,7 @@ class ParsedAction:
     def is_valid(self) -> bool:
         """Well formed and admissible."""
         return not (
-            self.missing_think or self.missing_action_tags or self.multiple_actions or self.not_admissible
-            or self.cjk
+            self.missing_think or self.missing_action_tags or self.multiple_actions or self.not_admissible or self.cjk
         )
 
 
@@ -578,7 +581,7 @@ def format_webshop_observation(observation: str, task: str) -> str:
         i = parts.index(task)
     except ValueError:
         return observation
-    return _WEBSHOP_SEP.join(f"'{p}'" for p in parts[i + 1:])
+    return _WEBSHOP_SEP.join(f"'{p}'" for p in parts[i + 1 :])
 
 
 def webshop_actions(has_search_bar: bool, clickables: Sequence[str]) -> list[str]:
@@ -602,9 +605,9 @@ def project_webshop_action(text: str) -> ParsedAction:
     if s == -1 or e == -1:
         action, missing_tags = low[-20:], True
     else:
-        action, missing_tags = low[s + len("<action>"):e].strip(), False
+        action, missing_tags = low[s + len("<action>") : e].strip(), False
     t0, t1 = text.find("<think>"), text.find("</think>")
-    think = text[t0 + len("<think>"):t1].strip() if 0 <= t0 < t1 else None
+    think = text[t0 + len("<think>") : t1].strip() if 0 <= t0 < t1 else None
     return ParsedAction(
         action=_lossy(action),
         think=think,

@@ -45,9 +45,22 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 import torch
 
-__all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
-           "capture_rng", "restore_rng", "CheckpointError", "COMPLETE_MARKER", "CHECKSUMS", "write_checksums",
-           "verify_checksums", "save_model_dir", "load_model_dir_state"]
+__all__ = [
+    "Checkpoint",
+    "save_checkpoint",
+    "load_checkpoint",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "capture_rng",
+    "restore_rng",
+    "CheckpointError",
+    "COMPLETE_MARKER",
+    "CHECKSUMS",
+    "write_checksums",
+    "verify_checksums",
+    "save_model_dir",
+    "load_model_dir_state",
+]
 
 COMPLETE_MARKER = "COMPLETE"
 CHECKSUMS = "checksums.json"
@@ -153,8 +166,9 @@ def write_checksums(root: str | os.PathLike[str]) -> Path:
     """Records the size and CRC-32 of every file below ``root`` in ``root/checksums.json``."""
     root = Path(root)
     files = _files(root)
-    table = {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "crc32": c}
-             for p, c in zip(files, _crcs(files))}
+    table = {
+        p.relative_to(root).as_posix(): {"size": p.stat().st_size, "crc32": c} for p, c in zip(files, _crcs(files))
+    }
     out = root / CHECKSUMS
     out.write_text(json.dumps({"algorithm": "crc32", "files": table}, indent=1))
     return out
@@ -211,10 +225,19 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Optional[Path]:
 
 
 # ----------------------------------------------------------------------------- save / load
-def save_checkpoint(run_dir: str | os.PathLike[str], step: int, model, optimizer_state: Mapping[str, Any],
-                    rng: Mapping[str, Any], *, config_yaml: str, state: Optional[Mapping[str, Any]] = None,
-                    model_state: Optional[Mapping[str, torch.Tensor]] = None,
-                    tokenizer_dir: Optional[str | os.PathLike[str]] = None, keep_last: int = 0) -> Path:
+def save_checkpoint(
+    run_dir: str | os.PathLike[str],
+    step: int,
+    model,
+    optimizer_state: Mapping[str, Any],
+    rng: Mapping[str, Any],
+    *,
+    config_yaml: str,
+    state: Optional[Mapping[str, Any]] = None,
+    model_state: Optional[Mapping[str, torch.Tensor]] = None,
+    tokenizer_dir: Optional[str | os.PathLike[str]] = None,
+    keep_last: int = 0,
+) -> Path:
     """Writes the checkpoint of ``step`` atomically and returns its directory.
 
     Args:
@@ -250,8 +273,12 @@ def save_checkpoint(run_dir: str | os.PathLike[str], step: int, model, optimizer
                         shutil.copyfile(f, model_dir / f.name)
         torch.save(dict(optimizer_state), tmp / "optimizer.pt")
         torch.save(dict(rng), tmp / "rng.pt")
-        meta = {"step": step, "state": dict(state or {}), "torch_threads": torch.get_num_threads(),
-                "torch_version": torch.__version__}
+        meta = {
+            "step": step,
+            "state": dict(state or {}),
+            "torch_threads": torch.get_num_threads(),
+            "torch_version": torch.__version__,
+        }
         (tmp / "state.json").write_text(json.dumps(meta, indent=2))
         (tmp / "config.yaml").write_text(config_yaml)
         write_checksums(tmp)
@@ -295,10 +322,14 @@ def _read(p: Path) -> Checkpoint:
         raise CheckpointError(f"{p} is not a complete checkpoint: missing {', '.join(missing)}")
     meta = json.loads((p / "state.json").read_text())
     return Checkpoint(
-        path=p, step=int(meta["step"]), model_state=_load_model_state(p / "model"),
+        path=p,
+        step=int(meta["step"]),
+        model_state=_load_model_state(p / "model"),
         optimizer_state=torch.load(p / "optimizer.pt", map_location="cpu", weights_only=False),
         rng=torch.load(p / "rng.pt", map_location="cpu", weights_only=False),
-        state=meta.get("state", {}), config_yaml=(p / "config.yaml").read_text())
+        state=meta.get("state", {}),
+        config_yaml=(p / "config.yaml").read_text(),
+    )
 
 
 def _damage(exc: BaseException) -> str:
@@ -306,8 +337,9 @@ def _damage(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def load_checkpoint(path: str | os.PathLike[str], *, warn: Optional[Callable[[str], None]] = None,
-                    verify: bool = True) -> Checkpoint:
+def load_checkpoint(
+    path: str | os.PathLike[str], *, warn: Optional[Callable[[str], None]] = None, verify: bool = True
+) -> Checkpoint:
     """Loads a checkpoint directory (a ``step-N`` folder), or a run directory's newest intact one.
 
     Every file is checked against ``checksums.json`` first (``verify``). In a run directory a
@@ -332,8 +364,7 @@ def load_checkpoint(path: str | os.PathLike[str], *, warn: Optional[Callable[[st
             raise CheckpointError(f"checkpoint {p} is damaged: {_damage(exc)}") from None
     found = list_checkpoints(p)
     if not found:
-        raise CheckpointError(f"{p}: no complete checkpoint (expected {p}/checkpoints/step-NNNNNNNN/"
-                              f"{COMPLETE_MARKER})")
+        raise CheckpointError(f"{p}: no complete checkpoint (expected {p}/checkpoints/step-NNNNNNNN/{COMPLETE_MARKER})")
     skipped = []
     for _step, cp in reversed(found):
         problem = verify_checksums(cp) if verify else None
@@ -349,8 +380,13 @@ def load_checkpoint(path: str | os.PathLike[str], *, warn: Optional[Callable[[st
     raise CheckpointError(f"{p}: no intact checkpoint (damaged: {', '.join(skipped)})")
 
 
-def save_model_dir(out: str | os.PathLike[str], model, *, tokenizer_dir: Optional[str | os.PathLike[str]] = None,
-                   extra: Optional[Mapping[str, Any]] = None) -> Path:
+def save_model_dir(
+    out: str | os.PathLike[str],
+    model,
+    *,
+    tokenizer_dir: Optional[str | os.PathLike[str]] = None,
+    extra: Optional[Mapping[str, Any]] = None,
+) -> Path:
     """Writes ``model`` (``save_pretrained``) with the tokenizer files of ``tokenizer_dir`` and
     ``extra`` (JSON, as ``pcsd-state.json``) to ``out`` atomically, with ``checksums.json`` and
     ``COMPLETE`` (the warm-up's model, ``sft-model/``): a crash leaves the old folder or none."""

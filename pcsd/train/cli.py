@@ -161,8 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         plan = _plan_on_this_gpu(cfg)
         if plan is not None and not plan.fits:
             print(plan.render(), file=sys.stderr)
-            raise ConfigError("the memory plan above does not fit this GPU; change the setting it names "
-                              "(python -m pcsd.train ... --plan shows the plan without starting)")
+            raise ConfigError(
+                "the memory plan above does not fit this GPU; change the setting it names "
+                "(python -m pcsd.train ... --plan shows the plan without starting)"
+            )
         _check_device(cfg)
     except (ConfigError, PlanError) as exc:
         print(f"pcsd.train: {exc}", file=sys.stderr)
@@ -218,8 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         if exc.errno not in _DISK_ERRNOS:
             raise
         where = f" {exc.filename}" if exc.filename else ""
-        print(f"pcsd.train: cannot write{where}: {exc.strerror or exc}; the run's complete checkpoints are intact "
-              f"(free space or fix the folder, then: python -m pcsd.train --resume {run_dir})", file=sys.stderr)
+        print(
+            f"pcsd.train: cannot write{where}: {exc.strerror or exc}; the run's complete checkpoints are intact "
+            f"(free space or fix the folder, then: python -m pcsd.train --resume {run_dir})",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         if run_dir is not None and ctx.is_main:
@@ -238,7 +243,8 @@ def _write_config(cfg: DictConfig, run_dir: Path) -> None:
     try:
         if cfg.run.resume:
             (run_dir / f"config.resume-{time.strftime('%Y%m%d-%H%M%S')}.yaml").write_text(
-                OmegaConf.to_yaml(cfg, resolve=True))
+                OmegaConf.to_yaml(cfg, resolve=True)
+            )
         else:
             OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
             if cfg.env.skills_dir is not None:  # what the teacher reads, for pcsd.eval --skills
@@ -259,8 +265,10 @@ def _check_device(cfg: DictConfig) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise ConfigError("run.device=cuda, but torch sees no CUDA GPU (torch.cuda.is_available() is false); "
-                              "use run.device=cpu or run.device=auto")
+            raise ConfigError(
+                "run.device=cuda, but torch sees no CUDA GPU (torch.cuda.is_available() is false); "
+                "use run.device=cpu or run.device=auto"
+            )
 
 
 def _plan_on_this_gpu(cfg: DictConfig):

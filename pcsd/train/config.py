@@ -167,7 +167,9 @@ class OptimConfig:
 @dataclass
 class EvalConfig:
     split: str = "valid_seen"
-    protocol: str = "full"  # full (every game once) | paper (128 episodes drawn as verl-agent does; docs/eval-protocol.md)
+    protocol: str = (
+        "full"  # full (every game once) | paper (128 episodes drawn as verl-agent does; docs/eval-protocol.md)
+    )
     episodes: int = 0  # 0 = the protocol's count; else a stratified subset (full) / that many draws (paper)
     every: int = 0  # validation every N training steps (0 = only before and after RL)
     temperature: float = 0.4
@@ -238,11 +240,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 #: keys that no longer exist -> what replaced them (a config naming one is refused with this text)
 REPLACED: dict[str, str] = {
-    "model.dtype": ("model.dtype was replaced by four keys that say what they set: model.param_dtype (the trained "
-                    "weights and AdamW state, float32 = master weights), model.compute_dtype (forward/backward "
-                    "under autocast, bfloat16 on GPUs), model.teacher_dtype (the frozen teacher/reference copy) "
-                    "and model.export_dtype (final-model/). The old model.dtype=bfloat16 is model.param_dtype="
-                    "float32 model.compute_dtype=bfloat16 model.teacher_dtype=bfloat16 model.export_dtype=bfloat16"),
+    "model.dtype": (
+        "model.dtype was replaced by four keys that say what they set: model.param_dtype (the trained "
+        "weights and AdamW state, float32 = master weights), model.compute_dtype (forward/backward "
+        "under autocast, bfloat16 on GPUs), model.teacher_dtype (the frozen teacher/reference copy) "
+        "and model.export_dtype (final-model/). The old model.dtype=bfloat16 is model.param_dtype="
+        "float32 model.compute_dtype=bfloat16 model.teacher_dtype=bfloat16 model.export_dtype=bfloat16"
+    ),
 }
 
 
@@ -270,8 +274,17 @@ def valid_keys() -> list[str]:
 
 
 # Keys a resumed run may change without changing what the run computes.
-RESUME_MUTABLE = ("run.resume", "run.dir", "run.save_every", "run.keep_last", "run.stop_after",
-                  "run.log_every", "run.record_gaps", "env.num_threads", "run.overwrite")
+RESUME_MUTABLE = (
+    "run.resume",
+    "run.dir",
+    "run.save_every",
+    "run.keep_last",
+    "run.stop_after",
+    "run.log_every",
+    "run.record_gaps",
+    "env.num_threads",
+    "run.overwrite",
+)
 
 # a resumed run may continue on another machine, where vLLM's share of each GPU differs
 RESUME_MUTABLE += ("rollout.gpu_memory_utilization", "rollout.sync_bucket_mb")
@@ -320,8 +333,9 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
             try:
                 method = canonical_method(method)
             except ValueError:
-                raise ConfigError(f"unknown method {method!r}; valid methods: "
-                                  f"{', '.join(available_methods())}") from None
+                raise ConfigError(
+                    f"unknown method {method!r}; valid methods: {', '.join(available_methods())}"
+                ) from None
             ov = method_overrides(method)
             ov["method"] = method
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{k}={v}" for k, v in ov.items()]))
@@ -331,8 +345,9 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
         key = getattr(exc, "full_key", None) or str(exc).split("\n")[0]
         raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(valid_keys())}") from None
     except OmegaConfBaseException as exc:
-        raise ConfigError(f"bad config value: {str(exc).splitlines()[0]} "
-                          f"(key {getattr(exc, 'full_key', '?')!r})") from None
+        raise ConfigError(
+            f"bad config value: {str(exc).splitlines()[0]} (key {getattr(exc, 'full_key', '?')!r})"
+        ) from None
     _validate(cfg)
     _check_method_keys(cfg, {o.split("=", 1)[0].strip() for o in overrides})
     return cfg
@@ -341,9 +356,25 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
 #: the keys of one kind of environment: ``env.name=X`` on the command line, naming another env than
 #: the preset's, returns them to their defaults (the preset's games, data, skills and env class are
 #: its own env's, not X's); every other key of the preset stays
-ENV_KIND_KEYS = ("source", "split", "receptacles", "distractors", "task_types", "rooms", "usual_place",
-                 "webshop_data", "webshop_variant", "skills_dir", "entry_point", "id", "url", "kwargs",
-                 "eval_kwargs", "template", "success_threshold")
+ENV_KIND_KEYS = (
+    "source",
+    "split",
+    "receptacles",
+    "distractors",
+    "task_types",
+    "rooms",
+    "usual_place",
+    "webshop_data",
+    "webshop_variant",
+    "skills_dir",
+    "entry_point",
+    "id",
+    "url",
+    "kwargs",
+    "eval_kwargs",
+    "template",
+    "success_threshold",
+)
 
 
 def _without_env_keys(cfg: DictConfig) -> DictConfig:
@@ -388,8 +419,9 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Di
     if not isinstance(saved, DictConfig):
         raise ConfigError(f"run.resume={run}: {saved_path} is not a config (a YAML mapping of keys)")
     if (_cli_value([o for o in (overrides or []) if "=" in o], "run.overwrite") or "").lower() in ("true", "1", "yes"):
-        raise ConfigError("run.overwrite=true starts a new run in the folder, --resume continues the run there: "
-                          "give one of them")
+        raise ConfigError(
+            "run.overwrite=true starts a new run in the folder, --resume continues the run there: give one of them"
+        )
     overrides = [o for o in (overrides or []) if o.split("=", 1)[0].strip() not in ("run.resume", "run.dir")]
     # the saved run.overwrite belonged to its start; a resumed run never moves its own folder's content
     overrides.append("run.overwrite=false")
@@ -397,8 +429,10 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Di
         if "=" in o and o.split("=", 1)[0].strip() in ("preset", "method"):
             k, v = o.split("=", 1)
             if v.strip() != str(saved.get(k.strip())):
-                raise ConfigError(f"cannot resume {run} with {k.strip()}={v.strip()}: the run was made with "
-                                  f"{k.strip()}={saved.get(k.strip())} (changing it changes the run)")
+                raise ConfigError(
+                    f"cannot resume {run} with {k.strip()}={v.strip()}: the run was made with "
+                    f"{k.strip()}={saved.get(k.strip())} (changing it changes the run)"
+                )
     overrides = [o for o in overrides if o.split("=", 1)[0].strip() not in ("preset", "method")]
     cfg = load_config(overrides + [f"run.dir={run.resolve()}", f"run.resume={run.resolve()}"], base=saved)
     with warnings.catch_warnings():  # the same config again: its warnings were given just above
@@ -406,10 +440,11 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Di
         reference = load_config([f"run.dir={run.resolve()}", f"run.resume={run.resolve()}"], base=saved)
     bad = [k for k in config_diff(cfg, reference) if k not in RESUME_MUTABLE]
     if bad:
-        changes = ", ".join(f"{k}: {OmegaConf.select(reference, k)!r} -> {OmegaConf.select(cfg, k)!r}"
-                            for k in bad)
-        raise ConfigError(f"cannot resume {run}: these overrides change the run's meaning: {changes} "
-                          f"(a resumed run may change only {', '.join(RESUME_MUTABLE)})")
+        changes = ", ".join(f"{k}: {OmegaConf.select(reference, k)!r} -> {OmegaConf.select(cfg, k)!r}" for k in bad)
+        raise ConfigError(
+            f"cannot resume {run}: these overrides change the run's meaning: {changes} "
+            f"(a resumed run may change only {', '.join(RESUME_MUTABLE)})"
+        )
     return cfg
 
 
@@ -420,9 +455,11 @@ def _check_rule_pins(cfg: DictConfig) -> None:
 
     for k, v in get_rule(cfg.rule).pins.items():
         if cfg.algo.pcsd[k] != v:
-            raise ConfigError(f"rule={cfg.rule} is defined by algo.pcsd.{k}={v}, but the config has "
-                              f"algo.pcsd.{k}={cfg.algo.pcsd[k]}; use method={cfg.rule} (sets both) "
-                              f"or set algo.pcsd.{k}={v}")
+            raise ConfigError(
+                f"rule={cfg.rule} is defined by algo.pcsd.{k}={v}, but the config has "
+                f"algo.pcsd.{k}={cfg.algo.pcsd[k]}; use method={cfg.rule} (sets both) "
+                f"or set algo.pcsd.{k}={v}"
+            )
 
 
 def _check_method_keys(cfg: DictConfig, cli_keys: set[str]) -> None:
@@ -441,13 +478,12 @@ def _check_method_keys(cfg: DictConfig, cli_keys: set[str]) -> None:
     for key, why in unused_keys(cfg).items():
         val = OmegaConf.select(cfg, key)
         if key in cli_keys or val != defaults.get(key):
-            warnings.warn(f"{key}={val} has no effect under method={cfg.method}: {why}", ConfigWarning,
-                          stacklevel=3)
+            warnings.warn(f"{key}={val} has no effect under method={cfg.method}: {why}", ConfigWarning, stacklevel=3)
 
 
 def _validate(cfg: DictConfig) -> None:
-    from pcsd.train.methods import available_methods
     from pcsd.ops.weighting import available_rules
+    from pcsd.train.methods import available_methods
 
     if cfg.method not in available_methods():
         raise ConfigError(f"method={cfg.method!r} is not valid; choose one of {', '.join(available_methods())}")
@@ -472,23 +508,42 @@ def _validate(cfg: DictConfig) -> None:
     if cfg.env.rooms is not None and knobs:
         for tt in cfg.env.task_types or TASK_TYPES:
             if not set(task_rooms(tt)) & set(cfg.env.rooms):
-                raise ConfigError(f"env.rooms={list(cfg.env.rooms)} has no room for task type {tt} "
-                                  f"(it can be set in {', '.join(task_rooms(tt))}); add one or set env.task_types")
+                raise ConfigError(
+                    f"env.rooms={list(cfg.env.rooms)} has no room for task type {tt} "
+                    f"(it can be set in {', '.join(task_rooms(tt))}); add one or set env.task_types"
+                )
     if cfg.rule not in available_rules():
         raise ConfigError(f"rule={cfg.rule!r} is not valid; choose one of {', '.join(available_rules())}")
     _check_rule_pins(cfg)
-    positive = ["rollout.tasks_per_step", "rollout.group_size", "rollout.max_prompt_tokens",
-                "rollout.max_response_tokens", "env.max_steps", "optim.tokens_per_microbatch",
-                "optim.ppo_epochs", "optim.sft_batch_size", "rollout.sync_bucket_mb"]
+    positive = [
+        "rollout.tasks_per_step",
+        "rollout.group_size",
+        "rollout.max_prompt_tokens",
+        "rollout.max_response_tokens",
+        "env.max_steps",
+        "optim.tokens_per_microbatch",
+        "optim.ppo_epochs",
+        "optim.sft_batch_size",
+        "rollout.sync_bucket_mb",
+    ]
     for key in positive:
         if OmegaConf.select(cfg, key) <= 0:
             raise ConfigError(f"{key} must be > 0, got {OmegaConf.select(cfg, key)}")
     for key in ["run.save_every", "run.keep_last", "run.stop_after", "optim.sft_games"]:
         if OmegaConf.select(cfg, key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {OmegaConf.select(cfg, key)}")
-    for key in ["optim.steps", "env.history_length", "algo.lambda_distill", "algo.kl_beta",
-                "optim.lr", "optim.grad_clip", "rollout.temperature", "eval.episodes", "optim.sft_prompt_weight",
-                "eval.batch_size"]:
+    for key in [
+        "optim.steps",
+        "env.history_length",
+        "algo.lambda_distill",
+        "algo.kl_beta",
+        "optim.lr",
+        "optim.grad_clip",
+        "rollout.temperature",
+        "eval.episodes",
+        "optim.sft_prompt_weight",
+        "eval.batch_size",
+    ]:
         if OmegaConf.select(cfg, key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {OmegaConf.select(cfg, key)}")
     if cfg.optim.sft_steps > 0 and cfg.optim.sft_games < 1:
@@ -514,8 +569,9 @@ def _validate(cfg: DictConfig) -> None:
     if problem:
         raise ConfigError(problem)
     if not (cfg.algo.grpo or cfg.algo.distill or cfg.optim.steps == 0):
-        raise ConfigError("algo.grpo and algo.distill are both false: nothing to train "
-                          "(use optim.steps=0 for the Vanilla baseline)")
+        raise ConfigError(
+            "algo.grpo and algo.distill are both false: nothing to train (use optim.steps=0 for the Vanilla baseline)"
+        )
 
 
 #: run.seed's range: numpy's generators (the paper protocol's draws) take seeds below 2**32, and the
@@ -539,16 +595,20 @@ def _validate_run_inputs(cfg: DictConfig) -> None:
     if cfg.model.path is None:  # the generated tiny model: heads of hidden_size // 32 (>= 32) dimensions
         h = cfg.model.tiny_hidden_size
         if h < 32 or h % max(1, h // 32):
-            raise ConfigError(f"model.tiny_hidden_size must be >= 32 and divisible by its head count (hidden_size "
-                              f"// 32, heads of >= 32 dimensions), e.g. a multiple of 32; got {h}")
+            raise ConfigError(
+                f"model.tiny_hidden_size must be >= 32 and divisible by its head count (hidden_size "
+                f"// 32, heads of >= 32 dimensions), e.g. a multiple of 32; got {h}"
+            )
         if cfg.model.tiny_layers < 1:
             raise ConfigError(f"model.tiny_layers must be >= 1, got {cfg.model.tiny_layers}")
     ws = os.environ.get("WORLD_SIZE", "1")
     ranks = int(ws) if ws.isdigit() and int(ws) > 0 else 1
     envs = -(-cfg.rollout.tasks_per_step // ranks) * cfg.rollout.group_size
     if envs > MAX_ENVS:
-        raise ConfigError(f"rollout.tasks_per_step x rollout.group_size = {envs} envs per rank, more than the env "
-                          f"pool holds ({MAX_ENVS}); lower rollout.tasks_per_step or rollout.group_size")
+        raise ConfigError(
+            f"rollout.tasks_per_step x rollout.group_size = {envs} envs per rank, more than the env "
+            f"pool holds ({MAX_ENVS}); lower rollout.tasks_per_step or rollout.group_size"
+        )
     folder = _model_folder_now(cfg.model.path)
     if folder is not None:
         problem = check_model_dir(folder, weights=False)  # no weights: --plan needs none, a run's load says so
@@ -558,8 +618,13 @@ def _validate_run_inputs(cfg: DictConfig) -> None:
             from pcsd.text.prompts import PromptBuilder
 
             try:
-                builder = PromptBuilder(cfg.env.name, history_length=0, max_prompt_tokens=None,
-                                        tokenizer_dir=str(folder), enable_thinking=cfg.model.enable_thinking)
+                builder = PromptBuilder(
+                    cfg.env.name,
+                    history_length=0,
+                    max_prompt_tokens=None,
+                    tokenizer_dir=str(folder),
+                    enable_thinking=cfg.model.enable_thinking,
+                )
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"model.path={cfg.model.path}: its tokenizer does not load ({exc})") from None
             problem = prompt_budget_problem(builder, cfg.rollout.max_prompt_tokens)
@@ -592,9 +657,11 @@ def prompt_budget_problem(builder, max_prompt_tokens: int, key: str = "rollout.m
     least = builder.min_prompt_tokens()
     if least is None or max_prompt_tokens >= least:
         return None
-    return (f"{key}={max_prompt_tokens} cannot hold a single prompt: the {builder.env} template alone (no history, a "
-            f"one-letter task, an empty observation, no actions) is {least} tokens under this model's chat template; "
-            f"raise it well above {least} (observations and admissible actions come on top)")
+    return (
+        f"{key}={max_prompt_tokens} cannot hold a single prompt: the {builder.env} template alone (no history, a "
+        f"one-letter task, an empty observation, no actions) is {least} tokens under this model's chat template; "
+        f"raise it well above {least} (observations and admissible actions come on top)"
+    )
 
 
 def resolve_skills_dir(value: str) -> Path:
@@ -617,8 +684,10 @@ def _validate_skills(cfg: DictConfig) -> None:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"env.skills_dir={cfg.env.skills_dir}: {exc}") from None
     if cfg.optim.sft_teacher_demos == "skills" and cfg.optim.sft_teacher_share <= 0:
-        raise ConfigError("optim.sft_teacher_demos=skills shows the skill-reading expert in the teacher's-prompt "
-                          "examples, of which there are none: set optim.sft_teacher_share > 0")
+        raise ConfigError(
+            "optim.sft_teacher_demos=skills shows the skill-reading expert in the teacher's-prompt "
+            "examples, of which there are none: set optim.sft_teacher_share > 0"
+        )
 
 
 def _validate_ranges(cfg: DictConfig) -> None:
@@ -641,8 +710,11 @@ def _validate_ranges(cfg: DictConfig) -> None:
         check_pcsd_params(**params)
     except ValueError as exc:
         raise ConfigError(f"algo.pcsd: {exc}") from None
-    positive = {"algo.adv_eps": cfg.algo.adv_eps, "rollout.temperature": cfg.rollout.temperature,
-                "optim.grad_clip": cfg.optim.grad_clip}
+    positive = {
+        "algo.adv_eps": cfg.algo.adv_eps,
+        "rollout.temperature": cfg.rollout.temperature,
+        "optim.grad_clip": cfg.optim.grad_clip,
+    }
     if cfg.optim.steps > 0:
         positive["optim.lr"] = cfg.optim.lr
     if cfg.optim.sft_steps > 0:
@@ -651,9 +723,14 @@ def _validate_ranges(cfg: DictConfig) -> None:
         positive["eval.temperature"] = cfg.eval.temperature
     for key, val in positive.items():
         if not val > 0:
-            raise ConfigError(f"{key} must be > 0, got {val}"
-                              + (" (sampling needs a temperature; eval.greedy=true plays greedily)"
-                                 if key.endswith("temperature") else ""))
+            raise ConfigError(
+                f"{key} must be > 0, got {val}"
+                + (
+                    " (sampling needs a temperature; eval.greedy=true plays greedily)"
+                    if key.endswith("temperature")
+                    else ""
+                )
+            )
     if not 0 < cfg.rollout.gpu_memory_utilization < 1:
         raise ConfigError(f"rollout.gpu_memory_utilization must be in (0, 1), got {cfg.rollout.gpu_memory_utilization}")
     if not 0 < cfg.rollout.top_p <= 1:
@@ -662,16 +739,21 @@ def _validate_ranges(cfg: DictConfig) -> None:
         if OmegaConf.select(cfg, key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {OmegaConf.select(cfg, key)}")
     if cfg.algo.grpo and cfg.optim.steps > 0 and cfg.rollout.group_size < 2:
-        raise ConfigError(f"rollout.group_size={cfg.rollout.group_size}: GRPO needs groups of >= 2 rollouts "
-                          f"per task (a group of one has advantage 0, nothing to learn)")
+        raise ConfigError(
+            f"rollout.group_size={cfg.rollout.group_size}: GRPO needs groups of >= 2 rollouts "
+            f"per task (a group of one has advantage 0, nothing to learn)"
+        )
     row = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
     if cfg.optim.tokens_per_microbatch < row:
-        raise ConfigError(f"optim.tokens_per_microbatch={cfg.optim.tokens_per_microbatch} is smaller than one "
-                          f"row (rollout.max_prompt_tokens + rollout.max_response_tokens = {row}); raise it to "
-                          f">= {row} or lower the prompt/response budgets")
+        raise ConfigError(
+            f"optim.tokens_per_microbatch={cfg.optim.tokens_per_microbatch} is smaller than one "
+            f"row (rollout.max_prompt_tokens + rollout.max_response_tokens = {row}); raise it to "
+            f">= {row} or lower the prompt/response budgets"
+        )
     if cfg.eval.protocol == "paper" and cfg.eval.split == "train" and cfg.env.name == "alfworld":
-        raise ConfigError("eval.protocol=paper draws validation episodes from valid_seen or valid_unseen, "
-                          "not eval.split=train")
+        raise ConfigError(
+            "eval.protocol=paper draws validation episodes from valid_seen or valid_unseen, not eval.split=train"
+        )
     problem = precision.check(cfg)
     if problem:
         raise ConfigError(problem)

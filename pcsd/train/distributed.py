@@ -32,9 +32,23 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["DistContext", "single_process", "init_distributed", "shutdown", "shard_model",
-           "split_groups", "global_sum", "global_max", "full_model_state", "full_optimizer_state", "iter_weights",
-           "load_full_state", "broadcast_object", "barrier", "select_groups"]
+__all__ = [
+    "DistContext",
+    "single_process",
+    "init_distributed",
+    "shutdown",
+    "shard_model",
+    "split_groups",
+    "global_sum",
+    "global_max",
+    "full_model_state",
+    "full_optimizer_state",
+    "iter_weights",
+    "load_full_state",
+    "broadcast_object",
+    "barrier",
+    "select_groups",
+]
 
 
 @dataclass(frozen=True)
@@ -61,10 +75,16 @@ def single_process(device: torch.device | str = "cpu") -> DistContext:
     return DistContext(device=torch.device(device))
 
 
-def init_distributed(*, rank: Optional[int] = None, world_size: Optional[int] = None,
-                     local_rank: Optional[int] = None, backend: Optional[str] = None,
-                     device: Optional[str] = None, init_method: str = "env://",
-                     timeout_s: float = 4 * 3600.0) -> DistContext:
+def init_distributed(
+    *,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    local_rank: Optional[int] = None,
+    backend: Optional[str] = None,
+    device: Optional[str] = None,
+    init_method: str = "env://",
+    timeout_s: float = 4 * 3600.0,
+) -> DistContext:
     """Joins (or creates) the default process group and builds the device mesh.
 
     Args default to the launcher's ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``; with a world of
@@ -76,8 +96,9 @@ def init_distributed(*, rank: Optional[int] = None, world_size: Optional[int] = 
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
     local_rank = int(os.environ.get("LOCAL_RANK", rank)) if local_rank is None else local_rank
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size) and world_size >= 1, got rank={rank} "
-                         f"world_size={world_size}")
+        raise ValueError(
+            f"rank must be in [0, world_size) and world_size >= 1, got rank={rank} world_size={world_size}"
+        )
     want = device or "auto"
     if want not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
@@ -89,13 +110,13 @@ def init_distributed(*, rank: Optional[int] = None, world_size: Optional[int] = 
         return DistContext(device=dev)
     backend = backend or ("nccl" if use_cuda else "gloo")
     if not dist.is_initialized():
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+        )
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(dev.type, (world_size,))
-    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=dev,
-                       backend=backend, mesh=mesh)
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, backend=backend, mesh=mesh)
 
 
 def shutdown(ctx: DistContext) -> None:
@@ -119,16 +140,19 @@ def _decoder_layers(model: nn.Module) -> Sequence[nn.Module]:
     return list(layers)
 
 
-def _packed_hidden(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor],
-                   attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+def _packed_hidden(
+    self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor], attention_mask: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """Final hidden states ``[B, N, H]`` of a packed row or a padded batch (what
     :func:`pcsd.ops.scoring.score_packed` needs), as an FSDP forward method of the causal LM."""
-    return self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                      use_cache=False).last_hidden_state
+    return self.model(
+        input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False
+    ).last_hidden_state
 
 
-def shard_model(model: nn.Module, ctx: DistContext, *, reshard_after_forward: bool = True,
-                mp_policy: Any = None) -> nn.Module:
+def shard_model(
+    model: nn.Module, ctx: DistContext, *, reshard_after_forward: bool = True, mp_policy: Any = None
+) -> nn.Module:
     """Shards ``model`` in place with FSDP2 (each decoder layer, then the root). The identity
     when ``ctx`` is a single process. Works for the trained student and for frozen models.
     ``mp_policy``: a ``MixedPrecisionPolicy`` (see :func:`pcsd.train.precision.fsdp_policy`)."""
@@ -209,13 +233,13 @@ def full_model_state(model: nn.Module, ctx: DistContext, *, all_ranks: bool = Fa
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                              cpu_offload=not all_ranks))
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks))
     return {k: v.detach().cpu() for k, v in sd.items()}
 
 
-def iter_weights(model: nn.Module, ctx: DistContext, dtype: torch.dtype,
-                 bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(
+    model: nn.Module, ctx: DistContext, dtype: torch.dtype, bucket_bytes: int
+) -> Iterator[tuple[str, torch.Tensor]]:
     """The model's full parameters as ``(name, tensor)`` in ``dtype`` on the model's device, for a
     generation engine's weight sync: a lazy stream that materialises one bucket at a time.
 
@@ -268,15 +292,18 @@ def full_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer, ctx: Dist
 
     if not ctx.distributed:  # same layout (parameter names as keys), so a run can change world size
         return get_optimizer_state_dict(model, opt)
-    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True,
-                                                                          cpu_offload=True))
+    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_full_state(model: nn.Module, opt: Optional[torch.optim.Optimizer], model_state: dict,
-                    optimizer_state: Optional[dict], ctx: DistContext) -> None:
+def load_full_state(
+    model: nn.Module,
+    opt: Optional[torch.optim.Optimizer],
+    model_state: dict,
+    optimizer_state: Optional[dict],
+    ctx: DistContext,
+) -> None:
     """Loads full state dicts (read on every rank) into a sharded or plain model/optimizer."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     if not ctx.distributed:
         from pcsd.train.checkpoint import apply_model_state
@@ -301,17 +328,28 @@ def select_groups(rb, groups: range):
     g_lo, g_hi = groups.start, groups.stop
     keep_traj = ((rb.traj_group >= g_lo) & (rb.traj_group < g_hi)).nonzero().flatten()
     if keep_traj.numel() == 0:
-        raise ValueError(f"groups {groups} select no trajectory (the batch has groups "
-                         f"0..{int(rb.traj_group.max()) if rb.traj_group.numel() else -1})")
+        raise ValueError(
+            f"groups {groups} select no trajectory (the batch has groups "
+            f"0..{int(rb.traj_group.max()) if rb.traj_group.numel() else -1})"
+        )
     t_lo = int(keep_traj.min())
     rows = [i for i, t in enumerate(rb.traj_id.tolist()) if g_lo <= int(rb.traj_group[t]) < g_hi]
     idx = torch.tensor(rows, dtype=torch.int64)
     pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
     return RolloutBatch(
-        prompt_ids=pick(rb.prompt_ids), teacher_prompt_ids=pick(rb.teacher_prompt_ids),
-        response_ids=pick(rb.response_ids), behaviour_logprobs=pick(rb.behaviour_logprobs),
-        traj_id=rb.traj_id[idx] - t_lo, group_id=rb.group_id[idx] - g_lo, turn=rb.turn[idx],
-        action_valid=rb.action_valid[idx], actions=pick(rb.actions),
-        reward=rb.reward[keep_traj], won=rb.won[keep_traj], length=rb.length[keep_traj],
+        prompt_ids=pick(rb.prompt_ids),
+        teacher_prompt_ids=pick(rb.teacher_prompt_ids),
+        response_ids=pick(rb.response_ids),
+        behaviour_logprobs=pick(rb.behaviour_logprobs),
+        traj_id=rb.traj_id[idx] - t_lo,
+        group_id=rb.group_id[idx] - g_lo,
+        turn=rb.turn[idx],
+        action_valid=rb.action_valid[idx],
+        actions=pick(rb.actions),
+        reward=rb.reward[keep_traj],
+        won=rb.won[keep_traj],
+        length=rb.length[keep_traj],
         traj_group=rb.traj_group[keep_traj] - g_lo,
-        task_type=[rb.task_type[i] for i in keep_traj.tolist()], task=[rb.task[i] for i in keep_traj.tolist()])
+        task_type=[rb.task_type[i] for i in keep_traj.tolist()],
+        task=[rb.task[i] for i in keep_traj.tolist()],
+    )

@@ -24,8 +24,18 @@ from pcsd.ops.scoring import greedy_microbatches, score_packed
 __all__ = ["token_loss", "check_fused_loss", "pair_microbatches", "joint_scores"]
 
 
-def token_loss(lp: Tensor, old: Tensor, ref: Optional[Tensor], adv: Tensor, coef: Tensor,
-               teacher: Optional[Tensor], weights: Tensor, mask: Tensor, algo, distill_scale: float) -> Tensor:
+def token_loss(
+    lp: Tensor,
+    old: Tensor,
+    ref: Optional[Tensor],
+    adv: Tensor,
+    coef: Tensor,
+    teacher: Optional[Tensor],
+    weights: Tensor,
+    mask: Tensor,
+    algo,
+    distill_scale: float,
+) -> Tensor:
     """Per-token loss ``[n]`` of the update (all tensors ``[n]``, only ``lp`` differentiable):
     ``c pg`` when ``algo.grpo``, ``c kl_beta kl`` when ``ref`` is given (OPSD keeps the KL term),
     plus ``lambda_distill * distill_scale * m w (sg(teacher) - lp)`` when ``algo.distill`` with a weights rule (``distill_scale`` = the
@@ -40,7 +50,8 @@ def token_loss(lp: Tensor, old: Tensor, ref: Optional[Tensor], adv: Tensor, coef
     if teacher is not None:
         m = mask.detach().to(lp.dtype)
         out = out + algo.lambda_distill * distill_scale * (
-            m * weights.detach().to(lp.dtype) * (teacher.detach().to(lp.dtype) - lp))
+            m * weights.detach().to(lp.dtype) * (teacher.detach().to(lp.dtype) - lp)
+        )
     return out
 
 
@@ -51,22 +62,29 @@ def check_fused_loss(fused: Tensor, plain: Tensor) -> None:
         raise RuntimeError(
             f"optim.fused_lm_head: the per-token loss ({a!r}) differs from the update's micro-batch "
             f"loss ({b!r}); a loss term of pcsd.train.update is missing from "
-            "pcsd.train.fused_update.token_loss (set optim.fused_lm_head=false to train without it)")
+            "pcsd.train.fused_update.token_loss (set optim.fused_lm_head=false to train without it)"
+        )
 
 
-def pair_microbatches(prompts: Sequence[Sequence[int]], teacher_prompts: Sequence[Sequence[int]],
-                      responses: Sequence[Sequence[int]], budget: int) -> list[list[int]]:
+def pair_microbatches(
+    prompts: Sequence[Sequence[int]],
+    teacher_prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    budget: int,
+) -> list[list[int]]:
     """Rows grouped greedily in order so that both contexts of a micro-batch's rows,
     ``(|p| + |r|) + (|p_teacher| + |r|)`` summed, fit ``budget`` tokens (a row over the budget
     alone is a micro-batch of its own); rows without response tokens are left out."""
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
-    return greedy_microbatches([len(p) + len(tp) + 2 * len(r) if r else 0
-                                for p, tp, r in zip(prompts, teacher_prompts, responses)], budget)
+    return greedy_microbatches(
+        [len(p) + len(tp) + 2 * len(r) if r else 0 for p, tp, r in zip(prompts, teacher_prompts, responses)], budget
+    )
 
 
-def joint_scores(model, prompts, teacher_prompts, responses, mbs: list[list[int]], n_passes: int,
-                 T: int) -> tuple[Tensor, Tensor]:
+def joint_scores(
+    model, prompts, teacher_prompts, responses, mbs: list[list[int]], n_passes: int, T: int
+) -> tuple[Tensor, Tensor]:
     """``([T], [T])`` float32 log-probs of every packed response token under ``model`` given the
     row's ``prompts`` and given its ``teacher_prompts``: one forward per micro-batch of ``mbs``
     (see :func:`pair_microbatches`) with both contexts of each row in it, padded to ``n_passes``
@@ -88,5 +106,5 @@ def joint_scores(model, prompts, teacher_prompts, responses, mbs: list[list[int]
             lps = score_packed(model, ctxs, rs, max_tokens_per_pass=sum(len(p) + len(r) for p, r in zip(ctxs, rs)))
             idx = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows]).to(dev)
             ref[idx] = torch.cat(lps[: len(rows)]).float()
-            teacher[idx] = torch.cat(lps[len(rows):]).float()
+            teacher[idx] = torch.cat(lps[len(rows) :]).float()
     return ref, teacher

@@ -24,8 +24,7 @@ import numpy as np
 __all__ = ["GapRecorder", "GapRecord", "load_gap_records", "GAPS_DIR"]
 
 GAPS_DIR = "gaps"
-_KEYS = ("gap", "weights", "mask", "student_logp", "teacher_logp", "cu_seqlens", "row_traj", "row_turn",
-         "traj_reward")
+_KEYS = ("gap", "weights", "mask", "student_logp", "teacher_logp", "cu_seqlens", "row_traj", "row_turn", "traj_reward")
 
 
 class GapRecorder:
@@ -52,8 +51,12 @@ class GapRecorder:
             missing = [k for k in _KEYS if k not in arrays]
             if missing:
                 raise ValueError(f"gap record lacks {missing}")
-            np.savez_compressed(self.path(step), step=np.int64(step), rule=np.str_(self.rule),
-                                **{k: np.asarray(arrays[k]) for k in _KEYS})
+            np.savez_compressed(
+                self.path(step),
+                step=np.int64(step),
+                rule=np.str_(self.rule),
+                **{k: np.asarray(arrays[k]) for k in _KEYS},
+            )
 
         return record
 
@@ -90,6 +93,5 @@ def load_gap_records(run_dir: str | Path) -> list[GapRecord]:
     out = []
     for f in files:
         with np.load(f, allow_pickle=False) as z:
-            out.append(GapRecord(step=int(z["step"]), rule=str(z["rule"]), path=f,
-                                 **{k: z[k] for k in _KEYS}))
+            out.append(GapRecord(step=int(z["step"]), rule=str(z["rule"]), path=f, **{k: z[k] for k in _KEYS}))
     return out

@@ -45,9 +45,15 @@ from pcsd.rollout.loop import collect_rollouts
 from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
 from pcsd.train.metrics import MetricsLogger, step_record
-from pcsd.train.precision import export_model, fsdp_policy, frozen_copy, precision_of, prepare_student, torch_dtype
-from pcsd.train.sft import (expert_episodes, game_corpus, sft_examples, sft_warmup, skill_search_first,
-                            webshop_expert_episodes)
+from pcsd.train.precision import export_model, frozen_copy, fsdp_policy, precision_of, prepare_student, torch_dtype
+from pcsd.train.sft import (
+    expert_episodes,
+    game_corpus,
+    sft_examples,
+    sft_warmup,
+    skill_search_first,
+    webshop_expert_episodes,
+)
 from pcsd.train.update import update_step
 
 __all__ = ["Job", "procedural_knobs", "train"]
@@ -153,8 +159,7 @@ class Job:
     def warm_up_here(self) -> bool:
         """SFT runs on rank 0 with ``optim.sft_steps`` > 0, unless a resumed run has its result
         (an RL checkpoint or the saved warm-up)."""
-        return (self.cfg.optim.sft_steps > 0 and self.ckpt is None and self.warmup_saved is None
-                and self.ctx.is_main)
+        return self.cfg.optim.sft_steps > 0 and self.ckpt is None and self.warmup_saved is None and self.ctx.is_main
 
     @property
     def metrics_path(self) -> Path:
@@ -188,8 +193,10 @@ def setup(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext]) -> Job:
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     if ctx.distributed and cfg.rollout.tasks_per_step < ctx.world_size:
-        raise ValueError(f"rollout.tasks_per_step={cfg.rollout.tasks_per_step} must be >= the number of "
-                         f"ranks ({ctx.world_size}): every rank plays whole groups")
+        raise ValueError(
+            f"rollout.tasks_per_step={cfg.rollout.tasks_per_step} must be >= the number of "
+            f"ranks ({ctx.world_size}): every rank plays whole groups"
+        )
     if cfg.run.resume:
         resume_point(job)
 
@@ -213,8 +220,9 @@ def setup(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext]) -> Job:
         job.train_games = train_seeds(max(64, cfg.rollout.tasks_per_step * max(cfg.optim.steps, 1)))
         job.eval_pool = eval_seeds(int(cfg.eval.episodes))
         job.train_workers = EnvWorkers(train_f, cfg.env.num_threads, step_timeout=float(cfg.env.step_timeout))
-        job.eval_workers = (EnvWorkers(eval_f, cfg.env.num_threads, step_timeout=float(cfg.env.step_timeout))
-                            if ctx.is_main else None)
+        job.eval_workers = (
+            EnvWorkers(eval_f, cfg.env.num_threads, step_timeout=float(cfg.env.step_timeout)) if ctx.is_main else None
+        )
     elif cfg.env.source == "procedural":
         # generated when played (pcsd.envs.procedural.ProceduralGames): no files, any length
         pool_n = max(64, cfg.rollout.tasks_per_step * max(cfg.optim.steps, 1))
@@ -226,10 +234,23 @@ def setup(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext]) -> Job:
         job.train_games = split_games(cfg.env.split)
         job.eval_pool = split_games(cfg.eval.split)
     job.eval_games = eval_episodes(job, 0)
-    job.eval_split = ("webshop" if job.webshop else f"{cfg.env.name} {job.train_workers.describe}" if job.text_env
-                      else "procedural" if cfg.env.source == "procedural" else cfg.eval.split)
-    job.summary = {"preset": cfg.preset, "method": cfg.method, "rule": cfg.rule, "run_dir": str(run_dir),
-                   "world_size": ctx.world_size, "eval_episodes": len(job.eval_games)}
+    job.eval_split = (
+        "webshop"
+        if job.webshop
+        else f"{cfg.env.name} {job.train_workers.describe}"
+        if job.text_env
+        else "procedural"
+        if cfg.env.source == "procedural"
+        else cfg.eval.split
+    )
+    job.summary = {
+        "preset": cfg.preset,
+        "method": cfg.method,
+        "rule": cfg.rule,
+        "run_dir": str(run_dir),
+        "world_size": ctx.world_size,
+        "eval_episodes": len(job.eval_games),
+    }
     return job
 
 
@@ -299,14 +320,17 @@ def load_student(job: Job) -> None:
         elif job.text_env:  # the env's own expert_action, when it has one
             job.episodes = text_env_expert_episodes(job)
         else:
-            sft_games = write_games(job.run_dir / "games" / "sft", cfg.optim.sft_games, SFT_GAMES_SEED,
-                                    **procedural_knobs(cfg))
+            sft_games = write_games(
+                job.run_dir / "games" / "sft", cfg.optim.sft_games, SFT_GAMES_SEED, **procedural_knobs(cfg)
+            )
             job.episodes = expert_episodes(sft_games, cfg.env.max_steps, cfg.optim.sft_navigation)
             if cfg.optim.sft_teacher_demos == "skills":  # the expert that follows the teacher's skills
-                job.teacher_episodes = expert_episodes(sft_games, cfg.env.max_steps, cfg.optim.sft_navigation,
-                                                       skill_search_first(skill_repository(cfg)))
+                job.teacher_episodes = expert_episodes(
+                    sft_games, cfg.env.max_steps, cfg.optim.sft_navigation, skill_search_first(skill_repository(cfg))
+                )
                 job.summary["sft_skill_expert_success"] = (
-                    100.0 * sum(ep.won for ep in job.teacher_episodes) / len(job.teacher_episodes))
+                    100.0 * sum(ep.won for ep in job.teacher_episodes) / len(job.teacher_episodes)
+                )
         if job.episodes:
             job.summary["sft_expert_success"] = 100.0 * sum(ep.won for ep in job.episodes) / len(job.episodes)
         job.summary["sft_expert_seconds"] = time.time() - t0
@@ -330,23 +354,35 @@ def load_student(job: Job) -> None:
                 from pcsd.envs.pypool import PythonEnvPool
                 from pcsd.train.textenv import corpus_of_resets
 
-                with PythonEnvPool(job.train_workers, min(64, len(job.train_games)),
-                                   seeds=job.train_games[:64]) as pool:
+                with PythonEnvPool(
+                    job.train_workers, min(64, len(job.train_games)), seeds=job.train_games[:64]
+                ) as pool:
                     corpus += corpus_of_resets(pool)
             tmp = job.run_dir / f".tmp-base-model-{os.getpid()}"  # renamed into place when whole
-            make_tiny_model(tmp, hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_layers,
-                            num_heads=max(1, cfg.model.tiny_hidden_size // 32), seed=cfg.run.seed,
-                            corpus=corpus, words=ids)
+            make_tiny_model(
+                tmp,
+                hidden_size=cfg.model.tiny_hidden_size,
+                num_layers=cfg.model.tiny_layers,
+                num_heads=max(1, cfg.model.tiny_hidden_size // 32),
+                seed=cfg.run.seed,
+                corpus=corpus,
+                words=ids,
+            )
             if job.model_dir.exists():  # an incomplete one (no config.json), written before writes were atomic
                 shutil.rmtree(job.model_dir)
             os.replace(tmp, job.model_dir)
         dist_utils.barrier(ctx)
         job.say(f"tiny model written to {job.model_dir}")
     job.student = load_model(job.model_dir, ctx.device, cfg.model.param_dtype)
-    job.builder = PromptBuilder(get_env(cfg.env.name).prompt, history_length=cfg.env.history_length,
-                                max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_dir=job.model_dir,
-                                enable_thinking=cfg.model.enable_thinking,  # student and teacher prompts alike
-                                skills=skill_repository(cfg), template=template_source(cfg, job.run_dir))
+    job.builder = PromptBuilder(
+        get_env(cfg.env.name).prompt,
+        history_length=cfg.env.history_length,
+        max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+        tokenizer_dir=job.model_dir,
+        enable_thinking=cfg.model.enable_thinking,  # student and teacher prompts alike
+        skills=skill_repository(cfg),
+        template=template_source(cfg, job.run_dir),
+    )
     from pcsd.train.config import ConfigError, prompt_budget_problem
 
     problem = prompt_budget_problem(job.builder, cfg.rollout.max_prompt_tokens)  # the tiny model's tokenizer is new
@@ -364,8 +400,10 @@ def warm_up(job: Job) -> None:
     if cfg.optim.sft_steps <= 0:
         return
     if job.text_env and not _has_expert(job):
-        job.say(f"warm-up skipped: {job.train_workers.describe} has no expert_action() to learn from "
-                f"(optim.sft_steps={cfg.optim.sft_steps} ignored; RL starts from the base model)")
+        job.say(
+            f"warm-up skipped: {job.train_workers.describe} has no expert_action() to learn from "
+            f"(optim.sft_steps={cfg.optim.sft_steps} ignored; RL starts from the base model)"
+        )
         job.summary["sft_skipped"] = "no expert"
         return
     policy_dir = job.run_dir / "sft-model"
@@ -373,20 +411,36 @@ def warm_up(job: Job) -> None:
         t0 = time.time()
         won = [ep for ep in job.episodes if ep.won]
         episodes = won if job.webshop or (job.text_env and won) else job.episodes
-        examples = sft_examples(job.builder, episodes, eos_id(job.builder),
-                                teacher_share=cfg.optim.sft_teacher_share, seed=cfg.run.seed,
-                                teacher_episodes=job.teacher_episodes)
-        losses = sft_warmup(job.student, examples, steps=cfg.optim.sft_steps, lr=cfg.optim.sft_lr,
-                            batch_size=cfg.optim.sft_batch_size, seed=cfg.run.seed,
-                            prompt_weight=cfg.optim.sft_prompt_weight, schedule=cfg.optim.sft_schedule,
-                            tokens_per_pass=cfg.optim.tokens_per_microbatch,
-                            progress=lambda s, n, l: job.say(f"sft {s}/{n} loss {l:.3f}") if s % 25 == 0 else None)
+        examples = sft_examples(
+            job.builder,
+            episodes,
+            eos_id(job.builder),
+            teacher_share=cfg.optim.sft_teacher_share,
+            seed=cfg.run.seed,
+            teacher_episodes=job.teacher_episodes,
+        )
+        losses = sft_warmup(
+            job.student,
+            examples,
+            steps=cfg.optim.sft_steps,
+            lr=cfg.optim.sft_lr,
+            batch_size=cfg.optim.sft_batch_size,
+            seed=cfg.run.seed,
+            prompt_weight=cfg.optim.sft_prompt_weight,
+            schedule=cfg.optim.sft_schedule,
+            tokens_per_pass=cfg.optim.tokens_per_microbatch,
+            progress=lambda s, n, l: job.say(f"sft {s}/{n} loss {l:.3f}") if s % 25 == 0 else None,
+        )
         job.summary["sft_examples"] = len(examples)
         job.summary["sft_loss_first_last"] = [losses[0], losses[-1]]
         job.summary["sft_seconds"] = time.time() - t0
         # the warm-up's result, written atomically with checksums: --resume continues from it
-        save_model_dir(policy_dir, job.student, tokenizer_dir=job.model_dir,
-                       extra={"summary": {k: v for k, v in job.summary.items() if k.startswith("sft_")}})
+        save_model_dir(
+            policy_dir,
+            job.student,
+            tokenizer_dir=job.model_dir,
+            extra={"summary": {k: v for k, v in job.summary.items() if k.startswith("sft_")}},
+        )
         job.say(f"warm-up saved to {policy_dir}")
     dist_utils.barrier(ctx)
     job.base_dir = policy_dir
@@ -421,17 +475,25 @@ def build_models(job: Job) -> None:
     dist_utils.shard_model(job.student, ctx, mp_policy=fsdp_policy(prec))
     dist_utils.shard_model(job.frozen, ctx)
     if job.backend_name == "vllm":
-        job.backend = make_backend("vllm", model_path=job.base_dir, dtype=job.rollout_dtype, seed=cfg.run.seed,
-                                   gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                                   max_model_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens,
-                                   rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank)
+        job.backend = make_backend(
+            "vllm",
+            model_path=job.base_dir,
+            dtype=job.rollout_dtype,
+            seed=cfg.run.seed,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            max_model_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            local_rank=ctx.local_rank,
+        )
     else:
         job.backend = make_backend("hf", model=job.gen_model, pad_token_id=eos_id(job.builder))
     job.summary["backend"] = job.backend_name
     job.say(f"rollout backend: {job.backend_name}")
     job.progress = ProgressReporter(cfg.run.progress and ctx.is_main, console=job.console)
-    job.opt = torch.optim.AdamW([p for p in job.student.parameters() if p.requires_grad], lr=cfg.optim.lr,
-                                weight_decay=cfg.optim.weight_decay)
+    job.opt = torch.optim.AdamW(
+        [p for p in job.student.parameters() if p.requires_grad], lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+    )
     job.rng = random.Random(cfg.run.seed)
     if cfg.run.get("record_gaps", False):
         from pcsd.train.gaps import GapRecorder
@@ -455,8 +517,13 @@ def text_env_expert_episodes(job: Job) -> list:
     cfg = job.cfg
     if not _has_expert(job):
         return []
-    with PythonEnvPool(job.train_workers, cfg.optim.sft_games, seeds=sft_seeds(cfg.optim.sft_games),
-                       max_steps=cfg.env.max_steps, success_threshold=float(cfg.env.success_threshold)) as pool:
+    with PythonEnvPool(
+        job.train_workers,
+        cfg.optim.sft_games,
+        seeds=sft_seeds(cfg.optim.sft_games),
+        max_steps=cfg.env.max_steps,
+        success_threshold=float(cfg.env.success_threshold),
+    ) as pool:
         return play_experts(pool)
 
 
@@ -468,8 +535,11 @@ def sync_generation_weights(job: Job) -> None:
     itself."""
     if not (job.ctx.distributed or job.backend_name == "vllm"):
         return
-    job.backend.load_weights(dist_utils.iter_weights(job.student, job.ctx, torch_dtype(job.rollout_dtype),
-                                                     int(job.cfg.rollout.sync_bucket_mb * 2**20)))
+    job.backend.load_weights(
+        dist_utils.iter_weights(
+            job.student, job.ctx, torch_dtype(job.rollout_dtype), int(job.cfg.rollout.sync_bucket_mb * 2**20)
+        )
+    )
 
 
 def release_device_memory() -> None:
@@ -513,8 +583,17 @@ def validation_index(cfg: DictConfig, step: int) -> int:
 
 def _evaluate(job: Job, label: str, bar: str, step: int = 0) -> dict:
     index = validation_index(job.cfg, step)
-    out = evaluate(job.backend, job.builder, eval_episodes(job, index), job.cfg, seed=EVAL_SEED, label=label,
-                   split=job.eval_split, progress=job.progress.rollout(bar), env_options=job.eval_env_options)
+    out = evaluate(
+        job.backend,
+        job.builder,
+        eval_episodes(job, index),
+        job.cfg,
+        seed=EVAL_SEED,
+        label=label,
+        split=job.eval_split,
+        progress=job.progress.rollout(bar),
+        env_options=job.eval_env_options,
+    )
     out["settings"].update(validation_index=index, draw_seed=job.cfg.run.seed)
     return out
 
@@ -529,8 +608,10 @@ def start(job: Job) -> None:
             _cut_records(job, -1)
         if ctx.is_main and job.cfg.eval.before:
             job.before = _evaluate(job, "before RL", "eval before")
-            job.say(f"success before RL: {job.before['overall']:.1f}% {job.before['per_category']}"
-                    + _webshop_text(job.before))
+            job.say(
+                f"success before RL: {job.before['overall']:.1f}% {job.before['per_category']}"
+                + _webshop_text(job.before)
+            )
             job.summary["success_before"] = job.before["overall"]
             if job.webshop:
                 job.summary.update(score_before=job.before["score"], acc_before=job.before["acc"])
@@ -550,14 +631,17 @@ def start(job: Job) -> None:
     if ctx.is_main:  # drop records written after the checkpoint
         _cut_records(job, job.first_step)
     if ckpt.state.get("torch_threads") not in (None, torch.get_num_threads()):
-        job.say(f"note: the checkpoint was written with {ckpt.state['torch_threads']} torch threads, this "
-                f"process has {torch.get_num_threads()}: CPU results may differ in the last bits")
+        job.say(
+            f"note: the checkpoint was written with {ckpt.state['torch_threads']} torch threads, this "
+            f"process has {torch.get_num_threads()}: CPU results may differ in the last bits"
+        )
     restore_rng(ckpt.rng, {"games": job.rng})  # every RNG exactly as the uninterrupted run had it
 
 
 def _cut_records(job: Job, last_step: int) -> None:
     """Keeps the lines of ``metrics.jsonl`` and ``evals.jsonl`` up to step ``last_step`` (-1: none);
     a line cut short by a crash is dropped."""
+
     def step_of(line: str) -> float:
         try:
             return json.loads(line).get("step", 0)
@@ -579,11 +663,17 @@ def save(job: Job, done: int) -> None:
     optim_state = dist_utils.full_optimizer_state(job.student, job.opt, ctx)
     if ctx.is_main:
         path = save_checkpoint(
-            job.run_dir, done, job.gen_model if ctx.distributed else job.student, optim_state,
-            capture_rng({"games": job.rng}), config_yaml=OmegaConf.to_yaml(job.cfg, resolve=True),
+            job.run_dir,
+            done,
+            job.gen_model if ctx.distributed else job.student,
+            optim_state,
+            capture_rng({"games": job.rng}),
+            config_yaml=OmegaConf.to_yaml(job.cfg, resolve=True),
             state={"summary": job.summary, "eval_before": job.before, "torch_threads": torch.get_num_threads()},
-            model_state=model_state if ctx.distributed else None, tokenizer_dir=job.model_dir,
-            keep_last=job.cfg.run.keep_last)
+            model_state=model_state if ctx.distributed else None,
+            tokenizer_dir=job.model_dir,
+            keep_last=job.cfg.run.keep_last,
+        )
         job.say(f"checkpoint {path}")
     dist_utils.barrier(ctx)
 
@@ -600,18 +690,37 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
     else:
         games = [job.train_games[job.rng.randrange(len(job.train_games))] for _ in range(cfg.rollout.tasks_per_step)]
     mine = dist_utils.split_groups(len(games), ctx)  # whole groups per rank
-    rb = collect_rollouts(job.backend, rb_builder, games[mine.start:mine.stop], cfg.rollout.group_size,
-                          max_steps=cfg.env.max_steps, max_response_tokens=cfg.rollout.max_response_tokens,
-                          temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                          seed=(cfg.run.seed * 100_000 + step) * ctx.world_size + ctx.rank,
-                          stop_token_ids=[eos_id(rb_builder)], success_reward=cfg.algo.success_reward,
-                          invalid_action_penalty=cfg.rollout.invalid_action_penalty,
-                          student_skills=cfg.algo.student_skills, num_threads=cfg.env.num_threads,
-                          progress=job.progress.rollout("rollout"), env_kind=cfg.env.name,
-                          env_options=job.train_env_options)
+    rb = collect_rollouts(
+        job.backend,
+        rb_builder,
+        games[mine.start : mine.stop],
+        cfg.rollout.group_size,
+        max_steps=cfg.env.max_steps,
+        max_response_tokens=cfg.rollout.max_response_tokens,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        seed=(cfg.run.seed * 100_000 + step) * ctx.world_size + ctx.rank,
+        stop_token_ids=[eos_id(rb_builder)],
+        success_reward=cfg.algo.success_reward,
+        invalid_action_penalty=cfg.rollout.invalid_action_penalty,
+        student_skills=cfg.algo.student_skills,
+        num_threads=cfg.env.num_threads,
+        progress=job.progress.rollout("rollout"),
+        env_kind=cfg.env.name,
+        env_options=job.train_env_options,
+    )
     job.backend.sleep()  # the rollouts are done: the engine's memory goes to the update
-    st = update_step(job.student, job.frozen, job.opt, rb, cfg, step, ctx, progress=job.progress.phase,
-                     record=job.gap_recorder.for_step(step + 1) if job.gap_recorder else None)
+    st = update_step(
+        job.student,
+        job.frozen,
+        job.opt,
+        rb,
+        cfg,
+        step,
+        ctx,
+        progress=job.progress.phase,
+        record=job.gap_recorder.for_step(step + 1) if job.gap_recorder else None,
+    )
     t_sync = time.time()
     refresh_generation(job)
     rec = step_record(step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0)
@@ -621,10 +730,22 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
         rec["env_errors"] = rb.env_errors
     if ctx.distributed:  # the batch's totals over every rank (per-category success: this rank's)
         n_traj, r_sum, won_sum, len_sum, n_rows, valid_sum = dist_utils.global_sum(
-            [rb.num_trajectories, float(rb.reward.sum()), float(rb.won.float().sum()),
-             float(rb.length.float().sum()), rb.num_rows, float(rb.action_valid.float().sum())], ctx)
-        rec.update(reward=r_sum / max(n_traj, 1), success=100.0 * won_sum / max(n_traj, 1),
-                   turns=len_sum / max(n_traj, 1), valid_actions=valid_sum / max(n_rows, 1))
+            [
+                rb.num_trajectories,
+                float(rb.reward.sum()),
+                float(rb.won.float().sum()),
+                float(rb.length.float().sum()),
+                rb.num_rows,
+                float(rb.action_valid.float().sum()),
+            ],
+            ctx,
+        )
+        rec.update(
+            reward=r_sum / max(n_traj, 1),
+            success=100.0 * won_sum / max(n_traj, 1),
+            turns=len_sum / max(n_traj, 1),
+            valid_actions=valid_sum / max(n_rows, 1),
+        )
     return rec
 
 
@@ -633,8 +754,9 @@ def rl_loop(job: Job) -> None:
     early, the evaluation after RL, the table and the plots."""
     cfg, ctx = job.cfg, job.ctx
     job.phases = {"sft": float(job.summary.get("sft_seconds", 0.0))}
-    with (MetricsLogger(job.run_dir, tensorboard=cfg.run.tensorboard) if ctx.is_main
-          else contextlib.nullcontext(None)) as metrics:
+    with (
+        MetricsLogger(job.run_dir, tensorboard=cfg.run.tensorboard) if ctx.is_main else contextlib.nullcontext(None)
+    ) as metrics:
         if metrics is not None and job.ckpt is None and job.before is not None:
             metrics.log_eval("before", job.before, step=0)
         for step in range(job.first_step, cfg.optim.steps):
@@ -645,19 +767,27 @@ def rl_loop(job: Job) -> None:
                 val = _evaluate(job, f"step {done}", "validation", step=done)  # periodic validation
                 if job.webshop:
                     rec.update(val_score=val["score"], val_acc=val["acc"])
-                rec.update(val_success=val["overall"],
-                           **{f"val_success/{c}": v for c, v in val["per_category"].items() if v is not None})
+                rec.update(
+                    val_success=val["overall"],
+                    **{f"val_success/{c}": v for c, v in val["per_category"].items() if v is not None},
+                )
             if metrics is not None:
                 metrics.log(rec)
                 if val is not None:
                     metrics.log_eval(f"step {done}", val, step=done)
                     job.say(f"validation at step {done}: {val['overall']:.1f}% {val['per_category']}")
-            for ph, key in (("rollout", "rollout_seconds"), ("score", "score_seconds"),
-                            ("update", "update_seconds"), ("weight_sync", "sync_seconds")):
+            for ph, key in (
+                ("rollout", "rollout_seconds"),
+                ("score", "score_seconds"),
+                ("update", "update_seconds"),
+                ("weight_sync", "sync_seconds"),
+            ):
                 job.phases[ph] = job.phases.get(ph, 0.0) + float(rec.get(key, 0.0))
-            job.say(f"step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% reward {rec['reward']:.2f} "
-                    f"gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} kl {rec['kl']:.4f} "
-                    f"{rec['tokens_per_s']:.0f} tok/s {rec['step_seconds']:.1f}s")
+            job.say(
+                f"step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% reward {rec['reward']:.2f} "
+                f"gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} kl {rec['kl']:.4f} "
+                f"{rec['tokens_per_s']:.0f} tok/s {rec['step_seconds']:.1f}s"
+            )
             stop = bool(cfg.run.stop_after) and done >= cfg.run.stop_after and done < cfg.optim.steps
             if (cfg.run.save_every and done % cfg.run.save_every == 0) or done == cfg.optim.steps or stop:
                 save(job, done)
@@ -690,18 +820,28 @@ def finish(job: Job) -> dict[str, Any]:
         if workers is not None:
             workers.close()
     if job.stopped_at is not None:
-        job.say(f"stopped after step {job.stopped_at} (run.stop_after); continue with "
-                f"python -m pcsd.train --resume {job.run_dir}")
-        job.summary.update(steps=job.stopped_at, stopped_after=job.stopped_at, success_after=None,
-                           wall_seconds=time.time() - job.t_start)
+        job.say(
+            f"stopped after step {job.stopped_at} (run.stop_after); continue with "
+            f"python -m pcsd.train --resume {job.run_dir}"
+        )
+        job.summary.update(
+            steps=job.stopped_at,
+            stopped_after=job.stopped_at,
+            success_after=None,
+            wall_seconds=time.time() - job.t_start,
+        )
         return job.summary
     final_state = dist_utils.full_model_state(job.student, ctx)
     if ctx.is_main:  # in model.export_dtype (the checkpoints keep the fp32 master weights)
         m = job.gen_model if ctx.distributed else job.student
-        export_model(m, job.run_dir / "final-model", cfg.model.export_dtype,
-                     state_dict=final_state if ctx.distributed else None)
-    job.summary.update(steps=cfg.optim.steps, wall_seconds=time.time() - job.t_start,
-                       phase_seconds={k: round(v, 2) for k, v in job.phases.items()})
+        export_model(
+            m, job.run_dir / "final-model", cfg.model.export_dtype, state_dict=final_state if ctx.distributed else None
+        )
+    job.summary.update(
+        steps=cfg.optim.steps,
+        wall_seconds=time.time() - job.t_start,
+        phase_seconds={k: round(v, 2) for k, v in job.phases.items()},
+    )
     return dist_utils.broadcast_object(job.summary, ctx)
 
 

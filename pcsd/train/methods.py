@@ -58,8 +58,13 @@ from typing import Any
 
 __all__ = ["METHODS", "available_methods", "method_overrides", "canonical_method", "unused_keys"]
 
-_BASE: dict[str, Any] = {"algo.grpo": True, "algo.distill": True, "algo.student_skills": False,
-                         "eval.skills": False, "rule": "pcsd"}
+_BASE: dict[str, Any] = {
+    "algo.grpo": True,
+    "algo.distill": True,
+    "algo.student_skills": False,
+    "eval.skills": False,
+    "rule": "pcsd",
+}
 
 
 def _m(doc: str, **kw: Any) -> dict[str, Any]:
@@ -70,14 +75,19 @@ def _m(doc: str, **kw: Any) -> dict[str, Any]:
 
 _TRAINED: dict[str, dict[str, Any]] = {
     "grpo": _m("GRPO alone", algo__distill=False),
-    "skill-grpo": _m("Skill-GRPO: the student sees the skills in training", algo__distill=False,
-                     algo__student_skills=True),
-    "opsd": _m("OPSD: distillation only, sigmoid gate beta_gate=5", algo__grpo=False, rule="sdar",
-               algo__lambda_distill=0.01),
+    "skill-grpo": _m(
+        "Skill-GRPO: the student sees the skills in training", algo__distill=False, algo__student_skills=True
+    ),
+    "opsd": _m(
+        "OPSD: distillation only, sigmoid gate beta_gate=5", algo__grpo=False, rule="sdar", algo__lambda_distill=0.01
+    ),
     "grpo+opsd": _m("GRPO + distillation with constant weights (the gate at beta_gate=0)", rule="uniform"),
     "rlsd": _m("RLSD: teacher-gap advantage transform", rule="rlsd"),
-    "skill-sd": _m("Skill-SD: GRPO + lambda 0.001 x token-mean k3 self-distillation loss", rule="skill-sd",
-                   algo__lambda_distill=0.001),
+    "skill-sd": _m(
+        "Skill-SD: GRPO + lambda 0.001 x token-mean k3 self-distillation loss",
+        rule="skill-sd",
+        algo__lambda_distill=0.001,
+    ),
     "sdar": _m("SDAR: pointwise sigmoid-gated distillation", rule="sdar"),
     "sdar-norm": _m("SDAR with normalised weights: gates / their mean over the response", rule="sdar-norm"),
     "pcsd": _m("PCSD: persistent-consistency weights", rule="pcsd"),
@@ -89,11 +99,17 @@ _TRAINED: dict[str, dict[str, Any]] = {
 
 METHODS: dict[str, dict[str, Any]] = {
     "vanilla": _m("no training: evaluate the base model", optim__steps=0, algo__distill=False),
-    "skill-prompt": _m("Skill-Prompt*: no training, skills at evaluation", optim__steps=0,
-                       algo__distill=False, eval__skills=True),
+    "skill-prompt": _m(
+        "Skill-Prompt*: no training, skills at evaluation", optim__steps=0, algo__distill=False, eval__skills=True
+    ),
     **_TRAINED,
-    **{f"{k}-star": {"doc": v["doc"] + "; skills at evaluation (*)",
-                     "overrides": {**v["overrides"], "eval.skills": True}} for k, v in _TRAINED.items()},
+    **{
+        f"{k}-star": {
+            "doc": v["doc"] + "; skills at evaluation (*)",
+            "overrides": {**v["overrides"], "eval.skills": True},
+        }
+        for k, v in _TRAINED.items()
+    },
 }
 
 
@@ -131,9 +147,12 @@ def unused_keys(cfg) -> dict[str, str]:
     if not teacher:
         out["rule"] = out["algo.teacher"] = no_distill
     if not (algo.distill and rule.kind in ("weights", "loss")):
-        out["algo.lambda_distill"] = (no_distill if not algo.distill else
-                                      f"rule {rule.name} transforms the advantages instead of adding a distillation "
-                                      "loss (its own lambda decays from 0.5 to 0)")
+        out["algo.lambda_distill"] = (
+            no_distill
+            if not algo.distill
+            else f"rule {rule.name} transforms the advantages instead of adding a distillation "
+            "loss (its own lambda decays from 0.5 to 0)"
+        )
     if not algo.grpo:
         out["algo.clip_eps"] = out["algo.adv_eps"] = "no policy-gradient term (algo.grpo=false)"
         if not algo.kl_beta > 0:
@@ -147,6 +166,7 @@ def unused_keys(cfg) -> dict[str, str]:
         elif rule.name == "uniform":
             out[f"algo.pcsd.{k}"] = "rule uniform is the gate at beta_gate = 0 by definition (a constant weight 0.5)"
         else:
-            out[f"algo.pcsd.{k}"] = (f"rule {rule.name} reads "
-                                     + (", ".join(f"algo.pcsd.{x}" for x in own) if own else "no algo.pcsd key"))
+            out[f"algo.pcsd.{k}"] = f"rule {rule.name} reads " + (
+                ", ".join(f"algo.pcsd.{x}" for x in own) if own else "no algo.pcsd key"
+            )
     return out

@@ -72,22 +72,28 @@ def category_success(task_types: Sequence[str], won: Sequence[bool]) -> dict[str
     return {f"success/{c}": 100.0 * sum(per[c]) / len(per[c]) for c in order}
 
 
-def step_record(step: int, rb, stats: Mapping[str, Any], *, step_seconds: float,
-                sync_seconds: float = 0.0) -> dict[str, Any]:
+def step_record(
+    step: int, rb, stats: Mapping[str, Any], *, step_seconds: float, sync_seconds: float = 0.0
+) -> dict[str, Any]:
     """The flat per-step record: rollout results (reward, success overall and per category, turns,
     valid actions, episodes ended by an over-long prompt), the update statistics, tokens/s and the
     time per phase."""
     won = rb.won.tolist()
     tokens = rb.num_tokens()
     rec: dict[str, Any] = dict(
-        step=step, reward=float(rb.reward.mean()), success=100.0 * float(rb.won.float().mean()),
+        step=step,
+        reward=float(rb.reward.mean()),
+        success=100.0 * float(rb.won.float().mean()),
         **category_success(rb.task_type, won),
-        turns=float(rb.length.float().mean()), valid_actions=float(rb.action_valid.float().mean()),
+        turns=float(rb.length.float().mean()),
+        valid_actions=float(rb.action_valid.float().mean()),
         prompt_overflows=rb.prompt_overflows,  # episodes ended: prompt over rollout.max_prompt_tokens
-        rollout_seconds=rb.timings.total, outside_model_share=rb.timings.outside_model_share(),
+        rollout_seconds=rb.timings.total,
+        outside_model_share=rb.timings.outside_model_share(),
         gen_tokens_per_s=tokens / max(rb.timings.generation, 1e-9),
         tokens_per_s=tokens / max(step_seconds, 1e-9),
-        sync_seconds=sync_seconds, step_seconds=step_seconds,
+        sync_seconds=sync_seconds,
+        step_seconds=step_seconds,
     )
     for k, v in stats.items():
         rec["entropy" if k == "entropy_proxy" else k] = v
@@ -152,8 +158,12 @@ class MetricsLogger:
     def log_eval(self, name: str, result: Mapping[str, Any], step: int) -> None:
         """An evaluation (``name`` e.g. ``"before"``/``"after"``) with ``overall`` and
         ``per_category`` (the dict of :func:`pcsd.eval.evaluate`)."""
-        rec = dict(name=name, step=int(step), overall=float(result["overall"]),
-                   per_category=dict(result.get("per_category", {})))
+        rec = dict(
+            name=name,
+            step=int(step),
+            overall=float(result["overall"]),
+            per_category=dict(result.get("per_category", {})),
+        )
         self.evals.append(rec)
         with self.evals_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
@@ -181,8 +191,9 @@ class MetricsLogger:
         self.close()
 
 
-def plot_history(history: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[str, Any]],
-                 out_dir: str | Path) -> list[Path]:
+def plot_history(
+    history: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[str, Any]], out_dir: str | Path
+) -> list[Path]:
     """``training_dynamics.png`` (gap and gate-activation vs step) and ``success.png`` (train
     success per step, evaluation before/after and the periodic validations) in ``out_dir``."""
     import matplotlib
@@ -197,8 +208,10 @@ def plot_history(history: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[s
     paths = []
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, key, title in ((axes[0], "gap_mean", "mean teacher−student gap"),
-                           (axes[1], "gate_activation", "gate activation ratio (w > 0.5)")):
+    for ax, key, title in (
+        (axes[0], "gap_mean", "mean teacher−student gap"),
+        (axes[1], "gate_activation", "gate activation ratio (w > 0.5)"),
+    ):
         ys = [h.get(key) for h in history]
         pts = [(s, y) for s, y in zip(steps, ys) if _scalar(y) is not None]
         if pts:
@@ -216,18 +229,29 @@ def plot_history(history: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[s
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
     if history:
-        ax.plot(steps, [h.get("success", float("nan")) for h in history], marker="o", markersize=3,
-                label="train (rollouts)", color="tab:blue")
+        ax.plot(
+            steps,
+            [h.get("success", float("nan")) for h in history],
+            marker="o",
+            markersize=3,
+            label="train (rollouts)",
+            color="tab:blue",
+        )
     ends = [e for e in evals if e["name"] in ("before", "after")]
     periodic = sorted((e for e in evals if e["name"] not in ("before", "after")), key=lambda e: e["step"])
     if periodic:  # eval.every: the validation curve through every evaluation
         line = sorted(evals, key=lambda e: e["step"])
-        ax.plot([e["step"] for e in line], [e["overall"] for e in line], marker="s", markersize=4,
-                color="tab:purple", label="validation")
+        ax.plot(
+            [e["step"] for e in line],
+            [e["overall"] for e in line],
+            marker="s",
+            markersize=4,
+            color="tab:purple",
+            label="validation",
+        )
     for e, color in zip(ends, ("tab:red", "tab:green")):
         ax.scatter([e["step"]], [e["overall"]], s=60, color=color, zorder=3, label=f"eval {e['name']}")
-        ax.annotate(f"{e['overall']:.1f}%", (e["step"], e["overall"]), textcoords="offset points",
-                    xytext=(5, 5))
+        ax.annotate(f"{e['overall']:.1f}%", (e["step"], e["overall"]), textcoords="offset points", xytext=(5, 5))
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("success (%)")

@@ -45,10 +45,9 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple, Optional, Sequence
 
-GiB = 1024 ** 3
+GiB = 1024**3
 CONTEXT_BYTES = 2 * GiB
 TOKEN_CHUNK, VOCAB_CHUNK = 1024, 16384  # pcsd.ops.scoring.score_packed's defaults
 FUSED_TILE_ELEMS = 1 << 24  # pcsd.ops.fused.DEFAULT_TILE_ELEMS: floats in one fused logits tile
@@ -68,16 +67,36 @@ LOGIT_COPY_BYTES = 4 * 4 + 8
 
 #: config.json fields of the paper's two models (Hugging Face Qwen/Qwen2.5-3B-Instruct, Qwen/Qwen3-1.7B)
 BUILTIN_SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-3b": dict(model_type="qwen2", hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
-                       num_attention_heads=16, num_key_value_heads=2, head_dim=128, vocab_size=151936,
-                       tie_word_embeddings=True),
-    "qwen3-1.7b": dict(model_type="qwen3", hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
-                       tie_word_embeddings=True),
+    "qwen2.5-3b": dict(
+        model_type="qwen2",
+        hidden_size=2048,
+        intermediate_size=11008,
+        num_hidden_layers=36,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-1.7b": dict(
+        model_type="qwen3",
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
 }
 #: preset -> built-in shape used when model.path is not set
-PRESET_SHAPES = {"alfworld-qwen2.5-3b": "qwen2.5-3b", "alfworld-qwen3-1.7b": "qwen3-1.7b",
-                 "webshop-qwen2.5-3b": "qwen2.5-3b", "webshop-qwen3-1.7b": "qwen3-1.7b"}
+PRESET_SHAPES = {
+    "alfworld-qwen2.5-3b": "qwen2.5-3b",
+    "alfworld-qwen3-1.7b": "qwen3-1.7b",
+    "webshop-qwen2.5-3b": "qwen2.5-3b",
+    "webshop-qwen3-1.7b": "qwen3-1.7b",
+}
 _BYTES = {"float32": 4, "bfloat16": 2}
 
 
@@ -104,14 +123,23 @@ class Shape:
         try:
             h, heads = int(conf["hidden_size"]), int(conf["num_attention_heads"])
             mt = str(conf.get("model_type", ""))
-            return cls(name=name, hidden=h, intermediate=int(conf["intermediate_size"]),
-                       layers=int(conf["num_hidden_layers"]), heads=heads,
-                       kv_heads=int(conf.get("num_key_value_heads") or heads),
-                       head_dim=int(conf.get("head_dim") or h // heads), vocab=int(conf["vocab_size"]),
-                       tied=bool(conf.get("tie_word_embeddings", False)), qkv_bias=mt == "qwen2",
-                       qk_norm=mt == "qwen3")
+            return cls(
+                name=name,
+                hidden=h,
+                intermediate=int(conf["intermediate_size"]),
+                layers=int(conf["num_hidden_layers"]),
+                heads=heads,
+                kv_heads=int(conf.get("num_key_value_heads") or heads),
+                head_dim=int(conf.get("head_dim") or h // heads),
+                vocab=int(conf["vocab_size"]),
+                tied=bool(conf.get("tie_word_embeddings", False)),
+                qkv_bias=mt == "qwen2",
+                qk_norm=mt == "qwen3",
+            )
         except KeyError as exc:
-            raise PlanError(f"{name}: config.json has no {exc.args[0]!r} (a decoder-only HF config is expected)") from None
+            raise PlanError(
+                f"{name}: config.json has no {exc.args[0]!r} (a decoder-only HF config is expected)"
+            ) from None
 
     def layer_params(self) -> int:
         h, hd = self.hidden, self.head_dim
@@ -142,8 +170,10 @@ def model_shape(cfg: Any) -> Shape:
         return Shape.from_config(json.loads(p.read_text()), str(cfg.model.path))
     key = PRESET_SHAPES.get(cfg.preset)
     if key is None:
-        raise PlanError(f"preset {cfg.preset} has no built-in model shape: set model.path=<a HF model directory> "
-                        f"(built-in shapes: {', '.join(f'{k} ({v})' for k, v in PRESET_SHAPES.items())})")
+        raise PlanError(
+            f"preset {cfg.preset} has no built-in model shape: set model.path=<a HF model directory> "
+            f"(built-in shapes: {', '.join(f'{k} ({v})' for k, v in PRESET_SHAPES.items())})"
+        )
     return Shape.from_config(BUILTIN_SHAPES[key], key)
 
 
@@ -156,7 +186,8 @@ def activation_bytes_per_token(s: Shape, compute: int, residual: int, checkpoint
     per_layer = (
         2 * (residual * h + compute * h)  # two RMSNorms: fp32/residual input, normed output
         + compute * (q + 2 * kv)  # q, k, v after rotary (attention inputs)
-        + compute * q + 4 * s.heads  # attention output (o-proj input) + logsumexp
+        + compute * q
+        + 4 * s.heads  # attention output (o-proj input) + logsumexp
         + compute * 4 * i  # gate, up, silu(gate), silu * up (down-proj input)
         + compute * (q + kv)  # pre-rotary q, k
     )
@@ -232,8 +263,10 @@ class Plan:
     def render(self) -> str:
         g = lambda b: f"{b / GiB:8.2f} GiB"  # noqa: E731
         s = self.shape
-        out = [f"memory plan per GPU: {s.name}, {s.params() / 1e9:.2f} B parameters, "
-               f"{self.world_size} GPU(s) of {self.device_bytes / GiB:.0f} GiB (FSDP world size {self.world_size})"]
+        out = [
+            f"memory plan per GPU: {s.name}, {s.params() / 1e9:.2f} B parameters, "
+            f"{self.world_size} GPU(s) of {self.device_bytes / GiB:.0f} GiB (FSDP world size {self.world_size})"
+        ]
         for r in self.rows:
             tag = "" if r.phase == "info" else f"[{r.phase}] "
             out.append(f"  {r.item:<36}{g(r.size)}   {tag}{r.how}")
@@ -242,10 +275,15 @@ class Plan:
         out.append(f"  {'rollout phase (+ generation)':<36}{g(st + self.rollout_bytes)}")
         out.append(f"  {'update phase, micro-batch':<36}{g(st + self.microbatch_bytes)}")
         out.append(f"  {'update phase, optimizer step':<36}{g(st + self.step_bytes)}")
-        out.append(f"  {'peak':<36}{g(self.peak)}   of {self.device_bytes / GiB:.0f} GiB "
-                   f"({100 * self.peak / self.device_bytes:.0f} %)")
-        out.append("verdict: " + ("fits" if self.fits else "does NOT fit") +
-                   ("" if not self.advice else "; " + "; ".join(self.advice)))
+        out.append(
+            f"  {'peak':<36}{g(self.peak)}   of {self.device_bytes / GiB:.0f} GiB "
+            f"({100 * self.peak / self.device_bytes:.0f} %)"
+        )
+        out.append(
+            "verdict: "
+            + ("fits" if self.fits else "does NOT fit")
+            + ("" if not self.advice else "; " + "; ".join(self.advice))
+        )
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
 
@@ -268,16 +306,19 @@ def config_microbatch(cfg: Any, varlen: bool, budget: Optional[int] = None) -> M
     packed = max(budget, row)
     longest = int(cfg.rollout.max_response_tokens)
     if varlen:
-        how = ("flash-attention: packed rows" if row <= budget else
-               f"flash-attention: a {row}-token row is a micro-batch of its own")
+        how = (
+            "flash-attention: packed rows"
+            if row <= budget
+            else f"flash-attention: a {row}-token row is a micro-batch of its own"
+        )
         return MicroBatch(packed, budget, packed, longest, how)
     tokens = max(row, PAD_RATIO * budget)
-    return MicroBatch(tokens, budget, packed, longest,
-                      f"no flash-attention: rows padded to the longest (<= {PAD_RATIO} x budget)")
+    return MicroBatch(
+        tokens, budget, packed, longest, f"no flash-attention: rows padded to the longest (<= {PAD_RATIO} x budget)"
+    )
 
 
-def batch_microbatch(cfg: Any, prompt_lens: Sequence[int], response_lens: Sequence[int],
-                     varlen: bool) -> MicroBatch:
+def batch_microbatch(cfg: Any, prompt_lens: Sequence[int], response_lens: Sequence[int], varlen: bool) -> MicroBatch:
     """The widest micro-batch :func:`pcsd.train.update.update_step` makes of a batch with these
     row lengths (the same greedy grouping); a padded micro-batch is ``rows x longest`` wide."""
     from pcsd.ops.scoring import greedy_microbatches
@@ -292,8 +333,13 @@ def batch_microbatch(cfg: Any, prompt_lens: Sequence[int], response_lens: Sequen
 
     widest = max(mbs, key=width)
     packed = sum(sizes[i] for i in widest)
-    return MicroBatch(width(widest), packed, sum(response_lens[i] for i in widest), max(response_lens),
-                      f"{len(widest)} rows, {packed} tokens" + ("" if varlen else f", padded to {width(widest)}"))
+    return MicroBatch(
+        width(widest),
+        packed,
+        sum(response_lens[i] for i in widest),
+        max(response_lens),
+        f"{len(widest)} rows, {packed} tokens" + ("" if varlen else f", padded to {width(widest)}"),
+    )
 
 
 def _update_rows(s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str) -> list[Row]:
@@ -318,26 +364,53 @@ def _update_rows(s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str) -> li
         return rows
     fused = bool(cfg.optim.get("fused_lm_head", False))
     rows += [
-        Row(f"activations ({mb.base} tokens)", mb.base * per_tok,
-            f"{per_tok / 1024:.0f} KiB/token{' (checkpointed)' if ckpt else ''}", "microbatch"),
-        Row("micro-batch beyond the budget", max(mb.tokens - mb.base, 0) * per_tok,
-            f"{mb.tokens} positions: {mb.how}", "microbatch"),
+        Row(
+            f"activations ({mb.base} tokens)",
+            mb.base * per_tok,
+            f"{per_tok / 1024:.0f} KiB/token{' (checkpointed)' if ckpt else ''}",
+            "microbatch",
+        ),
+        Row(
+            "micro-batch beyond the budget",
+            max(mb.tokens - mb.base, 0) * per_tok,
+            f"{mb.tokens} positions: {mb.how}",
+            "microbatch",
+        ),
     ]
     if fused:
         chunk = max(FUSED_TILE_ELEMS // V, mb.longest_response)
         tile, how_t = chunk * V * 4, f"a [{chunk}, V] tile (fused)"
     else:
         tile, how_t = 3 * TOKEN_CHUNK * VOCAB_CHUNK * 4, f"3 [{TOKEN_CHUNK}, {VOCAB_CHUNK}] tiles (recomputing)"
-    rows.append(Row("lm-head gradient buffers", V * H * 4 + mb.response_tokens * H * 4 + tile,
-                    f"float32 [V, H] + [{mb.response_tokens}, H] + {how_t}", "microbatch"))
+    rows.append(
+        Row(
+            "lm-head gradient buffers",
+            V * H * 4 + mb.response_tokens * H * 4 + tile,
+            f"float32 [V, H] + [{mb.response_tokens}, H] + {how_t}",
+            "microbatch",
+        )
+    )
     if n > 1 and fused:
-        rows.append(Row("FSDP lm-head weight (fused pass)", V * H * 4,
-                        "float32 copy of the gathered weight, once per micro-batch", "microbatch"))
-    rows.append(Row("AdamW step temporaries (foreach)", P * bp // n,
-                    f"sqrt of the 2nd moments, {m.param_dtype}, / {n}", "step"))
+        rows.append(
+            Row(
+                "FSDP lm-head weight (fused pass)",
+                V * H * 4,
+                "float32 copy of the gathered weight, once per micro-batch",
+                "microbatch",
+            )
+        )
+    rows.append(
+        Row("AdamW step temporaries (foreach)", P * bp // n, f"sqrt of the 2nd moments, {m.param_dtype}, / {n}", "step")
+    )
     if backend == "vllm":
-        rows.append(Row("vLLM CUDA graphs (asleep)", VLLM_CUDA_GRAPH_BYTES,
-                        "sleep frees weights and KV cache, not the graph pool", "update"))
+        rows.append(
+            Row(
+                "vLLM CUDA graphs (asleep)",
+                VLLM_CUDA_GRAPH_BYTES,
+                "sleep frees weights and KV cache, not the graph pool",
+                "update",
+            )
+        )
     return rows
 
 
@@ -351,8 +424,10 @@ def hf_generation_bytes(s: Shape, cfg: Any, n: int) -> tuple[int, int, str]:
     kv = batch * length * s.kv_bytes_per_token(bc)
     prefill = batch * r.max_prompt_tokens * prefill_bytes_per_token(s, bc, residual)
     logits = batch * s.vocab * LOGIT_COPY_BYTES
-    how = (f"{batch} sequences of {length} tokens: KV {kv / GiB:.2f} + prefill {prefill / GiB:.2f} "
-           f"+ logits {logits / GiB:.2f} GiB")
+    how = (
+        f"{batch} sequences of {length} tokens: KV {kv / GiB:.2f} + prefill {prefill / GiB:.2f} "
+        f"+ logits {logits / GiB:.2f} GiB"
+    )
     return batch, kv + prefill + logits, how
 
 
@@ -362,8 +437,15 @@ def prefill_bytes_per_token(s: Shape, compute: int, residual: int) -> int:
     return 2 * residual * s.hidden + 3 * compute * s.intermediate
 
 
-def memory_plan(cfg: Any, world_size: int, device_bytes: int, shape: Optional[Shape] = None, *,
-                varlen: Optional[bool] = None, backend: Optional[str] = None) -> Plan:
+def memory_plan(
+    cfg: Any,
+    world_size: int,
+    device_bytes: int,
+    shape: Optional[Shape] = None,
+    *,
+    varlen: Optional[bool] = None,
+    backend: Optional[str] = None,
+) -> Plan:
     """The plan of ``cfg`` on ``world_size`` GPUs of ``device_bytes`` each (see the module doc).
     ``varlen``: whether attention is flash-attention's (packed micro-batches; default: whether
     ``flash_attn`` is installed here); ``backend``: the rollout backend (default ``rollout.backend``)."""
@@ -383,8 +465,10 @@ def memory_plan(cfg: Any, world_size: int, device_bytes: int, shape: Optional[Sh
     frozen = cfg.algo.distill or (cfg.algo.grpo and cfg.algo.kl_beta > 0)
     rows = [Row("master weights", P * bp // n, f"{m.param_dtype}, / {n}", "static")]
     if trains:
-        rows += [Row("gradients", P * bp // n, f"{m.param_dtype}, / {n}", "static"),
-                 Row("AdamW state (2 moments)", 2 * P * bp // n, f"{m.param_dtype}, / {n}", "static")]
+        rows += [
+            Row("gradients", P * bp // n, f"{m.param_dtype}, / {n}", "static"),
+            Row("AdamW state (2 moments)", 2 * P * bp // n, f"{m.param_dtype}, / {n}", "static"),
+        ]
     if frozen:
         rows.append(Row("frozen teacher/reference", P * bt // n, f"{m.teacher_dtype}, / {n}", "static"))
     rows.append(Row("CUDA context + slack", CONTEXT_BYTES, "constant", "static"))
@@ -396,17 +480,28 @@ def memory_plan(cfg: Any, world_size: int, device_bytes: int, shape: Optional[Sh
     kv = vllm - P * 2 - VLLM_ACTIVATION_BYTES - VLLM_CUDA_GRAPH_BYTES
     seqs = kv // (s.kv_bytes_per_token() * max_len) if kv > 0 else 0
     if backend == "vllm":
-        rows += [Row("vLLM (rollout)", vllm, f"rollout.gpu_memory_utilization={util}", "rollout"),
-                 Row("  of which CUDA graphs", VLLM_CUDA_GRAPH_BYTES, "profiled into the share (vLLM >= 0.21)",
-                     "info"),
-                 Row("  of which KV cache", max(kv, 0),
-                     f"~{seqs} sequences of {max_len} tokens at once (this rank plays {want})", "info")]
+        rows += [
+            Row("vLLM (rollout)", vllm, f"rollout.gpu_memory_utilization={util}", "rollout"),
+            Row("  of which CUDA graphs", VLLM_CUDA_GRAPH_BYTES, "profiled into the share (vLLM >= 0.21)", "info"),
+            Row(
+                "  of which KV cache",
+                max(kv, 0),
+                f"~{seqs} sequences of {max_len} tokens at once (this rank plays {want})",
+                "info",
+            ),
+        ]
     else:
         if n > 1:
             rows.append(Row("hf generation copy (full)", P * bc, f"{m.compute_dtype}, on every rank", "static"))
         else:
-            rows.append(Row("hf generation: cast weights", P * bc if mixed else 0,
-                            "autocast's cached casts" if mixed else "none (compute = param dtype)", "rollout"))
+            rows.append(
+                Row(
+                    "hf generation: cast weights",
+                    P * bc if mixed else 0,
+                    "autocast's cached casts" if mixed else "none (compute = param dtype)",
+                    "rollout",
+                )
+            )
         _, gen, how = hf_generation_bytes(s, cfg, n)
         rows.append(Row("hf generation (KV, prefill, logits)", gen, how, "rollout"))
     rows += _update_rows(s, cfg, n, config_microbatch(cfg, varlen), backend)
@@ -416,12 +511,16 @@ def memory_plan(cfg: Any, world_size: int, device_bytes: int, shape: Optional[Sh
         if 1 <= seqs < want:
             all_util = (need + s.kv_bytes_per_token() * max_len * (want - 1)) / device_bytes
             room = (device_bytes - plan.static_bytes) / device_bytes
-            plan.notes.append(f"vLLM holds ~{seqs} of this rank's {want} sequences at once and queues the rest "
-                              f"(slower rollouts); rollout.gpu_memory_utilization={all_util:.2f} holds all of them"
-                              + ("" if all_util <= room else f", more than this GPU has room for ({room:.2f})"))
+            plan.notes.append(
+                f"vLLM holds ~{seqs} of this rank's {want} sequences at once and queues the rest "
+                f"(slower rollouts); rollout.gpu_memory_utilization={all_util:.2f} holds all of them"
+                + ("" if all_util <= room else f", more than this GPU has room for ({room:.2f})")
+            )
         if seqs < 1:
-            plan.advice.append(f"vLLM's share cannot hold its weights and one sequence: raise "
-                               f"rollout.gpu_memory_utilization to >= {need / device_bytes:.2f}")
+            plan.advice.append(
+                f"vLLM's share cannot hold its weights and one sequence: raise "
+                f"rollout.gpu_memory_utilization to >= {need / device_bytes:.2f}"
+            )
     if not plan.fits:
         _advise(plan, cfg, varlen, backend)
     return plan
@@ -434,17 +533,21 @@ def _advise(plan: Plan, cfg: Any, varlen: bool, backend: str) -> None:
     max_len = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
     if plan.static_bytes + plan.rollout_bytes > device:
         if backend == "vllm":
-            need_min = (s.params() * 2 + VLLM_ACTIVATION_BYTES + VLLM_CUDA_GRAPH_BYTES
-                        + s.kv_bytes_per_token() * max_len)
+            need_min = s.params() * 2 + VLLM_ACTIVATION_BYTES + VLLM_CUDA_GRAPH_BYTES + s.kv_bytes_per_token() * max_len
             if room > need_min:
                 plan.advice.append(f"lower rollout.gpu_memory_utilization to <= {room / device:.2f}")
             else:
-                plan.advice.append("the training state leaves vLLM no room: use more GPUs (FSDP divides "
-                                   "weights, gradients and AdamW state) or rollout.backend=hf")
+                plan.advice.append(
+                    "the training state leaves vLLM no room: use more GPUs (FSDP divides "
+                    "weights, gradients and AdamW state) or rollout.backend=hf"
+                )
         else:
-            plan.advice.append("the hf backend's generation does not fit: lower rollout.max_prompt_tokens / "
-                               "rollout.max_response_tokens, use rollout.backend=vllm or more GPUs")
+            plan.advice.append(
+                "the hf backend's generation does not fit: lower rollout.max_prompt_tokens / "
+                "rollout.max_response_tokens, use rollout.backend=vllm or more GPUs"
+            )
     if plan.static_bytes + plan.update_bytes > device and cfg.optim.steps > 0:
+
         def update(budget: int) -> int:
             probe = Plan(s, n, device, _update_rows(s, cfg, n, config_microbatch(cfg, varlen, budget), backend))
             return probe.update_bytes
@@ -464,9 +567,16 @@ def _advise(plan: Plan, cfg: Any, varlen: bool, backend: str) -> None:
             plan.advice.append("use more GPUs (FSDP divides weights, gradients and AdamW state)")
 
 
-def predict_update(cfg: Any, prompt_lens: Sequence[int], response_lens: Sequence[int], *,
-                   shape: Optional[Shape] = None, varlen: Optional[bool] = None, world_size: int = 1,
-                   backend: str = "none") -> Plan:
+def predict_update(
+    cfg: Any,
+    prompt_lens: Sequence[int],
+    response_lens: Sequence[int],
+    *,
+    shape: Optional[Shape] = None,
+    varlen: Optional[bool] = None,
+    world_size: int = 1,
+    backend: str = "none",
+) -> Plan:
     """The plan's lines for one update of a batch with these row lengths (student prompts and
     responses): the static training state and the update phase, no rollout (``backend="vllm"``
     adds the sleeping engine's CUDA graphs) and no CUDA context, so that ``plan.static_bytes +

@@ -31,8 +31,18 @@ from typing import Any, Optional
 
 DTYPES = ("float32", "bfloat16")
 
-__all__ = ["DTYPES", "Precision", "precision_of", "check", "torch_dtype", "prepare_student", "frozen_copy",
-           "fsdp_policy", "export_model", "rounding_note"]
+__all__ = [
+    "DTYPES",
+    "Precision",
+    "precision_of",
+    "check",
+    "torch_dtype",
+    "prepare_student",
+    "frozen_copy",
+    "fsdp_policy",
+    "export_model",
+    "rounding_note",
+]
 
 
 @dataclass(frozen=True)
@@ -64,10 +74,12 @@ def torch_dtype(name: str):
 
 
 def rounding_note(lr: float, w: float = 0.02) -> str:
-    spacing = w * 2.0 ** -7
-    return (f"a bfloat16 weight of magnitude {w} has a spacing of {spacing:.1e} between representable values, "
-            f"so an AdamW update of about lr={lr:g} per element (< half that spacing) rounds back to the old "
-            f"weight and almost nothing trains")
+    spacing = w * 2.0**-7
+    return (
+        f"a bfloat16 weight of magnitude {w} has a spacing of {spacing:.1e} between representable values, "
+        f"so an AdamW update of about lr={lr:g} per element (< half that spacing) rounds back to the old "
+        f"weight and almost nothing trains"
+    )
 
 
 def check(cfg: Any) -> Optional[str]:
@@ -78,12 +90,16 @@ def check(cfg: Any) -> Optional[str]:
             return f"model.{key}={m[key]!r} is not valid; choose one of {', '.join(DTYPES)}"
     trains = cfg.optim.steps > 0 or cfg.optim.sft_steps > 0
     if m.param_dtype != "float32" and trains and not cfg.optim.allow_low_precision_params:
-        return (f"model.param_dtype={m.param_dtype} with an optimizer: {rounding_note(cfg.optim.lr)}. "
-                f"Keep model.param_dtype=float32 (master weights) and set model.compute_dtype=bfloat16 for "
-                f"bf16 speed, or set optim.allow_low_precision_params=true to train bf16 weights anyway")
+        return (
+            f"model.param_dtype={m.param_dtype} with an optimizer: {rounding_note(cfg.optim.lr)}. "
+            f"Keep model.param_dtype=float32 (master weights) and set model.compute_dtype=bfloat16 for "
+            f"bf16 speed, or set optim.allow_low_precision_params=true to train bf16 weights anyway"
+        )
     if m.param_dtype == "bfloat16" and m.compute_dtype == "float32":
-        return ("model.compute_dtype=float32 with model.param_dtype=bfloat16 computes from bf16 weights in fp32, "
-                "which gains no precision; use model.param_dtype=float32 or model.compute_dtype=bfloat16")
+        return (
+            "model.compute_dtype=float32 with model.param_dtype=bfloat16 computes from bf16 weights in fp32, "
+            "which gains no precision; use model.param_dtype=float32 or model.compute_dtype=bfloat16"
+        )
     return None
 
 

@@ -75,8 +75,10 @@ def _holder(lock_path: Path) -> str:
         try:
             os.kill(int(words[1]), 0)
         except ProcessLookupError:
-            return (f"{text}; that process has ended, but a process it started still holds the lock: "
-                    f"fuser -v {lock_path} names it")
+            return (
+                f"{text}; that process has ended, but a process it started still holds the lock: "
+                f"fuser -v {lock_path} names it"
+            )
         except OSError:
             pass
     return text
@@ -95,13 +97,16 @@ def _lock(run_dir: Path) -> RunLock:
     except OSError as exc:
         os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise RunDirError(f"run.dir={run_dir} is in use by another training ({_holder(path)}); wait for it "
-                              f"to end, or choose another run.dir") from None
+            raise RunDirError(
+                f"run.dir={run_dir} is in use by another training ({_holder(path)}); wait for it "
+                f"to end, or choose another run.dir"
+            ) from None
         raise RunDirError(f"run.dir={run_dir}: cannot lock {path} ({exc.strerror or exc})") from None
     try:  # who holds it, for the message a second training gets
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-                  .encode(), 0)
+        os.pwrite(
+            fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0
+        )
         os.fsync(fd)
     except OSError as exc:
         os.close(fd)
@@ -126,12 +131,16 @@ def _move_aside(run_dir: Path, names: list[str]) -> Path:
         for name in names:
             os.rename(run_dir / name, aside / name)
     except OSError as exc:
-        raise RunDirError(f"run.overwrite=true: cannot move the old content of {run_dir} to {aside} "
-                          f"({exc.strerror or exc}); nothing of it was deleted") from None
+        raise RunDirError(
+            f"run.overwrite=true: cannot move the old content of {run_dir} to {aside} "
+            f"({exc.strerror or exc}); nothing of it was deleted"
+        ) from None
     return aside
 
 
-def claim_run_dir(run_dir: str | os.PathLike[str], *, resume: bool, overwrite: bool = False) -> tuple[RunLock, Optional[Path]]:
+def claim_run_dir(
+    run_dir: str | os.PathLike[str], *, resume: bool, overwrite: bool = False
+) -> tuple[RunLock, Optional[Path]]:
     """Creates ``run_dir`` if needed, locks it and checks that this run may use it (see the module
     docs). Returns the lock (hold it for the run's life) and, with ``overwrite`` on a folder that
     held something, the folder its old content was moved to (else None).
@@ -142,8 +151,9 @@ def claim_run_dir(run_dir: str | os.PathLike[str], *, resume: bool, overwrite: b
     """
     path = Path(run_dir)
     if resume and overwrite:
-        raise RunDirError("run.overwrite=true starts a new run in the folder, --resume continues the run there: "
-                          "give one of them")
+        raise RunDirError(
+            "run.overwrite=true starts a new run in the folder, --resume continues the run there: give one of them"
+        )
     if path.exists() and not path.is_dir():
         raise RunDirError(f"run.dir={path} is a file, not a folder")
     try:
@@ -156,12 +166,15 @@ def claim_run_dir(run_dir: str | os.PathLike[str], *, resume: bool, overwrite: b
         if resume or not held:
             return lock, None
         if not overwrite:
-            what = ("a run" if "config.yaml" in held else "files that are not a run")
-            shown = ", ".join(n + ("/" if (path / n).is_dir() else "") for n in held[:5]) + (", ..." if len(held) > 5
-                                                                                          else "")
-            raise RunDirError(f"run.dir={path} is not empty: it holds {what} ({shown}); continue a run with "
-                              f"--resume {path}, start over with run.overwrite=true (moves the old content "
-                              f"to a sibling folder), or choose another run.dir")
+            what = "a run" if "config.yaml" in held else "files that are not a run"
+            shown = ", ".join(n + ("/" if (path / n).is_dir() else "") for n in held[:5]) + (
+                ", ..." if len(held) > 5 else ""
+            )
+            raise RunDirError(
+                f"run.dir={path} is not empty: it holds {what} ({shown}); continue a run with "
+                f"--resume {path}, start over with run.overwrite=true (moves the old content "
+                f"to a sibling folder), or choose another run.dir"
+            )
         return lock, _move_aside(path, held)
     except BaseException:
         lock.release()

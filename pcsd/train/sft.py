@@ -27,15 +27,28 @@ import torch
 from pcsd.envs.experts import ExpertEpisode, play_expert
 from pcsd.ops.scoring import score_packed
 
-__all__ = ["expert_episodes", "webshop_expert_episodes", "game_corpus", "task_parts", "think_for", "sft_examples", "lr_factor",
-           "sft_warmup", "SCHEDULES"]
+__all__ = [
+    "expert_episodes",
+    "webshop_expert_episodes",
+    "game_corpus",
+    "task_parts",
+    "think_for",
+    "sft_examples",
+    "lr_factor",
+    "sft_warmup",
+    "SCHEDULES",
+]
 
 #: learning-rate schedules of the warm-up
 SCHEDULES = ("cosine", "constant")
 
 
-def expert_episodes(games: Sequence[str], max_steps: int, navigation: str = "plan",
-                    search_first: Optional[Callable[[str], Collection[str]]] = None) -> list[ExpertEpisode]:
+def expert_episodes(
+    games: Sequence[str],
+    max_steps: int,
+    navigation: str = "plan",
+    search_first: Optional[Callable[[str], Collection[str]]] = None,
+) -> list[ExpertEpisode]:
     """One :class:`pcsd.envs.experts.ObservationExpert` episode per game file, in order
     (``navigation``: ``plan`` or ``sweep``, see :mod:`pcsd.envs.experts`; ``search_first``: task ->
     receptacle types searched first, e.g. :func:`skill_search_first`)."""
@@ -62,8 +75,13 @@ def webshop_expert_episodes(shop, goals: Sequence[int], max_steps: int) -> list[
             if action is None:
                 break
             av = info["available_actions"]
-            ep.steps.append((format_webshop_observation(obs, task),
-                             webshop_actions(av["has_search_bar"], av["clickables"]), action.lower()))
+            ep.steps.append(
+                (
+                    format_webshop_observation(obs, task),
+                    webshop_actions(av["has_search_bar"], av["clickables"]),
+                    action.lower(),
+                )
+            )
             obs, reward, done, info = env.step(action)
         ep.won = bool(done) and float(reward) == 1.0
         out.append(ep)
@@ -117,13 +135,16 @@ def game_corpus(episodes: Sequence[ExpertEpisode], skills=None, env: str = "alfw
 
 
 # ALFWorld's task sentences (the 12 templates of the six task types): object, then target
-_TASK_PATTERNS = tuple(re.compile(p) for p in (
-    r"^look at (\w+) under the (\w+)",
-    r"^examine the (\w+) with the (\w+)",
-    r"^(?:clean|heat|cool) some (\w+) and put it (?:in|on) (\w+)",
-    r"^find two (\w+) and put them (?:in|on) (\w+)",
-    r"^put (?:a|some|two) (?:(?:clean|hot|cool) )?(\w+) (?:in|on) (\w+)",
-))
+_TASK_PATTERNS = tuple(
+    re.compile(p)
+    for p in (
+        r"^look at (\w+) under the (\w+)",
+        r"^examine the (\w+) with the (\w+)",
+        r"^(?:clean|heat|cool) some (\w+) and put it (?:in|on) (\w+)",
+        r"^find two (\w+) and put them (?:in|on) (\w+)",
+        r"^put (?:a|some|two) (?:(?:clean|hot|cool) )?(\w+) (?:in|on) (\w+)",
+    )
+)
 
 
 def task_parts(task: str) -> Optional[tuple[str, str]]:
@@ -153,9 +174,14 @@ def think_for(task: str, action: str, restate_task: bool = False) -> str:
     return f"{task.strip().rstrip('.')}. Next: {verb}." if restate_task else f"Next: {verb}."
 
 
-def sft_examples(builder, episodes: Sequence[ExpertEpisode], eos_id: int, teacher_share: float = 0.0,
-                 seed: int = 0, teacher_episodes: Optional[Sequence[ExpertEpisode]] = None
-                 ) -> list[tuple[list[int], list[int]]]:
+def sft_examples(
+    builder,
+    episodes: Sequence[ExpertEpisode],
+    eos_id: int,
+    teacher_share: float = 0.0,
+    seed: int = 0,
+    teacher_episodes: Optional[Sequence[ExpertEpisode]] = None,
+) -> list[tuple[list[int], list[int]]]:
     """``(prompt ids, response ids)`` for every expert step, the prompt built exactly as in a
     rollout (``builder``: :class:`pcsd.text.prompts.PromptBuilder`; history = the episode's earlier
     observation-action pairs), the response ``<think>…</think><action>…</action>`` + ``eos_id``.
@@ -219,10 +245,19 @@ def lr_factor(step: int, steps: int, schedule: str = "cosine", warmup_frac: floa
     return 0.5 * (1.0 + math.cos(math.pi * (step - warm + 1) / (steps - warm + 1)))
 
 
-def sft_warmup(model, examples: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int, lr: float,
-               batch_size: int = 16, seed: int = 0, prompt_weight: float = 0.0, schedule: str = "cosine",
-               tokens_per_pass: int = 8192,
-               progress: Optional[Callable[[int, int, float], object]] = None) -> list[float]:
+def sft_warmup(
+    model,
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int = 16,
+    seed: int = 0,
+    prompt_weight: float = 0.0,
+    schedule: str = "cosine",
+    tokens_per_pass: int = 8192,
+    progress: Optional[Callable[[int, int, float], object]] = None,
+) -> list[float]:
     """``steps`` AdamW steps on batches of ``batch_size`` examples drawn with replacement (seeded).
 
     Loss: mean NLL of the response tokens + ``prompt_weight`` x mean next-token NLL of the prompt
@@ -235,8 +270,7 @@ def sft_warmup(model, examples: Sequence[tuple[Sequence[int], Sequence[int]]], *
     if batch_size < 1:
         raise ValueError(f"batch_size: expected >= 1, got {batch_size}")
     if not examples:
-        raise ValueError("examples is empty: the expert produced no SFT examples (no game, or "
-                         "env.max_steps too small)")
+        raise ValueError("examples is empty: the expert produced no SFT examples (no game, or env.max_steps too small)")
     lr_factor(0, max(steps, 1), schedule)  # validates the schedule name
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -247,14 +281,17 @@ def sft_warmup(model, examples: Sequence[tuple[Sequence[int], Sequence[int]]], *
             group["lr"] = lr * lr_factor(step, steps, schedule)
         chunk = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
         if prompt_weight > 0:  # score every token after the first; split prompt | response
-            lps = score_packed(model, [c[0][:1] for c in chunk], [list(c[0][1:]) + list(c[1]) for c in chunk],
-                               max_tokens_per_pass=tokens_per_pass)
-            resp = torch.cat([lp[len(c[0]) - 1:] for lp, c in zip(lps, chunk)])
+            lps = score_packed(
+                model,
+                [c[0][:1] for c in chunk],
+                [list(c[0][1:]) + list(c[1]) for c in chunk],
+                max_tokens_per_pass=tokens_per_pass,
+            )
+            resp = torch.cat([lp[len(c[0]) - 1 :] for lp, c in zip(lps, chunk)])
             prompt = torch.cat([lp[: len(c[0]) - 1] for lp, c in zip(lps, chunk)])
             loss = -resp.mean() - prompt_weight * prompt.mean()
         else:
-            lps = score_packed(model, [c[0] for c in chunk], [c[1] for c in chunk],
-                               max_tokens_per_pass=tokens_per_pass)
+            lps = score_packed(model, [c[0] for c in chunk], [c[1] for c in chunk], max_tokens_per_pass=tokens_per_pass)
             loss = -torch.cat(lps).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()

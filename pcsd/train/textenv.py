@@ -21,8 +21,19 @@ from typing import Any, Optional
 
 from pcsd.eval.games import TEXT_ENV_EVAL_SEED_BASE, text_env_eval_seeds
 
-__all__ = ["EVAL_SEED_BASE", "SFT_SEED_BASE", "TRAIN_SEEDS", "check_text_env_config", "env_check", "eval_seeds",
-           "factories", "needs_skills", "sft_seeds", "template_source", "train_seeds"]
+__all__ = [
+    "EVAL_SEED_BASE",
+    "SFT_SEED_BASE",
+    "TRAIN_SEEDS",
+    "check_text_env_config",
+    "env_check",
+    "eval_seeds",
+    "factories",
+    "needs_skills",
+    "sft_seeds",
+    "template_source",
+    "train_seeds",
+]
 
 #: training tasks are the seeds [0, TRAIN_SEEDS); the warm-up's and the evaluations' are above
 TRAIN_SEEDS = 500_000_000
@@ -96,8 +107,10 @@ def template_source(cfg: Any, run_dir: Any = None) -> Optional[str]:
         return (run_dir / "template.jinja").read_text(encoding="utf-8")
     path = resolve_config_path(str(cfg.env.template))
     if not path.is_file():
-        raise ValueError(f"env.template={cfg.env.template}: no such file (expected a Jinja template; a relative path "
-                         "is looked up in the current folder, then next to the presets)")
+        raise ValueError(
+            f"env.template={cfg.env.template}: no such file (expected a Jinja template; a relative path "
+            "is looked up in the current folder, then next to the presets)"
+        )
     return path.read_text(encoding="utf-8")
 
 
@@ -143,11 +156,15 @@ def check_text_env_config(cfg: Any) -> Optional[str]:
     if not spec.python:
         for key in _PYTHON_ONLY:
             if OmegaConf.select(cfg, key) is not None:
-                return f"{key} is a setting of the Python environments (env.name=gym, ...); env.name={spec.name} has none"
+                return (
+                    f"{key} is a setting of the Python environments (env.name=gym, ...); env.name={spec.name} has none"
+                )
         for key in ("kwargs", "eval_kwargs"):
             if cfg.env.get(key):
-                return (f"env.{key} is a setting of the Python environments (env.name=gym, ...); env.name={spec.name} "
-                        "has none")
+                return (
+                    f"env.{key} is a setting of the Python environments (env.name=gym, ...); env.name={spec.name} "
+                    "has none"
+                )
         return None
     for key in _OTHER_KINDS:
         if OmegaConf.select(cfg, key) is not None:
@@ -156,20 +173,29 @@ def check_text_env_config(cfg: Any) -> Optional[str]:
         return f"env.usual_place is a procedural ALFWorld setting; env.name={spec.name} has none (leave it 0)"
     for key in ("id", "entry_point", "url"):
         if cfg.env.get(key) is not None and key not in spec.keys:
-            return (f"env.{key} is not a setting of env.name={spec.name} (its keys: "
-                    + ", ".join(f"env.{k}" for k in spec.keys) + ")")
+            return (
+                f"env.{key} is not a setting of env.name={spec.name} (its keys: "
+                + ", ".join(f"env.{k}" for k in spec.keys)
+                + ")"
+            )
     if cfg.optim.get("sft_teacher_demos", "same") == "skills":
-        return ("optim.sft_teacher_demos=skills uses the ALFWorld expert that follows the skills; a Python env has "
-                "only its own expert_action (expected optim.sft_teacher_demos=same)")
+        return (
+            "optim.sft_teacher_demos=skills uses the ALFWorld expert that follows the skills; a Python env has "
+            "only its own expert_action (expected optim.sft_teacher_demos=same)"
+        )
     if cfg.eval.get("protocol", "full") == "paper":
-        return (f"eval.protocol=paper draws verl-agent's ALFWorld / WebShop validation episodes; env.name={spec.name} "
-                "evaluates eval.episodes fixed seeds (use eval.protocol=full)")
+        return (
+            f"eval.protocol=paper draws verl-agent's ALFWorld / WebShop validation episodes; env.name={spec.name} "
+            "evaluates eval.episodes fixed seeds (use eval.protocol=full)"
+        )
     if not cfg.env.step_timeout > 0:
         return f"env.step_timeout must be > 0 seconds, got {cfg.env.step_timeout}"
     if needs_skills(cfg) and cfg.env.get("skills_dir") is None:
-        return (f"env.skills_dir: method {cfg.method} reads the teacher's skills, and env.name={spec.name} has none "
-                "built in: set env.skills_dir to a skills folder (docs/environments.md, 'Skills'), or train without "
-                "a teacher (method=grpo)")
+        return (
+            f"env.skills_dir: method {cfg.method} reads the teacher's skills, and env.name={spec.name} has none "
+            "built in: set env.skills_dir to a skills folder (docs/environments.md, 'Skills'), or train without "
+            "a teacher (method=grpo)"
+        )
     try:
         src = template_source(cfg)
     except ValueError as exc:

@@ -29,8 +29,7 @@ __all__ = ["microbatches", "scores", "update_step"]
 def microbatches(rb: RolloutBatch, budget: int) -> list[list[int]]:
     """Rows grouped greedily in order into micro-batches of at most ``budget`` prompt+response
     tokens (a longer row is a micro-batch of its own); rows without response tokens are left out."""
-    return greedy_microbatches([len(p) + len(r) if r else 0 for p, r in zip(rb.prompt_ids, rb.response_ids)],
-                               budget)
+    return greedy_microbatches([len(p) + len(r) if r else 0 for p, r in zip(rb.prompt_ids, rb.response_ids)], budget)
 
 
 _PAD_ROW = ([0], [0])  # a 2-token sequence for the padding passes of ranks with fewer micro-batches
@@ -42,8 +41,7 @@ def _mb_logprobs(model, prompts, responses, rows: Optional[list[int]]) -> torch.
         if rows is None:
             return torch.cat(score_packed(model, [_PAD_ROW[0]], [_PAD_ROW[1]]))
         ps, rs = [prompts[i] for i in rows], [responses[i] for i in rows]
-        return torch.cat(score_packed(model, ps, rs,
-                                      max_tokens_per_pass=sum(len(p) + len(r) for p, r in zip(ps, rs))))
+        return torch.cat(score_packed(model, ps, rs, max_tokens_per_pass=sum(len(p) + len(r) for p, r in zip(ps, rs))))
 
 
 def _device(model) -> torch.device:
@@ -67,8 +65,17 @@ def scores(model, prompts, responses, mbs: list[list[int]], n_passes: int, T: in
     return out
 
 
-def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: int,
-                ctx: Optional[DistContext] = None, progress=None, record=None) -> dict:
+def update_step(
+    student,
+    frozen,
+    opt,
+    rb: RolloutBatch,
+    cfg: DictConfig,
+    step: int,
+    ctx: Optional[DistContext] = None,
+    progress=None,
+    record=None,
+) -> dict:
     """Scores the batch and applies one GRPO + lambda * PCSD update (ppo_epochs passes).
 
     ``step`` is the RL step's 0-based index; an ``advantage`` rule (RLSD) gets the update's number
@@ -118,19 +125,31 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
     teacher_model = student if algo.teacher == "current" else frozen
     # optim.joint_frozen_pass: reference and teacher from one frozen forward per micro-batch
     jf = cfg.optim.get("joint_frozen_pass", "never")
-    joint = (need_ref and use_teacher and teacher_model is frozen
-             and (jf == "always" or (jf == "auto" and uses_varlen_attention(frozen))))
+    joint = (
+        need_ref
+        and use_teacher
+        and teacher_model is frozen
+        and (jf == "always" or (jf == "auto" and uses_varlen_attention(frozen)))
+    )
     if joint:
         pair_mbs = pair_microbatches(rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, budget)
-        ref, teacher = joint_scores(frozen, rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, pair_mbs,
-                                    dist_utils.global_max(len(pair_mbs), ctx), T)
+        ref, teacher = joint_scores(
+            frozen,
+            rb.prompt_ids,
+            rb.teacher_prompt_ids,
+            rb.response_ids,
+            pair_mbs,
+            dist_utils.global_max(len(pair_mbs), ctx),
+            T,
+        )
     else:
         ref = scores(frozen, rb.prompt_ids, rb.response_ids, mbs, n_passes, T) if need_ref else None
     done_passes += int(need_ref)
     score_cb and need_ref and score_cb(done_passes, n_score)
     if not joint:
-        teacher = (scores(teacher_model, rb.teacher_prompt_ids, rb.response_ids, mbs, n_passes, T)
-                   if use_teacher else None)
+        teacher = (
+            scores(teacher_model, rb.teacher_prompt_ids, rb.response_ids, mbs, n_passes, T) if use_teacher else None
+        )
     score_cb and use_teacher and score_cb(n_score, n_score)
     t_score = time.perf_counter() - t0
 
@@ -181,8 +200,18 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
         tok_adv, w, _gap, mask = token_terms(sub, sub_idx, old_c)
         distill = algo.distill and rule.kind == "weights"
         scale = len(idx) / T_all / max(n_valid[k], 1.0)
-        out = token_loss(lp, old_c, None if ref is None else ref[sub_idx], tok_adv, coef[sub_idx],
-                         teacher[sub_idx] if distill else None, w, mask, algo, scale)
+        out = token_loss(
+            lp,
+            old_c,
+            None if ref is None else ref[sub_idx],
+            tok_adv,
+            coef[sub_idx],
+            teacher[sub_idx] if distill else None,
+            w,
+            mask,
+            algo,
+            scale,
+        )
         if algo.distill and rule.kind == "loss":  # Skill-SD's auxiliary term, token-mean over the batch
             out = out + algo.lambda_distill * rule(lp, teacher[sub_idx], old_c, mask, **pcsd_params) / T_all
         return out
@@ -204,9 +233,12 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
                 idx = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows]).to(dev)
                 n_valid[k] = float(mask_all[idx].sum())
                 with compute_context(student):  # the student's forward in the compute dtype, as below
-                    fused_loss, lp = fused_score_loss(student, [rb.prompt_ids[i] for i in rows],
-                                                      [rb.response_ids[i] for i in rows],
-                                                      lambda lp_c, lo, hi: chunk_loss(k, rows, idx, lp_c, lo, hi))
+                    fused_loss, lp = fused_score_loss(
+                        student,
+                        [rb.prompt_ids[i] for i in rows],
+                        [rb.response_ids[i] for i in rows],
+                        lambda lp_c, lo, hi: chunk_loss(k, rows, idx, lp_c, lo, hi),
+                    )
             else:
                 lp = _mb_logprobs(student, rb.prompt_ids, rb.response_ids, rows)
             if rows is None:  # padding pass: joins the collectives, adds nothing
@@ -224,8 +256,9 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
             old_mb, tok_adv, w_mb, _gap, mask = cached[k]
             loss = lp.sum() * 0.0
             if algo.grpo or ref is not None:
-                pg, kl, clipped = grpo_token_terms(lp, old_mb, None if ref is None else ref[idx],
-                                                   tok_adv, algo.clip_eps)
+                pg, kl, clipped = grpo_token_terms(
+                    lp, old_mb, None if ref is None else ref[idx], tok_adv, algo.clip_eps
+                )
                 c = coef[idx]
                 if algo.grpo:
                     pg_l = (c * pg).sum()
@@ -258,12 +291,25 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
     if record is not None:
         record(_record_arrays(cached, mbs, offsets, teacher, T, rb))
     sums = dist_utils.global_sum(
-        [stats["loss"], stats["pg"], stats["kl"], stats["pcsd"], stats["clip_frac"], tok_sums["gap"],
-         tok_sums["w"], tok_sums["gate"], tok_sums["nll"]], ctx)
+        [
+            stats["loss"],
+            stats["pg"],
+            stats["kl"],
+            stats["pcsd"],
+            stats["clip_frac"],
+            tok_sums["gap"],
+            tok_sums["w"],
+            tok_sums["gate"],
+            tok_sums["nll"],
+        ],
+        ctx,
+    )
     for key, v in zip(("loss", "pg", "kl", "pcsd", "clip_frac"), sums[:5]):
         stats[key] = v
     stats.update(
-        score_seconds=t_score, update_seconds=time.perf_counter() - t0, tokens=int(T_all),
+        score_seconds=t_score,
+        update_seconds=time.perf_counter() - t0,
+        tokens=int(T_all),
         gap_mean=sums[5] / T_all if teacher is not None else 0.0,
         weight_mean=sums[6] / T_all,
         gate_activation=sums[7] / T_all,
@@ -272,8 +318,7 @@ def update_step(student, frozen, opt, rb: RolloutBatch, cfg: DictConfig, step: i
     return stats
 
 
-def _record_arrays(cached: dict, mbs: list[list[int]], offsets: list[int], teacher, T: int,
-                   rb: RolloutBatch) -> dict:
+def _record_arrays(cached: dict, mbs: list[list[int]], offsets: list[int], teacher, T: int, rb: RolloutBatch) -> dict:
     """The batch's per-token terms as numpy arrays (``run.record_gaps``): gap, weight, mask,
     log pi_old, log pi_teacher ``[T]``; ``cu_seqlens`` ``[R+1]`` (one segment per response turn),
     each row's trajectory and turn, each trajectory's reward."""
@@ -290,8 +335,14 @@ def _record_arrays(cached: dict, mbs: list[list[int]], offsets: list[int], teach
         w[idx] = w_mb.detach().float().cpu().numpy()
         old[idx] = old_mb.detach().float().cpu().numpy()
         mask[idx] = m_mb.detach().cpu().numpy().astype(bool)
-    return dict(gap=gap, weights=w, mask=mask, student_logp=old,
-                teacher_logp=(teacher.detach().float().cpu().numpy() if teacher is not None
-                              else np.zeros(T, dtype=np.float32)),
-                cu_seqlens=np.asarray(offsets, dtype=np.int64), row_traj=rb.traj_id.cpu().numpy(),
-                row_turn=rb.turn.cpu().numpy(), traj_reward=rb.reward.float().cpu().numpy())
+    return dict(
+        gap=gap,
+        weights=w,
+        mask=mask,
+        student_logp=old,
+        teacher_logp=(teacher.detach().float().cpu().numpy() if teacher is not None else np.zeros(T, dtype=np.float32)),
+        cu_seqlens=np.asarray(offsets, dtype=np.int64),
+        row_traj=rb.traj_id.cpu().numpy(),
+        row_turn=rb.turn.cpu().numpy(),
+        traj_reward=rb.reward.float().cpu().numpy(),
+    )

@@ -50,18 +50,24 @@ def check_webshop_config(cfg: Any) -> Optional[str]:
         if OmegaConf.select(cfg, key) is not None:
             return f"{key} is a procedural ALFWorld setting; env.name=webshop has none (leave it null)"
     if cfg.env.get("usual_place", 0.0):
-        return (f"env.usual_place={cfg.env.usual_place} is a procedural ALFWorld setting; env.name=webshop has "
-                "none (leave it 0)")
+        return (
+            f"env.usual_place={cfg.env.usual_place} is a procedural ALFWorld setting; env.name=webshop has "
+            "none (leave it 0)"
+        )
     if cfg.optim.get("sft_teacher_demos", "same") == "skills":
-        return ("optim.sft_teacher_demos=skills uses the ALFWorld expert that follows the skills; "
-                "env.name=webshop has only the plain expert (expected optim.sft_teacher_demos=same)")
+        return (
+            "optim.sft_teacher_demos=skills uses the ALFWorld expert that follows the skills; "
+            "env.name=webshop has only the plain expert (expected optim.sft_teacher_demos=same)"
+        )
     try:
         webshop_data_dir(cfg)
     except ValueError as exc:
         return str(exc)
     if cfg.eval.episodes > len(VALIDATION_GOALS):
-        return (f"eval.episodes={cfg.eval.episodes}: WebShop validates on distinct goals drawn from the "
-                f"{len(VALIDATION_GOALS)} validation goals; expected at most {len(VALIDATION_GOALS)} (0 = 128)")
+        return (
+            f"eval.episodes={cfg.eval.episodes}: WebShop validates on distinct goals drawn from the "
+            f"{len(VALIDATION_GOALS)} validation goals; expected at most {len(VALIDATION_GOALS)} (0 = 128)"
+        )
     return None
 
 
@@ -72,8 +78,10 @@ def load_shops(cfg: Any) -> tuple[Any, Any]:
     root = webshop_data_dir(cfg)
     seed = int(cfg.run.seed)
     variant = str(cfg.env.webshop_variant)
-    return (WebShop.load(root, goals="synthetic", seed=seed, variant=variant),
-            WebShop.load(root, goals="synthetic", seed=seed + VALIDATION_SEED_OFFSET, variant=variant))
+    return (
+        WebShop.load(root, goals="synthetic", seed=seed, variant=variant),
+        WebShop.load(root, goals="synthetic", seed=seed + VALIDATION_SEED_OFFSET, variant=variant),
+    )
 
 
 def train_goals(cfg: Any, shop: Any, step: int) -> list[int]:

@@ -26,8 +26,12 @@ fn procedural(n: usize) -> Vec<Arc<GameSpec>> {
 }
 
 fn shared(n: usize) -> Vec<Arc<GameSpec>> {
-    let Some(root) = std::env::var_os("ALFWORLD_DATA").map(PathBuf::from) else { return vec![] };
-    let Ok(manifest) = std::fs::read_to_string(root.join("MANIFEST.tsv")) else { return vec![] };
+    let Some(root) = std::env::var_os("ALFWORLD_DATA").map(PathBuf::from) else {
+        return vec![];
+    };
+    let Ok(manifest) = std::fs::read_to_string(root.join("MANIFEST.tsv")) else {
+        return vec![];
+    };
     manifest
         .lines()
         .skip(1)
@@ -82,19 +86,24 @@ fn main() {
     if !s.is_empty() {
         sets.push(("shared", s));
     }
-    println!("{:>10} {:>6} {:>14} {:>14} {:>8}", "games", "envs", "ref/cpu-s", "fast/cpu-s", "fast/ref");
+    println!(
+        "{:>10} {:>6} {:>14} {:>14} {:>8}",
+        "games", "envs", "ref/cpu-s", "fast/cpu-s", "fast/ref"
+    );
     for (name, specs) in &sets {
         for n in [128usize, 1024] {
-            let mut fast: Vec<AlfworldEnv> =
-                (0..n).map(|i| AlfworldEnv::new(specs[i % specs.len()].clone(), 50)).collect();
+            let mut fast: Vec<AlfworldEnv> = (0..n)
+                .map(|i| AlfworldEnv::new(specs[i % specs.len()].clone(), 50))
+                .collect();
             let r_fast = rate(&mut fast, secs, 1);
             drop(fast);
             if only_fast {
                 println!("{name:>10} {n:>6} {:>14} {r_fast:>14.0}", "-");
                 continue;
             }
-            let mut reference: Vec<AlfworldEnv> =
-                (0..n).map(|i| AlfworldEnv::new_reference(specs[i % specs.len()].clone(), 50)).collect();
+            let mut reference: Vec<AlfworldEnv> = (0..n)
+                .map(|i| AlfworldEnv::new_reference(specs[i % specs.len()].clone(), 50))
+                .collect();
             let r_ref = rate(&mut reference, secs, 1);
             println!("{name:>10} {n:>6} {r_ref:>14.0} {r_fast:>14.0} {:>8.2}", r_fast / r_ref);
         }

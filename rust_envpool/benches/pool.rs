@@ -35,10 +35,7 @@ fn rate(secs: f64, mut f: impl FnMut() -> usize) -> f64 {
 }
 
 fn main() {
-    let secs: f64 = std::env::args()
-        .filter_map(|a| a.parse().ok())
-        .next()
-        .unwrap_or(1.0);
+    let secs: f64 = std::env::args().filter_map(|a| a.parse().ok()).next().unwrap_or(1.0);
     println!(
         "{:>6} {:>6} {:>4} {:>14} {:>14} {:>14}",
         "busy", "envs", "thr", "reference/s", "sync/s", "async/s"
@@ -66,8 +63,7 @@ fn main() {
                     while done < n {
                         let b = pool.recv(half).unwrap();
                         let got: Vec<i64> = b.iter().map(|r| r.env_id).collect();
-                        pool.send(vec!["go north".to_string(); got.len()], &got)
-                            .unwrap();
+                        pool.send(vec!["go north".to_string(); got.len()], &got).unwrap();
                         done += got.len();
                     }
                     done

@@ -32,7 +32,15 @@ fn every_shared_game_loads_and_the_expert_wins() {
     assert!(!games.is_empty());
     // Unoptimised builds check a fixed spread (every 8th game); `--release` checks all of them.
     let stride = if cfg!(debug_assertions) { 8 } else { 1 };
-    let hostile = ["", "  ", "LOOK", "put apple 1 in fridge 1", "go to", &"x".repeat(5000), "ü🙂"];
+    let hostile = [
+        "",
+        "  ",
+        "LOOK",
+        "put apple 1 in fridge 1",
+        "go to",
+        &"x".repeat(5000),
+        "ü🙂",
+    ];
     for (task_type, path) in games.iter().step_by(stride) {
         let spec = Arc::new(GameSpec::from_path(path).unwrap_or_else(|e| panic!("{e}")));
         assert_eq!(spec.task_type(), task_type, "{}", path.display());
@@ -45,14 +53,20 @@ fn every_shared_game_loads_and_the_expert_wins() {
             assert_eq!(s.obs, "Nothing happens.");
             assert_eq!(s.admissible, start.admissible);
         }
-        let plan = env.expert_plan().unwrap_or_else(|| panic!("no plan: {}", path.display()));
+        let plan = env
+            .expert_plan()
+            .unwrap_or_else(|| panic!("no plan: {}", path.display()));
         assert!(env.steps() + plan.len() <= 50);
         let mut last = None;
         for c in &plan {
             last = Some(env.step(c));
         }
         let last = last.expect("a non-empty plan");
-        assert!(last.won && last.done && last.score == 1.0, "{}: {plan:?}", path.display());
+        assert!(
+            last.won && last.done && last.score == 1.0,
+            "{}: {plan:?}",
+            path.display()
+        );
     }
 }
 
@@ -65,7 +79,16 @@ fn play_both(spec: Arc<GameSpec>, seed: u64, episodes: usize, max_steps: usize) 
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut fast = AlfworldEnv::new(spec.clone(), max_steps);
     let mut plain = AlfworldEnv::new_reference(spec.clone(), max_steps);
-    let hostile = ["", "  ", "LOOK", "go to", "put apple 1 in fridge 1", "take the moon", "ü🙂", "help me"];
+    let hostile = [
+        "",
+        "  ",
+        "LOOK",
+        "go to",
+        "put apple 1 in fridge 1",
+        "take the moon",
+        "ü🙂",
+        "help me",
+    ];
     let mut played = 0;
     for ep in 0..episodes {
         let (a, b) = (fast.reset(), plain.reset());
@@ -89,7 +112,10 @@ fn play_both(spec: Arc<GameSpec>, seed: u64, episodes: usize, max_steps: usize) 
             };
             let (a, b) = (fast.step(&cmd), plain.step(&cmd));
             assert_eq!(a, b, "{}: episode {ep} step {step} command {cmd:?}", spec.source());
-            assert_eq!((fast.steps(), fast.won(), fast.is_done()), (plain.steps(), plain.won(), plain.is_done()));
+            assert_eq!(
+                (fast.steps(), fast.won(), fast.is_done()),
+                (plain.steps(), plain.won(), plain.is_done())
+            );
             assert_eq!(fast.admissible_commands(), plain.admissible_commands());
             played += 1;
             adm = a.admissible;

@@ -36,8 +36,10 @@ fn crate_paths(text: &str) -> BTreeSet<String> {
     let mut rest = text;
     while let Some(at) = rest.find("crate::") {
         rest = &rest[at + "crate::".len()..];
-        let path: String =
-            rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':').collect();
+        let path: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+            .collect();
         let segs: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).take(2).collect();
         if !segs.is_empty() {
             out.insert(segs.join("::"));
@@ -78,7 +80,10 @@ fn layers_import_downwards_only() {
         ("version", &["envs", "pool", "text", "python"]),
     ];
     let deps = graph();
-    assert!(deps.keys().any(|m| m.starts_with("envs")), "no envs modules found: {deps:?}");
+    assert!(
+        deps.keys().any(|m| m.starts_with("envs")),
+        "no envs modules found: {deps:?}"
+    );
     let mut bad = Vec::new();
     for (module, targets) in &deps {
         for (from, banned) in forbidden {
@@ -140,8 +145,12 @@ fn no_cycles_between_modules() {
 fn the_checks_see_a_planted_cycle() {
     // The search must find what it is looking for: a cycle planted into the real graph.
     let mut deps = graph();
-    deps.entry("text::chat".into()).or_default().insert("text::prompt".into());
-    deps.entry("text::prompt".into()).or_default().insert("text::chat".into());
+    deps.entry("text::chat".into())
+        .or_default()
+        .insert("text::prompt".into());
+    deps.entry("text::prompt".into())
+        .or_default()
+        .insert("text::chat".into());
     assert!(crate_paths("use crate::text::chat::{A, B};").contains("text::chat"));
     let mut found = false;
     for node in deps.keys() {

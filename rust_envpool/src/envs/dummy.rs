@@ -80,10 +80,7 @@ impl DummyEnv {
     /// A new env; `episode_len` 0 is treated as 1.
     pub fn new(mut cfg: DummyConfig) -> Self {
         cfg.episode_len = cfg.episode_len.max(1);
-        let task = format!(
-            "say the requested direction at each of {} steps",
-            cfg.episode_len
-        );
+        let task = format!("say the requested direction at each of {} steps", cfg.episode_len);
         Self {
             cfg,
             task,

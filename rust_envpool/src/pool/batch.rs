@@ -30,7 +30,13 @@ impl<T> Batch<T> {
         for x in items {
             split[home(&x) % parts].push(x);
         }
-        let parts = split.into_iter().map(|items| Part { items, next: AtomicUsize::new(0) }).collect();
+        let parts = split
+            .into_iter()
+            .map(|items| Part {
+                items,
+                next: AtomicUsize::new(0),
+            })
+            .collect();
         Batch { parts }
     }
 

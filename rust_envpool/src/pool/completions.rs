@@ -116,9 +116,7 @@ mod tests {
             w.join().unwrap();
         }
         got.sort_unstable();
-        let mut want: Vec<usize> = (0..4)
-            .flat_map(|t| (0..250).map(move |k| t * 1000 + k))
-            .collect();
+        let mut want: Vec<usize> = (0..4).flat_map(|t| (0..250).map(move |k| t * 1000 + k)).collect();
         want.sort_unstable();
         assert_eq!(got, want);
     }

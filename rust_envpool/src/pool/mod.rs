@@ -98,9 +98,7 @@ pub enum PoolError {
     #[error("{arg}: {msg}")]
     InvalidArgument { arg: &'static str, msg: String },
     /// The interrupt check asked a blocked wait to stop. Requests stay outstanding; `recv` them later.
-    #[error(
-        "interrupted while waiting for env results; the outstanding requests stay in the pool"
-    )]
+    #[error("interrupted while waiting for env results; the outstanding requests stay in the pool")]
     Interrupted,
     /// The worker threads could not be started, or an env factory panicked.
     #[error("{0}")]
@@ -109,10 +107,7 @@ pub enum PoolError {
 
 impl PoolError {
     pub(crate) fn arg(arg: &'static str, msg: impl Into<String>) -> Self {
-        PoolError::InvalidArgument {
-            arg,
-            msg: msg.into(),
-        }
+        PoolError::InvalidArgument { arg, msg: msg.into() }
     }
 }
 
@@ -290,10 +285,7 @@ impl EnvPool {
     /// auto-reset on) first.
     pub fn new(factories: Vec<EnvFactory>, config: PoolConfig) -> Result<Self, PoolError> {
         if factories.is_empty() {
-            return Err(PoolError::arg(
-                "games",
-                "need at least one game (env factory)",
-            ));
+            return Err(PoolError::arg("games", "need at least one game (env factory)"));
         }
         if config.group_size == 0 {
             return Err(PoolError::arg("group_size", "must be >= 1"));
@@ -325,12 +317,8 @@ impl EnvPool {
             (0..num_envs)
                 .into_par_iter()
                 .map(|i| {
-                    catch_unwind(AssertUnwindSafe(|| factories[i / g]())).map_err(|_| {
-                        format!(
-                            "the env factory of game {} panicked while building env {i}",
-                            i / g
-                        )
-                    })
+                    catch_unwind(AssertUnwindSafe(|| factories[i / g]()))
+                        .map_err(|_| format!("the env factory of game {} panicked while building env {i}", i / g))
                 })
                 .collect()
         });
@@ -390,7 +378,10 @@ impl EnvPool {
 
     /// A handle that hands results back to be freed on this pool's worker threads.
     pub fn recycler(&self) -> Recycler {
-        Recycler { shared: Arc::clone(&self.shared), num_envs: self.num_envs() }
+        Recycler {
+            shared: Arc::clone(&self.shared),
+            num_envs: self.num_envs(),
+        }
     }
 
     /// Requests sent and not yet received.
@@ -429,18 +420,15 @@ impl EnvPool {
     }
 
     fn take_output(&self, env: usize) -> StepResult {
-        lock(&self.shared.cells[env])
-            .output
-            .take()
-            .unwrap_or_else(|| {
-                StepResult::failed(
-                    env as i64,
-                    format!("env {env}: internal error: finished without writing a result"),
-                    0.0,
-                    String::new(),
-                    0,
-                )
-            })
+        lock(&self.shared.cells[env]).output.take().unwrap_or_else(|| {
+            StepResult::failed(
+                env as i64,
+                format!("env {env}: internal error: finished without writing a result"),
+                0.0,
+                String::new(),
+                0,
+            )
+        })
     }
 
     /// Moves finished env ids from the completion board to the tracker, waiting at most `timeout`
@@ -455,11 +443,7 @@ impl EnvPool {
     /// Queues a step for each `(action, env id)` pair and returns at once. Results come back
     /// through [`EnvPool::recv`].
     pub fn send(&mut self, actions: Vec<String>, env_ids: &[i64]) -> Result<(), PoolError> {
-        self.send_ops(
-            actions.into_iter().map(Op::Step).collect(),
-            "actions",
-            env_ids,
-        )
+        self.send_ops(actions.into_iter().map(Op::Step).collect(), "actions", env_ids)
     }
 
     /// Queues one request per env id ([`Op::Step`], or [`Op::Invalid`] for an action rejected
@@ -483,12 +467,7 @@ impl EnvPool {
         self.send_ops(vec![Op::Reset; env_ids.len()], "env_ids", env_ids)
     }
 
-    fn send_ops(
-        &mut self,
-        ops: Vec<Op>,
-        arg: &'static str,
-        env_ids: &[i64],
-    ) -> Result<(), PoolError> {
+    fn send_ops(&mut self, ops: Vec<Op>, arg: &'static str, env_ids: &[i64]) -> Result<(), PoolError> {
         let n = self.num_envs();
         let idx = check_call(arg, ops.len(), env_ids, n, &self.tracker)?;
         let mut requests = Vec::with_capacity(ops.len());
@@ -522,9 +501,7 @@ impl EnvPool {
         let outstanding = self.tracker.outstanding();
         if batch_size > outstanding {
             let msg = if outstanding == 0 {
-                format!(
-                    "asked for {batch_size} results but nothing is pending; send requests first"
-                )
+                format!("asked for {batch_size} results but nothing is pending; send requests first")
             } else {
                 format!("asked for {batch_size} results but only {outstanding} requests are outstanding")
             };
@@ -551,11 +528,7 @@ impl EnvPool {
     }
 
     /// Steps each env id with its action and returns the results in the order of `env_ids`.
-    pub fn step(
-        &mut self,
-        actions: Vec<String>,
-        env_ids: &[i64],
-    ) -> Result<Vec<StepResult>, PoolError> {
+    pub fn step(&mut self, actions: Vec<String>, env_ids: &[i64]) -> Result<Vec<StepResult>, PoolError> {
         self.step_interruptible(actions, env_ids, &mut || false)
     }
 
@@ -583,12 +556,7 @@ impl EnvPool {
         env_ids: &[i64],
         interrupted: &mut dyn FnMut() -> bool,
     ) -> Result<Vec<StepResult>, PoolError> {
-        self.run_sync(
-            vec![Op::Reset; env_ids.len()],
-            "env_ids",
-            env_ids,
-            interrupted,
-        )
+        self.run_sync(vec![Op::Reset; env_ids.len()], "env_ids", env_ids, interrupted)
     }
 
     /// `send` + waiting for exactly these envs. If interrupted, the envs stay outstanding and

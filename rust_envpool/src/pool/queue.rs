@@ -106,15 +106,10 @@ impl Tracker {
     /// Removes the ready entries of the envs flagged in `wanted` (all must be ready), keeping the
     /// order of the other ready entries; those envs become idle.
     pub fn take_envs(&mut self, wanted: &[bool]) {
-        self.ready
-            .retain(|e| !matches!(e, Entry::Env(i) if wanted[*i]));
+        self.ready.retain(|e| !matches!(e, Entry::Env(i) if wanted[*i]));
         for (i, w) in wanted.iter().enumerate() {
             if *w {
-                assert_eq!(
-                    self.state[i],
-                    Outstanding::Ready,
-                    "env {i} taken before it was ready"
-                );
+                assert_eq!(self.state[i], Outstanding::Ready, "env {i} taken before it was ready");
                 self.state[i] = Outstanding::Idle;
             }
         }

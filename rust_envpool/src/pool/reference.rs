@@ -20,10 +20,7 @@ pub struct SequentialPool {
 impl SequentialPool {
     pub fn new(factories: Vec<EnvFactory>, config: PoolConfig) -> Result<Self, PoolError> {
         if factories.is_empty() {
-            return Err(PoolError::arg(
-                "games",
-                "need at least one game (env factory)",
-            ));
+            return Err(PoolError::arg("games", "need at least one game (env factory)"));
         }
         if config.group_size == 0 {
             return Err(PoolError::arg("group_size", "must be >= 1"));
@@ -55,12 +52,7 @@ impl SequentialPool {
     }
 
     /// Validates a call, then applies each request in order.
-    fn apply(
-        &mut self,
-        ops: Vec<Op>,
-        arg: &'static str,
-        env_ids: &[i64],
-    ) -> Result<Vec<StepResult>, PoolError> {
+    fn apply(&mut self, ops: Vec<Op>, arg: &'static str, env_ids: &[i64]) -> Result<Vec<StepResult>, PoolError> {
         if ops.len() != env_ids.len() {
             return Err(PoolError::arg(arg, "length differs from env_ids"));
         }
@@ -96,11 +88,7 @@ impl SequentialPool {
     }
 
     pub fn send(&mut self, actions: Vec<String>, env_ids: &[i64]) -> Result<(), PoolError> {
-        let results = self.apply(
-            actions.into_iter().map(Op::Step).collect(),
-            "actions",
-            env_ids,
-        )?;
+        let results = self.apply(actions.into_iter().map(Op::Step).collect(), "actions", env_ids)?;
         self.mark(&results, true);
         self.queue.extend(results);
         Ok(())
@@ -136,16 +124,8 @@ impl SequentialPool {
         }
     }
 
-    pub fn step(
-        &mut self,
-        actions: Vec<String>,
-        env_ids: &[i64],
-    ) -> Result<Vec<StepResult>, PoolError> {
-        self.apply(
-            actions.into_iter().map(Op::Step).collect(),
-            "actions",
-            env_ids,
-        )
+    pub fn step(&mut self, actions: Vec<String>, env_ids: &[i64]) -> Result<Vec<StepResult>, PoolError> {
+        self.apply(actions.into_iter().map(Op::Step).collect(), "actions", env_ids)
     }
 
     pub fn reset(&mut self, env_ids: &[i64]) -> Result<Vec<StepResult>, PoolError> {

@@ -53,13 +53,7 @@ pub struct StepResult {
 
 impl StepResult {
     /// The result reported for a request that could not be applied to the env.
-    pub fn failed(
-        env_id: i64,
-        error: String,
-        score: f64,
-        task_type: String,
-        step_count: u32,
-    ) -> Self {
+    pub fn failed(env_id: i64, error: String, score: f64, task_type: String, step_count: u32) -> Self {
         Self {
             env_id,
             obs: String::new(),
@@ -172,19 +166,13 @@ impl EnvSlot {
             Ok(s) => {
                 self.step_count = 0;
                 self.last_score = s.score;
-                self.status = if s.done {
-                    Status::Done
-                } else {
-                    Status::Running
-                };
+                self.status = if s.done { Status::Done } else { Status::Running };
                 self.ok(s, 0.0, false)
             }
             Err(p) => {
                 let msg = format!("env {} panicked in reset: {}", self.id, panic_message(&*p));
                 self.status = Status::Broken(msg.clone());
-                self.fail(format!(
-                    "{msg}; the env is marked broken until a reset succeeds"
-                ))
+                self.fail(format!("{msg}; the env is marked broken until a reset succeeds"))
             }
         }
     }
@@ -240,8 +228,7 @@ impl EnvSlot {
                 self.step_count = self.step_count.saturating_add(1);
                 let reward = s.score - self.last_score;
                 self.last_score = s.score;
-                let truncated =
-                    !s.done && rules.max_steps > 0 && self.step_count >= rules.max_steps;
+                let truncated = !s.done && rules.max_steps > 0 && self.step_count >= rules.max_steps;
                 if s.done || truncated {
                     self.status = Status::Done;
                 }
@@ -307,10 +294,7 @@ mod tests {
         assert_eq!((r.step_count, r.done, r.reward), (1, false, 0.5));
         // Step 2 (right): done and won; this call returns the final observation.
         let r = s.run(&Op::Step(target(2, 1)), AUTO);
-        assert_eq!(
-            (r.step_count, r.done, r.won, r.truncated),
-            (2, true, true, false)
-        );
+        assert_eq!((r.step_count, r.done, r.won, r.truncated), (2, true, true, false));
         assert_eq!((r.reward, r.score), (0.5, 1.0));
         assert!(r.obs.contains("game is over"));
         // Next step: the action is ignored and the reset observation comes back.
@@ -353,10 +337,7 @@ mod tests {
         let r = s.run(&Op::Step(target(5, 1)), rules);
         assert!(r.done && r.truncated && !r.won && r.error.is_none());
         assert_eq!(r.step_count, 2);
-        assert!(
-            !r.obs.is_empty(),
-            "a truncated step still shows the game's observation"
-        );
+        assert!(!r.obs.is_empty(), "a truncated step still shows the game's observation");
         // Game ends exactly at the limit: done, not truncated, won as the game says.
         let mut s = slot(2, None);
         s.run(&Op::Reset, rules);
@@ -372,10 +353,7 @@ mod tests {
         assert!(s.run(&Op::Step("go east".into()), MANUAL).error.is_none());
         let r = s.run(&Op::Step("go east".into()), MANUAL);
         let e = r.error.unwrap();
-        assert!(
-            e.contains("panicked in step 2") && e.contains("told to panic"),
-            "{e}"
-        );
+        assert!(e.contains("panicked in step 2") && e.contains("told to panic"), "{e}");
         assert!(r.done && s.is_broken());
         let r = s.run(&Op::Step("go east".into()), AUTO);
         assert!(

@@ -20,7 +20,10 @@ pub struct StringTable {
 impl StringTable {
     pub fn new(limit: usize) -> Self {
         let limit = limit.min(NO_ID as usize);
-        Self { ids: RwLock::new(HashMap::default()), limit }
+        Self {
+            ids: RwLock::new(HashMap::default()),
+            limit,
+        }
     }
 
     fn read(&self) -> RwLockReadGuard<'_, HashMap<Box<str>, u32, ahash::RandomState>> {

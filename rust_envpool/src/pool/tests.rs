@@ -9,11 +9,7 @@ use super::reference::SequentialPool;
 use super::*;
 use crate::envs::dummy::{DummyConfig, DummyEnv};
 
-fn dummy_factories(
-    num_games: usize,
-    episode_len: u32,
-    panic_game: Option<(usize, u32)>,
-) -> Vec<EnvFactory> {
+fn dummy_factories(num_games: usize, episode_len: u32, panic_game: Option<(usize, u32)>) -> Vec<EnvFactory> {
     (0..num_games)
         .map(|g| {
             let cfg = DummyConfig {
@@ -67,10 +63,7 @@ fn sync_reset_and_step_in_id_order_with_groups() {
         (6, 3, 2, 2)
     );
     let r = p.reset(&[5, 0, 3]).unwrap();
-    assert_eq!(
-        r.iter().map(|x| x.env_id).collect::<Vec<_>>(),
-        vec![5, 0, 3]
-    );
+    assert_eq!(r.iter().map(|x| x.env_id).collect::<Vec<_>>(), vec![5, 0, 3]);
     let all = p.reset(&ids(6)).unwrap();
     // The two envs of a group play the same game: identical observations.
     for g in 0..3 {
@@ -137,10 +130,7 @@ fn async_recv_returns_first_finishers_in_completion_order() {
     // Env 1 is idle again and can be sent to while 0 and 2 still run.
     p.send(vec![acts[3].clone()], &[1]).unwrap();
     let next = p.recv(2).unwrap();
-    assert_eq!(
-        next.iter().map(|r| r.env_id).collect::<Vec<_>>(),
-        vec![1, 2]
-    );
+    assert_eq!(next.iter().map(|r| r.env_id).collect::<Vec<_>>(), vec![1, 2]);
     let last = p.recv(1).unwrap();
     assert_eq!(last[0].env_id, 0);
     assert_eq!(last[0].step_count, 1);
@@ -162,22 +152,13 @@ fn recv_errors_name_batch_size() {
 #[test]
 fn malformed_calls_change_nothing() {
     let mut p = pool(3, PoolConfig::default());
-    assert_eq!(
-        arg_of(p.step(vec!["a".into()], &[0, 1]).unwrap_err()),
-        "actions"
-    );
-    assert_eq!(
-        arg_of(p.send(vec!["a".into(); 2], &[1, 1]).unwrap_err()),
-        "env_ids"
-    );
+    assert_eq!(arg_of(p.step(vec!["a".into()], &[0, 1]).unwrap_err()), "actions");
+    assert_eq!(arg_of(p.send(vec!["a".into(); 2], &[1, 1]).unwrap_err()), "env_ids");
     assert_eq!(arg_of(p.reset(&[2, 0, 2]).unwrap_err()), "env_ids");
     assert_eq!(p.outstanding(), 0, "a refused call sends nothing");
     p.send_reset(&[0]).unwrap();
     let e = p.step(vec!["a".into(), "b".into()], &[1, 0]).unwrap_err();
-    assert!(
-        e.to_string().contains("already has a request outstanding"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("already has a request outstanding"), "{e}");
     assert_eq!(p.outstanding(), 1, "env 1 was not sent either");
     assert_eq!(p.recv(1).unwrap()[0].env_id, 0);
 }
@@ -197,8 +178,7 @@ fn bad_env_ids_are_reported_per_env() {
     }
     assert_eq!((r[1].env_id, r[2].env_id), (7, -1));
     // Async: the rejection is ready at once, ahead of the envs still running.
-    p.send(vec!["sleep 100".into(), "x".into()], &[0, 9])
-        .unwrap();
+    p.send(vec!["sleep 100".into(), "x".into()], &[0, 9]).unwrap();
     let first = p.recv(1).unwrap();
     assert_eq!(first[0].env_id, 9);
     assert!(first[0].error.is_some());
@@ -272,11 +252,9 @@ fn step_limit_truncates() {
     let r = p.step(vec![target(0, 0), "x".into()], &ids(2)).unwrap();
     assert!(r.iter().all(|x| !x.done));
     let r = p.step(vec![target(0, 1), "x".into()], &ids(2)).unwrap();
-    assert!(r.iter().all(|x| x.done
-        && x.truncated
-        && !x.won
-        && x.step_count == 2
-        && x.error.is_none()));
+    assert!(r
+        .iter()
+        .all(|x| x.done && x.truncated && !x.won && x.step_count == 2 && x.error.is_none()));
     assert!((r[0].score - 2.0 / 3.0).abs() < 1e-12);
 }
 
@@ -336,10 +314,7 @@ fn interrupt_leaves_requests_outstanding() {
     assert_eq!(p.outstanding(), 2);
     let mut r = p.recv(2).unwrap();
     r.sort_by_key(|x| x.env_id);
-    assert_eq!(
-        r.iter().map(|x| x.step_count).collect::<Vec<_>>(),
-        vec![1, 1]
-    );
+    assert_eq!(r.iter().map(|x| x.step_count).collect::<Vec<_>>(), vec![1, 1]);
 }
 
 #[test]
@@ -357,20 +332,14 @@ fn interrupt_is_checked_while_results_trickle_in() {
     let t0 = Instant::now();
     let e = p.recv_interruptible(8, &mut || true).unwrap_err();
     assert_eq!(e, PoolError::Interrupted);
-    assert!(
-        t0.elapsed() < Duration::from_millis(150),
-        "{:?}",
-        t0.elapsed()
-    );
+    assert!(t0.elapsed() < Duration::from_millis(150), "{:?}", t0.elapsed());
     assert_eq!(p.outstanding(), 8);
     assert_eq!(p.recv(8).unwrap().len(), 8);
 }
 
 #[test]
 fn construction_errors() {
-    let e = EnvPool::new(Vec::new(), PoolConfig::default())
-        .err()
-        .unwrap();
+    let e = EnvPool::new(Vec::new(), PoolConfig::default()).err().unwrap();
     assert_eq!(arg_of(e), "games");
     let e = EnvPool::new(
         dummy_factories(1, 3, None),
@@ -399,8 +368,7 @@ fn threads_setting_and_drop_with_work_in_flight() {
     );
     assert_eq!(p.num_threads(), 3);
     p.reset(&ids(2)).unwrap();
-    p.send(vec!["sleep 50".into(), "sleep 50".into()], &ids(2))
-        .unwrap();
+    p.send(vec!["sleep 50".into(), "sleep 50".into()], &ids(2)).unwrap();
     drop(p); // must neither block on nor crash the running requests
 }
 
@@ -469,10 +437,7 @@ fn without_ids(pool: &EnvPool, mut results: Vec<StepResult>) -> Vec<StepResult> 
 fn same_outcome<T>(a: &Result<T, PoolError>, b: &Result<T, PoolError>) -> bool {
     match (a, b) {
         (Ok(_), Ok(_)) => true,
-        (
-            Err(PoolError::InvalidArgument { arg: x, .. }),
-            Err(PoolError::InvalidArgument { arg: y, .. }),
-        ) => x == y,
+        (Err(PoolError::InvalidArgument { arg: x, .. }), Err(PoolError::InvalidArgument { arg: y, .. })) => x == y,
         _ => false,
     }
 }

@@ -8,7 +8,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
 fn type_name(x: &Bound<'_, PyAny>) -> String {
-    x.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+    x.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 use crate::envs::alfworld::{AlfworldEnv, GameSpec, LoadError};
@@ -39,7 +42,9 @@ impl PyAlfworldGame {
 
 fn check_steps(max_steps: i64) -> PyResult<usize> {
     if max_steps < 1 {
-        return Err(PyValueError::new_err(format!("max_steps must be a positive integer, got {max_steps}")));
+        return Err(PyValueError::new_err(format!(
+            "max_steps must be a positive integer, got {max_steps}"
+        )));
     }
     Ok(max_steps as usize)
 }
@@ -51,7 +56,9 @@ impl PyAlfworldGame {
     fn from_file(py: Python<'_>, path: std::path::PathBuf, max_steps: i64) -> PyResult<Self> {
         let n = check_steps(max_steps)?;
         let spec = py.detach(|| GameSpec::from_path(&path)).map_err(load_err)?;
-        Ok(Self { env: AlfworldEnv::new(Arc::new(spec), n) })
+        Ok(Self {
+            env: AlfworldEnv::new(Arc::new(spec), n),
+        })
     }
 
     #[staticmethod]
@@ -59,7 +66,9 @@ impl PyAlfworldGame {
     fn from_json(py: Python<'_>, text: &str, max_steps: i64, source: &str) -> PyResult<Self> {
         let n = check_steps(max_steps)?;
         let spec = py.detach(|| GameSpec::from_json_str(text, source)).map_err(load_err)?;
-        Ok(Self { env: AlfworldEnv::new(Arc::new(spec), n) })
+        Ok(Self {
+            env: AlfworldEnv::new(Arc::new(spec), n),
+        })
     }
 
     fn reset<'py>(&mut self, py: Python<'py>) -> PyResult<(String, Bound<'py, PyDict>)> {

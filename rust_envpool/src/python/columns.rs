@@ -57,11 +57,7 @@ fn bytes_of<T, const N: usize>(items: impl Iterator<Item = T>, to: fn(T) -> [u8;
 
 /// The columns of `results` (see the module docs). `results` is only read: the caller decides
 /// where the Rust strings are freed.
-pub fn to_python<'py>(
-    py: Python<'py>,
-    results: &[StepResult],
-    strs: &mut SharedStrs,
-) -> PyResult<Bound<'py, PyTuple>> {
+pub fn to_python<'py>(py: Python<'py>, results: &[StepResult], strs: &mut SharedStrs) -> PyResult<Bound<'py, PyTuple>> {
     let n = results.len();
     let mut obs = Vec::with_capacity(n);
     let mut admissible = Vec::with_capacity(n);
@@ -71,8 +67,12 @@ pub fn to_python<'py>(
         obs.push(PyString::new(py, &r.obs));
         let n_adm = r.admissible.len();
         let id = |k: usize| r.string_ids.as_ref().map_or(NO_ID, |ids| ids[k]);
-        let adm: Vec<Bound<'py, PyString>> =
-            r.admissible.iter().enumerate().map(|(k, a)| strs.get(py, id(k), a)).collect();
+        let adm: Vec<Bound<'py, PyString>> = r
+            .admissible
+            .iter()
+            .enumerate()
+            .map(|(k, a)| strs.get(py, id(k), a))
+            .collect();
         admissible.push(PyList::new(py, adm)?);
         task_type.push(strs.get(py, id(n_adm), &r.task_type));
         error.push(PyString::new(py, r.error.as_deref().unwrap_or("")));

@@ -26,8 +26,14 @@ fn generate_game_json(
 ) -> PyResult<String> {
     let task: TaskType = task_type.parse().map_err(value_error)?;
     let room: Option<Room> = room.map(str::parse).transpose().map_err(value_error)?;
-    let config = GenConfig { room, num_receptacles: receptacles, num_distractors: distractors, usual_place };
-    py.detach(|| alfworld_gen::generate(task, seed, &config)).map_err(value_error)
+    let config = GenConfig {
+        room,
+        num_receptacles: receptacles,
+        num_distractors: distractors,
+        usual_place,
+    };
+    py.detach(|| alfworld_gen::generate(task, seed, &config))
+        .map_err(value_error)
 }
 
 /// The six task type names.

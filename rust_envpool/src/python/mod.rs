@@ -3,12 +3,12 @@
 
 use pyo3::prelude::*;
 
+mod alfworld;
 mod columns;
 mod generate;
+mod pool;
 mod prompts;
 mod requests;
-mod pool;
-mod alfworld;
 mod webshop;
 
 #[pyfunction]

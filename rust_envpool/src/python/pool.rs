@@ -9,8 +9,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 
 use crate::envs::alfworld::{AlfworldEnv, GameSpec, LoadError};
-use crate::envs::webshop::WebShopEnv;
 use crate::envs::dummy::{DummyConfig, DummyEnv};
+use crate::envs::webshop::WebShopEnv;
 use crate::envs::TextEnv;
 use crate::pool::{EnvFactory, EnvPool, Op, PoolConfig, PoolError, Recycler, StepResult, MAX_ENVS};
 
@@ -79,39 +79,29 @@ where
     });
     match out {
         Ok(v) => Ok(v),
-        Err(PoolError::Interrupted) => Err(raised
-            .take()
-            .unwrap_or_else(|| pool_err(PoolError::Interrupted))),
+        Err(PoolError::Interrupted) => Err(raised.take().unwrap_or_else(|| pool_err(PoolError::Interrupted))),
         Err(e) => Err(pool_err(e)),
     }
 }
 
 fn int_arg(name: &str, v: i64, min: i64) -> PyResult<i64> {
     if v < min {
-        return Err(PyValueError::new_err(format!(
-            "{name}: must be >= {min}, got {v}"
-        )));
+        return Err(PyValueError::new_err(format!("{name}: must be >= {min}, got {v}")));
     }
     Ok(v)
 }
 
 /// Builds one factory per group for the `dummy` kind from its options.
-fn dummy_factories(
-    num_groups: usize,
-    seed: u64,
-    options: Option<&Bound<'_, PyDict>>,
-) -> PyResult<Vec<EnvFactory>> {
+fn dummy_factories(num_groups: usize, seed: u64, options: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<EnvFactory>> {
     let mut base = DummyConfig::default();
     if let Some(opts) = options {
         for (k, v) in opts.iter() {
             let key: String = k.extract()?;
-            let bad =
-                |what: &str| PyValueError::new_err(format!("{key}: expected {what}, got {v}"));
+            let bad = |what: &str| PyValueError::new_err(format!("{key}: expected {what}, got {v}"));
             match key.as_str() {
                 "episode_len" => {
                     let x: i64 = v.extract().map_err(|_| bad("an int >= 1"))?;
-                    base.episode_len =
-                        u32::try_from(int_arg(&key, x, 1)?).map_err(|_| bad("an int < 2**32"))?;
+                    base.episode_len = u32::try_from(int_arg(&key, x, 1)?).map_err(|_| bad("an int < 2**32"))?;
                 }
                 "busy_iters" => {
                     let x: i64 = v.extract().map_err(|_| bad("an int >= 0"))?;
@@ -122,10 +112,7 @@ fn dummy_factories(
                         None
                     } else {
                         let x: i64 = v.extract().map_err(|_| bad("None or an int >= 1"))?;
-                        Some(
-                            u32::try_from(int_arg(&key, x, 1)?)
-                                .map_err(|_| bad("an int < 2**32"))?,
-                        )
+                        Some(u32::try_from(int_arg(&key, x, 1)?).map_err(|_| bad("an int < 2**32"))?)
                     };
                 }
                 _ => {
@@ -143,8 +130,7 @@ fn dummy_factories(
                 seed: seed.wrapping_add(g as u64),
                 ..base.clone()
             });
-            Box::new(move || Box::new(DummyEnv::new((*cfg).clone())) as Box<dyn TextEnv>)
-                as EnvFactory
+            Box::new(move || Box::new(DummyEnv::new((*cfg).clone())) as Box<dyn TextEnv>) as EnvFactory
         })
         .collect())
 }
@@ -187,11 +173,7 @@ impl PyEnvPool {
 
     /// The Python columns of `results` (see [`columns`]); the Rust results are then freed on
     /// the worker threads.
-    fn to_python<'py>(
-        &self,
-        py: Python<'py>,
-        results: Vec<StepResult>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    fn to_python<'py>(&self, py: Python<'py>, results: Vec<StepResult>) -> PyResult<Bound<'py, PyTuple>> {
         // The objects are taken out for the conversion, which may run Python code (a garbage
         // collection): nothing stays locked, and a call that re-enters meanwhile starts from none
         // (same strings, built anew).
@@ -302,7 +284,9 @@ impl PyEnvPool {
                         PyValueError::new_err(format!("goals[{k}]: expected a goal index in [0, {n}), got {g}"))
                     })?;
                     let shop = shop.clone();
-                    out.push(Box::new(move || Box::new(WebShopEnv::with_goal(shop.clone(), g)) as Box<dyn TextEnv>));
+                    out.push(Box::new(move || {
+                        Box::new(WebShopEnv::with_goal(shop.clone(), g)) as Box<dyn TextEnv>
+                    }));
                 }
                 out
             }
@@ -340,9 +324,8 @@ impl PyEnvPool {
                 specs
                     .into_iter()
                     .map(|spec| {
-                        Box::new(move || {
-                            Box::new(AlfworldEnv::new(spec.clone(), engine_limit)) as Box<dyn TextEnv>
-                        }) as EnvFactory
+                        Box::new(move || Box::new(AlfworldEnv::new(spec.clone(), engine_limit)) as Box<dyn TextEnv>)
+                            as EnvFactory
                     })
                     .collect()
             }
@@ -401,11 +384,7 @@ impl PyEnvPool {
 
     /// The first `batch_size` requests to finish, in completion order; None: all outstanding.
     #[pyo3(signature = (batch_size=None))]
-    fn recv<'py>(
-        &self,
-        py: Python<'py>,
-        batch_size: Option<i64>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    fn recv<'py>(&self, py: Python<'py>, batch_size: Option<i64>) -> PyResult<Bound<'py, PyTuple>> {
         let n = match batch_size {
             None => None,
             Some(b) => Some(int_arg("batch_size", b, 1)? as usize),
@@ -424,12 +403,7 @@ impl PyEnvPool {
         let i = usize::try_from(env_id)
             .ok()
             .filter(|&i| i < n)
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "env_id: {env_id} is out of range (ids 0..={})",
-                    n - 1
-                ))
-            })?;
+            .ok_or_else(|| PyValueError::new_err(format!("env_id: {env_id} is out of range (ids 0..={})", n - 1)))?;
         self.with_pool(py, move |p, _| Ok(p.task_of(i).expect("id checked")))
     }
 

@@ -12,8 +12,8 @@ use pyo3::types::{PyDict, PyList, PyString};
 use super::requests::{IntCache, Requests};
 
 use crate::text::chat::Message;
-use crate::text::parse;
 use crate::text::error::PromptError;
+use crate::text::parse;
 use crate::text::prompt::{self, HistoryEntry, Variant};
 use crate::text::skills::{self, EnvKind};
 use crate::text::tokenize::ChatTokenizer;
@@ -67,27 +67,46 @@ impl PyChatTokenizer {
     /// Render `[(role, content), ...]` with the chat template.
     #[pyo3(signature = (messages, add_generation_prompt=true))]
     fn render(&self, messages: Vec<(String, String)>, add_generation_prompt: bool) -> PyResult<String> {
-        self.inner.template().render(&to_messages(messages), add_generation_prompt).map_err(to_py)
+        self.inner
+            .template()
+            .render(&to_messages(messages), add_generation_prompt)
+            .map_err(to_py)
     }
 
     /// Render (with generation prompt) and tokenise each conversation, in parallel, GIL released.
-    fn encode_conversations(&self, py: Python<'_>, conversations: Vec<Vec<(String, String)>>) -> PyResult<Vec<Vec<u32>>> {
+    fn encode_conversations(
+        &self,
+        py: Python<'_>,
+        conversations: Vec<Vec<(String, String)>>,
+    ) -> PyResult<Vec<Vec<u32>>> {
         use rayon::prelude::*;
         let convs: Vec<Vec<Message>> = conversations.into_iter().map(to_messages).collect();
-        py.detach(|| convs.par_iter().map(|c| self.inner.encode_messages(c)).collect::<Result<Vec<_>, _>>())
-            .map_err(to_py)
+        py.detach(|| {
+            convs
+                .par_iter()
+                .map(|c| self.inner.encode_messages(c))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .map_err(to_py)
     }
 
     /// Chat-format and tokenise user prompts (optional system message), in parallel.
     #[pyo3(signature = (prompts, system=None))]
     fn encode_chat(&self, py: Python<'_>, prompts: Vec<String>, system: Option<String>) -> PyResult<Vec<Vec<u32>>> {
-        py.detach(|| self.inner.encode_chat_batch(&prompts, system.as_deref())).map_err(to_py)
+        py.detach(|| self.inner.encode_chat_batch(&prompts, system.as_deref()))
+            .map_err(to_py)
     }
 
     /// Sequential reference of `encode_chat`.
     #[pyo3(signature = (prompts, system=None))]
-    fn encode_chat_sequential(&self, py: Python<'_>, prompts: Vec<String>, system: Option<String>) -> PyResult<Vec<Vec<u32>>> {
-        py.detach(|| self.inner.encode_chat_batch_sequential(&prompts, system.as_deref())).map_err(to_py)
+    fn encode_chat_sequential(
+        &self,
+        py: Python<'_>,
+        prompts: Vec<String>,
+        system: Option<String>,
+    ) -> PyResult<Vec<Vec<u32>>> {
+        py.detach(|| self.inner.encode_chat_batch_sequential(&prompts, system.as_deref()))
+            .map_err(to_py)
     }
 
     /// Token ids of plain text (no special tokens added); through the piece cache when the
@@ -157,7 +176,11 @@ impl PyPromptBuilder {
                     .map_err(|e| PyOSError::new_err(format!("num_threads: could not start {n} threads: {e}")))?,
             ),
         };
-        Ok(PyPromptBuilder { inner, threads, ints: IntCache::default() })
+        Ok(PyPromptBuilder {
+            inner,
+            threads,
+            ints: IntCache::default(),
+        })
     }
 
     /// Returns (text, variant, tokens) with variant "history" or "no_history".
@@ -191,7 +214,8 @@ impl PyPromptBuilder {
         step: usize,
     ) -> PyResult<String> {
         let h = history_entries(history);
-        py.detach(|| self.inner.build_teacher(&task, &observation, &admissible, &h, step)).map_err(to_py)
+        py.detach(|| self.inner.build_teacher(&task, &observation, &admissible, &h, step))
+            .map_err(to_py)
     }
 
     /// Build prompts for `requests` (mappings: task, observation, admissible, optional history
@@ -219,7 +243,13 @@ impl PyPromptBuilder {
         drop(reqs);
         let ids = self.ints.lists(py, built.iter().map(|(_, ids)| ids.as_slice()))?;
         if with_text {
-            PyList::new(py, built.iter().zip(ids).map(|((text, _), ids)| (PyString::new(py, text), ids)))
+            PyList::new(
+                py,
+                built
+                    .iter()
+                    .zip(ids)
+                    .map(|((text, _), ids)| (PyString::new(py, text), ids)),
+            )
         } else {
             PyList::new(py, ids)
         }
@@ -263,7 +293,10 @@ fn retrieve_skills(task: &str, env: &str) -> PyResult<String> {
 #[pyfunction]
 #[pyo3(signature = (task, env="alfworld"))]
 fn retrieve_skill_names(task: &str, env: &str) -> PyResult<Vec<&'static str>> {
-    Ok(skills::retrieve(task, env_kind(env)?).into_iter().map(|s| s.name).collect())
+    Ok(skills::retrieve(task, env_kind(env)?)
+        .into_iter()
+        .map(|s| s.name)
+        .collect())
 }
 
 /// ALFWorld task type name of a task description, or None when no task type's keywords match.
@@ -286,7 +319,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SKILL_HEADER", skills::SKILL_HEADER)?;
     m.add("SKILL_FOOTER", skills::SKILL_FOOTER)?;
     m.add("TEXT_TEMPLATE", crate::text::template::TEXT_TEMPLATE)?;
-    m.add("TEXT_TEMPLATE_VARIABLES", crate::text::template::TEXT_VARIABLES.to_vec())?;
+    m.add(
+        "TEXT_TEMPLATE_VARIABLES",
+        crate::text::template::TEXT_VARIABLES.to_vec(),
+    )?;
     m.add_function(wrap_pyfunction!(parse_action, m)?)?;
     m.add_function(wrap_pyfunction!(retrieve_skills, m)?)?;
     m.add_function(wrap_pyfunction!(retrieve_skill_names, m)?)?;

@@ -23,7 +23,10 @@ use pyo3::types::{PyBool, PyDict, PyList, PyMapping, PySequence, PyString};
 use crate::text::prompt::{check_history_len, PromptRequest};
 
 fn type_name(v: &Bound<'_, PyAny>) -> String {
-    v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+    v.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// The name of the value being read (`requests[3]['admissible'][7]`), built only for an error.
@@ -38,7 +41,8 @@ fn bad(what: impl Name, expected: &str, got: &Bound<'_, PyAny>) -> PyErr {
 fn str_of<'py>(what: impl Name, value: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
     match value.cast_into::<PyString>() {
         Ok(s) => {
-            s.to_str().map_err(|e| PyValueError::new_err(format!("{}: not encodable as UTF-8: {e}", what())))?;
+            s.to_str()
+                .map_err(|e| PyValueError::new_err(format!("{}: not encodable as UTF-8: {e}", what())))?;
             Ok(s)
         }
         Err(e) => Err(bad(what, "str", &e.into_inner())),
@@ -50,7 +54,10 @@ fn seq_of<'py>(what: impl Name, value: &Bound<'py, PyAny>, expected: &str) -> Py
     if value.is_instance_of::<PyString>() {
         return Err(bad(what, expected, value));
     }
-    value.cast::<PySequence>().cloned().map_err(|_| bad(what, expected, value))
+    value
+        .cast::<PySequence>()
+        .cloned()
+        .map_err(|_| bad(what, expected, value))
 }
 
 /// A dict, or another `collections.abc.Mapping`.
@@ -93,9 +100,14 @@ impl<'py> Requests<'py> {
     /// Errors name the request and the key.
     pub fn read(requests: &Bound<'py, PyAny>, history_length: usize) -> PyResult<Self> {
         let py = requests.py();
-        let [k_task, k_obs, k_adm, k_hist, k_step, k_act] =
-            [intern!(py, "task"), intern!(py, "observation"), intern!(py, "admissible"), intern!(py, "history"),
-             intern!(py, "step"), intern!(py, "action")];
+        let [k_task, k_obs, k_adm, k_hist, k_step, k_act] = [
+            intern!(py, "task"),
+            intern!(py, "observation"),
+            intern!(py, "admissible"),
+            intern!(py, "history"),
+            intern!(py, "step"),
+            intern!(py, "action"),
+        ];
         let seq = seq_of(|| "requests".into(), requests, "a list of request mappings")?;
         let n = seq.len()?;
         let mut strs = Vec::with_capacity(n * (8 + 2 * history_length));
@@ -131,7 +143,11 @@ impl<'py> Requests<'py> {
             };
             let h0 = strs.len();
             if let Some(hist) = item(&req, k_hist)? {
-                let hist = seq_of(|| format!("requests[{i}]['history']"), &hist, "a list of (observation, action) pairs")?;
+                let hist = seq_of(
+                    || format!("requests[{i}]['history']"),
+                    &hist,
+                    "a list of (observation, action) pairs",
+                )?;
                 let len = hist.len()?;
                 check_history_len(len, step).map_err(|e| PyValueError::new_err(format!("requests[{i}]: {e}")))?;
                 for k in len.saturating_sub(history_length)..len {
@@ -141,7 +157,13 @@ impl<'py> Requests<'py> {
                     strs.push(a);
                 }
             }
-            spans.push(Spans { task: a0 - 2, observation: a0 - 1, admissible, history: h0..strs.len(), step });
+            spans.push(Spans {
+                task: a0 - 2,
+                observation: a0 - 1,
+                admissible,
+                history: h0..strs.len(),
+                step,
+            });
         }
         Ok(Requests { strs, spans })
     }
@@ -181,7 +203,10 @@ fn pair<'py>(
     if is_mapping(h) {
         let get = |key: &Bound<'py, PyString>| {
             item(h, key)?.ok_or_else(|| {
-                PyValueError::new_err(format!("{}: expected keys 'observation' and 'action', missing '{key}'", what()))
+                PyValueError::new_err(format!(
+                    "{}: expected keys 'observation' and 'action', missing '{key}'",
+                    what()
+                ))
             })
         };
         let o = str_of(|| format!("{}['observation']", what()), get(keys[0])?)?;
@@ -190,9 +215,15 @@ fn pair<'py>(
     let seq = seq_of(what, h, "an (observation, action) pair")?;
     let n = seq.len()?;
     if n != 2 {
-        return Err(PyValueError::new_err(format!("{}: expected an (observation, action) pair, got {n} items", what())));
+        return Err(PyValueError::new_err(format!(
+            "{}: expected an (observation, action) pair, got {n} items",
+            what()
+        )));
     }
-    Ok((str_of(|| format!("{}[0]", what()), seq.get_item(0)?)?, str_of(|| format!("{}[1]", what()), seq.get_item(1)?)?))
+    Ok((
+        str_of(|| format!("{}[0]", what()), seq.get_item(0)?)?,
+        str_of(|| format!("{}[1]", what()), seq.get_item(1)?)?,
+    ))
 }
 
 /// Ids at or above this get a fresh `int` each time instead of a cache slot (no tokenizer has a

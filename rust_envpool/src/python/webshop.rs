@@ -21,7 +21,10 @@ create_exception!(
 );
 
 fn type_name(x: &Bound<'_, PyAny>) -> String {
-    x.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+    x.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 pub(crate) fn webshop_err(e: WebShopError) -> PyErr {
@@ -110,7 +113,9 @@ impl PyWebShop {
             None => None,
             Some(n) if n >= 1 => Some(n as usize),
             Some(n) => {
-                return Err(PyValueError::new_err(format!("num_products: expected None or an int >= 1, got {n}")))
+                return Err(PyValueError::new_err(format!(
+                    "num_products: expected None or an int >= 1, got {n}"
+                )))
             }
         };
         if !data_dir.is_dir() {
@@ -123,7 +128,13 @@ impl PyWebShop {
         if let Some(n) = nouns {
             files.nouns = n;
         }
-        let config = ShopConfig { goals, seed, variant, show_attrs, num_products };
+        let config = ShopConfig {
+            goals,
+            seed,
+            variant,
+            show_attrs,
+            num_products,
+        };
         let shop = py.detach(|| Shop::load(&files, config)).map_err(webshop_err)?;
         Ok(Self { shop: Arc::new(shop) })
     }
@@ -173,9 +184,10 @@ impl PyWebShop {
     /// The goal dict of goal `index` (the original's keys).
     fn goal<'py>(&self, py: Python<'py>, index: i64) -> PyResult<Bound<'py, PyDict>> {
         let n = self.shop.num_goals();
-        let i = usize::try_from(index).ok().filter(|&i| i < n).ok_or_else(|| {
-            PyValueError::new_err(format!("index: expected an int in [0, {n}), got {index}"))
-        })?;
+        let i = usize::try_from(index)
+            .ok()
+            .filter(|&i| i < n)
+            .ok_or_else(|| PyValueError::new_err(format!("index: expected an int in [0, {n}), got {index}")))?;
         goal_dict(py, &self.shop, i)
     }
 
@@ -196,7 +208,10 @@ impl PyWebShop {
         let kw: Vec<String> = q.split(' ').map(str::to_string).collect();
         let mut rng = crate::envs::webshop::pyrandom::PyRandom::new(0);
         let idx = py.detach(|| shop.top_products(&kw, &mut rng)).map_err(webshop_err)?;
-        Ok(idx.into_iter().map(|i| self.shop.catalog.products[i].asin.clone()).collect())
+        Ok(idx
+            .into_iter()
+            .map(|i| self.shop.catalog.products[i].asin.clone())
+            .collect())
     }
 
     /// A new env on this shop.
@@ -242,7 +257,11 @@ impl PyWebShopEnv {
     /// `reset(goal_index)`: the search page of that goal; None: a weight-sampled goal (the
     /// original's session-less reset). info: available_actions, url, goal, goal_index.
     #[pyo3(signature = (goal_index = None))]
-    fn reset<'py>(&mut self, py: Python<'py>, goal_index: Option<&Bound<'py, PyAny>>) -> PyResult<(String, Bound<'py, PyDict>)> {
+    fn reset<'py>(
+        &mut self,
+        py: Python<'py>,
+        goal_index: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(String, Bound<'py, PyDict>)> {
         let s = match goal_index {
             None => self.env.reset_random(),
             Some(g) => {
@@ -251,11 +270,14 @@ impl PyWebShopEnv {
                 }
                 let n = self.env.shop().num_goals();
                 if !g.is_instance_of::<pyo3::types::PyInt>() {
-                    return Err(PyTypeError::new_err(format!("goal_index: expected an int, got {}", type_name(g))));
+                    return Err(PyTypeError::new_err(format!(
+                        "goal_index: expected an int, got {}",
+                        type_name(g)
+                    )));
                 }
-                let i: i64 = g.extract().map_err(|_| {
-                    PyValueError::new_err(format!("goal_index: expected an int in [0, {n}), got {g}"))
-                })?;
+                let i: i64 = g
+                    .extract()
+                    .map_err(|_| PyValueError::new_err(format!("goal_index: expected an int in [0, {n}), got {g}")))?;
                 let i = usize::try_from(i).ok().filter(|&i| i < n).ok_or_else(|| {
                     PyValueError::new_err(format!("goal_index: expected an int in [0, {n}), got {i}"))
                 })?;
@@ -270,7 +292,11 @@ impl PyWebShopEnv {
 
     /// `step(action)` -> (obs, reward, done, info); reward is the int 0 for a no-op, a float
     /// otherwise. Raises WebShopStepError where the original raises.
-    fn step<'py>(&mut self, py: Python<'py>, action: &Bound<'py, PyAny>) -> PyResult<(String, Py<PyAny>, bool, Bound<'py, PyDict>)> {
+    fn step<'py>(
+        &mut self,
+        py: Python<'py>,
+        action: &Bound<'py, PyAny>,
+    ) -> PyResult<(String, Py<PyAny>, bool, Bound<'py, PyDict>)> {
         let action = action
             .cast::<PyString>()
             .map_err(|_| PyTypeError::new_err(format!("action: expected a str, got {}", type_name(action))))?;
@@ -327,13 +353,15 @@ impl PyWebShopEnv {
 /// `(entries, distinct names)` of a product file, streamed (GIL released).
 #[pyfunction]
 fn webshop_scan_products(py: Python<'_>, path: PathBuf) -> PyResult<(usize, Vec<String>)> {
-    py.detach(|| crate::envs::webshop::catalog::scan_products(&path)).map_err(webshop_err)
+    py.detach(|| crate::envs::webshop::catalog::scan_products(&path))
+        .map_err(webshop_err)
 }
 
 /// The number of entries of the JSON array or object in a file, streamed (GIL released).
 #[pyfunction]
 fn webshop_json_length(py: Python<'_>, path: PathBuf) -> PyResult<usize> {
-    py.detach(|| crate::envs::webshop::catalog::json_len(&path)).map_err(webshop_err)
+    py.detach(|| crate::envs::webshop::catalog::json_len(&path))
+        .map_err(webshop_err)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -21,7 +21,10 @@ pub struct Message {
 
 impl Message {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Message { role: role.into(), content: content.into() }
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -37,7 +40,9 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate").field("source_len", &self.source.len()).finish()
+        f.debug_struct("ChatTemplate")
+            .field("source_len", &self.source.len())
+            .finish()
     }
 }
 
@@ -48,9 +53,8 @@ fn raise_exception(msg: String) -> Result<Value, JinjaError> {
 fn strftime_now(fmt: String) -> Result<String, JinjaError> {
     use std::fmt::Write;
     let mut out = String::new();
-    write!(out, "{}", chrono::Local::now().format(&fmt)).map_err(|_| {
-        JinjaError::new(ErrorKind::InvalidOperation, format!("strftime_now: bad format {fmt:?}"))
-    })?;
+    write!(out, "{}", chrono::Local::now().format(&fmt))
+        .map_err(|_| JinjaError::new(ErrorKind::InvalidOperation, format!("strftime_now: bad format {fmt:?}")))?;
     Ok(out)
 }
 
@@ -85,15 +89,24 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned("chat", source.clone())
             .map_err(|e| PromptError::Template(format!("compiling chat template: {e:#}")))?;
-        Ok(ChatTemplate { env, source, bos_token, eos_token, pad_token, enable_thinking: None })
+        Ok(ChatTemplate {
+            env,
+            source,
+            bos_token,
+            eos_token,
+            pad_token,
+            enable_thinking: None,
+        })
     }
 
     /// Load the template of a model directory (see module docs).
     pub fn from_dir(dir: &Path) -> Result<Self, PromptError> {
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: serde_json::Value = if cfg_path.is_file() {
-            let text = std::fs::read_to_string(&cfg_path)
-                .map_err(|e| PromptError::Io { path: cfg_path.clone(), message: e.to_string() })?;
+            let text = std::fs::read_to_string(&cfg_path).map_err(|e| PromptError::Io {
+                path: cfg_path.clone(),
+                message: e.to_string(),
+            })?;
             serde_json::from_str(&text).map_err(|e| PromptError::Io {
                 path: cfg_path.clone(),
                 message: format!("invalid JSON: {e}"),
@@ -104,8 +117,10 @@ impl ChatTemplate {
         // transformers reads chat_template.jinja over tokenizer_config.json's chat_template
         let jinja_path = dir.join("chat_template.jinja");
         let source = match cfg.get("chat_template") {
-            _ if jinja_path.is_file() => std::fs::read_to_string(&jinja_path)
-                .map_err(|e| PromptError::Io { path: jinja_path.clone(), message: e.to_string() })?,
+            _ if jinja_path.is_file() => std::fs::read_to_string(&jinja_path).map_err(|e| PromptError::Io {
+                path: jinja_path.clone(),
+                message: e.to_string(),
+            })?,
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(serde_json::Value::Array(list)) => list
                 .iter()
@@ -144,7 +159,10 @@ impl ChatTemplate {
 
     /// Render `messages` as transformers' `apply_chat_template(..., tokenize=False)` does.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, PromptError> {
-        let tmpl = self.env.get_template("chat").map_err(|e| PromptError::Template(format!("{e:#}")))?;
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| PromptError::Template(format!("{e:#}")))?;
         let base = context! {
             messages => Value::from(
                 messages
@@ -198,7 +216,10 @@ mod tests {
     fn chatml_render() {
         let t = ChatTemplate::from_source(CHATML, None, None, None).unwrap();
         let s = t.render(&user_messages("hi", Some("sys")), true).unwrap();
-        assert_eq!(s, "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            s,
+            "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
         let s = t.render(&user_messages("hi", None), false).unwrap();
         assert_eq!(s, "<|im_start|>user\nhi<|im_end|>\n");
     }
@@ -214,7 +235,9 @@ mod tests {
     fn pycompat_and_loop_controls() {
         let src = "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}{{ m.content.split('|')[-1].lstrip(' ').upper() }}{% if m.content.startswith('a') %}!{% endif %}{% endfor %}{{ messages[0] | tojson }}";
         let t = ChatTemplate::from_source(src, None, None, None).unwrap();
-        let s = t.render(&[Message::new("system", "x"), Message::new("user", "a| b")], true).unwrap();
+        let s = t
+            .render(&[Message::new("system", "x"), Message::new("user", "a| b")], true)
+            .unwrap();
         assert!(s.starts_with("B!"), "{s}");
         assert!(s.contains("\"role\""), "{s}");
     }

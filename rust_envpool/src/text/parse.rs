@@ -46,7 +46,9 @@ pub fn parse_action(text: &str, admissible: Option<&[String]>) -> ParsedAction {
     // Reasoning block: first <think> and the first </think> after it.
     let think_span = text.find(THINK_OPEN).and_then(|s| {
         let body = s + THINK_OPEN.len();
-        text[body..].find(THINK_CLOSE).map(|e| (body, body + e, body + e + THINK_CLOSE.len()))
+        text[body..]
+            .find(THINK_CLOSE)
+            .map(|e| (body, body + e, body + e + THINK_CLOSE.len()))
     });
     // Actions are searched after the reasoning, so tags quoted inside <think> do not count.
     let search_from = think_span.map(|(_, _, end)| end).unwrap_or(0);
@@ -112,7 +114,10 @@ mod tests {
         let p = parse_action("<think>x</think> look", Some(&a));
         assert!(p.missing_action_tags && !p.missing_think);
         assert_eq!(p.action, "look");
-        let p = parse_action("<think>x</think><action>look</action><action>go to desk 1</action>", Some(&a));
+        let p = parse_action(
+            "<think>x</think><action>look</action><action>go to desk 1</action>",
+            Some(&a),
+        );
         assert!(p.multiple_actions);
         assert_eq!(p.action, "look");
         let p = parse_action("<think>x</think><action>Look</action>", Some(&a));

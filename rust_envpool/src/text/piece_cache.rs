@@ -216,7 +216,10 @@ impl PieceCache {
     /// A cache of at most `max_entries` lines and as many words; `words`: cut lines into words
     /// too (only where [`word_cuts_supported`]).
     pub fn new(max_entries: usize, words: bool) -> Self {
-        PieceCache { lines: Shards::new(max_entries), words: words.then(|| Shards::new(max_entries)) }
+        PieceCache {
+            lines: Shards::new(max_entries),
+            words: words.then(|| Shards::new(max_entries)),
+        }
     }
 
     /// Number of cached pieces (lines and words).
@@ -234,7 +237,11 @@ impl PieceCache {
     }
 
     /// Encodes `text` piece by piece; `encode_piece` encodes a piece the cache does not hold.
-    pub fn encode<E>(&self, text: &str, mut encode_piece: impl FnMut(&str) -> Result<Vec<u32>, E>) -> Result<Vec<u32>, E> {
+    pub fn encode<E>(
+        &self,
+        text: &str,
+        mut encode_piece: impl FnMut(&str) -> Result<Vec<u32>, E>,
+    ) -> Result<Vec<u32>, E> {
         let mut out = Vec::with_capacity(text.len() / 3);
         for line in split_at(text, cut_points(text)) {
             if self.lines.extend(line, &mut out) {
@@ -276,7 +283,10 @@ mod tests {
 
     #[test]
     fn cuts_after_newline_before_text() {
-        assert_eq!(pieces("a\nb\n\nc\n 'd'\n  e\n"), vec!["a\n", "b\n\n", "c\n", " 'd'\n  e\n"]);
+        assert_eq!(
+            pieces("a\nb\n\nc\n 'd'\n  e\n"),
+            vec!["a\n", "b\n\n", "c\n", " 'd'\n  e\n"]
+        );
         assert_eq!(pieces(""), vec![""]);
         assert_eq!(pieces("\n\u{a0}x\nü"), vec!["\n\u{a0}x\n", "ü"]);
         assert_eq!(pieces("x\n \n"), vec!["x\n \n"]);
@@ -289,7 +299,10 @@ mod tests {
     #[test]
     fn cuts_lines_into_words_before_a_space_and_text() {
         assert_eq!(words("go to desk 1\n"), vec!["go", " to", " desk", " 1\n"]);
-        assert_eq!(words(" a  b\t c 'd' \u{a0}e 1"), vec![" a ", " b\t", " c 'd' \u{a0}e", " 1"]);
+        assert_eq!(
+            words(" a  b\t c 'd' \u{a0}e 1"),
+            vec![" a ", " b\t", " c 'd' \u{a0}e", " 1"]
+        );
         assert_eq!(words("x  <|im_start|> é"), vec!["x  <|im_start|> é"]);
         assert_eq!(words(" \n x"), vec![" \n", " x"]);
         assert_eq!(words(""), Vec::<&str>::new());
@@ -311,7 +324,10 @@ mod tests {
         let c = PieceCache::new(10_000, false);
         c.encode("a\nb\na\n", enc).unwrap();
         let before = calls.get();
-        assert_eq!(c.encode("b\na\n", enc).unwrap(), "b\na\n".bytes().map(u32::from).collect::<Vec<_>>());
+        assert_eq!(
+            c.encode("b\na\n", enc).unwrap(),
+            "b\na\n".bytes().map(u32::from).collect::<Vec<_>>()
+        );
         assert_eq!(calls.get(), before);
     }
 
@@ -324,7 +340,10 @@ mod tests {
             Ok(p.bytes().map(u32::from).collect())
         };
         let text = "go to desk 1\ngo to desk 2\n";
-        assert_eq!(c.encode(text, enc).unwrap(), text.bytes().map(u32::from).collect::<Vec<_>>());
+        assert_eq!(
+            c.encode(text, enc).unwrap(),
+            text.bytes().map(u32::from).collect::<Vec<_>>()
+        );
         assert_eq!(*seen.borrow(), vec!["go", " to", " desk", " 1\n", " 2\n"]);
         seen.borrow_mut().clear();
         c.encode("go to desk 2\ndesk 1\n", enc).unwrap();

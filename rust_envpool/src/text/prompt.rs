@@ -23,7 +23,6 @@ use crate::text::tokenize::ChatTokenizer;
 // current_step, current_observation, admissible_actions.
 // ---------------------------------------------------------------------------------------------
 
-
 pub const ALFWORLD_TEMPLATE: &str = "You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: {{ task_description }}
 
 Prior to this step, you have already taken {{ step_count }} step(s). Below are the most recent {{ history_length }} observations and the corresponding actions you took: {{ action_history }}
@@ -35,7 +34,8 @@ Your admissible actions of the current situation are: [{{ admissible_actions }}]
 Now it's your turn to take an action.
 {{ instructions }}";
 
-pub const ALFWORLD_TEMPLATE_NO_HIS: &str = "You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: {{ task_description }}
+pub const ALFWORLD_TEMPLATE_NO_HIS: &str =
+    "You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: {{ task_description }}
 
 Your current observation is: {{ current_observation }}
 
@@ -91,7 +91,10 @@ pub struct HistoryEntry {
 
 impl HistoryEntry {
     pub fn new(observation: impl Into<String>, action: impl Into<String>) -> Self {
-        HistoryEntry { observation: observation.into(), action: action.into() }
+        HistoryEntry {
+            observation: observation.into(),
+            action: action.into(),
+        }
     }
 }
 
@@ -133,9 +136,11 @@ pub enum Variant {
 pub fn format_admissible<A: AsRef<str>>(env: EnvKind, admissible: &[A]) -> String {
     let all = admissible.iter().map(AsRef::as_ref);
     match env {
-        EnvKind::Alfworld => {
-            all.filter(|a| a.trim() != "help").map(|a| format!("'{a}'")).collect::<Vec<_>>().join("\n ")
-        }
+        EnvKind::Alfworld => all
+            .filter(|a| a.trim() != "help")
+            .map(|a| format!("'{a}'"))
+            .collect::<Vec<_>>()
+            .join("\n "),
         EnvKind::Webshop => all.map(|a| format!("'{a}',")).collect::<Vec<_>>().join("\n"),
         EnvKind::Text => all.map(|a| format!("'{a}'")).collect::<Vec<_>>().join("\n "),
     }
@@ -165,15 +170,20 @@ fn template_env() -> &'static Environment<'static> {
 fn build_template_env() -> Environment<'static> {
     let mut env = Environment::new();
     env.add_template("alfworld", ALFWORLD_TEMPLATE).expect("valid template");
-    env.add_template("alfworld_no_his", ALFWORLD_TEMPLATE_NO_HIS).expect("valid template");
+    env.add_template("alfworld_no_his", ALFWORLD_TEMPLATE_NO_HIS)
+        .expect("valid template");
     env.add_template("webshop", WEBSHOP_TEMPLATE).expect("valid template");
-    env.add_template("webshop_no_his", WEBSHOP_TEMPLATE_NO_HIS).expect("valid template");
+    env.add_template("webshop_no_his", WEBSHOP_TEMPLATE_NO_HIS)
+        .expect("valid template");
     env
 }
 
 fn check_args(task: &str, history_len: usize, step: usize) -> Result<(), PromptError> {
     if task.trim().is_empty() {
-        return Err(PromptError::InvalidArgument { name: "task", expected: "a non-empty task description".into() });
+        return Err(PromptError::InvalidArgument {
+            name: "task",
+            expected: "a non-empty task description".into(),
+        });
     }
     check_history_len(history_len, step)
 }
@@ -202,7 +212,16 @@ pub fn render_student<A: AsRef<str>, P: PastStep>(
     history_length: usize,
 ) -> Result<String, PromptError> {
     if env == EnvKind::Text {
-        return render_text(builtin_text_template(), variant, task, observation, admissible, history, step, history_length);
+        return render_text(
+            builtin_text_template(),
+            variant,
+            task,
+            observation,
+            admissible,
+            history,
+            step,
+            history_length,
+        );
     }
     check_args(task, history.len(), step)?;
     let tenv = template_env();
@@ -259,8 +278,10 @@ pub fn render_text<A: AsRef<str>, P: PastStep>(
         Variant::WithHistory => format_history(history, step, history_length),
         Variant::NoHistory => (String::new(), 0),
     };
-    let recent: Vec<(&str, &str)> =
-        history[history.len() - shown..].iter().map(|h| (h.observation(), h.action())).collect();
+    let recent: Vec<(&str, &str)> = history[history.len() - shown..]
+        .iter()
+        .map(|h| (h.observation(), h.action()))
+        .collect();
     template.render(&TextContext {
         task,
         observation,
@@ -320,7 +341,13 @@ impl PromptBuilder {
                 expected: "a positive number of tokens or None".into(),
             });
         }
-        Ok(PromptBuilder { env, history_length, max_prompt_tokens, tokenizer, template: None })
+        Ok(PromptBuilder {
+            env,
+            history_length,
+            max_prompt_tokens,
+            tokenizer,
+            template: None,
+        })
     }
 
     /// The same builder with the user's template `source` (Jinja, see [`crate::text::template`]);
@@ -329,7 +356,10 @@ impl PromptBuilder {
         if self.env != EnvKind::Text {
             return Err(PromptError::InvalidArgument {
                 name: "template",
-                expected: format!("no template for env '{}' (its prompts are the paper's); templates are for env 'text'", self.env),
+                expected: format!(
+                    "no template for env '{}' (its prompts are the paper's); templates are for env 'text'",
+                    self.env
+                ),
             });
         }
         self.template = Some(Arc::new(TextTemplate::new(source)?));
@@ -373,7 +403,16 @@ impl PromptBuilder {
     ) -> Result<BuiltPrompt, PromptError> {
         let render = |v| match &self.template {
             Some(t) => render_text(t, v, task, observation, admissible, history, step, self.history_length),
-            None => render_student(self.env, v, task, observation, admissible, history, step, self.history_length),
+            None => render_student(
+                self.env,
+                v,
+                task,
+                observation,
+                admissible,
+                history,
+                step,
+                self.history_length,
+            ),
         };
         let wants_history = step > 0 && self.history_length > 0 && !history.is_empty();
         if wants_history {
@@ -381,11 +420,16 @@ impl PromptBuilder {
             let too_long = self.env == EnvKind::Webshop && text.chars().count() > WEBSHOP_MAX_HISTORY_PROMPT_CHARS;
             let ids = if too_long { None } else { self.measure(&text)? };
             match (&ids, self.max_prompt_tokens) {
-                _ if too_long => {} // fall back below (verl-agent's WebShop rule)
+                _ if too_long => {}                         // fall back below (verl-agent's WebShop rule)
                 (Some(ids), Some(b)) if ids.len() > b => {} // fall back below
                 _ => {
                     let tokens = ids.as_ref().map(Vec::len);
-                    return Ok(BuiltPrompt { text, variant: Variant::WithHistory, tokens, ids });
+                    return Ok(BuiltPrompt {
+                        text,
+                        variant: Variant::WithHistory,
+                        tokens,
+                        ids,
+                    });
                 }
             }
         }
@@ -393,11 +437,19 @@ impl PromptBuilder {
         let ids = self.measure(&text)?;
         if let (Some(ids), Some(b)) = (&ids, self.max_prompt_tokens) {
             if ids.len() > b {
-                return Err(PromptError::TooLong { tokens: ids.len(), budget: b });
+                return Err(PromptError::TooLong {
+                    tokens: ids.len(),
+                    budget: b,
+                });
             }
         }
         let tokens = ids.as_ref().map(Vec::len);
-        Ok(BuiltPrompt { text, variant: Variant::NoHistory, tokens, ids })
+        Ok(BuiltPrompt {
+            text,
+            variant: Variant::NoHistory,
+            tokens,
+            ids,
+        })
     }
 
     /// The student prompt text.
@@ -471,8 +523,8 @@ pub fn teacher_from_student(env: EnvKind, task: &str, student_prompt: &str) -> S
 
 #[cfg(test)]
 mod tests {
-    use crate::text::tokenize::model_dir_tests::model_dir;
     use super::*;
+    use crate::text::tokenize::model_dir_tests::model_dir;
 
     fn adm(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
@@ -485,7 +537,15 @@ mod tests {
     #[test]
     fn alfworld_first_step_has_no_history() {
         let b = PromptBuilder::new(EnvKind::Alfworld, 2, Some(2048), None).unwrap();
-        let p = b.build(TASK, "You are in the middle of a room.", &adm(&["go to desk 1", "help", "look"]), NO_HIST, 0).unwrap();
+        let p = b
+            .build(
+                TASK,
+                "You are in the middle of a room.",
+                &adm(&["go to desk 1", "help", "look"]),
+                NO_HIST,
+                0,
+            )
+            .unwrap();
         assert!(p.starts_with("You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: put a clean mug in coffeemachine\n\nYour current observation is: You are in the middle of a room.\n\n"));
         assert!(!p.contains("Prior to this step"));
         assert!(p.contains("are: ['go to desk 1'\n 'look']."), "{p}");
@@ -501,7 +561,15 @@ mod tests {
             HistoryEntry::new("obs B", "take mug 1 from desk 1"),
             HistoryEntry::new("obs C", "go to sinkbasin 1"),
         ];
-        let p = b.build(TASK, "You arrive at sinkbasin 1.", &adm(&["clean mug 1 with sinkbasin 1"]), &hist, 3).unwrap();
+        let p = b
+            .build(
+                TASK,
+                "You arrive at sinkbasin 1.",
+                &adm(&["clean mug 1 with sinkbasin 1"]),
+                &hist,
+                3,
+            )
+            .unwrap();
         assert!(p.contains("Prior to this step, you have already taken 3 step(s). Below are the most recent 2 observations and the corresponding actions you took: [Observation 2: 'obs B', Action 2: 'take mug 1 from desk 1']\n[Observation 3: 'obs C', Action 3: 'go to sinkbasin 1']\n\nYou are now at step 4 and your current observation is: You arrive at sinkbasin 1."), "{p}");
         assert!(!p.contains("obs A"));
     }
@@ -512,17 +580,29 @@ mod tests {
         let hist = vec![HistoryEntry::new("o9", "a9"), HistoryEntry::new("o10", "a10")];
         let (s, n) = format_history(&hist, 10, 2);
         assert_eq!(n, 2);
-        assert_eq!(s, "[Observation 9: 'o9', Action 9: 'a9']\n[Observation 10: 'o10', Action 10: 'a10']");
+        assert_eq!(
+            s,
+            "[Observation 9: 'o9', Action 9: 'a9']\n[Observation 10: 'o10', Action 10: 'a10']"
+        );
     }
 
     #[test]
     fn webshop_format() {
         let b = PromptBuilder::new(EnvKind::Webshop, 2, None, None).unwrap();
         let p = b
-            .build("Find me a red shirt.", "'Search'", &adm(&["search[<your query>]", "click[search]"]), NO_HIST, 0)
+            .build(
+                "Find me a red shirt.",
+                "'Search'",
+                &adm(&["search[<your query>]", "click[search]"]),
+                NO_HIST,
+                0,
+            )
             .unwrap();
         assert!(p.starts_with("\nYou are an expert autonomous agent operating in the WebShop e\u{2011}commerce environment. \nYour task is to: Find me a red shirt..\nYour current observation is: 'Search'.\n"), "{p:?}");
-        assert!(p.contains("are: \n[\n'search[<your query>]',\n'click[search]',\n].\n"), "{p:?}");
+        assert!(
+            p.contains("are: \n[\n'search[<your query>]',\n'click[search]',\n].\n"),
+            "{p:?}"
+        );
         assert!(p.ends_with("within <action> </action> tags.\n"), "{p:?}");
         let hist = vec![HistoryEntry::new("'Search'", "search[red shirt]")];
         let p = b.build("t", "o", &adm(&["click[next >]"]), &hist, 1).unwrap();
@@ -532,7 +612,10 @@ mod tests {
     #[test]
     fn webshop_long_history_prompt_falls_back() {
         let b = PromptBuilder::new(EnvKind::Webshop, 2, None, None).unwrap();
-        let hist = vec![HistoryEntry::new("x".repeat(WEBSHOP_MAX_HISTORY_PROMPT_CHARS), "click[a]")];
+        let hist = vec![HistoryEntry::new(
+            "x".repeat(WEBSHOP_MAX_HISTORY_PROMPT_CHARS),
+            "click[a]",
+        )];
         let p = b.build_detailed("t", "o", &adm(&["click[a]"]), &hist, 1).unwrap();
         assert_eq!(p.variant, Variant::NoHistory);
         let hist = vec![HistoryEntry::new("x".repeat(100), "click[a]")];
@@ -543,14 +626,18 @@ mod tests {
     #[test]
     fn braces_in_observations_are_not_interpreted() {
         let b = PromptBuilder::new(EnvKind::Alfworld, 2, None, None).unwrap();
-        let p = b.build(TASK, "{{ task_description }} {% if %}", &adm(&["look"]), NO_HIST, 0).unwrap();
+        let p = b
+            .build(TASK, "{{ task_description }} {% if %}", &adm(&["look"]), NO_HIST, 0)
+            .unwrap();
         assert!(p.contains("{{ task_description }} {% if %}"));
     }
 
     #[test]
     fn bad_arguments() {
         let b = PromptBuilder::new(EnvKind::Alfworld, 2, None, None).unwrap();
-        let e = b.build(TASK, "o", NO_ADM, &[HistoryEntry::new("a", "b")], 0).unwrap_err();
+        let e = b
+            .build(TASK, "o", NO_ADM, &[HistoryEntry::new("a", "b")], 0)
+            .unwrap_err();
         assert!(e.to_string().contains("`history`"), "{e}");
         let e = b.build("  ", "o", NO_ADM, NO_HIST, 0).unwrap_err();
         assert!(e.to_string().contains("`task`"), "{e}");
@@ -572,18 +659,39 @@ mod tests {
     #[test]
     fn text_env_builtin_and_user_templates() {
         let b = PromptBuilder::new(EnvKind::Text, 2, None, None).unwrap();
-        let hist = vec![HistoryEntry::new("o1", "a1"), HistoryEntry::new("o2", "a2"), HistoryEntry::new("o3", "a3")];
-        let p = b.build_detailed("find the key", " o4 ", &adm(&["look"]), &hist, 3).unwrap();
+        let hist = vec![
+            HistoryEntry::new("o1", "a1"),
+            HistoryEntry::new("o2", "a2"),
+            HistoryEntry::new("o3", "a3"),
+        ];
+        let p = b
+            .build_detailed("find the key", " o4 ", &adm(&["look"]), &hist, 3)
+            .unwrap();
         assert_eq!(p.variant, Variant::WithHistory);
-        assert!(p.text.contains("[Observation 2: 'o2', Action 2: 'a2']\n[Observation 3: 'o3', Action 3: 'a3']"), "{}", p.text);
-        assert!(p.text.contains("current observation is:  o4 \n"), "verbatim: {}", p.text);
+        assert!(
+            p.text
+                .contains("[Observation 2: 'o2', Action 2: 'a2']\n[Observation 3: 'o3', Action 3: 'a3']"),
+            "{}",
+            p.text
+        );
+        assert!(
+            p.text.contains("current observation is:  o4 \n"),
+            "verbatim: {}",
+            p.text
+        );
         assert_eq!(b.template_source(), Some(crate::text::template::TEXT_TEMPLATE));
-        let u = b.clone().with_template("{{ task }}/{% for h in history %}{{ h.step }}{% endfor %}/{{ observation }}").unwrap();
+        let u = b
+            .clone()
+            .with_template("{{ task }}/{% for h in history %}{{ h.step }}{% endfor %}/{{ observation }}")
+            .unwrap();
         assert_eq!(u.build("t", "o", &adm(&[]), &hist, 3).unwrap(), "t/23/o");
         assert_eq!(u.build("t", "o", &adm(&[]), NO_HIST, 0).unwrap(), "t//o");
         // the teacher of a text env without a skills folder reads the student's prompt
         assert_eq!(u.build_teacher("t", "o", &adm(&[]), NO_HIST, 0).unwrap(), "t//o");
-        let e = PromptBuilder::new(EnvKind::Alfworld, 2, None, None).unwrap().with_template("x").unwrap_err();
+        let e = PromptBuilder::new(EnvKind::Alfworld, 2, None, None)
+            .unwrap()
+            .with_template("x")
+            .unwrap_err();
         assert!(e.to_string().contains("`template`"), "{e}");
     }
 
@@ -604,7 +712,9 @@ mod tests {
     #[test]
     fn history_length_zero_uses_no_history_template() {
         let b = PromptBuilder::new(EnvKind::Alfworld, 0, None, None).unwrap();
-        let p = b.build_detailed(TASK, "o", NO_ADM, &[HistoryEntry::new("a", "b")], 1).unwrap();
+        let p = b
+            .build_detailed(TASK, "o", NO_ADM, &[HistoryEntry::new("a", "b")], 1)
+            .unwrap();
         assert_eq!(p.variant, Variant::NoHistory);
     }
 

@@ -124,49 +124,167 @@ const WEBSHOP_CATEGORIES: &[(&str, &str, &[&str])] = &[
         "fashion",
         include_str!("../../skills/webshop/fashion.md"),
         &[
-            "shirt", "shirts", "t-shirt", "dress", "dresses", "jeans", "pants", "shorts", "jacket",
-            "coat", "hoodie", "sweater", "sweatshirt", "skirt", "shoes", "shoe", "sneakers",
-            "sneaker", "boots", "sandals", "slippers", "socks", "leggings", "blouse", "tops",
-            "bra", "underwear", "swimsuit", "hat", "cap", "belt", "clothing", "fit", "sleeve",
+            "shirt",
+            "shirts",
+            "t-shirt",
+            "dress",
+            "dresses",
+            "jeans",
+            "pants",
+            "shorts",
+            "jacket",
+            "coat",
+            "hoodie",
+            "sweater",
+            "sweatshirt",
+            "skirt",
+            "shoes",
+            "shoe",
+            "sneakers",
+            "sneaker",
+            "boots",
+            "sandals",
+            "slippers",
+            "socks",
+            "leggings",
+            "blouse",
+            "tops",
+            "bra",
+            "underwear",
+            "swimsuit",
+            "hat",
+            "cap",
+            "belt",
+            "clothing",
+            "fit",
+            "sleeve",
         ],
     ),
     (
         "beauty",
         include_str!("../../skills/webshop/beauty.md"),
         &[
-            "shampoo", "conditioner", "lotion", "cream", "serum", "makeup", "lipstick",
-            "mascara", "foundation", "perfume", "fragrance", "nail", "skin", "hair", "wig",
-            "beauty", "moisturizer", "cleanser", "sunscreen", "deodorant", "toothpaste",
-            "eyeshadow", "eyelash", "brush", "razor", "soap",
+            "shampoo",
+            "conditioner",
+            "lotion",
+            "cream",
+            "serum",
+            "makeup",
+            "lipstick",
+            "mascara",
+            "foundation",
+            "perfume",
+            "fragrance",
+            "nail",
+            "skin",
+            "hair",
+            "wig",
+            "beauty",
+            "moisturizer",
+            "cleanser",
+            "sunscreen",
+            "deodorant",
+            "toothpaste",
+            "eyeshadow",
+            "eyelash",
+            "brush",
+            "razor",
+            "soap",
         ],
     ),
     (
         "electronics",
         include_str!("../../skills/webshop/electronics.md"),
         &[
-            "charger", "cable", "usb", "headphones", "earbuds", "speaker", "bluetooth",
-            "wireless", "phone", "iphone", "samsung", "laptop", "tablet", "camera", "tv",
-            "monitor", "keyboard", "mouse", "battery", "hdmi", "adapter", "case", "screen",
-            "router", "electronics",
+            "charger",
+            "cable",
+            "usb",
+            "headphones",
+            "earbuds",
+            "speaker",
+            "bluetooth",
+            "wireless",
+            "phone",
+            "iphone",
+            "samsung",
+            "laptop",
+            "tablet",
+            "camera",
+            "tv",
+            "monitor",
+            "keyboard",
+            "mouse",
+            "battery",
+            "hdmi",
+            "adapter",
+            "case",
+            "screen",
+            "router",
+            "electronics",
         ],
     ),
     (
         "food",
         include_str!("../../skills/webshop/food.md"),
         &[
-            "snack", "snacks", "coffee", "tea", "chocolate", "candy", "cookies", "chips",
-            "sauce", "spice", "seasoning", "organic", "gluten", "keto", "vegan", "sugar",
-            "protein", "drink", "juice", "nuts", "cereal", "food", "flavor", "jerky", "cheese",
+            "snack",
+            "snacks",
+            "coffee",
+            "tea",
+            "chocolate",
+            "candy",
+            "cookies",
+            "chips",
+            "sauce",
+            "spice",
+            "seasoning",
+            "organic",
+            "gluten",
+            "keto",
+            "vegan",
+            "sugar",
+            "protein",
+            "drink",
+            "juice",
+            "nuts",
+            "cereal",
+            "food",
+            "flavor",
+            "jerky",
+            "cheese",
         ],
     ),
     (
         "home",
         include_str!("../../skills/webshop/home.md"),
         &[
-            "curtain", "curtains", "rug", "lamp", "table", "chair", "sofa", "couch", "bed",
-            "pillow", "blanket", "sheets", "mattress", "shelf", "cabinet", "desk", "decor",
-            "mirror", "towel", "furniture", "bedroom", "kitchen", "bathroom", "living",
-            "storage", "candle", "vase",
+            "curtain",
+            "curtains",
+            "rug",
+            "lamp",
+            "table",
+            "chair",
+            "sofa",
+            "couch",
+            "bed",
+            "pillow",
+            "blanket",
+            "sheets",
+            "mattress",
+            "shelf",
+            "cabinet",
+            "desk",
+            "decor",
+            "mirror",
+            "towel",
+            "furniture",
+            "bedroom",
+            "kitchen",
+            "bathroom",
+            "living",
+            "storage",
+            "candle",
+            "vase",
         ],
     ),
 ];
@@ -237,14 +355,23 @@ pub fn retrieve(task: &str, env: EnvKind) -> Vec<Skill> {
     match env {
         EnvKind::Text => Vec::new(),
         EnvKind::Alfworld => {
-            let mut out = vec![Skill { name: "general", text: ALFWORLD_GENERAL }];
+            let mut out = vec![Skill {
+                name: "general",
+                text: ALFWORLD_GENERAL,
+            }];
             if let Some(t) = classify_alfworld_task(task) {
-                out.push(Skill { name: t.name(), text: t.skill() });
+                out.push(Skill {
+                    name: t.name(),
+                    text: t.skill(),
+                });
             }
             out
         }
         EnvKind::Webshop => {
-            let mut out = vec![Skill { name: "general", text: WEBSHOP_GENERAL }];
+            let mut out = vec![Skill {
+                name: "general",
+                text: WEBSHOP_GENERAL,
+            }];
             for name in classify_webshop_task(task) {
                 let (_, text, _) = WEBSHOP_CATEGORIES
                     .iter()
@@ -306,8 +433,14 @@ mod tests {
     #[test]
     fn whole_words_only() {
         // "tomato" contains "to", "two" must not match inside other words; "cooler" is not "cool".
-        assert_eq!(classify_alfworld_task("put a tomato in cooler"), Some(PickAndPlaceSimple));
-        assert_eq!(classify_alfworld_task("put a twofold towel on shelf"), Some(PickAndPlaceSimple));
+        assert_eq!(
+            classify_alfworld_task("put a tomato in cooler"),
+            Some(PickAndPlaceSimple)
+        );
+        assert_eq!(
+            classify_alfworld_task("put a twofold towel on shelf"),
+            Some(PickAndPlaceSimple)
+        );
         // "output" and "computer" hold "put" inside: no placing verb
         assert_eq!(classify_alfworld_task("the computer output"), None);
     }

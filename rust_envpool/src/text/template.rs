@@ -129,11 +129,17 @@ impl TextTemplate {
             .map(|(j, (o, a))| context! { step => c.first_step + j, observation => o.to_string(), action => a.to_string() })
             .collect();
         let admissible = actions.iter().map(|a| format!("'{a}'")).collect::<Vec<_>>().join("\n ");
-        let instructions =
-            if actions.is_empty() { THINK_ACTION_INSTRUCTIONS_FREE } else { THINK_ACTION_INSTRUCTIONS };
+        let instructions = if actions.is_empty() {
+            THINK_ACTION_INSTRUCTIONS_FREE
+        } else {
+            THINK_ACTION_INSTRUCTIONS
+        };
         let n_hist = history.len();
-        let (task, observation, action_history) =
-            (c.task.to_string(), c.observation.to_string(), c.action_history.to_string());
+        let (task, observation, action_history) = (
+            c.task.to_string(),
+            c.observation.to_string(),
+            c.action_history.to_string(),
+        );
         self.env
             .get_template("text")
             .and_then(|t| {
@@ -161,10 +167,21 @@ impl TextTemplate {
 mod tests {
     use super::*;
 
-    fn ctx<'a>(actions: &'a [&'a str], history: &'a [(&'a str, &'a str)], step: usize, ah: &'a str)
-        -> TextContext<'a, &'a str> {
-        TextContext { task: "open the red door", observation: "You see a red door.", actions, history,
-                      first_step: step + 1 - history.len(), step, action_history: ah }
+    fn ctx<'a>(
+        actions: &'a [&'a str],
+        history: &'a [(&'a str, &'a str)],
+        step: usize,
+        ah: &'a str,
+    ) -> TextContext<'a, &'a str> {
+        TextContext {
+            task: "open the red door",
+            observation: "You see a red door.",
+            actions,
+            history,
+            first_step: step + 1 - history.len(),
+            step,
+            action_history: ah,
+        }
     }
 
     #[test]
@@ -186,10 +203,17 @@ mod tests {
     fn builtin_with_history_and_no_actions() {
         let t = TextTemplate::builtin();
         let h = [("o1", "a1")];
-        let p = t.render(&ctx(&[], &h, 1, "[Observation 1: 'o1', Action 1: 'a1']")).unwrap();
-        assert!(p.contains("taken 1 step(s). Below are the most recent 1 observations and the corresponding actions \
+        let p = t
+            .render(&ctx(&[], &h, 1, "[Observation 1: 'o1', Action 1: 'a1']"))
+            .unwrap();
+        assert!(
+            p.contains(
+                "taken 1 step(s). Below are the most recent 1 observations and the corresponding actions \
                             you took: [Observation 1: 'o1', Action 1: 'a1']\n\nYou are now at step 2 and your current \
-                            observation is: You see a red door.\n\nNow it's your turn"), "{p}");
+                            observation is: You see a red door.\n\nNow it's your turn"
+            ),
+            "{p}"
+        );
         assert!(!p.contains("admissible"));
         assert!(p.ends_with(THINK_ACTION_INSTRUCTIONS_FREE));
     }
@@ -201,22 +225,38 @@ mod tests {
         )
         .unwrap();
         let h = [("o2", "a2"), ("o3", "a3")];
-        assert_eq!(t.render(&ctx(&["x", "y"], &h, 3, "")).unwrap(), "OPEN THE RED DOOR|2:a2;3:a3;|x,y|4");
+        assert_eq!(
+            t.render(&ctx(&["x", "y"], &h, 3, "")).unwrap(),
+            "OPEN THE RED DOOR|2:a2;3:a3;|x,y|4"
+        );
     }
 
     #[test]
     fn values_are_not_reinterpreted() {
         let t = TextTemplate::builtin();
-        let c = TextContext { task: "{{ step }}", observation: "{% if %}", actions: &["{{ x }}"], history: &[],
-                              first_step: 1, step: 0, action_history: "" };
+        let c = TextContext {
+            task: "{{ step }}",
+            observation: "{% if %}",
+            actions: &["{{ x }}"],
+            history: &[],
+            first_step: 1,
+            step: 0,
+            action_history: "",
+        };
         let p = t.render(&c).unwrap();
-        assert!(p.contains("to: {{ step }}") && p.contains("is: {% if %}") && p.contains("['{{ x }}']"), "{p}");
+        assert!(
+            p.contains("to: {{ step }}") && p.contains("is: {% if %}") && p.contains("['{{ x }}']"),
+            "{p}"
+        );
     }
 
     #[test]
     fn errors_name_the_problem() {
         let e = TextTemplate::new("{% if task %}never closed").unwrap_err();
-        assert!(e.to_string().contains("compiling the environment's prompt template"), "{e}");
+        assert!(
+            e.to_string().contains("compiling the environment's prompt template"),
+            "{e}"
+        );
         let t = TextTemplate::new("{{ taks }}").unwrap();
         let e = t.render(&ctx(&[], &[], 0, "")).unwrap_err();
         assert!(e.to_string().contains("undefined"), "{e}");

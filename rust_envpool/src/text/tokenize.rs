@@ -11,8 +11,8 @@ use rayon::prelude::*;
 use tokenizers::Tokenizer;
 
 use crate::text::chat::{user_messages, ChatTemplate, Message};
-use crate::text::piece_cache::{check_supported, word_cuts_supported, PieceCache};
 use crate::text::error::PromptError;
+use crate::text::piece_cache::{check_supported, word_cuts_supported, PieceCache};
 
 /// Most lines (and as many words) the encoder caches: a few MB.
 const PIECE_CACHE_ENTRIES: usize = 1 << 16;
@@ -39,11 +39,17 @@ impl ChatTokenizer {
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self, PromptError> {
         let dir = dir.as_ref();
         if !dir.is_dir() {
-            return Err(PromptError::MissingFile { path: dir.to_path_buf(), what: "a model/tokenizer directory" });
+            return Err(PromptError::MissingFile {
+                path: dir.to_path_buf(),
+                what: "a model/tokenizer directory",
+            });
         }
         let tok_path = dir.join("tokenizer.json");
         if !tok_path.is_file() {
-            return Err(PromptError::MissingFile { path: tok_path, what: "tokenizer.json" });
+            return Err(PromptError::MissingFile {
+                path: tok_path,
+                what: "tokenizer.json",
+            });
         }
         let tokenizer = Tokenizer::from_file(&tok_path)
             .map_err(|e| PromptError::Tokenizer(format!("loading {}: {e}", tok_path.display())))?;
@@ -53,9 +59,16 @@ impl ChatTokenizer {
             .and_then(|t| serde_json::from_str(&t).ok())
             .unwrap_or(serde_json::Value::Null);
         let unsupported = check_supported(&doc).err();
-        let pieces =
-            unsupported.is_none().then(|| PieceCache::new(PIECE_CACHE_ENTRIES, word_cuts_supported(&doc)));
-        Ok(ChatTokenizer { tokenizer, template, dir: dir.to_path_buf(), pieces, unsupported })
+        let pieces = unsupported
+            .is_none()
+            .then(|| PieceCache::new(PIECE_CACHE_ENTRIES, word_cuts_supported(&doc)));
+        Ok(ChatTokenizer {
+            tokenizer,
+            template,
+            dir: dir.to_path_buf(),
+            pieces,
+            unsupported,
+        })
     }
 
     /// Whether [`encode`](Self::encode) uses the piece cache; else why not.
@@ -98,7 +111,9 @@ impl ChatTokenizer {
 
     /// Text of token ids (special tokens kept).
     pub fn decode(&self, ids: &[u32]) -> Result<String, PromptError> {
-        self.tokenizer.decode(ids, false).map_err(|e| PromptError::Tokenizer(e.to_string()))
+        self.tokenizer
+            .decode(ids, false)
+            .map_err(|e| PromptError::Tokenizer(e.to_string()))
     }
 
     /// Render a conversation with the generation prompt appended.
@@ -122,7 +137,10 @@ impl ChatTokenizer {
         prompts: &[S],
         system: Option<&str>,
     ) -> Result<Vec<Vec<u32>>, PromptError> {
-        prompts.par_iter().map(|p| self.encode_chat(p.as_ref(), system)).collect()
+        prompts
+            .par_iter()
+            .map(|p| self.encode_chat(p.as_ref(), system))
+            .collect()
     }
 
     /// Sequential reference for [`encode_chat_batch`](Self::encode_chat_batch).
@@ -168,9 +186,24 @@ pub(crate) mod model_dir_tests {
     pub(crate) fn model_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("pcsd_tok_{name}_{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let words = ["[UNK]", "user", "assistant", "system", "go", "to", "desk", "1", "look", "a", "b"];
-        let vocab: serde_json::Map<String, serde_json::Value> =
-            words.iter().enumerate().map(|(i, w)| (w.to_string(), serde_json::json!(i))).collect();
+        let words = [
+            "[UNK]",
+            "user",
+            "assistant",
+            "system",
+            "go",
+            "to",
+            "desk",
+            "1",
+            "look",
+            "a",
+            "b",
+        ];
+        let vocab: serde_json::Map<String, serde_json::Value> = words
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.to_string(), serde_json::json!(i)))
+            .collect();
         let added = |id: usize, content: &str| {
             serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
                                "rstrip": false, "normalized": false, "special": true})
@@ -222,14 +255,36 @@ mod piece_cache_tests {
 
     /// A byte-level BPE tokenizer.json: the 256 byte symbols plus merges of frequent pairs.
     fn bpe_doc(pre_tokenizer: serde_json::Value, added_rstrip: bool) -> serde_json::Value {
-        let mut alphabet: Vec<char> = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet().into_iter().collect();
+        let mut alphabet: Vec<char> = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
+            .into_iter()
+            .collect();
         alphabet.sort();
         let mut vocab: Vec<String> = alphabet.iter().map(|c| c.to_string()).collect();
         let mut merges: Vec<String> = Vec::new();
         let pairs = [
-            ("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("Ċ", "Ċ"), ("Ġ", "Ġ"), ("ĠĠ", "Ġ"), ("i", "n"), ("Ġ", "a"),
-            ("o", "n"), ("Ġ", "'"), ("'", "s"), ("Ã", "¼"), ("g", "o"), ("Ġ", "1"), ("e", "r"), ("Ġ", "Ċ"),
-            ("a", "ct"), ("c", "t"), ("i", "on"), ("ĠĠ", "Ċ"), ("Ġ", "["), (".", "Ċ"), ("Ġ", "go"),
+            ("Ġ", "t"),
+            ("h", "e"),
+            ("Ġt", "he"),
+            ("Ċ", "Ċ"),
+            ("Ġ", "Ġ"),
+            ("ĠĠ", "Ġ"),
+            ("i", "n"),
+            ("Ġ", "a"),
+            ("o", "n"),
+            ("Ġ", "'"),
+            ("'", "s"),
+            ("Ã", "¼"),
+            ("g", "o"),
+            ("Ġ", "1"),
+            ("e", "r"),
+            ("Ġ", "Ċ"),
+            ("a", "ct"),
+            ("c", "t"),
+            ("i", "on"),
+            ("ĠĠ", "Ċ"),
+            ("Ġ", "["),
+            (".", "Ċ"),
+            ("Ġ", "go"),
         ];
         for (a, b) in pairs {
             let m = format!("{a}{b}");
@@ -359,7 +414,10 @@ mod piece_cache_tests {
         }
         // what word cuts would do: "<x" and " y>" encoded apart miss the added token
         let whole = t.encode_whole("a <x y>").unwrap();
-        let cut: Vec<u32> = ["a", " <x", " y>"].iter().flat_map(|w| t.encode_whole(w).unwrap()).collect();
+        let cut: Vec<u32> = ["a", " <x", " y>"]
+            .iter()
+            .flat_map(|w| t.encode_whole(w).unwrap())
+            .collect();
         assert_ne!(whole, cut);
     }
 
@@ -368,7 +426,10 @@ mod piece_cache_tests {
         let t = qwen();
         let adm: Vec<String> = (1..30).map(|i| format!("'go to cabinet {i}'")).collect();
         for step in 0..5 {
-            let p = format!("Step {step}.\nYour admissible actions are: [{}].\n\nNow act.\n", adm.join("\n "));
+            let p = format!(
+                "Step {step}.\nYour admissible actions are: [{}].\n\nNow act.\n",
+                adm.join("\n ")
+            );
             let text = t.render(&user_messages(&p, Some("sys"))).unwrap();
             // Twice: the second time every piece comes from the cache.
             for _ in 0..2 {

@@ -44,7 +44,10 @@ pub fn goal_info(spec: &GameSpec) -> GoalInfo {
     collect(&spec.goal_raw, &mut atoms);
     let mut g = GoalInfo::default();
     let type_of = |v: &str| {
-        atoms.iter().find(|(p, a)| p == "objecttype" && a.len() == 2 && a[0] == v).map(|(_, a)| a[1].clone())
+        atoms
+            .iter()
+            .find(|(p, a)| p == "objecttype" && a.len() == 2 && a[0] == v)
+            .map(|(_, a)| a[1].clone())
     };
     let mut placed: BTreeSet<String> = BTreeSet::new();
     for (p, a) in &atoms {
@@ -110,10 +113,15 @@ impl Sim {
         }
     }
     fn has(&self, pred: &str, args: &[u32]) -> bool {
-        self.pid(pred).is_some_and(|p| self.env.facts[p as usize].contains(args))
+        self.pid(pred)
+            .is_some_and(|p| self.env.facts[p as usize].contains(args))
     }
     fn obj(&self, name: &str) -> Option<u32> {
-        self.spec().objects.binary_search_by(|o| o.as_str().cmp(name)).ok().map(|i| i as u32)
+        self.spec()
+            .objects
+            .binary_search_by(|o| o.as_str().cmp(name))
+            .ok()
+            .map(|i| i as u32)
     }
     fn held(&self) -> Option<u32> {
         self.facts_of("holds").first().map(|a| a[1])
@@ -135,7 +143,10 @@ impl Sim {
             let a = &spec.actions[*ai];
             a.name == action
                 && want.iter().all(|(pn, o)| {
-                    a.params.iter().position(|(n, _, _)| n == pn).is_some_and(|i| args[i] == *o)
+                    a.params
+                        .iter()
+                        .position(|(n, _, _)| n == pn)
+                        .is_some_and(|i| args[i] == *o)
                 })
         });
         match found {
@@ -183,7 +194,11 @@ impl Sim {
             .filter(|&r| self.can_contain(r, o))
             .collect();
         cands.sort_by_key(|&r| {
-            (Some(r) == avoid, self.second_of("receptacleatlocation", r) != here, self.has("openable", &[r]))
+            (
+                Some(r) == avoid,
+                self.second_of("receptacleatlocation", r) != here,
+                self.has("openable", &[r]),
+            )
         });
         for r in cands {
             if self.go_to(r) && self.open_if_needed(r) && self.act("putobject", &[("o", o), ("r", r)]) {
@@ -194,7 +209,9 @@ impl Sim {
     }
 
     fn fetch(&mut self, o: u32) -> bool {
-        let Some(r) = self.second_of("inreceptacle", o) else { return false };
+        let Some(r) = self.second_of("inreceptacle", o) else {
+            return false;
+        };
         self.go_to(r) && self.open_if_needed(r) && self.act("pickupobject", &[("o", o), ("r", r)])
     }
 }
@@ -216,7 +233,10 @@ fn appliance_for(spec: &GameSpec, pred: &str) -> Option<(String, Vec<u32>)> {
         }
     }
     for a in &spec.actions {
-        if a.effects.iter().any(|e| e.positive && e.pred == pid && e.condition.is_none()) {
+        if a.effects
+            .iter()
+            .any(|e| e.positive && e.pred == pid && e.condition.is_none())
+        {
             let mut out = Vec::new();
             for (_, f) in &a.literals {
                 consts(f, rtype, &mut out);
@@ -235,7 +255,10 @@ fn appliance_for(spec: &GameSpec, pred: &str) -> Option<(String, Vec<u32>)> {
 pub fn plan(env: &AlfworldEnv) -> Option<Vec<String>> {
     let spec = env.spec.clone();
     let g = goal_info(&spec);
-    let mut sim = Sim { env: env.clone(), plan: Vec::new() };
+    let mut sim = Sim {
+        env: env.clone(),
+        plan: Vec::new(),
+    };
     sim.env.max_steps = usize::MAX;
     sim.env.last = None;
     let ot = g.obj_type.as_deref().and_then(|t| sim.obj(t));
@@ -250,7 +273,11 @@ pub fn plan(env: &AlfworldEnv) -> Option<Vec<String>> {
         None
     };
     let receps_of = |sim: &Sim, t: Option<u32>| -> Vec<u32> {
-        sim.facts_of("receptacletype").into_iter().filter(|a| Some(a[1]) == t).map(|a| a[0]).collect()
+        sim.facts_of("receptacletype")
+            .into_iter()
+            .filter(|a| Some(a[1]) == t)
+            .map(|a| a[0])
+            .collect()
     };
     // Destination: for two objects, the receptacle already holding the most fitting ones.
     let dest: Option<u32> = {

@@ -134,7 +134,9 @@ impl<'a> Scanner<'a> {
         if !r.starts_with('"') {
             return Err(format!("expected a string at byte {}", self.pos));
         }
-        let end = r[1..].find('"').ok_or_else(|| format!("unterminated string at byte {}", self.pos))?;
+        let end = r[1..]
+            .find('"')
+            .ok_or_else(|| format!("unterminated string at byte {}", self.pos))?;
         self.pos += end + 2;
         Ok(&r[1..end + 1])
     }
@@ -144,7 +146,9 @@ impl<'a> Scanner<'a> {
         if !r.starts_with("\"\"\"") {
             return Err(format!("expected a \"\"\"block\"\"\" at byte {}", self.pos));
         }
-        let end = r[3..].find("\"\"\"").ok_or_else(|| format!("unterminated \"\"\" block at byte {}", self.pos))?;
+        let end = r[3..]
+            .find("\"\"\"")
+            .ok_or_else(|| format!("unterminated \"\"\" block at byte {}", self.pos))?;
         self.pos += end + 6;
         Ok(&r[3..end + 3])
     }
@@ -156,14 +160,19 @@ fn merge_json(
     into: &mut HashMap<String, Vec<(Option<String>, String)>>,
 ) -> Result<(), String> {
     let data: String = if strip_comments {
-        text.split('\n').filter(|l| !l.trim_start().starts_with('#')).collect::<Vec<_>>().join("\n")
+        text.split('\n')
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
     } else {
         text.to_string()
     };
     let v: serde_json::Value = serde_json::from_str(&data).map_err(|e| format!("grammar JSON: {e}"))?;
     let obj = v.as_object().ok_or("a grammar block is not a JSON object")?;
     for (k, rules) in obj {
-        let arr = rules.as_array().ok_or_else(|| format!("grammar rule `{k}` is not a list"))?;
+        let arr = rules
+            .as_array()
+            .ok_or_else(|| format!("grammar rule `{k}` is not a list"))?;
         let mut out = Vec::new();
         for r in arr {
             let rhs = r
@@ -206,8 +215,9 @@ pub fn parse_document(text: &str) -> Result<GrammarDoc, String> {
                     "pddl" => {
                         sc.block()?;
                     }
-                    "grammar" => merge_json(sc.block()?, true, &mut raw_rules)
-                        .map_err(|e| format!("action `{name}`: {e}"))?,
+                    "grammar" => {
+                        merge_json(sc.block()?, true, &mut raw_rules).map_err(|e| format!("action `{name}`: {e}"))?
+                    }
                     other => return Err(format!("action `{name}`: unknown entry `{other}`")),
                 }
                 sc.expect(";")?;
@@ -216,7 +226,11 @@ pub fn parse_document(text: &str) -> Result<GrammarDoc, String> {
             let feedback = feedback.ok_or_else(|| format!("action `{name}` has no feedback"))?;
             doc.actions.insert(
                 name.to_lowercase(),
-                ActionText { name: name.clone(), template: parse_symbols(&template), feedback: parse_symbols(&feedback) },
+                ActionText {
+                    name: name.clone(),
+                    template: parse_symbols(&template),
+                    feedback: parse_symbols(&feedback),
+                },
             );
         } else if sc.rest().starts_with("grammar") {
             sc.pos += "grammar".len();
@@ -289,7 +303,11 @@ impl<'a> SymParser<'a> {
     }
     fn take_while(&mut self, f: impl Fn(char) -> bool) -> &'a str {
         let r = self.rest();
-        let n = r.char_indices().find(|(_, c)| !f(*c)).map(|(i, _)| i).unwrap_or(r.len());
+        let n = r
+            .char_indices()
+            .find(|(_, c)| !f(*c))
+            .map(|(i, _)| i)
+            .unwrap_or(r.len());
         self.pos += n;
         &r[..n]
     }
@@ -344,7 +362,12 @@ impl<'a> SymParser<'a> {
                 self.pos = save;
                 return None;
             }
-            given = Some(parse_query(g).unwrap_or(Query { preds: vec![QueryPred { name: String::new(), params: vec![] }] }));
+            given = Some(parse_query(g).unwrap_or(Query {
+                preds: vec![QueryPred {
+                    name: String::new(),
+                    params: vec![],
+                }],
+            }));
         } else {
             self.pos = p2;
         }

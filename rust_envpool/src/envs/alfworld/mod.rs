@@ -37,7 +37,11 @@ pub enum LoadError {
         err: std::io::Error,
     },
     #[error("{source_name}: key `{key}`: {message}")]
-    Key { source_name: String, key: String, message: String },
+    Key {
+        source_name: String,
+        key: String,
+        message: String,
+    },
     #[error("{source_name}: {message}")]
     Format { source_name: String, message: String },
 }
@@ -234,9 +238,7 @@ impl Compiler<'_> {
             RawFormula::And(v) => Formula::And(v.iter().map(|x| self.formula(x)).collect()),
             RawFormula::Or(v) => Formula::Or(v.iter().map(|x| self.formula(x)).collect()),
             RawFormula::Not(x) => Formula::Not(Box::new(self.formula(x))),
-            RawFormula::Imply(a, b) => {
-                Formula::Or(vec![Formula::Not(Box::new(self.formula(a))), self.formula(b)])
-            }
+            RawFormula::Imply(a, b) => Formula::Or(vec![Formula::Not(Box::new(self.formula(a))), self.formula(b)]),
             RawFormula::Atom(p, args) => {
                 let terms: Vec<Term> = args.iter().map(|a| self.term(a)).collect();
                 if p == "=" && terms.len() == 2 {
@@ -289,8 +291,14 @@ impl Compiler<'_> {
 
 fn max_slot(f: &Formula) -> Option<usize> {
     match f {
-        Formula::Atom(_, a) => a.iter().filter_map(|t| if let Term::Var(i) = t { Some(*i) } else { None }).max(),
-        Formula::Eq(a, b) => [a, b].iter().filter_map(|t| if let Term::Var(i) = t { Some(*i) } else { None }).max(),
+        Formula::Atom(_, a) => a
+            .iter()
+            .filter_map(|t| if let Term::Var(i) = t { Some(*i) } else { None })
+            .max(),
+        Formula::Eq(a, b) => [a, b]
+            .iter()
+            .filter_map(|t| if let Term::Var(i) = t { Some(*i) } else { None })
+            .max(),
         Formula::Not(x) => max_slot(x),
         _ => None,
     }
@@ -327,7 +335,9 @@ fn demangle(ids: &[String]) -> Result<Vec<String>, String> {
                 if id.contains("basin") {
                     name.push_str("basin");
                 }
-                let n = next.get_mut(&name).ok_or_else(|| format!("cannot number object `{id}`"))?;
+                let n = next
+                    .get_mut(&name)
+                    .ok_or_else(|| format!("cannot number object `{id}`"))?;
                 let num = *n;
                 *n -= 1;
                 if num > 0 {
@@ -352,8 +362,10 @@ impl GameSpec {
             message: format!("cannot read the game file: {err}"),
             err,
         })?;
-        let text = String::from_utf8(bytes)
-            .map_err(|_| LoadError::Format { source_name: source.clone(), message: "not UTF-8 text".into() })?;
+        let text = String::from_utf8(bytes).map_err(|_| LoadError::Format {
+            source_name: source.clone(),
+            message: "not UTF-8 text".into(),
+        })?;
         let mut spec = Self::from_json_str(&text, &source)?;
         if spec.task_type == "unknown" {
             // Fall back on the ALFWorld folder name `<task_type>-<obj>-<mrecep>-<recep>-<scene>`.
@@ -370,10 +382,19 @@ impl GameSpec {
 
     /// Parses the JSON text of a game; `source` names it in errors.
     pub fn from_json_str(text: &str, source: &str) -> Result<GameSpec, LoadError> {
-        let fmt = |m: String| LoadError::Format { source_name: source.to_string(), message: m };
-        let keyerr = |k: &str, m: String| LoadError::Key { source_name: source.to_string(), key: k.into(), message: m };
+        let fmt = |m: String| LoadError::Format {
+            source_name: source.to_string(),
+            message: m,
+        };
+        let keyerr = |k: &str, m: String| LoadError::Key {
+            source_name: source.to_string(),
+            key: k.into(),
+            message: m,
+        };
         let v: serde_json::Value = serde_json::from_str(text).map_err(|e| fmt(format!("not valid JSON: {e}")))?;
-        let obj = v.as_object().ok_or_else(|| fmt("the game is not a JSON object".into()))?;
+        let obj = v
+            .as_object()
+            .ok_or_else(|| fmt("the game is not a JSON object".into()))?;
         let get = |k: &str| -> Result<&str, LoadError> {
             obj.get(k)
                 .ok_or_else(|| keyerr(k, "missing".into()))?
@@ -391,7 +412,10 @@ impl GameSpec {
         let domain = pddl::parse_domain(domain_text).map_err(|m| keyerr("pddl_domain", m))?;
         let problem = pddl::parse_problem(problem_text).map_err(|m| keyerr("pddl_problem", m))?;
         let doc: GrammarDoc = grammar::parse_document(grammar_text).map_err(|m| keyerr("grammar", m))?;
-        let goal_raw = problem.goal.clone().ok_or_else(|| keyerr("pddl_problem", "no :goal".into()))?;
+        let goal_raw = problem
+            .goal
+            .clone()
+            .ok_or_else(|| keyerr("pddl_problem", "no :goal".into()))?;
 
         // Types: `object` is the root (as in Fast Downward).
         let mut types = Interner::default();
@@ -440,7 +464,11 @@ impl GameSpec {
             false
         };
         let objs_of_type: Vec<Vec<u32>> = (0..types.names.len() as u32)
-            .map(|t| (0..objects.len() as u32).filter(|&o| is_sub(obj_type[o as usize], t)).collect())
+            .map(|t| {
+                (0..objects.len() as u32)
+                    .filter(|&o| is_sub(obj_type[o as usize], t))
+                    .collect()
+            })
             .collect();
 
         let mut preds = Interner::default();
@@ -450,7 +478,10 @@ impl GameSpec {
             let mut ids = Vec::new();
             for a in args {
                 ids.push(*obj_index.get(a).ok_or_else(|| {
-                    keyerr("pddl_problem", format!(":init fact `{p}` uses the undeclared object `{a}`"))
+                    keyerr(
+                        "pddl_problem",
+                        format!(":init fact `{p}` uses the undeclared object `{a}`"),
+                    )
                 })?);
             }
             let pid = preds.intern(p);
@@ -461,7 +492,13 @@ impl GameSpec {
         let mut actions = Vec::new();
         for a in &domain.actions {
             let Some(text) = doc.actions.get(&a.name) else { continue };
-            let mut c = Compiler { objects: &obj_index, types: &types, preds: &mut preds, scope: Vec::new(), slots: 0 };
+            let mut c = Compiler {
+                objects: &obj_index,
+                types: &types,
+                preds: &mut preds,
+                scope: Vec::new(),
+                slots: 0,
+            };
             let params: Vec<(String, String, Option<u32>)> = a
                 .params
                 .iter()
@@ -498,7 +535,13 @@ impl GameSpec {
                 c.preds.intern(&format!("not_{}", e.pred));
                 let args = e.args.iter().map(|x| c.term(x)).collect();
                 c.scope.truncate(n);
-                effects.push(Effect { forall, condition, positive: e.positive, pred, args });
+                effects.push(Effect {
+                    forall,
+                    condition,
+                    positive: e.positive,
+                    pred,
+                    args,
+                });
             }
             let slots = c.slots.max(params.len());
             let generators = (0..params.len())
@@ -530,7 +573,13 @@ impl GameSpec {
                 feedback: text.feedback.clone(),
             });
         }
-        let mut c = Compiler { objects: &obj_index, types: &types, preds: &mut preds, scope: Vec::new(), slots: 0 };
+        let mut c = Compiler {
+            objects: &obj_index,
+            types: &types,
+            preds: &mut preds,
+            scope: Vec::new(),
+            slots: 0,
+        };
         let goal = c.formula(&goal_raw);
         let goal_slots = c.slots;
         // Intern the not_ twins of every predicate the grammar queries.
@@ -584,7 +633,9 @@ impl GameSpec {
         for (o, n) in in_facts.iter().zip(ent_names) {
             names[*o as usize] = n;
         }
-        let agent = types.get("agent").and_then(|t| objs_of_type[t as usize].first().copied());
+        let agent = types
+            .get("agent")
+            .and_then(|t| objs_of_type[t as usize].first().copied());
 
         let mut spec = GameSpec {
             source: source.to_string(),
@@ -645,11 +696,17 @@ impl GameSpec {
         }
         let changed = self.changed_preds();
         let query_static = |q: &Option<Query>| {
-            q.as_ref().is_none_or(|q| q.preds.iter().all(|qp| self.pred(&qp.name).is_none_or(|p| !changed.contains(&p))))
+            q.as_ref().is_none_or(|q| {
+                q.preds
+                    .iter()
+                    .all(|qp| self.pred(&qp.name).is_none_or(|p| !changed.contains(&p)))
+            })
         };
         let rule_static = |name: &str| {
             self.rules.get(name).is_some_and(|prods| {
-                prods.iter().all(|p| query_static(&p.condition) && self.syms_static(&p.rhs, depth + 1))
+                prods
+                    .iter()
+                    .all(|p| query_static(&p.condition) && self.syms_static(&p.rhs, depth + 1))
             })
         };
         let expr_static = |e: &CondExpr| match e {
@@ -663,7 +720,9 @@ impl GameSpec {
             Sym::List { expr, given } => {
                 query_static(given)
                     && expr_static(expr)
-                    && ["list_empty", "list_separator", "list_last_separator"].iter().all(|r| rule_static(r))
+                    && ["list_empty", "list_separator", "list_last_separator"]
+                        .iter()
+                        .all(|r| rule_static(r))
             }
         })
     }
@@ -698,7 +757,8 @@ impl GameSpec {
 
     fn command_text_plain(&self, ai: usize, args: &[u32], facts: &Facts) -> String {
         let ctx = self.action_ctx(ai, args);
-        self.derive(&self.actions[ai].template, &ctx, facts).unwrap_or_else(|e| format!("<{e}>"))
+        self.derive(&self.actions[ai].template, &ctx, facts)
+            .unwrap_or_else(|e| format!("<{e}>"))
     }
 
     /// Where the game came from (file path or the label given to `from_json_str`).
@@ -887,13 +947,18 @@ impl GameSpec {
         let mut found = false;
         let try_one = |o: u32, env: &mut Vec<u32>| -> bool {
             env[slot] = o;
-            conj.iter().zip(stages).filter(|(_, s)| **s == i).all(|(c, _)| self.holds_g::<true>(c, env, facts))
+            conj.iter()
+                .zip(stages)
+                .filter(|(_, s)| **s == i)
+                .all(|(c, _)| self.holds_g::<true>(c, env, facts))
                 && self.exists_fast(vars, conj, stages, gens, i + 1, env, facts)
         };
         match best {
             Some((_, p, args)) => {
                 for tuple in Self::candidate_tuples(facts, p, args, env, slot) {
-                    let Some(o) = Self::match_free(args, tuple, env, slot) else { continue };
+                    let Some(o) = Self::match_free(args, tuple, env, slot) else {
+                        continue;
+                    };
                     if self.is_subtype(self.obj_type[o as usize], t) && try_one(o, env) {
                         found = true;
                         break;
@@ -935,7 +1000,11 @@ impl GameSpec {
         let mut found = false;
         for &o in self.objs(t) {
             env[slot] = o;
-            if conj.iter().zip(stages).filter(|(_, s)| **s == i).all(|(c, _)| self.holds_plain(c, env, facts))
+            if conj
+                .iter()
+                .zip(stages)
+                .filter(|(_, s)| **s == i)
+                .all(|(c, _)| self.holds_plain(c, env, facts))
                 && self.exists(vars, conj, stages, i + 1, env, facts)
             {
                 found = true;
@@ -957,7 +1026,10 @@ impl GameSpec {
             Formula::Exists(vars, conj, _, _) => {
                 let mut all = vec![vec![]];
                 for (_, t) in vars {
-                    all = all.into_iter().flat_map(|p: Vec<u32>| self.objs(*t).iter().map(move |&o| [p.clone(), vec![o]].concat())).collect();
+                    all = all
+                        .into_iter()
+                        .flat_map(|p: Vec<u32>| self.objs(*t).iter().map(move |&o| [p.clone(), vec![o]].concat()))
+                        .collect();
                 }
                 let saved = env.clone();
                 let r = all.iter().any(|assign| {
@@ -983,7 +1055,10 @@ impl GameSpec {
         for (ai, a) in self.actions.iter().enumerate() {
             let mut tuples = vec![vec![]];
             for (_, _, t) in &a.params {
-                tuples = tuples.into_iter().flat_map(|p: Vec<u32>| self.objs(*t).iter().map(move |&o| [p.clone(), vec![o]].concat())).collect();
+                tuples = tuples
+                    .into_iter()
+                    .flat_map(|p: Vec<u32>| self.objs(*t).iter().map(move |&o| [p.clone(), vec![o]].concat()))
+                    .collect();
             }
             for tup in tuples {
                 let mut env = vec![u32::MAX; a.slots.max(1)];
@@ -1107,16 +1182,20 @@ impl GameSpec {
         let mut try_one = |o: u32, env: &mut Vec<u32>| {
             env[k] = o;
             // Literals whose parameters are all bound now and were not before.
-            let ok = a.literals.iter().zip(&a.literal_masks).all(|((_, f), &m)| {
-                m & (1u64 << k) == 0 || m & !now != 0 || self.holds(f, env, facts)
-            });
+            let ok = a
+                .literals
+                .iter()
+                .zip(&a.literal_masks)
+                .all(|((_, f), &m)| m & (1u64 << k) == 0 || m & !now != 0 || self.holds(f, env, facts));
             if ok {
                 self.ground_join(a, now, env, facts, out);
             }
         };
         match gen {
             Some(li) => {
-                let Formula::Atom(p, args) = &a.literals[li].1 else { unreachable!() };
+                let Formula::Atom(p, args) = &a.literals[li].1 else {
+                    unreachable!()
+                };
                 let mut cands: Vec<u32> = Self::candidate_tuples(facts, *p, args, env, k)
                     .filter_map(|tuple| Self::match_free(args, tuple, env, k))
                     .filter(|&o| self.is_subtype(self.obj_type[o as usize], t))
@@ -1136,7 +1215,15 @@ impl GameSpec {
         env[k] = u32::MAX;
     }
 
-    fn ground<const FAST: bool>(&self, ai: usize, a: &Action, k: usize, env: &mut Vec<u32>, facts: &Facts, out: &mut Vec<(usize, Vec<u32>)>) {
+    fn ground<const FAST: bool>(
+        &self,
+        ai: usize,
+        a: &Action,
+        k: usize,
+        env: &mut Vec<u32>,
+        facts: &Facts,
+        out: &mut Vec<(usize, Vec<u32>)>,
+    ) {
         if k == a.params.len() {
             if a.rest.iter().all(|f| self.holds_g::<FAST>(f, env, facts)) && !self.is_noop(a, env) {
                 out.push((ai, env[..a.params.len()].to_vec()));
@@ -1146,7 +1233,9 @@ impl GameSpec {
         let generated: Vec<u32>;
         let cands: &[u32] = match a.generators[k] {
             Some(li) => {
-                let Formula::Atom(p, args) = &a.literals[li].1 else { unreachable!() };
+                let Formula::Atom(p, args) = &a.literals[li].1 else {
+                    unreachable!()
+                };
                 let Some(t) = a.params[k].2 else { return };
                 let tuples = if FAST {
                     Self::candidate_tuples(facts, *p, args, env, k)
@@ -1173,7 +1262,11 @@ impl GameSpec {
         };
         for &o in cands {
             env[k] = o;
-            if a.literals.iter().filter(|(m, _)| *m == k).all(|(_, f)| self.holds_g::<FAST>(f, env, facts)) {
+            if a.literals
+                .iter()
+                .filter(|(m, _)| *m == k)
+                .all(|(_, f)| self.holds_g::<FAST>(f, env, facts))
+            {
                 self.ground::<FAST>(ai, a, k + 1, env, facts, out);
             }
         }
@@ -1197,8 +1290,11 @@ impl GameSpec {
                 dels.push((e.pred, g));
             }
         }
-        let pre: Vec<(u32, Vec<u32>)> =
-            a.pre_atoms.iter().filter_map(|(p, args)| ground(args).map(|g| (*p, g))).collect();
+        let pre: Vec<(u32, Vec<u32>)> = a
+            .pre_atoms
+            .iter()
+            .filter_map(|(p, args)| ground(args).map(|g| (*p, g)))
+            .collect();
         let real_dels = dels.iter().filter(|d| !adds.contains(d)).count();
         let real_adds = adds.iter().filter(|x| !pre.contains(x)).count();
         real_dels == 0 && real_adds == 0
@@ -1214,11 +1310,15 @@ impl GameSpec {
             x.len() == y.len() && x.iter().zip(y).all(|(s, t)| Self::term(*s, env) == Self::term(*t, env))
         };
         let dels_cancelled = a.effects.iter().filter(|d| !d.positive && grounded(&d.args)).all(|d| {
-            a.effects.iter().any(|x| x.positive && x.pred == d.pred && grounded(&x.args) && same(&x.args, &d.args))
+            a.effects
+                .iter()
+                .any(|x| x.positive && x.pred == d.pred && grounded(&x.args) && same(&x.args, &d.args))
         });
         dels_cancelled
             && a.effects.iter().filter(|x| x.positive && grounded(&x.args)).all(|x| {
-                a.pre_atoms.iter().any(|(p, args)| *p == x.pred && grounded(args) && same(args, &x.args))
+                a.pre_atoms
+                    .iter()
+                    .any(|(p, args)| *p == x.pred && grounded(args) && same(args, &x.args))
             })
     }
 
@@ -1395,8 +1495,19 @@ impl GameSpec {
         Ok(out)
     }
 
-    fn derive_nt(&self, name: &str, ctx: &Ctx, facts: &Facts, out: &mut String, depth: usize, budget: &mut usize) -> Result<(), String> {
-        let prods = self.rules.get(name).ok_or_else(|| format!("Can't find symbol '#{name}#' in the set of production rules."))?;
+    fn derive_nt(
+        &self,
+        name: &str,
+        ctx: &Ctx,
+        facts: &Facts,
+        out: &mut String,
+        depth: usize,
+        budget: &mut usize,
+    ) -> Result<(), String> {
+        let prods = self
+            .rules
+            .get(name)
+            .ok_or_else(|| format!("Can't find symbol '#{name}#' in the set of production rules."))?;
         let prod = prods
             .iter()
             .find(|p| p.condition.as_ref().is_none_or(|c| self.query_any(c, ctx, facts)))
@@ -1407,7 +1518,15 @@ impl GameSpec {
         Ok(())
     }
 
-    fn derive_expr(&self, e: &CondExpr, ctx: &Ctx, facts: &Facts, out: &mut String, depth: usize, budget: &mut usize) -> Result<(), String> {
+    fn derive_expr(
+        &self,
+        e: &CondExpr,
+        ctx: &Ctx,
+        facts: &Facts,
+        out: &mut String,
+        depth: usize,
+        budget: &mut usize,
+    ) -> Result<(), String> {
         match e {
             CondExpr::Nonterminal(n) => self.derive_nt(n, ctx, facts, out, depth, budget),
             CondExpr::Eval(x) => {
@@ -1417,7 +1536,15 @@ impl GameSpec {
         }
     }
 
-    fn derive_sym(&self, s: &Sym, ctx: &Ctx, facts: &Facts, out: &mut String, depth: usize, budget: &mut usize) -> Result<(), String> {
+    fn derive_sym(
+        &self,
+        s: &Sym,
+        ctx: &Ctx,
+        facts: &Facts,
+        out: &mut String,
+        depth: usize,
+        budget: &mut usize,
+    ) -> Result<(), String> {
         if depth > 100 || *budget == 0 || out.len() > 1 << 20 {
             return Err("text grammar recursion too deep".into());
         }
@@ -1443,7 +1570,11 @@ impl GameSpec {
                     n => {
                         for (i, c) in items.iter().enumerate() {
                             if i > 0 {
-                                let sep = if i == n - 1 { "list_last_separator" } else { "list_separator" };
+                                let sep = if i == n - 1 {
+                                    "list_last_separator"
+                                } else {
+                                    "list_separator"
+                                };
                                 self.derive_nt(sep, ctx, facts, out, depth + 1, budget)?;
                             }
                             self.derive_expr(expr, c, facts, out, depth + 1, budget)?;
@@ -1716,13 +1847,19 @@ impl TextEnv for AlfworldEnv {
                 let intro = spec
                     .derive(&[Sym::Nonterminal("intro".into())], &Ctx::default(), &fresh.facts)
                     .unwrap_or_else(|e| format!("<{e}>"));
-                Initial { valid: fresh.valid, commands: fresh.commands, admissible: fresh.admissible, intro }
+                Initial {
+                    valid: fresh.valid,
+                    commands: fresh.commands,
+                    admissible: fresh.admissible,
+                    intro,
+                }
             });
             self.valid.clone_from(&init.valid);
             self.commands.clear();
             for ((ai, args), text) in init.valid.iter().zip(&init.commands) {
                 let key = spec.command_key(*ai, args);
-                self.commands.push(own_text(&mut self.texts, key, || Arc::from(&**text)));
+                self.commands
+                    .push(own_text(&mut self.texts, key, || Arc::from(&**text)));
             }
             self.admissible.clone_from(&init.admissible);
             let mut s = self.snapshot(init.intro.clone());

@@ -242,7 +242,11 @@ pub fn parse_effect(
 
 fn atoms(xs: &[SExpr]) -> Result<Vec<String>, String> {
     xs.iter()
-        .map(|a| a.as_atom().map(str::to_string).ok_or_else(|| "expected a term".to_string()))
+        .map(|a| {
+            a.as_atom()
+                .map(str::to_string)
+                .ok_or_else(|| "expected a term".to_string())
+        })
         .collect()
 }
 
@@ -326,13 +330,18 @@ pub fn parse_problem(text: &str) -> Result<RawProblem, String> {
             Some(":objects") => p.objects = parse_typed_list(&x[1..])?,
             Some(":init") => {
                 for f in &x[1..] {
-                    let Some(fl) = f.as_list() else { return Err(":init holds a non-list".into()) };
-                    let Some(head) = fl.first().and_then(SExpr::as_atom) else { continue };
+                    let Some(fl) = f.as_list() else {
+                        return Err(":init holds a non-list".into());
+                    };
+                    let Some(head) = fl.first().and_then(SExpr::as_atom) else {
+                        continue;
+                    };
                     // Numeric fluents `(= (f ..) v)` are not facts.
                     if head == "=" {
                         continue;
                     }
-                    p.init.push((head.to_string(), atoms(&fl[1..]).map_err(|e| format!(":init: {e}"))?));
+                    p.init
+                        .push((head.to_string(), atoms(&fl[1..]).map_err(|e| format!(":init: {e}"))?));
                 }
             }
             Some(":goal") => {

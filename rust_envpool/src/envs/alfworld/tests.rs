@@ -176,13 +176,23 @@ fn env(goal: &str, max_steps: usize) -> AlfworldEnv {
 
 #[test]
 fn demangled_names_number_sorted_ids_from_the_top() {
-    let ids: Vec<String> = ["shelf_bar_1", "shelf_bar_10", "shelf_bar_2", "sink_bar_1_bar_sinkbasin", "agent1", "cup_bar__plus_1"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let ids: Vec<String> = [
+        "shelf_bar_1",
+        "shelf_bar_10",
+        "shelf_bar_2",
+        "sink_bar_1_bar_sinkbasin",
+        "agent1",
+        "cup_bar__plus_1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let names = demangle(&ids).unwrap();
     // sorted: shelf_bar_1 < shelf_bar_10 < shelf_bar_2 -> 3, 2, 1
-    assert_eq!(names, vec!["shelf 3", "shelf 2", "shelf 1", "sinkbasin 1", "agent1 ", "cup 1"]);
+    assert_eq!(
+        names,
+        vec!["shelf 3", "shelf 2", "shelf 1", "sinkbasin 1", "agent1 ", "cup 1"]
+    );
 }
 
 #[test]
@@ -198,7 +208,18 @@ fn reset_text_lists_receptacles_in_id_order() {
     assert_eq!(e.task(), "warm a cup and shelve it.");
     assert_eq!(e.task_type(), "pick_heat_then_place_in_recep");
     assert!(!s.done && !s.won && s.score == 0.0);
-    assert_eq!(s.admissible, vec!["go to box 1", "go to oven 1", "go to shelf 1", "go to shelf 2", "go to shelf 3", "help", "look"]);
+    assert_eq!(
+        s.admissible,
+        vec![
+            "go to box 1",
+            "go to oven 1",
+            "go to shelf 1",
+            "go to shelf 2",
+            "go to shelf 3",
+            "help",
+            "look"
+        ]
+    );
 }
 
 #[test]
@@ -219,7 +240,10 @@ fn go_to_only_other_locations_and_texts() {
     let s = e.step("go to shelf 3");
     assert_eq!(s.obs, "You reach shelf 3. On the shelf 3: a cup 2, and a cup 1.");
     // shelf 1 shares the location: no "go to shelf 1" / "go to shelf 3" any more.
-    assert!(!s.admissible.iter().any(|c| c == "go to shelf 1" || c == "go to shelf 3"));
+    assert!(!s
+        .admissible
+        .iter()
+        .any(|c| c == "go to shelf 1" || c == "go to shelf 3"));
     assert!(s.admissible.iter().any(|c| c == "go to shelf 2"));
     assert!(s.admissible.iter().any(|c| c == "take cup 1 from shelf 3"));
     // examine of an object in reach is not admissible (the exists has type `location,`).
@@ -237,14 +261,27 @@ fn go_to_only_other_locations_and_texts() {
 fn invalid_commands_change_nothing_but_count() {
     let mut e = env(GOAL_HOT, 50);
     let start = e.reset();
-    for (i, c) in ["", "   ", "LOOK", "put cup 1 in shelf 3", "take cup 1 from shelf 3", "gö to shelf 1"].iter().enumerate() {
+    for (i, c) in [
+        "",
+        "   ",
+        "LOOK",
+        "put cup 1 in shelf 3",
+        "take cup 1 from shelf 3",
+        "gö to shelf 1",
+    ]
+    .iter()
+    .enumerate()
+    {
         let s = e.step(c);
         assert_eq!(s.obs, "Nothing happens.");
         assert_eq!(s.admissible, start.admissible);
         assert_eq!(e.steps(), i + 1);
     }
     // Outer whitespace (Python's str.strip set) is ignored.
-    assert_eq!(e.step(" \t\x1cgo to shelf 1\n").obs, "You reach shelf 1. On the shelf 1: nothing.");
+    assert_eq!(
+        e.step(" \t\x1cgo to shelf 1\n").obs,
+        "You reach shelf 1. On the shelf 1: nothing."
+    );
     assert_eq!(e.step("help").obs, "Commands:\n  look\n");
 }
 
@@ -258,7 +295,10 @@ fn heat_examine_and_win() {
     assert!(s.admissible.iter().any(|c| c == "examine cup 1"));
     assert_eq!(e.step("examine cup 1").obs, "Just a cup 1.");
     e.step("go to oven 1");
-    assert_eq!(e.step("heat cup 1 with oven 1").obs, "You warm the cup 1 in the oven 1.");
+    assert_eq!(
+        e.step("heat cup 1 with oven 1").obs,
+        "You warm the cup 1 in the oven 1."
+    );
     assert_eq!(e.step("examine cup 1").obs, "A warm cup 1.");
     e.step("go to shelf 1");
     let s = e.step("move cup 1 to shelf 1");
@@ -317,11 +357,15 @@ fn load_errors_name_the_key() {
     for key in ["pddl_domain", "pddl_problem", "grammar"] {
         let mut v = good.clone();
         v.as_object_mut().unwrap().remove(key);
-        let e = GameSpec::from_json_str(&v.to_string(), "g.tw-pddl").unwrap_err().to_string();
+        let e = GameSpec::from_json_str(&v.to_string(), "g.tw-pddl")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("g.tw-pddl") && e.contains(key), "{e}");
         let mut v = good.clone();
         v[key] = serde_json::json!("(define (broken");
-        let e = GameSpec::from_json_str(&v.to_string(), "g.tw-pddl").unwrap_err().to_string();
+        let e = GameSpec::from_json_str(&v.to_string(), "g.tw-pddl")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(key), "{e}");
     }
     let e = GameSpec::from_path("/nonexistent/game.tw-pddl").unwrap_err();
@@ -371,7 +415,9 @@ fn fast_grounding_and_goal_match_the_plain_reference() {
 fn task_type_falls_back_on_the_folder_name() {
     let odd_goal = "(atLocation agent1 loc_bar_3)";
     let dir = std::env::temp_dir().join(format!("pcsd-alfworld-{}", std::process::id()));
-    let game = dir.join("pick_cool_then_place_in_recep-Cup-None-Shelf-1").join("trial_1");
+    let game = dir
+        .join("pick_cool_then_place_in_recep-Cup-None-Shelf-1")
+        .join("trial_1");
     std::fs::create_dir_all(&game).unwrap();
     let path = game.join("game.tw-pddl");
     std::fs::write(&path, game_json(odd_goal)).unwrap();
@@ -381,7 +427,10 @@ fn task_type_falls_back_on_the_folder_name() {
     assert_eq!(from_text.task_type(), "unknown");
     assert_eq!(from_file.task_type(), "pick_cool_then_place_in_recep");
     // Goal content wins over the folder name.
-    assert_eq!(GameSpec::from_json_str(&game_json(GOAL_HOT), "x").unwrap().task_type(), "pick_heat_then_place_in_recep");
+    assert_eq!(
+        GameSpec::from_json_str(&game_json(GOAL_HOT), "x").unwrap().task_type(),
+        "pick_heat_then_place_in_recep"
+    );
 }
 
 proptest! {
@@ -452,5 +501,3 @@ proptest! {
         }
     }
 }
-
-

@@ -136,7 +136,12 @@ fn json_str(s: &str) -> String {
 impl Game {
     /// The problem's name: `plan_` + a stable identifier of the generated game.
     pub fn problem_name(&self) -> String {
-        format!("plan_pcsd_gen_{}_{}_{}", self.task_type.as_str(), self.room.as_str(), self.seed)
+        format!(
+            "plan_pcsd_gen_{}_{}_{}",
+            self.task_type.as_str(),
+            self.room.as_str(),
+            self.seed
+        )
     }
 
     /// The grammar text with this game's task sentence.
@@ -147,7 +152,11 @@ impl Game {
     /// The PDDL problem text.
     pub fn pddl_problem(&self) -> String {
         let mut s = String::with_capacity(32 * 1024);
-        let _ = write!(s, "\n(define (problem {})\n(:domain alfred)\n(:objects\nagent1 - agent\n", self.problem_name());
+        let _ = write!(
+            s,
+            "\n(define (problem {})\n(:domain alfred)\n(:objects\nagent1 - agent\n",
+            self.problem_name()
+        );
         for (i, c) in vocab::OBJECT_CLASSES.iter().enumerate() {
             let _ = writeln!(s, "{}{c} - object", if i == 0 { "" } else { INDENT });
         }
@@ -183,13 +192,22 @@ impl Game {
             fact(&mut s, format!("objectType {} {}Type", o.id, o.class));
         }
         // canContain for every receptacle class of the scene and every movable class present.
-        let present: BTreeSet<&str> = self.objects.iter().filter(|o| o.flags & PICK != 0).map(|o| o.class).collect();
+        let present: BTreeSet<&str> = self
+            .objects
+            .iter()
+            .filter(|o| o.flags & PICK != 0)
+            .map(|o| o.class)
+            .collect();
         let mut seen_rclass = BTreeSet::new();
         for r in &self.receptacles {
             if !seen_rclass.insert(r.class) {
                 continue;
             }
-            for oc in vocab::rec_class(r.class).contains.iter().filter(|c| present.contains(*c)) {
+            for oc in vocab::rec_class(r.class)
+                .contains
+                .iter()
+                .filter(|c| present.contains(*c))
+            {
                 fact(&mut s, format!("canContain {}Type {oc}Type", r.class));
             }
         }
@@ -203,7 +221,11 @@ impl Game {
         for r in self.receptacles.iter().filter(|r| r.openable) {
             fact(&mut s, format!("openable {}", r.id));
         }
-        let _ = write!(s, "{INDENT}\n{INDENT}(atLocation agent1 {})\n{INDENT}\n", self.locations[self.agent_location]);
+        let _ = write!(
+            s,
+            "{INDENT}\n{INDENT}(atLocation agent1 {})\n{INDENT}\n",
+            self.locations[self.agent_location]
+        );
         flagged(&mut s, "cleanable", CLEAN);
         let _ = writeln!(s, "{INDENT}");
         flagged(&mut s, "heatable", HEAT);
@@ -223,10 +245,16 @@ impl Game {
         let _ = writeln!(s, "{INDENT}");
         for &r in &rec_order {
             let rec = &self.receptacles[r];
-            fact(&mut s, format!("receptacleAtLocation {} {}", rec.id, self.locations[rec.location]));
+            fact(
+                &mut s,
+                format!("receptacleAtLocation {} {}", rec.id, self.locations[rec.location]),
+            );
         }
         for o in &self.objects {
-            fact(&mut s, format!("objectAtLocation {} {}", o.id, self.locations[o.location]));
+            fact(
+                &mut s,
+                format!("objectAtLocation {} {}", o.id, self.locations[o.location]),
+            );
         }
         let _ = write!(s, "{INDENT})\n    \n\n");
 

@@ -67,9 +67,7 @@ impl TaskType {
     pub fn rooms(self) -> &'static [Room] {
         use Room::*;
         match self {
-            TaskType::PickAndPlaceSimple | TaskType::PickTwoObjAndPlace => {
-                &[Kitchen, LivingRoom, Bedroom, Bathroom]
-            }
+            TaskType::PickAndPlaceSimple | TaskType::PickTwoObjAndPlace => &[Kitchen, LivingRoom, Bedroom, Bathroom],
             TaskType::LookAtObjInLight => &[LivingRoom, Bedroom],
             TaskType::PickCleanThenPlaceInRecep => &[Kitchen, Bathroom],
             TaskType::PickHeatThenPlaceInRecep | TaskType::PickCoolThenPlaceInRecep => &[Kitchen],
@@ -139,7 +137,11 @@ impl FromStr for Room {
     /// Accepts `kitchen`, `livingroom` (also `living_room`, `living room`), `bedroom`, `bathroom`,
     /// case-insensitively.
     fn from_str(s: &str) -> Result<Self, GenError> {
-        let k: String = s.to_ascii_lowercase().chars().filter(|c| !matches!(c, '_' | ' ' | '-')).collect();
+        let k: String = s
+            .to_ascii_lowercase()
+            .chars()
+            .filter(|c| !matches!(c, '_' | ' ' | '-'))
+            .collect();
         Room::ALL
             .iter()
             .copied()
@@ -171,9 +173,17 @@ pub enum GenError {
     #[error("unknown room {0:?}: expected one of kitchen, livingroom, bedroom, bathroom")]
     UnknownRoom(String),
     #[error("room {room} cannot host task_type {task}: expected one of {allowed}")]
-    RoomNotAllowed { task: TaskType, room: Room, allowed: String },
+    RoomNotAllowed {
+        task: TaskType,
+        room: Room,
+        allowed: String,
+    },
     #[error("{knob}={value} is out of range: expected {expected}")]
-    OutOfRange { knob: &'static str, value: usize, expected: String },
+    OutOfRange {
+        knob: &'static str,
+        value: usize,
+        expected: String,
+    },
     #[error("usual_place={0} is out of range: expected a probability in [0, 1]")]
     UsualPlaceOutOfRange(String),
 }
@@ -218,7 +228,9 @@ fn validate(task: TaskType, config: &GenConfig) -> Result<Vec<Room>, GenError> {
         Some(r) => vec![r],
         None => allowed.to_vec(),
     };
-    let Some(n) = config.num_receptacles else { return Ok(candidates) };
+    let Some(n) = config.num_receptacles else {
+        return Ok(candidates);
+    };
     let fitting: Vec<Room> = candidates
         .iter()
         .copied()
@@ -236,7 +248,11 @@ fn validate(task: TaskType, config: &GenConfig) -> Result<Vec<Room>, GenError> {
             })
             .collect::<Vec<_>>()
             .join(" or ");
-        return Err(GenError::OutOfRange { knob: "num_receptacles", value: n, expected });
+        return Err(GenError::OutOfRange {
+            knob: "num_receptacles",
+            value: n,
+            expected,
+        });
     }
     Ok(fitting)
 }

@@ -78,7 +78,12 @@ fn loc_int(v: i64) -> String {
 }
 
 fn object_id(class: &str, xyz: [i64; 3]) -> String {
-    format!("{class}_bar_{}_bar_{}_bar_{}", coord(xyz[0]), coord(xyz[1]), coord(xyz[2]))
+    format!(
+        "{class}_bar_{}_bar_{}_bar_{}",
+        coord(xyz[0]),
+        coord(xyz[1]),
+        coord(xyz[2])
+    )
 }
 
 fn receptacle_id(class: &str, xyz: [i64; 3]) -> String {
@@ -150,7 +155,13 @@ impl Builder {
             let rot = self.uniform(0, 3);
             let hor = HORIZONS[self.rng.gen_range(0..HORIZONS.len())];
             if self.locs.insert((x, z, rot, hor)) {
-                let id = format!("loc_bar_{}_bar_{}_bar_{}_bar_{}", loc_int(x), loc_int(z), loc_int(rot), loc_int(hor));
+                let id = format!(
+                    "loc_bar_{}_bar_{}_bar_{}_bar_{}",
+                    loc_int(x),
+                    loc_int(z),
+                    loc_int(rot),
+                    loc_int(hor)
+                );
                 self.locations.push(id);
                 return self.locations.len() - 1;
             }
@@ -159,7 +170,11 @@ impl Builder {
     }
 
     /// A fresh position (hundredths of a metre) whose id is unused.
-    fn fresh_xyz(&mut self, make: &dyn Fn(&mut Self) -> [i64; 3], id_of: &dyn Fn([i64; 3]) -> String) -> ([i64; 3], String) {
+    fn fresh_xyz(
+        &mut self,
+        make: &dyn Fn(&mut Self) -> [i64; 3],
+        id_of: &dyn Fn([i64; 3]) -> String,
+    ) -> ([i64; 3], String) {
         loop {
             let xyz = make(self);
             let id = id_of(xyz);
@@ -180,17 +195,37 @@ impl Builder {
         let openable = rc.openable >= 1.0 || (rc.openable > 0.0 && self.rng.gen_bool(rc.openable));
         // The agent stands about half a metre in front of the receptacle (grid of 0.25 m).
         let location = self.new_location(xyz[0] * 4 / 100, xyz[2] * 4 / 100);
-        ReceptacleInfo { class, id, name: String::new(), openable, location, xyz }
+        ReceptacleInfo {
+            class,
+            id,
+            name: String::new(),
+            openable,
+            location,
+            xyz,
+        }
     }
 
     fn add_object_in(&mut self, class: &'static str, flags: u8, rec: &ReceptacleInfo, rec_index: usize) -> ObjectInfo {
         let base = rec.xyz;
         let (xyz, id) = self.fresh_xyz(
-            &|b: &mut Self| [base[0] + b.uniform(-40, 40), base[1] + b.uniform(2, 30), base[2] + b.uniform(-40, 40)],
+            &|b: &mut Self| {
+                [
+                    base[0] + b.uniform(-40, 40),
+                    base[1] + b.uniform(2, 30),
+                    base[2] + b.uniform(-40, 40),
+                ]
+            },
             &|xyz| object_id(class, xyz),
         );
         let _ = xyz;
-        ObjectInfo { class, id, name: String::new(), flags, receptacle: Some(rec_index), location: rec.location }
+        ObjectInfo {
+            class,
+            id,
+            name: String::new(),
+            flags,
+            receptacle: Some(rec_index),
+            location: rec.location,
+        }
     }
 
     fn add_scenery(&mut self, class: &'static str, near: Option<[i64; 3]>) -> ObjectInfo {
@@ -199,12 +234,25 @@ impl Builder {
         let (xyz, id) = match near.map(|p| (p, object_id(class, p))) {
             Some((p, id)) if self.ids.insert(id.clone()) => (p, id),
             _ => self.fresh_xyz(
-                &|b: &mut Self| [b.uniform(-hx - 40, hx + 40), b.uniform(20, 250), b.uniform(-hz - 40, hz + 40)],
+                &|b: &mut Self| {
+                    [
+                        b.uniform(-hx - 40, hx + 40),
+                        b.uniform(20, 250),
+                        b.uniform(-hz - 40, hz + 40),
+                    ]
+                },
                 &|xyz| object_id(class, xyz),
             ),
         };
         let location = self.new_location(xyz[0] * 4 / 100, xyz[2] * 4 / 100);
-        ObjectInfo { class, id, name: String::new(), flags: 0, receptacle: None, location }
+        ObjectInfo {
+            class,
+            id,
+            name: String::new(),
+            flags: 0,
+            receptacle: None,
+            location,
+        }
     }
 }
 
@@ -273,7 +321,10 @@ fn plan_task(rng: &mut ChaCha8Rng, task: TaskType, room: Room, usual_place: f64)
     let flag = task_flag(task);
     let app = appliance(task);
     let mut options: Vec<(&'static ObjClass, Option<&'static str>)> = Vec::new();
-    for o in vocab::OBJECTS.iter().filter(|o| o.rooms.contains(&room) && o.flags & flag != 0) {
+    for o in vocab::OBJECTS
+        .iter()
+        .filter(|o| o.rooms.contains(&room) && o.flags & flag != 0)
+    {
         if task == TaskType::LookAtObjInLight {
             if room_classes.iter().any(|rc| vocab::can_contain(rc, o.name)) {
                 options.push((o, None));
@@ -306,12 +357,21 @@ fn plan_task(rng: &mut ChaCha8Rng, task: TaskType, room: Room, usual_place: f64)
         })
         .collect();
     let lamp_host = if task == TaskType::LookAtObjInLight {
-        let hosts: Vec<&'static str> = room_classes.iter().copied().filter(|c| vocab::can_host_lamp(c)).collect();
+        let hosts: Vec<&'static str> = room_classes
+            .iter()
+            .copied()
+            .filter(|c| vocab::can_host_lamp(c))
+            .collect();
         Some(*hosts.choose(rng).expect("look rooms have lamp hosts"))
     } else {
         None
     };
-    Plan { target, goal, sources, lamp_host }
+    Plan {
+        target,
+        goal,
+        sources,
+        lamp_host,
+    }
 }
 
 pub(crate) fn build(task: TaskType, seed: u64, rooms: &[Room], config: &GenConfig) -> Game {
@@ -360,7 +420,13 @@ pub(crate) fn build(task: TaskType, seed: u64, rooms: &[Room], config: &GenConfi
 
     // ---- receptacles (class order of the room spec; shuffled ids come from positions)
     let half = (rng.gen_range(180..=380), rng.gen_range(180..=380));
-    let mut b = Builder { rng, ids: HashSet::new(), locs: HashSet::new(), locations: Vec::new(), half };
+    let mut b = Builder {
+        rng,
+        ids: HashSet::new(),
+        locs: HashSet::new(),
+        locations: Vec::new(),
+        half,
+    };
     let mut receptacles: Vec<ReceptacleInfo> = Vec::new();
     for (class, n) in &counts {
         for _ in 0..*n {
@@ -369,7 +435,11 @@ pub(crate) fn build(task: TaskType, seed: u64, rooms: &[Room], config: &GenConfi
         }
     }
     let of_class = |recs: &[ReceptacleInfo], c: &str| -> Vec<usize> {
-        recs.iter().enumerate().filter(|(_, r)| r.class == c).map(|(i, _)| i).collect()
+        recs.iter()
+            .enumerate()
+            .filter(|(_, r)| r.class == c)
+            .map(|(i, _)| i)
+            .collect()
     };
 
     // ---- task objects
@@ -390,7 +460,12 @@ pub(crate) fn build(task: TaskType, seed: u64, rooms: &[Room], config: &GenConfi
     if wants_lamp {
         let hosts: Vec<usize> = match plan.lamp_host {
             Some(h) => of_class(&receptacles, h),
-            None => receptacles.iter().enumerate().filter(|(_, r)| vocab::can_host_lamp(r.class)).map(|(i, _)| i).collect(),
+            None => receptacles
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| vocab::can_host_lamp(r.class))
+                .map(|(i, _)| i)
+                .collect(),
         };
         if let Some(&ri) = hosts.choose(&mut b.rng) {
             let lamp = vocab::DESK_LAMP;
@@ -431,8 +506,10 @@ pub(crate) fn build(task: TaskType, seed: u64, rooms: &[Room], config: &GenConfi
     let max_per_class = 5usize.max(n_distractors.div_ceil(placeable.len().max(1)) + 2);
     let mut placed = 0;
     while placed < n_distractors {
-        let open: Vec<&&'static ObjClass> =
-            placeable.iter().filter(|o| per_class.get(o.name).copied().unwrap_or(0) < max_per_class).collect();
+        let open: Vec<&&'static ObjClass> = placeable
+            .iter()
+            .filter(|o| per_class.get(o.name).copied().unwrap_or(0) < max_per_class)
+            .collect();
         let Some(&&o) = open.choose(&mut b.rng) else { break };
         let hosts = hosts_for(&receptacles, o);
         let ri = *hosts.choose(&mut b.rng).unwrap();
@@ -456,7 +533,11 @@ pub(crate) fn build(task: TaskType, seed: u64, rooms: &[Room], config: &GenConfi
         objects.push(b.add_scenery(class, Some(xyz)));
     }
     for d in vocab::DECOR.iter().filter(|d| d.rooms.contains(&room)) {
-        let n = if d.name == "LightSwitch" { 1 } else { b.rng.gen_range(0..=d.max) };
+        let n = if d.name == "LightSwitch" {
+            1
+        } else {
+            b.rng.gen_range(0..=d.max)
+        };
         for _ in 0..n {
             objects.push(b.add_scenery(d.name, None));
         }
@@ -482,7 +563,9 @@ pub(crate) fn build(task: TaskType, seed: u64, rooms: &[Room], config: &GenConfi
     }
 
     // ---- goal receptacle instance, task sentence, walkthrough
-    let goal_rec = plan.goal.map(|g| *of_class(&receptacles, g).choose(&mut b.rng).unwrap());
+    let goal_rec = plan
+        .goal
+        .map(|g| *of_class(&receptacles, g).choose(&mut b.rng).unwrap());
     let variant = b.rng.gen_bool(0.5);
     let target_word = plan.target.name.to_ascii_lowercase();
     let recep_word = match plan.goal {
@@ -538,20 +621,37 @@ fn walkthrough(g: &Game, goal_rec: Option<usize>) -> Vec<String> {
             let r = obj.receptacle.expect("task objects are in receptacles");
             self.go(r);
             self.open(r);
-            self.cmds.push(format!("take {} from {}", obj.name, self.g.receptacles[r].name));
+            self.cmds
+                .push(format!("take {} from {}", obj.name, self.g.receptacles[r].name));
         }
         fn put(&mut self, o: usize, r: usize) {
             self.go(r);
             self.open(r);
-            self.cmds.push(format!("move {} to {}", self.g.objects[o].name, self.g.receptacles[r].name));
+            self.cmds.push(format!(
+                "move {} to {}",
+                self.g.objects[o].name, self.g.receptacles[r].name
+            ));
         }
         fn apply(&mut self, verb: &str, o: usize, class: &str) {
-            let r = self.g.receptacles.iter().position(|r| r.class == class).expect("appliance present");
+            let r = self
+                .g
+                .receptacles
+                .iter()
+                .position(|r| r.class == class)
+                .expect("appliance present");
             self.go(r);
-            self.cmds.push(format!("{verb} {} with {}", self.g.objects[o].name, self.g.receptacles[r].name));
+            self.cmds.push(format!(
+                "{verb} {} with {}",
+                self.g.objects[o].name, self.g.receptacles[r].name
+            ));
         }
     }
-    let mut w = W { g, at: g.agent_location, opened: HashSet::new(), cmds: Vec::new() };
+    let mut w = W {
+        g,
+        at: g.agent_location,
+        opened: HashSet::new(),
+        cmds: Vec::new(),
+    };
     let t0 = g.task_objects[0];
     match g.task_type {
         TaskType::LookAtObjInLight => {
@@ -591,8 +691,14 @@ mod tests {
         assert_eq!(coord(0), "00_dot_00");
         assert_eq!(coord(-47), "_minus_00_dot_47");
         assert_eq!(coord(115), "_plus_01_dot_15");
-        assert_eq!(object_id("Apple", [-47, 115, 48]), "Apple_bar__minus_00_dot_47_bar__plus_01_dot_15_bar__plus_00_dot_48");
-        assert_eq!(receptacle_id("SinkBasin", [0, 89, -144]), "Sink_bar_00_dot_00_bar__plus_00_dot_89_bar__minus_01_dot_44_bar_SinkBasin");
+        assert_eq!(
+            object_id("Apple", [-47, 115, 48]),
+            "Apple_bar__minus_00_dot_47_bar__plus_01_dot_15_bar__plus_00_dot_48"
+        );
+        assert_eq!(
+            receptacle_id("SinkBasin", [0, 89, -144]),
+            "Sink_bar_00_dot_00_bar__plus_00_dot_89_bar__minus_01_dot_44_bar_SinkBasin"
+        );
         assert_eq!(loc_int(-30), "_minus_30");
         assert_eq!(loc_int(4), "4");
     }
@@ -608,10 +714,22 @@ mod tests {
         ];
         let n = demangle_names(&ids);
         // sorted: "_m" < "_p", so the minus apple comes first and gets number 2.
-        assert_eq!(n["apple_bar__minus_00_dot_21_bar__plus_00_dot_98_bar__plus_00_dot_74"], "apple 2");
-        assert_eq!(n["apple_bar__plus_00_dot_00_bar__plus_00_dot_98_bar__plus_00_dot_51"], "apple 1");
-        assert_eq!(n["sink_bar_00_dot_00_bar__plus_00_dot_89_bar__minus_01_dot_44_bar_sinkbasin"], "sinkbasin 1");
-        assert_eq!(n["sink_bar_00_dot_00_bar__plus_00_dot_89_bar__minus_01_dot_44"], "sink 1");
+        assert_eq!(
+            n["apple_bar__minus_00_dot_21_bar__plus_00_dot_98_bar__plus_00_dot_74"],
+            "apple 2"
+        );
+        assert_eq!(
+            n["apple_bar__plus_00_dot_00_bar__plus_00_dot_98_bar__plus_00_dot_51"],
+            "apple 1"
+        );
+        assert_eq!(
+            n["sink_bar_00_dot_00_bar__plus_00_dot_89_bar__minus_01_dot_44_bar_sinkbasin"],
+            "sinkbasin 1"
+        );
+        assert_eq!(
+            n["sink_bar_00_dot_00_bar__plus_00_dot_89_bar__minus_01_dot_44"],
+            "sink 1"
+        );
         assert_eq!(n["agent1"], "agent1 ");
     }
 }

@@ -6,7 +6,12 @@ use super::vocab::{self, CLEAN, COOL, HEAT, PICK, TOGGLE};
 use super::*;
 
 fn cfg(room: Option<Room>, r: Option<usize>, d: Option<usize>) -> GenConfig {
-    GenConfig { room, num_receptacles: r, num_distractors: d, ..GenConfig::default() }
+    GenConfig {
+        room,
+        num_receptacles: r,
+        num_distractors: d,
+        ..GenConfig::default()
+    }
 }
 
 /// A plain reference of the ALFRED domain's rules, played on the generated scene (not on the
@@ -25,7 +30,12 @@ struct Sim<'a> {
 
 impl<'a> Sim<'a> {
     fn new(g: &'a Game) -> Self {
-        let inside = g.objects.iter().enumerate().filter_map(|(i, o)| o.receptacle.map(|r| (i, r))).collect();
+        let inside = g
+            .objects
+            .iter()
+            .enumerate()
+            .filter_map(|(i, o)| o.receptacle.map(|r| (i, r)))
+            .collect();
         Sim {
             g,
             at: g.agent_location,
@@ -40,11 +50,19 @@ impl<'a> Sim<'a> {
     }
 
     fn rec(&self, name: &str) -> Result<usize, String> {
-        self.g.receptacles.iter().position(|r| r.name == name).ok_or(format!("no receptacle named {name:?}"))
+        self.g
+            .receptacles
+            .iter()
+            .position(|r| r.name == name)
+            .ok_or(format!("no receptacle named {name:?}"))
     }
 
     fn obj(&self, name: &str) -> Result<usize, String> {
-        self.g.objects.iter().position(|o| o.name == name).ok_or(format!("no object named {name:?}"))
+        self.g
+            .objects
+            .iter()
+            .position(|o| o.name == name)
+            .ok_or(format!("no object named {name:?}"))
     }
 
     fn here(&self, r: usize) -> Result<(), String> {
@@ -65,7 +83,9 @@ impl<'a> Sim<'a> {
 
     fn step(&mut self, cmd: &str) -> Result<(), String> {
         let split2 = |rest: &str, sep: &str| -> Result<(String, String), String> {
-            rest.split_once(sep).map(|(a, b)| (a.to_string(), b.to_string())).ok_or(format!("bad command {cmd:?}"))
+            rest.split_once(sep)
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or(format!("bad command {cmd:?}"))
         };
         if let Some(r) = cmd.strip_prefix("go to ") {
             let r = self.rec(r)?;
@@ -137,7 +157,12 @@ impl<'a> Sim<'a> {
     fn won(&self) -> bool {
         let g = self.g;
         let is_target = |o: usize| g.objects[o].class == g.target_class;
-        let in_goal = |o: &usize| self.inside.get(o).map(|&r| Some(g.receptacles[r].class) == g.goal_class).unwrap_or(false);
+        let in_goal = |o: &usize| {
+            self.inside
+                .get(o)
+                .map(|&r| Some(g.receptacles[r].class) == g.goal_class)
+                .unwrap_or(false)
+        };
         let placed: Vec<usize> = (0..g.objects.len()).filter(|&o| is_target(o) && in_goal(&o)).collect();
         match g.task_type {
             TaskType::PickAndPlaceSimple => !placed.is_empty(),
@@ -156,7 +181,11 @@ impl<'a> Sim<'a> {
                 let holds = self.holding.map(is_target).unwrap_or(false);
                 let lamp_lit_here = self.toggled.iter().any(|&l| {
                     g.objects[l].class == "DeskLamp"
-                        && self.inside.get(&l).map(|&r| g.receptacles[r].location == self.at).unwrap_or(false)
+                        && self
+                            .inside
+                            .get(&l)
+                            .map(|&r| g.receptacles[r].location == self.at)
+                            .unwrap_or(false)
                 });
                 holds && lamp_lit_here
             }
@@ -184,7 +213,8 @@ fn check_game(task: TaskType, seed: u64, config: &GenConfig) -> Result<(), Strin
     }
     // Goal classes exist in the scene and in the goal formula.
     let otype = format!("{}Type", game.target_class);
-    if !problem.contains(&format!("(objectType ?o {otype})")) && !problem.contains(&format!("(objectType ?o1 {otype})")) {
+    if !problem.contains(&format!("(objectType ?o {otype})")) && !problem.contains(&format!("(objectType ?o1 {otype})"))
+    {
         return Err("goal does not name the target class".into());
     }
     let n_targets = game.objects.iter().filter(|o| o.class == game.target_class).count();
@@ -202,7 +232,11 @@ fn check_game(task: TaskType, seed: u64, config: &GenConfig) -> Result<(), Strin
             }
         }
         None => {
-            if !game.objects.iter().any(|o| o.class == "DeskLamp" && o.receptacle.is_some()) {
+            if !game
+                .objects
+                .iter()
+                .any(|o| o.class == "DeskLamp" && o.receptacle.is_some())
+            {
                 return Err("no desk lamp".into());
             }
         }
@@ -220,7 +254,12 @@ fn check_game(task: TaskType, seed: u64, config: &GenConfig) -> Result<(), Strin
     // Every id is declared once and every name is unique.
     let mut ids = BTreeSet::new();
     let mut names = BTreeSet::new();
-    for (id, name) in game.objects.iter().map(|o| (&o.id, &o.name)).chain(game.receptacles.iter().map(|r| (&r.id, &r.name))) {
+    for (id, name) in game
+        .objects
+        .iter()
+        .map(|o| (&o.id, &o.name))
+        .chain(game.receptacles.iter().map(|r| (&r.id, &r.name)))
+    {
         if !ids.insert(id.clone()) || !names.insert(name.clone()) {
             return Err(format!("duplicate id or name {id} / {name}"));
         }
@@ -254,7 +293,12 @@ fn check_game(task: TaskType, seed: u64, config: &GenConfig) -> Result<(), Strin
         }
     }
     // The walkthrough names only existing things and wins; the goal does not hold at the start.
-    let wt: Vec<String> = v["walkthrough"].as_array().ok_or("no walkthrough")?.iter().map(|c| c.as_str().unwrap().to_string()).collect();
+    let wt: Vec<String> = v["walkthrough"]
+        .as_array()
+        .ok_or("no walkthrough")?
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
     if wt != game.walkthrough || wt.is_empty() {
         return Err("walkthrough mismatch".into());
     }
@@ -276,7 +320,8 @@ fn every_task_type_generates_in_every_allowed_room() {
     for task in TaskType::ALL {
         for &room in task.rooms() {
             for seed in 0..8 {
-                check_game(task, seed, &cfg(Some(room), None, None)).unwrap_or_else(|e| panic!("{task} {room} {seed}: {e}"));
+                check_game(task, seed, &cfg(Some(room), None, None))
+                    .unwrap_or_else(|e| panic!("{task} {room} {seed}: {e}"));
             }
         }
     }
@@ -288,11 +333,18 @@ fn generation_is_deterministic() {
         let c = cfg(None, None, Some(7));
         let a = generate(task, 42, &c).unwrap();
         assert_eq!(a, generate(task, 42, &c).unwrap(), "{task}");
-        assert_ne!(a, generate(task, 43, &c).unwrap(), "{task}: seeds 42 and 43 gave the same game");
+        assert_ne!(
+            a,
+            generate(task, 43, &c).unwrap(),
+            "{task}: seeds 42 and 43 gave the same game"
+        );
     }
     // Different task types with the same seed are different games.
     let c = GenConfig::default();
-    assert_ne!(generate(TaskType::PickAndPlaceSimple, 5, &c).unwrap(), generate(TaskType::PickTwoObjAndPlace, 5, &c).unwrap());
+    assert_ne!(
+        generate(TaskType::PickAndPlaceSimple, 5, &c).unwrap(),
+        generate(TaskType::PickTwoObjAndPlace, 5, &c).unwrap()
+    );
 }
 
 #[test]
@@ -318,19 +370,46 @@ fn output_has_the_official_layout() {
 
 #[test]
 fn knob_validation_names_the_knob_and_range() {
-    let e = generate(TaskType::PickHeatThenPlaceInRecep, 0, &cfg(Some(Room::Bedroom), None, None)).unwrap_err();
+    let e = generate(
+        TaskType::PickHeatThenPlaceInRecep,
+        0,
+        &cfg(Some(Room::Bedroom), None, None),
+    )
+    .unwrap_err();
     assert!(matches!(e, GenError::RoomNotAllowed { .. }));
-    assert!(e.to_string().contains("room bedroom") && e.to_string().contains("kitchen"), "{e}");
+    assert!(
+        e.to_string().contains("room bedroom") && e.to_string().contains("kitchen"),
+        "{e}"
+    );
 
-    let e = generate(TaskType::PickAndPlaceSimple, 0, &cfg(Some(Room::Kitchen), Some(3), None)).unwrap_err();
+    let e = generate(
+        TaskType::PickAndPlaceSimple,
+        0,
+        &cfg(Some(Room::Kitchen), Some(3), None),
+    )
+    .unwrap_err();
     let (lo, hi) = Room::Kitchen.receptacle_range();
-    assert_eq!(e.to_string(), format!("num_receptacles=3 is out of range: expected {lo}..={hi} for room kitchen"));
+    assert_eq!(
+        e.to_string(),
+        format!("num_receptacles=3 is out of range: expected {lo}..={hi} for room kitchen")
+    );
 
     let e = generate(TaskType::PickAndPlaceSimple, 0, &cfg(None, Some(41), None)).unwrap_err();
     assert!(e.to_string().starts_with("num_receptacles=41 is out of range"), "{e}");
 
-    let e = generate(TaskType::PickAndPlaceSimple, 0, &cfg(None, None, Some(MAX_DISTRACTORS + 1))).unwrap_err();
-    assert_eq!(e.to_string(), format!("num_distractors={} is out of range: expected 0..={MAX_DISTRACTORS}", MAX_DISTRACTORS + 1));
+    let e = generate(
+        TaskType::PickAndPlaceSimple,
+        0,
+        &cfg(None, None, Some(MAX_DISTRACTORS + 1)),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "num_distractors={} is out of range: expected 0..={MAX_DISTRACTORS}",
+            MAX_DISTRACTORS + 1
+        )
+    );
 
     // Without a room, a small receptacle count restricts the choice to rooms where it fits.
     let (lo, _) = Room::LivingRoom.receptacle_range();
@@ -340,7 +419,10 @@ fn knob_validation_names_the_knob_and_range() {
         assert_eq!(g.receptacles.len(), lo);
     }
 
-    assert!(matches!("pick_and_place".parse::<TaskType>(), Err(GenError::UnknownTaskType(_))));
+    assert!(matches!(
+        "pick_and_place".parse::<TaskType>(),
+        Err(GenError::UnknownTaskType(_))
+    ));
     assert!("attic".parse::<Room>().unwrap_err().to_string().contains("attic"));
     assert_eq!("Living_Room".parse::<Room>().unwrap(), Room::LivingRoom);
     for t in TaskType::ALL {
@@ -354,7 +436,8 @@ fn knob_extremes_generate() {
         for &room in task.rooms() {
             let (lo, hi) = room.receptacle_range();
             for (r, d) in [(lo, 0), (hi, MAX_DISTRACTORS), (lo, MAX_DISTRACTORS), (hi, 0)] {
-                check_game(task, 11, &cfg(Some(room), Some(r), Some(d))).unwrap_or_else(|e| panic!("{task} {room} r={r} d={d}: {e}"));
+                check_game(task, 11, &cfg(Some(room), Some(r), Some(d)))
+                    .unwrap_or_else(|e| panic!("{task} {room} r={r} d={d}: {e}"));
             }
         }
     }
@@ -363,7 +446,12 @@ fn knob_extremes_generate() {
 #[test]
 fn names_match_the_receptacle_listing_order() {
     // Within a class the demangler gives the first id in sorted order the highest number.
-    let g = generate_game(TaskType::PickAndPlaceSimple, 9, &cfg(Some(Room::Kitchen), Some(30), None)).unwrap();
+    let g = generate_game(
+        TaskType::PickAndPlaceSimple,
+        9,
+        &cfg(Some(Room::Kitchen), Some(30), None),
+    )
+    .unwrap();
     let mut cabinets: Vec<&ReceptacleInfo> = g.receptacles.iter().filter(|r| r.class == "Cabinet").collect();
     cabinets.sort_by_key(|r| r.id.to_ascii_lowercase());
     let n = cabinets.len();
@@ -428,19 +516,37 @@ fn reference_simulator_rejects_broken_walkthroughs() {
 fn usual_place_knob() {
     // 0 (the default) leaves every game byte-identical; out of range is an error naming the knob
     for task in TaskType::ALL {
-        let zero = GenConfig { usual_place: 0.0, ..GenConfig::default() };
-        assert_eq!(generate(task, 9, &zero).unwrap(), generate(task, 9, &GenConfig::default()).unwrap());
+        let zero = GenConfig {
+            usual_place: 0.0,
+            ..GenConfig::default()
+        };
+        assert_eq!(
+            generate(task, 9, &zero).unwrap(),
+            generate(task, 9, &GenConfig::default()).unwrap()
+        );
     }
-    let bad = GenConfig { usual_place: 1.5, ..GenConfig::default() };
-    assert!(generate(TaskType::PickAndPlaceSimple, 1, &bad).unwrap_err().to_string().contains("usual_place=1.5"));
+    let bad = GenConfig {
+        usual_place: 1.5,
+        ..GenConfig::default()
+    };
+    assert!(generate(TaskType::PickAndPlaceSimple, 1, &bad)
+        .unwrap_err()
+        .to_string()
+        .contains("usual_place=1.5"));
     // at 1 every task object with a usual place its room may use starts there; at 0 far fewer do
     let share = |p: f64| {
         let (mut at_home, mut with_home) = (0, 0);
         for seed in 0..300 {
-            let c = GenConfig { usual_place: p, room: Some(Room::Bedroom), ..GenConfig::default() };
+            let c = GenConfig {
+                usual_place: p,
+                room: Some(Room::Bedroom),
+                ..GenConfig::default()
+            };
             let g = generate_game(TaskType::PickAndPlaceSimple, seed, &c).unwrap();
             let o = &g.objects[g.task_objects[0]];
-            let Some(home) = vocab::usual_place(o.class) else { continue };
+            let Some(home) = vocab::usual_place(o.class) else {
+                continue;
+            };
             if g.goal_class == Some(home) || !vocab::room_spec(Room::Bedroom).slots.iter().any(|s| s.0 == home) {
                 continue;
             }

@@ -96,7 +96,8 @@ pub struct Cold {
 impl Product {
     /// `full_process(a)` of each attribute.
     pub fn processed_attributes(&self) -> &[String] {
-        self.processed_attributes.get_or_init(|| self.attributes.iter().map(|a| super::fuzz::full_process(a)).collect())
+        self.processed_attributes
+            .get_or_init(|| self.attributes.iter().map(|a| super::fuzz::full_process(a)).collect())
     }
 }
 
@@ -237,7 +238,9 @@ fn value_len(bytes: &[u8]) -> Option<usize> {
         b'{' | b'[' | b'"' => {}
         _ => {
             // a scalar: up to the next delimiter
-            let end = bytes.iter().position(|&b| matches!(b, b',' | b']' | b'}' | b' ' | b'\n' | b'\r' | b'\t'))?;
+            let end = bytes
+                .iter()
+                .position(|&b| matches!(b, b',' | b']' | b'}' | b' ' | b'\n' | b'\r' | b'\t'))?;
             return Some(end);
         }
     }
@@ -312,7 +315,10 @@ where
     macro_rules! next_token {
         () => {
             loop {
-                match buf[at..].iter().position(|b| !matches!(b, b' ' | b'\n' | b'\r' | b'\t')) {
+                match buf[at..]
+                    .iter()
+                    .position(|b| !matches!(b, b' ' | b'\n' | b'\r' | b'\t'))
+                {
                     Some(k) => {
                         at += k;
                         break Some(buf[at]);
@@ -346,7 +352,13 @@ where
                 }
             }
             Some(_) if first => {}
-            Some(b) => return Err(err(format!("expected `,` or `]` {}, found {:?}", where_(base, at), b as char))),
+            Some(b) => {
+                return Err(err(format!(
+                    "expected `,` or `]` {}, found {:?}",
+                    where_(base, at),
+                    b as char
+                )))
+            }
             None => return Err(err("EOF while parsing a list".into())),
         }
         first = false;
@@ -383,15 +395,26 @@ fn cold_of(full_description: Option<String>, small_description: Option<StrOrList
         Some(StrOrList::Str(s)) => vec![s],
         None => vec![String::new()],
     };
-    Cold { description: full_description.unwrap_or_default(), bullets }
+    Cold {
+        description: full_description.unwrap_or_default(),
+        bullets,
+    }
 }
 
 /// The search document of a product: `lower(Title + ' ' + Description + ' ' +
 /// BulletPoints[0] + ' ' + 'n: v1, v2, and n2: ...')`.
 fn document_of(title: &str, cold: &Cold, options: &[(String, Vec<String>)]) -> String {
-    let opts: Vec<String> = options.iter().map(|(n, vs)| format!("{n}: {}", vs.join(", "))).collect();
-    let text = [title, cold.description.as_str(), cold.bullets.first().map(String::as_str).unwrap_or(""), &opts.join(", and ")]
-        .join(" ");
+    let opts: Vec<String> = options
+        .iter()
+        .map(|(n, vs)| format!("{n}: {}", vs.join(", ")))
+        .collect();
+    let text = [
+        title,
+        cold.description.as_str(),
+        cold.bullets.first().map(String::as_str).unwrap_or(""),
+        &opts.join(", and "),
+    ]
+    .join(" ");
     py_lower(&text)
 }
 
@@ -441,8 +464,8 @@ impl Catalog {
         human_goals: bool,
         mut on_document: D,
     ) -> Result<Self, WebShopError> {
-        let attrs: HashMap<String, RawAttrs> = serde_json::from_reader(open(&files.attributes)?)
-            .map_err(|e| json_err(&files.attributes, e))?;
+        let attrs: HashMap<String, RawAttrs> =
+            serde_json::from_reader(open(&files.attributes)?).map_err(|e| json_err(&files.attributes, e))?;
         let human: HashMap<String, Vec<RawHuman>> = if human_goals {
             serde_json::from_reader(open(&files.human_attributes)?).map_err(|e| json_err(&files.human_attributes, e))?
         } else {
@@ -503,17 +526,25 @@ impl Catalog {
                 None => vec!["DUMMY_ATTR".to_string()],
             };
             let (instruction_text, instruction_attributes, hum) = if human_goals {
-                (None, None, human.remove(&asin).map(|v| {
-                    v.into_iter()
-                        .map(|h| HumanInstruction {
-                            instruction: h.instruction,
-                            instruction_attributes: h.instruction_attributes,
-                            instruction_options: h.instruction_options,
-                        })
-                        .collect()
-                }))
+                (
+                    None,
+                    None,
+                    human.remove(&asin).map(|v| {
+                        v.into_iter()
+                            .map(|h| HumanInstruction {
+                                instruction: h.instruction,
+                                instruction_attributes: h.instruction_attributes,
+                                instruction_options: h.instruction_options,
+                            })
+                            .collect()
+                    }),
+                )
             } else {
-                (a.and_then(|a| a.instruction.clone()), a.and_then(|a| a.instruction_attributes.clone()), None)
+                (
+                    a.and_then(|a| a.instruction.clone()),
+                    a.and_then(|a| a.instruction_attributes.clone()),
+                    None,
+                )
             };
             by_asin.insert(asin.clone(), products.len());
             on_document(products.len(), document_of(&p.name, &cold, &options));
@@ -540,8 +571,14 @@ impl Catalog {
         if products.is_empty() {
             return Err(WebShopError::Load(format!("{}: no products", files.products.display())));
         }
-        let file = File::open(&files.products).map_err(|e| WebShopError::Load(format!("{}: {e}", files.products.display())))?;
-        Ok(Catalog { products, by_asin, file, path: files.products.clone() })
+        let file = File::open(&files.products)
+            .map_err(|e| WebShopError::Load(format!("{}: {e}", files.products.display())))?;
+        Ok(Catalog {
+            products,
+            by_asin,
+            file,
+            path: files.products.clone(),
+        })
     }
 
     /// Product `i`'s description and bullet points, read back from the products file. Panics
@@ -580,7 +617,11 @@ impl Catalog {
         let p = &self.products[i];
         p.lowered.get_or_init(|| {
             let c = self.cold(i);
-            (py_lower(&p.title), py_lower(&c.bullets.join(" ")), py_lower(&c.description))
+            (
+                py_lower(&p.title),
+                py_lower(&c.bullets.join(" ")),
+                py_lower(&c.description),
+            )
         })
     }
 
@@ -602,7 +643,6 @@ impl Catalog {
             })
             .collect()
     }
-
 }
 
 /// A product file read for its checks alone (`pcsd-data webshop`): the number of entries of the

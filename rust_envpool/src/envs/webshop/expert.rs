@@ -39,7 +39,9 @@ impl WebShopEnv {
                     return Some(format!("search[{}]", queries[1]));
                 }
                 // nothing left to try: the best-ranked product of the first page
-                products.first().map(|&i| format!("click[{}]", py_lower(&self.shop.catalog.products[i].asin)))
+                products
+                    .first()
+                    .map(|&i| format!("click[{}]", py_lower(&self.shop.catalog.products[i].asin)))
             }
             View::Item { .. } => {
                 let wanted: Vec<&str> = match &goal.goal_options {

@@ -11,11 +11,7 @@ use super::pytext::{py_lower, py_str_repr, py_strip};
 
 /// Python's `\w` (str pattern): letters, digits / numerics, and `_`.
 fn py_word_char(c: char) -> bool {
-    c == '_'
-        || c.is_letter()
-        || c.is_number_decimal_digit()
-        || c.is_number_letter()
-        || c.is_number_other()
+    c == '_' || c.is_letter() || c.is_number_decimal_digit() || c.is_number_letter() || c.is_number_other()
 }
 
 /// `utils.full_process(s, force_ascii=True)`.

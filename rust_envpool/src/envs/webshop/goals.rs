@@ -41,7 +41,11 @@ pub enum GoalSet {
 /// `price_range = [p for p in PRICE_RANGE if p > price][:4]`; two of them sampled, the larger
 /// is the upper bound; fewer than two -> 1000000 and no price text.
 fn price_upper(price: f64, rng: &mut PyRandom) -> (f64, bool) {
-    let range: Vec<f64> = (1..100).map(|i| 10.0 * i as f64).filter(|&p| p > price).take(4).collect();
+    let range: Vec<f64> = (1..100)
+        .map(|i| 10.0 * i as f64)
+        .filter(|&p| p > price)
+        .take(4)
+        .collect();
     if range.len() >= 2 {
         let idx = rng.sample_indices(range.len(), 2);
         (range[idx[0]].max(range[idx[1]]), false)
@@ -85,8 +89,17 @@ impl GoalRef {
         let p = &catalog.products[self.product as usize];
         let (instruction_text, attributes, goal_options, weight_is_int) = if self.human {
             let h = &p.human.as_ref().expect("a human goal's product has human instructions")[self.sub as usize];
-            let text = format!("{}{}", h.instruction.trim_matches('.'), price_text(self.price_upper, self.price_upper_is_int));
-            (text, h.instruction_attributes.clone(), h.instruction_options.clone(), true)
+            let text = format!(
+                "{}{}",
+                h.instruction.trim_matches('.'),
+                price_text(self.price_upper, self.price_upper_is_int)
+            );
+            (
+                text,
+                h.instruction_attributes.clone(),
+                h.instruction_options.clone(),
+                true,
+            )
         } else {
             let names = sorted_options(p);
             let mut k = self.sub as usize;
@@ -105,10 +118,22 @@ impl GoalRef {
                 }
             }
             let text: Vec<String> = opts.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-            let option_text = if text.is_empty() { String::new() } else { format!(" with {}", text.join(", and ")) };
+            let option_text = if text.is_empty() {
+                String::new()
+            } else {
+                format!(" with {}", text.join(", and "))
+            };
             let instruction = p.instruction_text.as_deref().unwrap_or("");
-            let text = format!("{instruction}{option_text}{}", price_text(self.price_upper, self.price_upper_is_int));
-            (text, p.instruction_attributes.clone().unwrap_or_default(), GoalOptions::Dict(opts), false)
+            let text = format!(
+                "{instruction}{option_text}{}",
+                price_text(self.price_upper, self.price_upper_is_int)
+            );
+            (
+                text,
+                p.instruction_attributes.clone().unwrap_or_default(),
+                GoalOptions::Dict(opts),
+                false,
+            )
         };
         Goal {
             asin: p.asin.clone(),
@@ -157,7 +182,10 @@ pub fn build_goals(catalog: &Catalog, prices: &[f64], set: GoalSet, rng: &mut Py
                 }
             }
             for g in &mut goals {
-                let attributes = catalog.products[g.product as usize].instruction_attributes.as_deref().unwrap_or_default();
+                let attributes = catalog.products[g.product as usize]
+                    .instruction_attributes
+                    .as_deref()
+                    .unwrap_or_default();
                 let s: f64 = attributes.iter().map(|a| 1.0 / cnt[a.as_str()] as f64).sum();
                 g.weight = s / attributes.len() as f64;
             }

@@ -59,7 +59,10 @@ pub enum WebShopError {
 }
 
 fn step_err(exception: &'static str, msg: impl Into<String>) -> WebShopError {
-    WebShopError::Step { exception, msg: msg.into() }
+    WebShopError::Step {
+        exception,
+        msg: msg.into(),
+    }
 }
 
 /// Whose seeding and goal order a shop follows.
@@ -106,7 +109,11 @@ impl ShopFiles {
         };
         let root = data.parent().map(Path::to_path_buf).unwrap_or_else(|| data.clone());
         // the noun table pcsd-data writes beside the set, else the 1k table of the shared facts/
-        let table = if products_name == sets[0].0 { "spacy_nouns_1k.json" } else { "spacy_nouns.json" };
+        let table = if products_name == sets[0].0 {
+            "spacy_nouns_1k.json"
+        } else {
+            "spacy_nouns.json"
+        };
         let nouns = [data.join(table), root.join("facts").join("spacy_nouns_1k.json")]
             .into_iter()
             .find(|p| p.is_file())
@@ -133,7 +140,13 @@ pub struct ShopConfig {
 
 impl Default for ShopConfig {
     fn default() -> Self {
-        ShopConfig { goals: GoalSet::Synthetic, seed: 0, variant: Variant::Upstream, show_attrs: false, num_products: None }
+        ShopConfig {
+            goals: GoalSet::Synthetic,
+            seed: 0,
+            variant: Variant::Upstream,
+            show_attrs: false,
+            num_products: None,
+        }
     }
 }
 
@@ -156,7 +169,10 @@ pub struct Shop {
 
 fn load_nouns(path: &Path, products: &[Product]) -> Result<NounTable, WebShopError> {
     NounTable::load(path, products).map_err(|e| {
-        WebShopError::Load(format!("noun table {}: {e} (the reward's type score needs it)", path.display()))
+        WebShopError::Load(format!(
+            "noun table {}: {e} (the reward's type score needs it)",
+            path.display()
+        ))
     })
 }
 
@@ -200,7 +216,16 @@ impl Shop {
             acc += g.weight;
             cum_weights.push(acc);
         }
-        Ok(Shop { catalog, prices, index, goals, cum_weights, nouns, config, rng_after_load: rng })
+        Ok(Shop {
+            catalog,
+            prices,
+            index,
+            goals,
+            cum_weights,
+            nouns,
+            config,
+            rng_after_load: rng,
+        })
     }
 
     pub fn num_goals(&self) -> usize {
@@ -224,7 +249,9 @@ impl Shop {
             }
             Some("<a>") => Err(step_err("TypeError", "'NoneType' object is not subscriptable")),
             Some("<c>") => {
-                let cat = keywords.get(1).ok_or_else(|| step_err("IndexError", "list index out of range"))?;
+                let cat = keywords
+                    .get(1)
+                    .ok_or_else(|| step_err("IndexError", "list index out of range"))?;
                 let cat = pytext::py_strip(cat);
                 Ok((0..all.len()).filter(|&i| all[i].category == cat).collect())
             }
@@ -271,7 +298,9 @@ pub struct WebShopStep {
 /// `parse_action`: `re.match(r'(.+)\[(.+)\]', action)` (greedy, no newline inside the match).
 pub fn parse_action(action: &str) -> (&str, Option<&str>) {
     let line = action.split('\n').next().unwrap_or("");
-    let Some(r) = line.rfind(']') else { return (action, None) };
+    let Some(r) = line.rfind(']') else {
+        return (action, None);
+    };
     // the last '[' with at least one char before it and one char before ']'
     let bytes = line.as_bytes();
     let mut i = r;
@@ -328,7 +357,11 @@ pub struct WebShopEnv {
 impl WebShopEnv {
     pub fn new(shop: Arc<Shop>) -> WebShopEnv {
         let rng = shop.rng_after_load.clone();
-        let goal_data = if shop.goals.is_empty() { empty_goal() } else { shop.goal(0) };
+        let goal_data = if shop.goals.is_empty() {
+            empty_goal()
+        } else {
+            shop.goal(0)
+        };
         let mut env = WebShopEnv {
             shop,
             rng,
@@ -428,7 +461,12 @@ impl WebShopEnv {
     fn show(&mut self, view: View) {
         let shop = &self.shop;
         let products = &shop.catalog.products;
-        self.obs = pages::render(&view, &shop.catalog, &self.goal_data.instruction_text, shop.config.show_attrs);
+        self.obs = pages::render(
+            &view,
+            &shop.catalog,
+            &self.goal_data.instruction_text,
+            shop.config.show_attrs,
+        );
         let (bar, clk) = pages::clickables(&view, products, shop.config.show_attrs);
         self.has_search_bar = bar;
         self.clickables = clk;
@@ -472,7 +510,12 @@ impl WebShopEnv {
 
     fn product_of_session(&self) -> Result<usize, WebShopError> {
         let asin = self.asin.as_deref().ok_or_else(|| step_err("KeyError", "None"))?;
-        self.shop.catalog.by_asin.get(asin).copied().ok_or_else(|| step_err("KeyError", format!("'{asin}'")))
+        self.shop
+            .catalog
+            .by_asin
+            .get(asin)
+            .copied()
+            .ok_or_else(|| step_err("KeyError", format!("'{asin}'")))
     }
 
     /// `search_results(keywords, page)`.
@@ -492,12 +535,24 @@ impl WebShopEnv {
             let n = top.len() as i64;
             let norm = |x: i64| if x < 0 { (n + x).max(0) } else { x.min(n) };
             let (a, b) = (norm(lo), norm(hi));
-            if a < b { top[a as usize..b as usize].to_vec() } else { Vec::new() }
+            if a < b {
+                top[a as usize..b as usize].to_vec()
+            } else {
+                Vec::new()
+            }
         } else {
             top.iter().skip(start).take(PRODUCT_WINDOW).copied().collect()
         };
-        self.url = format!("{BASE_URL}/search_results/{}/{}/{page}", self.session_id, keywords.join("+"));
-        self.show(View::Results { products: items, page, total: top.len() });
+        self.url = format!(
+            "{BASE_URL}/search_results/{}/{}/{page}",
+            self.session_id,
+            keywords.join("+")
+        );
+        self.show(View::Results {
+            products: items,
+            page,
+            total: top.len(),
+        });
         Ok(())
     }
 
@@ -548,13 +603,24 @@ impl WebShopEnv {
         let shop = self.shop.clone();
         let goal = &self.goal_data;
         let price = shop.prices[product];
-        let info = reward::get_reward(&shop.catalog, product, goal, price, &self.options, &shop.nouns)
-            .map_err(|m| {
-                step_err("KeyError", format!("no noun-table entry for the product name {:?} (reward type score)", m.0))
+        let info =
+            reward::get_reward(&shop.catalog, product, goal, price, &self.options, &shop.nouns).map_err(|m| {
+                step_err(
+                    "KeyError",
+                    format!("no noun-table entry for the product name {:?} (reward type score)", m.0),
+                )
             })?;
         let asin = self.asin.clone().unwrap_or_default();
-        self.url = format!("{BASE_URL}/done/{}/{asin}/{}", self.session_id, pytext::py_dict_repr(&self.options));
-        self.show(View::Done { asin, options: self.options.clone(), reward: info.reward });
+        self.url = format!(
+            "{BASE_URL}/done/{}/{asin}/{}",
+            self.session_id,
+            pytext::py_dict_repr(&self.options)
+        );
+        self.show(View::Done {
+            asin,
+            options: self.options.clone(),
+            reward: info.reward,
+        });
         Ok(info)
     }
 
@@ -571,11 +637,15 @@ impl WebShopEnv {
                 self.steps = steps;
             }
             "next >" if page == "search_results" => {
-                let p = self.page.ok_or_else(|| step_err("TypeError", "unsupported operand type(s) for +: 'NoneType' and 'int'"))?;
+                let p = self
+                    .page
+                    .ok_or_else(|| step_err("TypeError", "unsupported operand type(s) for +: 'NoneType' and 'int'"))?;
                 self.search_results(self.keywords.clone(), p + 1)?;
             }
             "< prev" if page == "search_results" => {
-                let p = self.page.ok_or_else(|| step_err("TypeError", "unsupported operand type(s) for -: 'NoneType' and 'int'"))?;
+                let p = self
+                    .page
+                    .ok_or_else(|| step_err("TypeError", "unsupported operand type(s) for -: 'NoneType' and 'int'"))?;
                 self.search_results(self.keywords.clone(), p - 1)?;
             }
             "< prev" if page == "item_sub_page" => self.item_page(name, &target)?,
@@ -603,7 +673,12 @@ impl WebShopEnv {
                 self.snapshot(0.0, false, false, None)
             }
             ("click", Some(c)) if c != "search" && self.clickables.iter().any(|(k, _)| *k == c) => {
-                let target = self.clickables.iter().find(|(k, _)| *k == c).map(|(_, t)| t.clone()).expect("present");
+                let target = self
+                    .clickables
+                    .iter()
+                    .find(|(k, _)| *k == c)
+                    .map(|(_, t)| t.clone())
+                    .expect("present");
                 match self.click(&c, target)? {
                     Some(info) => self.snapshot(info.reward, false, true, Some(info)),
                     None => self.snapshot(0.0, false, false, None),
@@ -637,12 +712,18 @@ impl TextEnv for WebShopEnv {
     fn step(&mut self, command: &str) -> EnvStep {
         match WebShopEnv::step(self, command) {
             Ok(s) => to_env_step(s),
-            Err(e) => EnvStep { obs: e.to_string(), done: true, ..EnvStep::default() },
+            Err(e) => EnvStep {
+                obs: e.to_string(),
+                done: true,
+                ..EnvStep::default()
+            },
         }
     }
 
     fn step_checked(&mut self, command: &str) -> Result<EnvStep, String> {
-        WebShopEnv::step(self, command).map(to_env_step).map_err(|e| e.to_string())
+        WebShopEnv::step(self, command)
+            .map(to_env_step)
+            .map_err(|e| e.to_string())
     }
 
     fn task_type(&self) -> &str {

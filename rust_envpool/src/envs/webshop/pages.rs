@@ -44,10 +44,23 @@ impl SubPage {
 #[derive(Clone, Debug, PartialEq)]
 pub enum View {
     Search,
-    Results { products: Vec<usize>, page: i64, total: usize },
-    Item { product: usize },
-    Sub { kind: SubPage, product: usize },
-    Done { asin: String, options: Vec<(String, String)>, reward: f64 },
+    Results {
+        products: Vec<usize>,
+        page: i64,
+        total: usize,
+    },
+    Item {
+        product: usize,
+    },
+    Sub {
+        kind: SubPage,
+        product: usize,
+    },
+    Done {
+        asin: String,
+        options: Vec<(String, String)>,
+        reward: f64,
+    },
 }
 
 /// What a clickable is in the page.
@@ -68,7 +81,10 @@ fn push_node(out: &mut Vec<String>, text: &str) {
     if text.is_empty() {
         return;
     }
-    if text.bytes().all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0c')) {
+    if text
+        .bytes()
+        .all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0c'))
+    {
         if !text.contains('\n') {
             out.push(String::new());
         }
@@ -94,7 +110,11 @@ pub fn render(view: &View, catalog: &Catalog, instruction: &str, show_attrs: boo
             push_node(&mut s, instruction);
             s.push("Search".into());
         }
-        View::Results { products: items, page, total } => {
+        View::Results {
+            products: items,
+            page,
+            total,
+        } => {
             head(&mut s, instruction);
             s.push(format!("Page {page} (Total results: {total})"));
             if *page > 1 {
@@ -184,7 +204,9 @@ pub fn clickables(view: &View, products: &[Product], show_attrs: bool) -> (bool,
             btn(&mut out, "search");
             return (true, out);
         }
-        View::Results { products: items, page, .. } => {
+        View::Results {
+            products: items, page, ..
+        } => {
             btn(&mut out, "back to search");
             if *page > 1 {
                 btn(&mut out, "< prev");

@@ -32,7 +32,11 @@ pub fn py_float_repr(x: f64) -> String {
         return if x > 0.0 { "inf".into() } else { "-inf".into() };
     }
     if x == 0.0 {
-        return if x.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+        return if x.is_sign_negative() {
+            "-0.0".into()
+        } else {
+            "0.0".into()
+        };
     }
     let e = format!("{:e}", x); // shortest round-trip digits: "-1.2345e-5"
     let (mant, exp) = e.split_once('e').expect("LowerExp has an exponent");
@@ -100,7 +104,11 @@ fn py_printable(c: char) -> bool {
 
 /// `repr(s)` of a Python str.
 pub fn py_str_repr(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     let mut out = String::with_capacity(s.len() + 2);
     out.push(quote);
     for c in s.chars() {
@@ -132,8 +140,10 @@ pub fn py_str_repr(s: &str) -> String {
 
 /// `repr(d)` of a dict of str to str, in insertion order.
 pub fn py_dict_repr(items: &[(String, String)]) -> String {
-    let parts: Vec<String> =
-        items.iter().map(|(k, v)| format!("{}: {}", py_str_repr(k), py_str_repr(v))).collect();
+    let parts: Vec<String> = items
+        .iter()
+        .map(|(k, v)| format!("{}: {}", py_str_repr(k), py_str_repr(v)))
+        .collect();
     format!("{{{}}}", parts.join(", "))
 }
 
@@ -220,8 +230,14 @@ mod tests {
         assert_eq!(py_str_repr("men's"), "\"men's\"");
         assert_eq!(py_str_repr("a'b\"c"), "'a\\'b\"c'");
         assert_eq!(py_str_repr("a\nb\u{a0}é"), "'a\\nb\\xa0é'");
-        let d = vec![("size".to_string(), "x-large".to_string()), ("color".into(), "café & <b>'".into())];
-        assert_eq!(json_dumps_dict(&d), r#"{"size": "x-large", "color": "caf\u00e9 & <b>'"}"#);
+        let d = vec![
+            ("size".to_string(), "x-large".to_string()),
+            ("color".into(), "café & <b>'".into()),
+        ];
+        assert_eq!(
+            json_dumps_dict(&d),
+            r#"{"size": "x-large", "color": "caf\u00e9 & <b>'"}"#
+        );
         assert_eq!(
             flask_tojson_dict(&d),
             r#"{"color": "caf\u00e9 \u0026 \u003cb\u003e\u0027", "size": "x-large"}"#

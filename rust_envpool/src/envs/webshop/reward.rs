@@ -14,16 +14,108 @@ use super::pytext::py_strip;
 
 /// `normalize.COLOR_SET`, in its order (the first contained colour wins).
 pub const COLOR_SET: &[&str] = &[
-    "alabaster", "apricot", "aqua", "ash", "asphalt", "azure", "banana", "beige", "black", "blue", "blush",
-    "bordeaux", "bronze", "brown", "burgundy", "camel", "camo", "caramel", "champagne", "charcoal", "cheetah",
-    "chestnut", "chocolate", "christmas", "coffee", "cognac", "copper", "coral", "cranberry", "cream",
-    "crystal", "dark", "denim", "eggplant", "elephant", "espresso", "fuchsia", "gold", "granite", "grape",
-    "graphite", "grass", "gray", "green", "grey", "heather", "indigo", "ivory", "ivy", "khaki", "lavender",
-    "lemon", "leopard", "light", "lilac", "lime", "magenta", "maroon", "mauve", "merlot", "midnight", "mint",
-    "mocha", "multicolor", "mushroom", "mustard", "natural", "navy", "nude", "olive", "orange", "peach",
-    "pewter", "pink", "plum", "purple", "rainbow", "red", "rose", "royal", "rust", "sand", "sapphire",
-    "seashell", "silver", "skull", "slate", "steel", "stone", "stonewash", "sunflower", "tan", "taupe",
-    "teal", "tiger", "turquoise", "violet", "walnut", "wheat", "white", "wine", "yellow",
+    "alabaster",
+    "apricot",
+    "aqua",
+    "ash",
+    "asphalt",
+    "azure",
+    "banana",
+    "beige",
+    "black",
+    "blue",
+    "blush",
+    "bordeaux",
+    "bronze",
+    "brown",
+    "burgundy",
+    "camel",
+    "camo",
+    "caramel",
+    "champagne",
+    "charcoal",
+    "cheetah",
+    "chestnut",
+    "chocolate",
+    "christmas",
+    "coffee",
+    "cognac",
+    "copper",
+    "coral",
+    "cranberry",
+    "cream",
+    "crystal",
+    "dark",
+    "denim",
+    "eggplant",
+    "elephant",
+    "espresso",
+    "fuchsia",
+    "gold",
+    "granite",
+    "grape",
+    "graphite",
+    "grass",
+    "gray",
+    "green",
+    "grey",
+    "heather",
+    "indigo",
+    "ivory",
+    "ivy",
+    "khaki",
+    "lavender",
+    "lemon",
+    "leopard",
+    "light",
+    "lilac",
+    "lime",
+    "magenta",
+    "maroon",
+    "mauve",
+    "merlot",
+    "midnight",
+    "mint",
+    "mocha",
+    "multicolor",
+    "mushroom",
+    "mustard",
+    "natural",
+    "navy",
+    "nude",
+    "olive",
+    "orange",
+    "peach",
+    "pewter",
+    "pink",
+    "plum",
+    "purple",
+    "rainbow",
+    "red",
+    "rose",
+    "royal",
+    "rust",
+    "sand",
+    "sapphire",
+    "seashell",
+    "silver",
+    "skull",
+    "slate",
+    "steel",
+    "stone",
+    "stonewash",
+    "sunflower",
+    "tan",
+    "taupe",
+    "teal",
+    "tiger",
+    "turquoise",
+    "violet",
+    "walnut",
+    "wheat",
+    "white",
+    "wine",
+    "yellow",
 ];
 
 /// `normalize_color` on a string (substring test) or a tuple (element test).
@@ -55,10 +147,18 @@ impl NounTable {
     pub fn load(path: &Path, products: &[Product]) -> Result<NounTable, String> {
         let mut by_title: Vec<u32> = (0..products.len() as u32).collect();
         by_title.sort_unstable_by(|&a, &b| products[a as usize].title.cmp(&products[b as usize].title));
-        let mut table = NounTable { nouns: vec![None; products.len()], by_title };
+        let mut table = NounTable {
+            nouns: vec![None; products.len()],
+            by_title,
+        };
         let f = std::fs::File::open(path).map_err(|e| format!("{e}"))?;
         let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(1 << 20, f));
-        let found = de.deserialize_map(Top { products, table: &mut table }).map_err(|e| e.to_string())?;
+        let found = de
+            .deserialize_map(Top {
+                products,
+                table: &mut table,
+            })
+            .map_err(|e| e.to_string())?;
         de.end().map_err(|e| e.to_string())?;
         if !found {
             return Err("no \"by_name\" object (expected {\"by_name\": {name: {\"nouns\": [...]}}})".into());
@@ -68,8 +168,12 @@ impl NounTable {
 
     /// Indices of the products titled `name`.
     fn products_named<'a>(&'a self, products: &[Product], name: &str) -> impl Iterator<Item = usize> + 'a {
-        let lo = self.by_title.partition_point(|&i| products[i as usize].title.as_str() < name);
-        let hi = self.by_title.partition_point(|&i| products[i as usize].title.as_str() <= name);
+        let lo = self
+            .by_title
+            .partition_point(|&i| products[i as usize].title.as_str() < name);
+        let hi = self
+            .by_title
+            .partition_point(|&i| products[i as usize].title.as_str() <= name);
         self.by_title[lo..hi].iter().map(|&i| i as usize)
     }
 
@@ -77,7 +181,11 @@ impl NounTable {
     pub fn get<'a>(&'a self, products: &[Product], name: &str) -> Option<Vec<&'a str>> {
         let i = self.products_named(products, name).next()?;
         let joined = self.nouns[i].as_deref()?;
-        Some(if joined.is_empty() { Vec::new() } else { joined.split('\n').collect() })
+        Some(if joined.is_empty() {
+            Vec::new()
+        } else {
+            joined.split('\n').collect()
+        })
     }
 }
 
@@ -95,7 +203,10 @@ impl<'de> Visitor<'de> for Top<'_> {
         let mut found = false;
         while let Some(key) = m.next_key::<String>()? {
             if key == "by_name" {
-                m.next_value_seed(ByName { products: self.products, table: &mut *self.table })?;
+                m.next_value_seed(ByName {
+                    products: self.products,
+                    table: &mut *self.table,
+                })?;
                 found = true;
             } else {
                 m.next_value::<de::IgnoredAny>()?;
@@ -134,7 +245,9 @@ impl<'de> Visitor<'de> for ByName<'_> {
                 continue;
             }
             if let Some(bad) = e.nouns.iter().find(|n| n.contains('\n') || n.is_empty()) {
-                return Err(de::Error::custom(format!("the nouns of {name:?} hold {bad:?} (empty or with a newline)")));
+                return Err(de::Error::custom(format!(
+                    "the nouns of {name:?} hold {bad:?} (empty or with a newline)"
+                )));
             }
             let joined: Box<str> = e.nouns.join("\n").into();
             for i in hits {
@@ -176,12 +289,20 @@ fn type_reward(
     let pc = split(&purchased.product_category);
     let gc = split(&goal.product_category);
     let category_match = pc.intersection(&gc).count() >= 2;
-    let p_nouns = nouns.get(products, &purchased.title).ok_or_else(|| MissingNouns(purchased.title.clone()))?;
-    let g_nouns = nouns.get(products, &goal.name).ok_or_else(|| MissingNouns(goal.name.clone()))?;
+    let p_nouns = nouns
+        .get(products, &purchased.title)
+        .ok_or_else(|| MissingNouns(purchased.title.clone()))?;
+    let g_nouns = nouns
+        .get(products, &goal.name)
+        .ok_or_else(|| MissingNouns(goal.name.clone()))?;
     let ps: HashSet<&str> = p_nouns.iter().copied().collect();
     let gs: HashSet<&str> = g_nouns.iter().copied().collect();
     let n_inter = ps.intersection(&gs).count();
-    let title_score = if g_nouns.is_empty() { 0.2 } else { n_inter as f64 / g_nouns.len() as f64 };
+    let title_score = if g_nouns.is_empty() {
+        0.2
+    } else {
+        n_inter as f64 / g_nouns.len() as f64
+    };
     let mut r_type = 1.0;
     if !(query_match || category_match || title_score > 0.2) {
         r_type = 0.5;

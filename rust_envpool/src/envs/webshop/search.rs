@@ -23,9 +23,8 @@ const B: f32 = 0.4;
 
 /// `EnglishAnalyzer.ENGLISH_STOP_WORDS_SET`.
 pub const STOP_WORDS: [&str; 33] = [
-    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it", "no",
-    "not", "of", "on", "or", "such", "that", "the", "their", "then", "there", "these", "they", "this",
-    "to", "was", "will", "with",
+    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it", "no", "not", "of",
+    "on", "or", "such", "that", "the", "their", "then", "there", "these", "they", "this", "to", "was", "will", "with",
 ];
 
 /// Unicode Extended_Pictographic (the emoji StandardTokenizer keeps as tokens).
@@ -52,7 +51,9 @@ fn is_ext_pict(c: char) -> bool {
 /// decimal digit or an emoji (punctuation, symbols and spaces are skipped, also when extending
 /// characters such as U+FF9F attach to them).
 fn is_token(seg: &str) -> bool {
-    seg.chars().next().is_some_and(|c| c.is_alphabetic() || c.is_number_decimal_digit() || is_ext_pict(c))
+    seg.chars()
+        .next()
+        .is_some_and(|c| c.is_alphabetic() || c.is_number_decimal_digit() || is_ext_pict(c))
 }
 
 /// Java's `Character.toLowerCase(int)` (simple case mapping).
@@ -91,10 +92,7 @@ pub fn analyze(text: &str) -> Vec<String> {
             // English possessive: drop a trailing 's / ’s / ＇s
             let mut chars: Vec<char> = piece.chars().collect();
             let n = chars.len();
-            if n >= 2
-                && matches!(chars[n - 2], '\'' | '\u{2019}' | '\u{ff07}')
-                && matches!(chars[n - 1], 's' | 'S')
-            {
+            if n >= 2 && matches!(chars[n - 2], '\'' | '\u{2019}' | '\u{ff07}') && matches!(chars[n - 1], 's' | 'S') {
                 chars.truncate(n - 2);
             }
             let lower: String = chars.into_iter().map(java_lower).collect();
@@ -290,12 +288,20 @@ impl IndexBuilder {
     /// The index; `asins[i]` is document `i`'s ASIN (the tie order).
     pub fn finish(self, asins: Vec<Box<str>>) -> Index {
         assert_eq!(asins.len(), self.lengths.len(), "one ASIN per document");
-        let IndexBuilder { mut terms, lists, lengths } = self;
+        let IndexBuilder {
+            mut terms,
+            lists,
+            lengths,
+        } = self;
         let postings: Vec<(u32, Box<[u8]>)> = lists.into_iter().map(|(df, _, b)| (df, b.into_boxed_slice())).collect();
         terms.shrink_to_fit();
         let doc_count = lengths.iter().filter(|&&l| l > 0).count() as u32;
         let sum_total_term_freq: u64 = lengths.iter().map(|&l| l as u64).sum();
-        let avgdl = if doc_count == 0 { 1.0 } else { (sum_total_term_freq as f64 / doc_count as f64) as f32 };
+        let avgdl = if doc_count == 0 {
+            1.0
+        } else {
+            (sum_total_term_freq as f64 / doc_count as f64) as f32
+        };
         let norm_inv = lengths
             .iter()
             .map(|&l| {
@@ -303,7 +309,15 @@ impl IndexBuilder {
                 1.0f32 / (K1 * ((1.0f32 - B) + B * dl / avgdl))
             })
             .collect();
-        Index { terms, postings, norm_inv, doc_count, sum_total_term_freq, avgdl, asins }
+        Index {
+            terms,
+            postings,
+            norm_inv,
+            doc_count,
+            sum_total_term_freq,
+            avgdl,
+            asins,
+        }
     }
 }
 
@@ -398,7 +412,8 @@ impl Index {
             touched.clear();
             let matching = hits.len();
             let order = |a: &(u32, f32), b: &(u32, f32)| {
-                b.1.total_cmp(&a.1).then_with(|| self.asins[a.0 as usize].cmp(&self.asins[b.0 as usize]))
+                b.1.total_cmp(&a.1)
+                    .then_with(|| self.asins[a.0 as usize].cmp(&self.asins[b.0 as usize]))
             };
             if hits.len() > SEARCH_RETURN_N {
                 hits.select_nth_unstable_by(SEARCH_RETURN_N - 1, order);
@@ -435,12 +450,17 @@ mod tests {
     fn compact_postings_equal_a_plain_inverted_index() {
         // random documents over a small vocabulary, several build chunks, gaps past one varint byte
         let mut rng = crate::envs::webshop::pyrandom::PyRandom::new(7);
-        let words = ["red", "shoe", "blue", "shirt", "cotton", "wool", "lamp", "desk", "chair", "oak"];
+        let words = [
+            "red", "shoe", "blue", "shirt", "cotton", "wool", "lamp", "desk", "chair", "oak",
+        ];
         let n = BUILD_CHUNK * 2 + 300;
         let docs: Vec<String> = (0..n)
             .map(|i| {
                 let k = if i % 97 == 0 { 0 } else { 1 + rng.randbelow(12) as usize };
-                (0..k).map(|_| words[rng.randbelow(words.len() as u64) as usize]).collect::<Vec<_>>().join(" ")
+                (0..k)
+                    .map(|_| words[rng.randbelow(words.len() as u64) as usize])
+                    .collect::<Vec<_>>()
+                    .join(" ")
             })
             .collect();
         let asins: Vec<Box<str>> = (0..n).map(|i| format!("A{i:09}").into_boxed_str()).collect();
@@ -475,7 +495,10 @@ mod tests {
 
     #[test]
     fn analyzer_basics() {
-        assert_eq!(analyze("Men's Running Shoes, the BEST!"), vec!["men", "run", "shoe", "best"]);
+        assert_eq!(
+            analyze("Men's Running Shoes, the BEST!"),
+            vec!["men", "run", "shoe", "best"]
+        );
         assert_eq!(analyze("3.5mm wi-fi ★ ❄️"), vec!["3.5mm", "wi", "fi", "★", "❄️"]);
         assert_eq!(analyze(&"a".repeat(300)), vec!["a".repeat(255), "a".repeat(45)]);
         assert!(analyze("the and of").is_empty());

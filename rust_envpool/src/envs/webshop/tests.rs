@@ -21,9 +21,16 @@ fn data_root() -> Option<PathBuf> {
 }
 
 fn gz_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
-    let out = std::process::Command::new("gzip").arg("-dc").arg(path).output().expect("gzip");
+    let out = std::process::Command::new("gzip")
+        .arg("-dc")
+        .arg(path)
+        .output()
+        .expect("gzip");
     assert!(out.status.success(), "gzip -dc {}", path.display());
-    out.stdout.lines().map(|l| serde_json::from_str(&l.unwrap()).unwrap()).collect()
+    out.stdout
+        .lines()
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+        .collect()
 }
 
 fn shop(goals: GoalSet, seed: i64, variant: Variant) -> Option<Arc<Shop>> {
@@ -43,7 +50,19 @@ fn shop_with(goals: GoalSet, seed: i64, variant: Variant, show_attrs: bool) -> O
         return Some(s.clone());
     }
     let files = ShopFiles::locate(&root).unwrap();
-    let s = Arc::new(Shop::load(&files, ShopConfig { goals, seed, variant, show_attrs, num_products: None }).unwrap());
+    let s = Arc::new(
+        Shop::load(
+            &files,
+            ShopConfig {
+                goals,
+                seed,
+                variant,
+                show_attrs,
+                num_products: None,
+            },
+        )
+        .unwrap(),
+    );
     c.push((key, s.clone()));
     Some(s)
 }
@@ -80,7 +99,11 @@ fn documents_match_the_index_documents() {
     let Some(root) = data_root() else { return };
     let files = ShopFiles::locate(&root).unwrap();
     let cat = Catalog::load(
-        &CatalogFiles { products: files.products, attributes: files.attributes, human_attributes: files.human_attributes },
+        &CatalogFiles {
+            products: files.products,
+            attributes: files.attributes,
+            human_attributes: files.human_attributes,
+        },
         None,
         false,
     )
@@ -94,8 +117,17 @@ fn documents_match_the_index_documents() {
         // the long texts read back from the file at the product's offset
         assert_eq!(v["contents"].as_str().unwrap(), cat.document(i), "doc {i}");
         let cold = cat.cold(i);
-        assert_eq!(v["product"]["Description"].as_str().unwrap(), cold.description, "doc {i}");
-        let bullets: Vec<&str> = v["product"]["BulletPoints"].as_array().unwrap().iter().map(|b| b.as_str().unwrap()).collect();
+        assert_eq!(
+            v["product"]["Description"].as_str().unwrap(),
+            cold.description,
+            "doc {i}"
+        );
+        let bullets: Vec<&str> = v["product"]["BulletPoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_str().unwrap())
+            .collect();
         assert_eq!(bullets, cold.bullets, "doc {i}");
         n += 1;
     }
@@ -116,20 +148,31 @@ fn analyzer_matches_lucene_term_vectors() {
         for t in toks {
             *got.entry(t).or_default() += 1;
         }
-        let want_terms: std::collections::BTreeMap<String, u64> =
-            want["terms"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap())).collect();
+        let want_terms: std::collections::BTreeMap<String, u64> = want["terms"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
+            .collect();
         if got != want_terms || len != want["length"].as_u64().unwrap() {
             let extra: Vec<_> = got.iter().filter(|(k, v)| want_terms.get(*k) != Some(v)).collect();
             let missing: Vec<_> = want_terms.iter().filter(|(k, v)| got.get(*k) != Some(v)).collect();
             bad.push(format!("{}: extra {:?} missing {:?}", want["asin"], extra, missing));
         }
     }
-    assert!(bad.is_empty(), "{} docs differ:\n{}", bad.len(), bad[..bad.len().min(20)].join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} docs differ:\n{}",
+        bad.len(),
+        bad[..bad.len().min(20)].join("\n")
+    );
 }
 
 #[test]
 fn search_matches_the_oracle() {
-    let Some(shop) = shop(GoalSet::Synthetic, 0, Variant::Upstream) else { return };
+    let Some(shop) = shop(GoalSet::Synthetic, 0, Variant::Upstream) else {
+        return;
+    };
     let root = data_root().unwrap();
     let recs = gz_lines(&root.join("facts/search_oracle.jsonl.gz"));
     assert_eq!(shop.index.avgdl(), 107.608f32);
@@ -148,9 +191,16 @@ fn search_matches_the_oracle() {
         match (r.get("hits"), res) {
             (Some(h), Ok((hits, matching))) => {
                 let want: Vec<&str> = h.as_array().unwrap().iter().map(|x| x[0].as_str().unwrap()).collect();
-                let got: Vec<&str> = hits.iter().map(|(d, _)| shop.catalog.products[*d as usize].asin.as_str()).collect();
+                let got: Vec<&str> = hits
+                    .iter()
+                    .map(|(d, _)| shop.catalog.products[*d as usize].asin.as_str())
+                    .collect();
                 if got != want {
-                    bad.push(format!("hits {q:?}: {:?} != {:?}", &got[..got.len().min(5)], &want[..want.len().min(5)]));
+                    bad.push(format!(
+                        "hits {q:?}: {:?} != {:?}",
+                        &got[..got.len().min(5)],
+                        &want[..want.len().min(5)]
+                    ));
                 }
                 for ((_, s), w) in hits.iter().zip(h.as_array().unwrap()) {
                     let w = w[1].as_f64().unwrap();
@@ -164,14 +214,22 @@ fn search_matches_the_oracle() {
                 }
             }
             (None, Err(_)) => {
-                assert!(r["search_exception"].as_str().unwrap().contains("TooManyClauses"), "{q:?}");
+                assert!(
+                    r["search_exception"].as_str().unwrap().contains("TooManyClauses"),
+                    "{q:?}"
+                );
             }
             (h, res) => bad.push(format!("{q:?}: oracle {:?} vs {:?}", h.is_some(), res.is_ok())),
         }
         n += 1;
     }
     assert!(n >= 1961);
-    assert!(bad.is_empty(), "{} of {n} queries differ:\n{}", bad.len(), bad[..bad.len().min(20)].join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} of {n} queries differ:\n{}",
+        bad.len(),
+        bad[..bad.len().min(20)].join("\n")
+    );
 }
 
 #[test]
@@ -182,9 +240,9 @@ fn fuzz_matches_the_oracle() {
     let arg = |v: &serde_json::Value| -> String {
         match v {
             serde_json::Value::String(s) => s.clone(),
-            serde_json::Value::Array(a) => {
-                fuzz::FuzzArg::Pair(a[0].as_str().unwrap(), a[1].as_str().unwrap()).text().into_owned()
-            }
+            serde_json::Value::Array(a) => fuzz::FuzzArg::Pair(a[0].as_str().unwrap(), a[1].as_str().unwrap())
+                .text()
+                .into_owned(),
             _ => panic!("{v}"),
         }
     };
@@ -195,7 +253,13 @@ fn fuzz_matches_the_oracle() {
         }
     }
     assert!(recs.len() > 1000);
-    assert!(bad.is_empty(), "{} of {} differ:\n{}", bad.len(), recs.len(), bad[..bad.len().min(20)].join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} of {} differ:\n{}",
+        bad.len(),
+        recs.len(),
+        bad[..bad.len().min(20)].join("\n")
+    );
 }
 
 fn check_goals(file: &str, goals: GoalSet, seed: i64, variant: Variant) {
@@ -214,10 +278,20 @@ fn check_goals(file: &str, goals: GoalSet, seed: i64, variant: Variant) {
         assert_eq!(g.instruction_text, w["instruction_text"].as_str().unwrap());
         assert_eq!(g.price_upper, w["price_upper"].as_f64().unwrap());
         assert_eq!(g.price_upper_is_int, w["price_upper"].is_u64());
-        assert_eq!(g.weight, w["weight"].as_f64().unwrap(), "weight of {}", g.instruction_text);
+        assert_eq!(
+            g.weight,
+            w["weight"].as_f64().unwrap(),
+            "weight of {}",
+            g.instruction_text
+        );
         assert_eq!(g.name, w["name"].as_str().unwrap());
         assert_eq!(g.query, w["query"].as_str().unwrap());
-        let attrs: Vec<&str> = w["attributes"].as_array().unwrap().iter().map(|x| x.as_str().unwrap()).collect();
+        let attrs: Vec<&str> = w["attributes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap())
+            .collect();
         assert_eq!(g.attributes, attrs);
         let opts = &w["goal_options"];
         match &g.goal_options {
@@ -238,12 +312,22 @@ fn check_goals(file: &str, goals: GoalSet, seed: i64, variant: Variant) {
 
 #[test]
 fn goals_upstream_synthetic_seed0() {
-    check_goals("goals_upstream_synth_seed0.json.gz", GoalSet::Synthetic, 0, Variant::Upstream);
+    check_goals(
+        "goals_upstream_synth_seed0.json.gz",
+        GoalSet::Synthetic,
+        0,
+        Variant::Upstream,
+    );
 }
 
 #[test]
 fn goals_upstream_human_seed0() {
-    check_goals("goals_upstream_human_seed0.json.gz", GoalSet::Human, 0, Variant::Upstream);
+    check_goals(
+        "goals_upstream_human_seed0.json.gz",
+        GoalSet::Human,
+        0,
+        Variant::Upstream,
+    );
 }
 
 #[test]
@@ -255,7 +339,12 @@ fn goals_verl_seed0_and_1000() {
 fn avail(v: &serde_json::Value) -> (bool, Vec<String>) {
     (
         v["has_search_bar"].as_bool().unwrap(),
-        v["clickables"].as_array().unwrap().iter().map(|x| x.as_str().unwrap().to_string()).collect(),
+        v["clickables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap().to_string())
+            .collect(),
     )
 }
 
@@ -281,7 +370,11 @@ fn replay_public_traces() {
         let mut env = shop.env();
         let id = format!("{}#{}", ep["config"].as_str().unwrap(), ep["episode_id"]);
         let gi = ep["goal_index"].as_u64().unwrap() as usize;
-        assert_eq!(env.shop().goal(gi).instruction_text, ep["goal"]["instruction_text"].as_str().unwrap(), "{id}");
+        assert_eq!(
+            env.shop().goal(gi).instruction_text,
+            ep["goal"]["instruction_text"].as_str().unwrap(),
+            "{id}"
+        );
         let r = env.reset(gi).unwrap();
         let want = &ep["reset"];
         if r.obs != want["obs"].as_str().unwrap() {
@@ -298,7 +391,10 @@ fn replay_public_traces() {
             if let Some(exc) = st.get("exception") {
                 match got {
                     Err(WebShopError::Step { exception, .. }) if exc.as_str().unwrap().starts_with(exception) => {}
-                    other => bad.push(format!("{id} step {i} {a:?}: expected {exc}, got {:?}", other.map(|s| s.obs))),
+                    other => bad.push(format!(
+                        "{id} step {i} {a:?}: expected {exc}, got {:?}",
+                        other.map(|s| s.obs)
+                    )),
                 }
                 continue;
             }
@@ -318,13 +414,19 @@ fn replay_public_traces() {
             }
             let wr = &st["reward"];
             if got.reward != wr.as_f64().unwrap() || got.noop != wr.is_u64() {
-                bad.push(format!("{id} step {i} {a:?} reward {} (noop {}) != {wr}", got.reward, got.noop));
+                bad.push(format!(
+                    "{id} step {i} {a:?} reward {} (noop {}) != {wr}",
+                    got.reward, got.noop
+                ));
             }
             if got.done != st["done"].as_bool().unwrap() {
                 bad.push(format!("{id} step {i} {a:?} done"));
             }
             if (got.has_search_bar, got.clickables.clone()) != avail(&st["available_actions"]) {
-                bad.push(format!("{id} step {i} {a:?} avail {:?} != {}", got.clickables, st["available_actions"]));
+                bad.push(format!(
+                    "{id} step {i} {a:?} avail {:?} != {}",
+                    got.clickables, st["available_actions"]
+                ));
             }
             if variant == Variant::Upstream && got.url != st["url"].as_str().unwrap() {
                 bad.push(format!("{id} step {i} {a:?} url {} != {}", got.url, st["url"]));
@@ -332,20 +434,35 @@ fn replay_public_traces() {
         }
     }
     assert_eq!(steps, 3364);
-    assert!(bad.is_empty(), "{} differences in {steps} steps:\n{}", bad.len(), bad[..bad.len().min(30)].join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} differences in {steps} steps:\n{}",
+        bad.len(),
+        bad[..bad.len().min(30)].join("\n")
+    );
 }
 
 /// `get_reward(..., verbose=True)` on the oracle's 7,565 (goal, product, options) cases.
 #[test]
 fn reward_matches_the_oracle() {
-    let Some(shop) = shop(GoalSet::Synthetic, 0, Variant::Upstream) else { return };
+    let Some(shop) = shop(GoalSet::Synthetic, 0, Variant::Upstream) else {
+        return;
+    };
     let root = data_root().unwrap();
     let recs = gz_lines(&root.join("facts/reward_oracle.jsonl.gz"));
     let strs = |v: &serde_json::Value| -> Vec<String> {
-        v.as_array().unwrap().iter().map(|x| x.as_str().unwrap().to_string()).collect()
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap().to_string())
+            .collect()
     };
     let pairs = |v: &serde_json::Value| -> Vec<(String, String)> {
-        v.as_object().unwrap().iter().map(|(k, x)| (k.clone(), x.as_str().unwrap().to_string())).collect()
+        v.as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, x)| (k.clone(), x.as_str().unwrap().to_string()))
+            .collect()
     };
     let mut bad = Vec::new();
     for r in &recs {
@@ -369,8 +486,15 @@ fn reward_matches_the_oracle() {
             weight_is_int: false,
         };
         let p = shop.catalog.by_asin[r["purchased_asin"].as_str().unwrap()];
-        let info = reward::get_reward(&shop.catalog, p, &goal, r["price"].as_f64().unwrap(), &pairs(&r["options"]),
-                                      &shop.nouns).unwrap();
+        let info = reward::get_reward(
+            &shop.catalog,
+            p,
+            &goal,
+            r["price"].as_f64().unwrap(),
+            &pairs(&r["options"]),
+            &shop.nouns,
+        )
+        .unwrap();
         let w = &r["info"];
         let same = info.reward == r["reward"].as_f64().unwrap()
             && info.r_type == w["r_type"].as_f64().unwrap()
@@ -381,17 +505,28 @@ fn reward_matches_the_oracle() {
             && info.r_option == w.get("r_option").and_then(|x| x.as_f64())
             && info.r_price == w["r_price"].as_bool().unwrap();
         if !same {
-            bad.push(format!("{} {}: {:?} vs {} {}", r["goal_index"], r["case"], info, r["reward"], w));
+            bad.push(format!(
+                "{} {}: {:?} vs {} {}",
+                r["goal_index"], r["case"], info, r["reward"], w
+            ));
         }
     }
     assert_eq!(recs.len(), 7565);
-    assert!(bad.is_empty(), "{} of {} differ:\n{}", bad.len(), recs.len(), bad[..bad.len().min(10)].join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} of {} differ:\n{}",
+        bad.len(),
+        recs.len(),
+        bad[..bad.len().min(10)].join("\n")
+    );
 }
 
 /// The expert reaches reward 1 on most synthetic goals within the paper's 15 steps.
 #[test]
 fn expert_solves_most_synthetic_goals() {
-    let Some(shop) = shop(GoalSet::Synthetic, 0, Variant::Upstream) else { return };
+    let Some(shop) = shop(GoalSet::Synthetic, 0, Variant::Upstream) else {
+        return;
+    };
     let mut env = shop.env();
     let (mut won, mut total, mut max_steps) = (0, 0, 0);
     for g in (0..shop.num_goals()).step_by(23) {
@@ -417,7 +552,9 @@ fn expert_solves_most_synthetic_goals() {
 /// new search page's); the pool's reset (`TextEnv::reset`) still goes back to the env's own goal.
 #[test]
 fn verl_auto_reset_and_pool_reset_goal() {
-    let Some(shop) = shop(GoalSet::Synthetic, 0, Variant::Verl) else { return };
+    let Some(shop) = shop(GoalSet::Synthetic, 0, Variant::Verl) else {
+        return;
+    };
     let mut env = WebShopEnv::with_goal(shop.clone(), 5);
     let mut last = None;
     while let Some(a) = env.expert_action() {
