@@ -50,7 +50,8 @@ lint() {
   log "mypy (pcsd/ops, envs, text, rollout), stubtest of the compiled modules' stubs"
   # PYTHONSAFEPATH: the installed (compiled) modules are checked against the stubs in this tree
   PYTHONSAFEPATH=1 "$PY" -m mypy
-  PYTHONSAFEPATH=1 "$PY" -m mypy.stubtest --allowlist tools/stubtest_allowlist.txt pcsd._C pcsd._envpool
+  PYTHONSAFEPATH=1 "$PY" -m mypy.stubtest --mypy-config-file pyproject.toml --allowlist tools/stubtest_allowlist.txt \
+    pcsd._C pcsd._envpool
   log "cargo clippy -D warnings (core, then with the Python bindings), cargo fmt --check"
   (cd rust_envpool && cargo clippy --locked --all-targets -- -D warnings \
      && cargo clippy --locked --all-targets --features python -- -D warnings && cargo fmt --check)

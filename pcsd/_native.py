@@ -68,7 +68,7 @@ def _installed_candidates(name: str) -> list[Path]:
         dist = distribution("pcsd")
         for f in dist.files or []:
             if f.parts[:1] == ("pcsd",) and len(f.parts) == 2:
-                p = Path(dist.locate_file(f))
+                p = Path(str(dist.locate_file(f)))
                 if ok(p):
                     found.append(p)
     except (PackageNotFoundError, OSError):
