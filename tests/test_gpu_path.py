@@ -249,6 +249,8 @@ def test_rl_step_sleeps_after_rollouts_and_wakes_in_stages_after_releasing_the_c
         builder=None,
         webshop=False,
         train_games=["g"],
+        train_env_options=None,
+        text_env=False,
         rng=random.Random(0),
         backend=backend,
         backend_name="vllm",
@@ -508,8 +510,8 @@ def _fsdp_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> 
                 f"model.path={model_dir}",
                 "rollout.backend=hf",
                 "env.source=procedural",
-                "optim.tokens_per_microbatch=96",
-                "rollout.max_prompt_tokens=64",
+                "optim.tokens_per_microbatch=288",  # one whole row (prompt + response budgets)
+                "rollout.max_prompt_tokens=256",  # the template alone is ~200 tokens (checked at config read)
                 "rollout.max_response_tokens=32",
                 "optim.gradient_checkpointing=false",
             ]

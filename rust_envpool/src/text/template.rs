@@ -5,7 +5,7 @@
 //! count and the last `H` observation-action pairs (after the first step), the current
 //! observation, the admissible actions when the environment lists them, and the
 //! `<think>`/`<action>` instructions. The same template renders both variants of the budget rule
-//! (see [`crate::text::prompt`]): the no-history variant is the template with an empty `history`.
+//! (see [`super::prompt`]): the no-history variant is the template with an empty `history`.
 //!
 //! Syntax: Jinja as Python's `jinja2` with `trim_blocks=True, lstrip_blocks=True` (a block tag on
 //! its own line leaves no blank line; Hugging Face chat templates use the same settings),
