@@ -375,6 +375,25 @@ def test_gpu_failed_check_fails_its_part(tmp_path):
     assert failed == ["every gradient equal within 0.0001 of its largest element"]
 
 
+def test_gpu_compare_updates_near_zero_statistic_is_absolute():
+    """pg is ~0 at the first step (ratio 1, centred advantages): the H100 gave 3.0e-8 against the
+    CPU's 6.0e-8, rounding that a relative check called a failure. Near zero the check is absolute
+    (tol * ZERO_FLOOR), and a real difference there still fails."""
+    from pcsd.bench import gpu
+
+    grads = {"w": torch.ones(3, dtype=torch.float64)}
+    base = dict(loss=5.8e-4, pg=5.960464477539063e-08, kl=0.026, pcsd=0.032, grad_norm=1.1)
+    part = gpu.Part("update")
+    gpu.compare_updates(part, (dict(base, pg=2.9802322387695312e-08), grads), (base, grads))
+    assert all(c["ok"] for c in part.checks), part.checks
+    part = gpu.Part("update")
+    gpu.compare_updates(part, (dict(base, pg=1e-6), grads), (base, grads))
+    assert [c["what"].split()[0] for c in part.checks if not c["ok"]] == ["pg"]
+    part = gpu.Part("update")  # away from zero the check stays relative
+    gpu.compare_updates(part, (dict(base, kl=0.026 * (1 + 2e-4)), grads), (base, grads))
+    assert [c["what"].split()[0] for c in part.checks if not c["ok"]] == ["kl"]
+
+
 def test_gpu_bad_arguments(tmp_path, capsys):
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="--device cuda: no CUDA device here"):
