@@ -275,3 +275,199 @@ def test_parameter_checks_are_remembered_by_value_and_type():
         kernels._check_params(1, 8, float("nan"), *args[3:])
     with pytest.raises(ValueError, match="n_min must be an integer"):
         kernels._check_params([1], *args[1:])  # unhashable: checked uncached
+
+
+# ----------------------------------------------------------------------------- AdamW's implementation
+def _params(seed: int = 0) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(*shape, generator=g)) for shape in ((7, 5), (5,), (3, 2, 4))]
+
+
+def _grads(params, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g)
+
+
+def test_adamw_is_fused_on_cuda_and_torchs_default_elsewhere():
+    from pcsd.train.optim import adamw_kind, make_adamw, plan_adamw_kind
+
+    assert adamw_kind("cuda") == adamw_kind(torch.device("cuda", 1)) == plan_adamw_kind() == "fused"
+    assert adamw_kind("cpu") == adamw_kind("meta") == "foreach"
+    # a run on CUDA (named: CPU parameters stand in, torch's fused AdamW also runs on CPU)
+    fused = make_adamw(_params(), lr=1e-3, weight_decay=0.1, device=torch.device("cuda"))
+    assert fused.defaults["fused"] is True and fused.defaults["weight_decay"] == 0.1
+    plain = make_adamw(_params(), lr=1e-3, weight_decay=0.1, device="cpu")
+    assert not plain.defaults["fused"] and plain.defaults["foreach"] is None  # exactly what CPU runs had
+    # the same update, to rounding
+    for opt in (fused, plain):
+        for k in range(3):
+            _grads(opt.param_groups[0]["params"], k)
+            opt.step()
+    for a, b in zip(fused.param_groups[0]["params"], plain.param_groups[0]["params"]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_adamw_keeps_its_implementation_when_a_state_is_loaded():
+    from pcsd.train.optim import make_adamw
+
+    src = make_adamw(_params(), lr=1e-3, device="cpu")  # a checkpoint written by a CPU run
+    _grads(src.param_groups[0]["params"], 0)
+    src.step()
+    state = src.state_dict()
+    fused = make_adamw(_params(), lr=1e-3, device="cuda")
+    fused.load_state_dict(state)
+    assert fused.param_groups[0]["fused"] is True  # the saved group said fused=None
+    assert state["param_groups"][0]["fused"] is None  # the caller's dict is left as it was
+    for s in fused.state.values():  # where the fused kernel wants its counters
+        assert s["step"].dtype == torch.float32 and s["step"].device == s["exp_avg"].device
+    _grads(fused.param_groups[0]["params"], 1)
+    fused.step()  # runs
+    back = make_adamw(_params(), lr=1e-3, device="cpu")
+    back.load_state_dict(fused.state_dict())  # and the other way round
+    assert not back.param_groups[0]["fused"]
+    _grads(back.param_groups[0]["params"], 2)
+    back.step()
+
+
+def test_the_optimizer_is_made_in_one_place():
+    import re
+    from pathlib import Path
+
+    root = Path(kernels.__file__).resolve().parents[1]
+    made = [
+        f"{p.relative_to(root)}:{i + 1}"
+        for p in root.rglob("*.py")
+        if p.name != "optim.py"
+        for i, line in enumerate(p.read_text().splitlines())
+        if re.search(r"optim\.AdamW\(", line)
+    ]
+    assert made == [], f"AdamW made outside pcsd.train.optim.make_adamw: {made}"
+
+
+# ----------------------------------------------------------------------------- models onto their device
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from pcsd.testing import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, seed=3)
+
+
+class StagingCount:
+    """``safetensors.safe_open`` whose ``get_tensor`` results are watched: the most alive at once."""
+
+    def __init__(self, monkeypatch) -> None:
+        import weakref
+
+        import safetensors
+
+        real = safetensors.safe_open
+        self.alive = self.most = self.read = 0
+        outer = self
+
+        class Watched:
+            def __init__(self, *a, **k):
+                self.inner = real(*a, **k)
+
+            def __enter__(self):
+                self.inner.__enter__()
+                return self
+
+            def __exit__(self, *exc):
+                return self.inner.__exit__(*exc)
+
+            def keys(self):
+                return self.inner.keys()
+
+            def get_tensor(self, name):
+                t = self.inner.get_tensor(name)
+                outer.alive += 1
+                outer.read += 1
+                outer.most = max(outer.most, outer.alive)
+                weakref.finalize(t, outer._gone)
+                return t
+
+        monkeypatch.setattr(safetensors, "safe_open", Watched)
+
+    def _gone(self) -> None:
+        self.alive -= 1
+
+
+def test_a_model_is_loaded_straight_onto_its_device(tiny_dir, monkeypatch):
+    """A named device (meta stands in for CUDA: no data, no host copy possible): every parameter
+    is created there, none is moved there, and host memory holds one checkpoint tensor at a time."""
+    import transformers
+
+    from pcsd.models import load_model
+
+    made: list[str] = []
+    real_register = torch.nn.Module.register_parameter
+
+    def register(self, name, param):
+        if param is not None:
+            made.append(param.device.type)
+        return real_register(self, name, param)
+
+    monkeypatch.setattr(torch.nn.Module, "register_parameter", register)
+    monkeypatch.setattr(torch.nn.Module, "to", lambda *a, **k: pytest.fail("a model was moved with .to()"))
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("loaded on the host first")
+    )
+    staging = StagingCount(monkeypatch)
+    model = load_model(tiny_dir, torch.device("meta"), "float32")
+    assert made and set(made) == {"meta"}, made
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert staging.read == len(model.state_dict()) - 1  # every tensor of the file (the tied lm-head is not in it)
+    assert staging.most == 1
+    assert not model.training and model.lm_head.weight is model.model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shards", [1, 3])
+def test_the_on_device_load_equals_from_pretrained(tiny_dir, tmp_path, dtype, shards):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pcsd.models import load_on_device
+
+    src = tiny_dir
+    if shards > 1:  # a sharded checkpoint with its index
+        AutoModelForCausalLM.from_pretrained(tiny_dir).save_pretrained(tmp_path, max_shard_size="40KB")
+        assert (
+            len(list(tmp_path.glob("*.safetensors"))) >= shards
+            and (tmp_path / "model.safetensors.index.json").is_file()
+        )
+        src = tmp_path
+    got = load_on_device(src, AutoConfig.from_pretrained(src), torch.device("cpu"), dtype)
+    want = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
+    a, b = got.state_dict(), want.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    for (n, x), (m, y) in zip(got.named_buffers(), want.named_buffers()):
+        assert n == m and torch.equal(x, y), n
+    assert got.generation_config == want.generation_config and got.config.to_dict() == want.config.to_dict()
+    assert got.training == want.training is False
+    ids = torch.randint(0, got.config.vocab_size, (2, 9))
+    assert torch.equal(got(input_ids=ids).logits, want(input_ids=ids).logits)
+
+
+def test_a_converted_layout_is_left_to_transformers(tiny_dir, tmp_path, monkeypatch):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
+
+    from pcsd import models
+
+    for f in tiny_dir.iterdir():
+        shutil.copy2(f, tmp_path / f.name)
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({k.replace("model.", "transformer.", 1): v for k, v in weights.items()}, tmp_path / "model.safetensors")
+    cfg = AutoConfig.from_pretrained(tmp_path)
+    assert models.load_on_device(tmp_path, cfg, torch.device("cpu"), torch.float32) is None  # names not the model's
+    weights.pop("model.norm.weight")
+    save_file(weights, tmp_path / "model.safetensors")
+    assert models.load_on_device(tmp_path, cfg, torch.device("cpu"), torch.float32) is None  # a parameter missing
+    # and on the CPU load_model is what it was: transformers' from_pretrained
+    monkeypatch.setattr(models, "load_on_device", lambda *a, **k: pytest.fail("the CPU path changed"))
+    assert next(models.load_model(tiny_dir, torch.device("cpu")).parameters()).device.type == "cpu"
