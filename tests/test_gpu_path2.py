@@ -471,3 +471,64 @@ def test_a_converted_layout_is_left_to_transformers(tiny_dir, tmp_path, monkeypa
     # and on the CPU load_model is what it was: transformers' from_pretrained
     monkeypatch.setattr(models, "load_on_device", lambda *a, **k: pytest.fail("the CPU path changed"))
     assert next(models.load_model(tiny_dir, torch.device("cpu")).parameters()).device.type == "cpu"
+
+
+def _fused_adamw_rank(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
+    """One rank: the tiny model sharded with FSDP2 (gloo), AdamW as a CUDA run makes it (fused; it
+    runs on CPU DTensors too), two steps; then its full state through a resume's round trip."""
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from pcsd.models import load_model
+    from pcsd.train import distributed as du
+    from pcsd.train.optim import make_adamw
+
+    ctx = du.init_distributed(rank=rank, world_size=world, device="cpu")
+    try:
+        model = du.shard_model(load_model(model_dir, torch.device("cpu"), "float32"), ctx)
+        opt = make_adamw(model.parameters(), lr=1e-2, device="cuda")
+        ids = torch.arange(24).reshape(2, 12) % 50
+        for _ in range(2):
+            opt.zero_grad(set_to_none=True)
+            model(input_ids=ids).logits.float().pow(2).mean().backward()
+            opt.step()
+        box = [du.full_optimizer_state(model, opt, ctx)]  # rank 0's, as a checkpoint file holds it
+        torch.distributed.broadcast_object_list(box, src=0)  # every rank reads the file at a resume
+        state = box[0]
+        opt.zero_grad(set_to_none=True)
+        again = make_adamw(model.parameters(), lr=1e-2, device="cuda")
+        du.load_full_state(model, again, du.full_model_state(model, ctx, all_ranks=True), state, ctx)
+        weights = du.full_model_state(model, ctx)
+        if ctx.is_main:
+            torch.save(dict(weights=weights, fused=[g["fused"] for g in again.param_groups]), out)
+    finally:
+        du.shutdown(ctx)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed with gloo is needed")
+def test_fused_adamw_under_fsdp2_equals_one_process(tiny_dir, tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from pcsd.models import load_model
+    from pcsd.train.optim import make_adamw
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "rank0.pt"
+    mp.spawn(_fused_adamw_rank, args=(2, port, str(tiny_dir), str(out)), nprocs=2, join=True)
+    got = torch.load(out)
+    assert got["fused"] and all(got["fused"])  # kept through the resume's load
+    model = load_model(tiny_dir, torch.device("cpu"), "float32")
+    opt = make_adamw(model.parameters(), lr=1e-2, device="cpu")  # one process, torch's default
+    ids = torch.arange(24).reshape(2, 12) % 50
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        model(input_ids=ids).logits.float().pow(2).mean().backward()
+        opt.step()
+    want = model.state_dict()
+    for k, v in got["weights"].items():  # a step is ~lr = 1e-2: 1e-5 is rounding in near-zero gradients
+        torch.testing.assert_close(v, want[k], rtol=0, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
