@@ -22,7 +22,10 @@ Dispatch (the explicit fallback of vllm's ``_custom_ops``): CPU tensors use the 
 ``pcsd._C`` kernel; CUDA tensors use its CUDA kernel when it was compiled; anything else (another
 device, or the native module missing) runs :func:`pcsd.ops.reference.pcsd_weights_reference`.
 The kernels are registered as ``torch.library`` custom ops (``pcsd::pcsd_weights`` and friends)
-with fake implementations, so callers work under ``torch.compile(fullgraph=True)``.
+with fake implementations, so callers work under ``torch.compile(fullgraph=True)``; an eager call on
+plain CPU or CUDA tensors runs the same code without the ops' dispatcher (0.1-0.2 ms of host time
+saved per call). The value checks cost the CPU kernel nothing extra (it checks while it computes)
+and the CUDA path one host synchronisation per call (every flag read in one transfer).
 """
 
 from __future__ import annotations
