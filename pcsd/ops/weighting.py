@@ -35,6 +35,7 @@ from typing import Any, Callable, Literal, Optional
 import torch
 from torch import Tensor
 
+from pcsd.ops.defaults import PCSD_DEFAULTS
 from pcsd.ops.kernels import pcsd_weights
 from pcsd.ops.losses import skill_sd_token_loss
 from pcsd.ops.segments import segment_sum
@@ -97,11 +98,6 @@ def available_rules(kind: Optional[RuleKind] = None) -> list[str]:
     return sorted(n for n, r in _RULES.items() if kind is None or r.kind == kind)
 
 
-_PCSD_DEFAULTS = dict(
-    n_min=1, n_max=8, alpha=0.8, tau_low=0.05, tau_high=0.5, gamma=0.3, beta_gate=5.0, eps_slope=1e-6, eps_scale=1e-6
-)
-
-
 def _pcsd_variant(name: str, doc: str, adaptive: bool = True, trend: bool = True, **pins: Any) -> None:
     """A PCSD variant reading the parameters its mechanisms use (a fixed window has no variance
     interpolation, so no tau_low / tau_high; no trend, no gamma), ``pins`` fixed at their values."""
@@ -112,7 +108,7 @@ def _pcsd_variant(name: str, doc: str, adaptive: bool = True, trend: bool = True
         assert isinstance(w, Tensor)  # the weights alone (return_stats is not a rule parameter)
         return w
 
-    defaults = {k: v for k, v in {**_PCSD_DEFAULTS, **pins}.items() if k not in unread}
+    defaults = {k: v for k, v in {**PCSD_DEFAULTS.as_dict(), **pins}.items() if k not in unread}
     register_rule(name, "weights", doc, pins=pins, **defaults)(fn)
 
 
@@ -152,14 +148,14 @@ def _sdar_gates(gap: Tensor, mask: Optional[Tensor], beta_gate: float) -> tuple[
     return torch.sigmoid(beta_gate * g) * m, m
 
 
-@register_rule("sdar", "weights", beta_gate=5.0)
+@register_rule("sdar", "weights", beta_gate=PCSD_DEFAULTS.beta_gate)
 def _sdar(gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor] = None, *, beta_gate: float) -> Tensor:
     """SDAR: pointwise ``w = sigmoid(beta_gate sg(delta))`` on valid tokens (beta_gate = 5), as the
     public SDAR code's ``compute_sdar_loss`` (no normalisation)."""
     return _sdar_gates(gap, mask, beta_gate)[0]
 
 
-@register_rule("sdar-norm", "weights", beta_gate=5.0)
+@register_rule("sdar-norm", "weights", beta_gate=PCSD_DEFAULTS.beta_gate)
 def _sdar_norm(gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor] = None, *, beta_gate: float) -> Tensor:
     """SDAR with normalised weights: ``w_t = g_t / mean_s g_s``, ``g = sigmoid(beta_gate sg(delta))``,
     the mean over the valid tokens of ``t``'s response (its ``cu_seqlens`` segment). A response's
