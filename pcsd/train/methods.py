@@ -137,16 +137,17 @@ def unused_keys(cfg) -> dict[str, str]:
     ``algo.kl_beta`` always has an effect (every trained method keeps the KL penalty); a rule reads
     the ``algo.pcsd`` keys among its parameters (``pcsd.ops.weighting.WeightRule.defaults``) and
     those that define it (``pins``)."""
-    from pcsd.ops.weighting import get_rule
+    from pcsd.ops.weighting import active_rule, get_rule
 
     algo = cfg.algo
     rule = get_rule(cfg.rule)
-    teacher = bool(algo.distill) or rule.kind == "advantage"
+    active = active_rule(cfg.rule, bool(algo.distill))  # what the update runs (pcsd.ops.weighting)
+    teacher = active.needs_teacher
     no_distill = "no distillation term (algo.distill=false)"
     out: dict[str, str] = {}
     if not teacher:
         out["rule"] = out["algo.teacher"] = no_distill
-    if not (algo.distill and rule.kind in ("weights", "loss")):
+    if not active.distills:  # no loss term to weight with lambda
         out["algo.lambda_distill"] = (
             no_distill
             if not algo.distill
