@@ -5,7 +5,8 @@ regenerates ``tests/fixtures/update_golden.json``).
 
 Tolerance: 1e-6 relative plus 1e-7 absolute. On the machine that recorded them, the reshaped update
 gives 63 of the 70 cases bitwise; the seven skill-sd cases differ by at most 6.1e-7 relative (its
-term is now divided by the batch's valid tokens as every rule's is: one rounding, not two). Another
+term is now normalised as every rule's: ``lambda / M`` as one factor per token on the fused path,
+the micro-batch's token-mean times its share of the batch on the plain path). Another
 thread count or BLAS reorders the float32 sums (a 1-thread run differs by up to 2.4e-7 relative on
 the cancelling ``gap_mean``, 4e-9 absolute), hence the absolute floor."""
 
