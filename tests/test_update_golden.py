@@ -31,11 +31,7 @@ FAST = {f"{m}/fused" for m in golden.METHODS} | {
     "skill-sd/epochs2-unfused",
     "rlsd/epochs2",
     "opsd/joint",
-    "sdar/joint-epochs2",
     "sdar/token-mean",
-    "rlsd/seq-token-sum",
-    "skill-sd/current-teacher",
-    "opsd/no-kl",
 }
 
 
