@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from pcsd import _native
+from pcsd.ops.defaults import PCSD_DEFAULTS
 from pcsd.ops.reference import PcsdStats, pcsd_weights_reference
 
 __all__ = ["PcsdStats", "pcsd_weights", "pcsd_weights_padded", "kernel_for"]
@@ -487,15 +488,15 @@ def pcsd_weights(
     cu_seqlens: Tensor,
     mask: Optional[Tensor] = None,
     *,
-    n_min: int = 1,
-    n_max: int = 8,
-    alpha: float = 0.8,
-    tau_low: float = 0.05,
-    tau_high: float = 0.5,
-    gamma: float = 0.3,
-    beta_gate: float = 5.0,
-    eps_slope: float = 1e-6,
-    eps_scale: float = 1e-6,
+    n_min: int = PCSD_DEFAULTS.n_min,
+    n_max: int = PCSD_DEFAULTS.n_max,
+    alpha: float = PCSD_DEFAULTS.alpha,
+    tau_low: float = PCSD_DEFAULTS.tau_low,
+    tau_high: float = PCSD_DEFAULTS.tau_high,
+    gamma: float = PCSD_DEFAULTS.gamma,
+    beta_gate: float = PCSD_DEFAULTS.beta_gate,
+    eps_slope: float = PCSD_DEFAULTS.eps_slope,
+    eps_scale: float = PCSD_DEFAULTS.eps_scale,
     out: Optional[Tensor] = None,
     return_stats: bool = False,
     adaptive: bool = True,
