@@ -41,6 +41,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from pcsd.ops.defaults import PCSD_DEFAULTS
 from pcsd.train.paths import PRESET_DIR, resolve_config_path
 
 
@@ -116,14 +117,14 @@ class RolloutConfig:
 
 
 @dataclass
-class PcsdParams:
-    n_min: int = 1
-    n_max: int = 8
-    alpha: float = 0.8
-    tau_low: float = 0.05
-    tau_high: float = 0.5
-    gamma: float = 0.3
-    beta_gate: float = 5.0
+class PcsdParams:  # the weighting rules' parameters; defaults: pcsd.ops.defaults (the one place they are written)
+    n_min: int = PCSD_DEFAULTS.n_min
+    n_max: int = PCSD_DEFAULTS.n_max
+    alpha: float = PCSD_DEFAULTS.alpha
+    tau_low: float = PCSD_DEFAULTS.tau_low
+    tau_high: float = PCSD_DEFAULTS.tau_high
+    gamma: float = PCSD_DEFAULTS.gamma
+    beta_gate: float = PCSD_DEFAULTS.beta_gate
 
 
 @dataclass

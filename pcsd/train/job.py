@@ -45,6 +45,7 @@ from pcsd.rollout.loop import collect_rollouts
 from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
 from pcsd.train.metrics import MetricsLogger, step_record
+from pcsd.train.optim import make_adamw
 from pcsd.train.precision import export_model, frozen_copy, fsdp_policy, precision_of, prepare_student, torch_dtype
 from pcsd.train.sampling import sample_groups
 from pcsd.train.sft import (
@@ -492,8 +493,11 @@ def build_models(job: Job) -> None:
     job.summary["backend"] = job.backend_name
     job.say(f"rollout backend: {job.backend_name}")
     job.progress = ProgressReporter(cfg.run.progress and ctx.is_main, console=job.console)
-    job.opt = torch.optim.AdamW(
-        [p for p in job.student.parameters() if p.requires_grad], lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+    job.opt = make_adamw(  # fused on CUDA (no parameter-sized temporary at the step), see pcsd.train.optim
+        [p for p in job.student.parameters() if p.requires_grad],
+        lr=cfg.optim.lr,
+        weight_decay=cfg.optim.weight_decay,
+        device=ctx.device,
     )
     job.rng = random.Random(cfg.run.seed)
     if cfg.run.get("record_gaps", False):

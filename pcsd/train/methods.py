@@ -164,16 +164,19 @@ def unused_keys(cfg) -> dict[str, str]:
     ``algo.kl_beta`` always has an effect (every trained method keeps the KL penalty); a rule reads
     the ``algo.pcsd`` keys among its parameters (``pcsd.ops.weighting.WeightRule.defaults``) and
     those that define it (``pins``)."""
-    from pcsd.ops.weighting import get_rule
+    from pcsd.ops.weighting import active_rule, get_rule
 
     algo = cfg.algo
     rule = get_rule(cfg.rule)
-    teacher = bool(algo.distill) or rule.kind == "advantage"
+    active = active_rule(cfg.rule, bool(algo.distill))  # what the update runs (pcsd.ops.weighting)
+    on = active is rule  # algo.distill=false turns a distillation rule off
     no_distill = "no distillation term (algo.distill=false)"
     out: dict[str, str] = {}
-    if not teacher:
-        out["rule"] = out["algo.teacher"] = no_distill
-    if not (algo.distill and rule.kind in ("weights", "loss")):
+    if not on:
+        out["rule"] = no_distill
+    if not active.needs_teacher:
+        out["algo.teacher"] = no_distill if not on else f"rule {rule.name} scores no teacher"
+    if not active.distills:  # no loss term to weight with lambda
         out["algo.lambda_distill"] = (
             no_distill
             if not algo.distill
@@ -191,11 +194,11 @@ def unused_keys(cfg) -> dict[str, str]:
         out.update(_estimator_keys(cfg))
     if not cfg.rollout.dynamic_sampling:
         out["rollout.max_sample_batches"] = "read only with rollout.dynamic_sampling=true"
-    own = sorted(k for k in algo.pcsd if k in rule.defaults or k in rule.pins) if teacher else []
+    own = sorted(k for k in algo.pcsd if k in rule.defaults or k in rule.pins) if on else []
     for k in algo.pcsd:
         if k in own:
             continue
-        if not teacher:
+        if not on:
             out[f"algo.pcsd.{k}"] = no_distill
         elif rule.name == "uniform":
             out[f"algo.pcsd.{k}"] = "rule uniform is the gate at beta_gate = 0 by definition (a constant weight 0.5)"
