@@ -5,44 +5,88 @@ packed against verl's padded [B, L] form."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from typing import NamedTuple
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcsd.ops.grpo import grpo_token_terms
-from pcsd.ops.policy_losses import available_policy_losses, get_policy_loss
+from pcsd.ops.grpo import ppo_clip_terms
+from pcsd.ops.losses import TokenTerms
+from pcsd.ops.policy_losses import available_policy_losses, get_policy_loss, gspo_clip_terms, gspo_ratio
 
-PPO, GSPO = get_policy_loss("ppo"), get_policy_loss("gspo")
+
+class Out(NamedTuple):
+    pg: torch.Tensor
+    clipped: torch.Tensor
+    ratio: torch.Tensor
 
 
-def cu(*lengths: int) -> torch.Tensor:
+def PPO(lp, old, adv, cu, mask, *, clip_low, clip_high):
+    """The ppo term on packed tokens (masked tokens zeroed, as the update's coefficients do)."""
+    pg, clipped = ppo_clip_terms(lp, old, adv, clip_low, clip_high)
+    m = mask.to(torch.bool)
+    return Out(torch.where(m, pg, torch.zeros_like(pg)), clipped & m, torch.exp(lp - old).detach())
+
+
+def GSPO(lp, old, adv, cu, mask, *, clip_low, clip_high):
+    pg, clipped = gspo_clip_terms(lp, old, adv, cu, mask, clip_low, clip_high)
+    return Out(pg, clipped, gspo_ratio(lp, old, cu, mask).detach())
+
+
+def terms(old, adv, cu, mask=None) -> TokenTerms:
+    n = old.numel()
+    return TokenTerms(
+        old_logp=old,
+        advantages=adv,
+        coef=torch.ones(n),
+        mask=torch.ones(n, dtype=torch.bool) if mask is None else mask,
+        traj_ids=torch.zeros(n, dtype=torch.int64),
+        segments=tuple(cu.tolist()),
+        gap=torch.zeros(n),
+    )
+
+
+def cu_(*lengths: int) -> torch.Tensor:
     out = [0]
     for n in lengths:
         out.append(out[-1] + n)
     return torch.tensor(out)
 
 
-def test_registry():
-    assert set(available_policy_losses()) >= {"ppo", "gspo"}
+def test_registry_and_the_update_s_signature():
+    assert available_policy_losses()[:2] == ["ppo", "gspo"]
     with pytest.raises(ValueError, match="unknown policy loss 'cispo'.*ppo"):
         get_policy_loss("cispo")
-    x = torch.zeros(3)
-    with pytest.raises(ValueError, match="cu_seqlens must be 1-D offsets from 0 to T=3"):
-        PPO(x, x, x, cu(2), torch.ones(3), clip_low=0.2, clip_high=0.2)
-    with pytest.raises(ValueError, match="clip_low must be in"):
-        PPO(x, x, x, cu(3), torch.ones(3), clip_low=0.0, clip_high=0.2)
+    torch.manual_seed(0)
+    old = torch.randn(7) - 1
+    lp = old + torch.randn(7) * 0.3
+    adv, cu = torch.randn(7), cu_(3, 4)
+    t = terms(old, adv, cu)
+    for name, fn in (("ppo", PPO), ("gspo", GSPO)):
+        for algo in (
+            {"clip_eps": 0.2},
+            {"clip_eps": 0.2, "clip_eps_high": None},
+            {"clip_eps": 0.2, "clip_eps_high": 0.28},
+        ):
+            high = algo.get("clip_eps_high") or 0.2
+            pg, clipped = get_policy_loss(name)(lp, t, algo)
+            ref = fn(lp, old, adv, cu, torch.ones(7), clip_low=0.2, clip_high=high)
+            assert torch.equal(pg, ref.pg) and torch.equal(clipped, ref.clipped), (name, algo)
+    with pytest.raises(ValueError, match="cu_seqlens must be 1-D offsets from 0 to T=7"):
+        gspo_clip_terms(lp, old, adv, cu_(3), torch.ones(7))
 
 
-def test_ppo_symmetric_is_todays_grpo_term():
+def test_ppo_without_an_upper_clip_is_symmetric():
     torch.manual_seed(0)
     old = torch.randn(50) * 0.5 - 1
     lp = (old + torch.randn(50) * 0.3).requires_grad_()
     adv = torch.randn(50)
-    got = PPO(lp, old, adv, cu(20, 30), torch.ones(50, dtype=torch.bool), clip_low=0.2, clip_high=0.2)
-    pg, _, clipped = grpo_token_terms(lp, old, None, adv, 0.2)
-    assert torch.equal(got.pg, pg) and torch.equal(got.clipped, clipped)
+    a = ppo_clip_terms(lp, old, adv, 0.2)
+    b = ppo_clip_terms(lp, old, adv, 0.2, 0.2)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 def test_ppo_asymmetric_clip_by_hand():
@@ -51,7 +95,7 @@ def test_ppo_asymmetric_clip_by_hand():
     adv = torch.tensor([1.0, 1.0, -1.0, 1.0, -1.0, 2.0])
     old = torch.zeros(6)
     lp = torch.tensor([math.log(r) for r in ratios], requires_grad=True)
-    out = PPO(lp, old, adv, cu(6), torch.ones(6), clip_low=0.2, clip_high=0.28)
+    out = PPO(lp, old, adv, cu_(6), torch.ones(6), clip_low=0.2, clip_high=0.28)
     # -min(rho A, clip(rho) A): 1.25 inside the clip; 1.35 A>0 clipped at 1.28; 0.75 A<0 clipped at 0.8;
     # 0.75 A>0 and 1.35 A<0 keep the (pessimistic) unclipped value; ratio 1: -A
     exp = [-1.25, -1.28, 0.8, -0.75, 1.35, -2.0]
@@ -61,7 +105,7 @@ def test_ppo_asymmetric_clip_by_hand():
     # d/dlogp of -rho A = -rho A where unclipped, 0 where clipped
     torch.testing.assert_close(lp.grad, torch.tensor([-1.25, 0.0, 0.0, -0.75, 1.35, -2.0]))
     # with the symmetric clip (0.2) the first token, ratio 1.25, is clipped too
-    sym = PPO(lp.detach(), old, adv, cu(6), torch.ones(6), clip_low=0.2, clip_high=0.2)
+    sym = PPO(lp.detach(), old, adv, cu_(6), torch.ones(6), clip_low=0.2, clip_high=0.2)
     assert sym.clipped.tolist()[:2] == [True, True] and float(sym.pg[0]) == pytest.approx(-1.2)
 
 
@@ -71,8 +115,8 @@ def run_epochs(adv: float, clip_high: float, epochs: int = 6, lr: float = 0.1) -
     theta = torch.zeros(1, requires_grad=True)
     out = []
     for _ in range(epochs):
-        terms = PPO(theta, torch.zeros(1), torch.tensor([adv]), cu(1), torch.ones(1), clip_low=0.2, clip_high=clip_high)
-        (g,) = torch.autograd.grad(terms.pg.sum(), theta)
+        out_ = PPO(theta, torch.zeros(1), torch.tensor([adv]), cu_(1), torch.ones(1), clip_low=0.2, clip_high=clip_high)
+        (g,) = torch.autograd.grad(out_.pg.sum(), theta)
         with torch.no_grad():
             theta -= lr * g
         out.append(float(theta.detach()))
@@ -108,7 +152,7 @@ def test_gspo_by_hand():
     delta = torch.tensor([0.3, -0.1, 0.1, 0.5, 0.5])
     lp = (old + delta).requires_grad_()
     adv = torch.tensor([2.0, 2.0, 2.0, 1.0, 1.0])
-    out = GSPO(lp, old, adv, cu(3, 2), torch.ones(5), clip_low=0.2, clip_high=0.28)
+    out = GSPO(lp, old, adv, cu_(3, 2), torch.ones(5), clip_low=0.2, clip_high=0.28)
     s1, s2 = math.exp(0.1), math.exp(0.5)  # 1.10517 inside the clip; 1.64872 above 1.28
     torch.testing.assert_close(out.ratio, torch.tensor([s1, s1, s1, s2, s2]))
     # max(-A s, -A clip(s)): turn 1 -2 s1; turn 2 -min(s2, 1.28) = -1.28
@@ -122,7 +166,7 @@ def test_gspo_by_hand():
 def test_gspo_negative_advantage_and_lower_clip():
     old = torch.zeros(2)
     lp = torch.tensor([-0.4, -0.2], requires_grad=True)  # mean -0.3: s = 0.740818 < 0.8
-    out = GSPO(lp, old, torch.tensor([-1.0, -1.0]), cu(2), torch.ones(2), clip_low=0.2, clip_high=0.28)
+    out = GSPO(lp, old, torch.tensor([-1.0, -1.0]), cu_(2), torch.ones(2), clip_low=0.2, clip_high=0.28)
     # max(s, clip(s)) = 0.8, clipped: no gradient
     torch.testing.assert_close(out.pg, torch.tensor([0.8, 0.8]))
     assert out.clipped.all()
@@ -132,7 +176,7 @@ def test_gspo_negative_advantage_and_lower_clip():
 
 def test_gspo_log_ratio_clamped_at_10():
     out = GSPO(
-        torch.tensor([12.0]), torch.zeros(1), torch.tensor([-1.0]), cu(1), torch.ones(1), clip_low=0.2, clip_high=0.2
+        torch.tensor([12.0]), torch.zeros(1), torch.tensor([-1.0]), cu_(1), torch.ones(1), clip_low=0.2, clip_high=0.2
     )
     assert float(out.ratio[0]) == pytest.approx(math.exp(10.0))
 
@@ -143,25 +187,30 @@ def test_gspo_with_one_token_turns_is_ppo():
     lp = old + torch.randn(12) * 0.4
     adv = torch.randn(12)
     kw = dict(clip_low=0.2, clip_high=0.28)
-    a = GSPO(lp, old, adv, cu(*[1] * 12), torch.ones(12), **kw)
-    b = PPO(lp, old, adv, cu(12), torch.ones(12), **kw)
+    a = GSPO(lp, old, adv, cu_(*[1] * 12), torch.ones(12), **kw)
+    b = PPO(lp, old, adv, cu_(12), torch.ones(12), **kw)
     torch.testing.assert_close(a.pg, b.pg)
     assert torch.equal(a.clipped, b.clipped)
 
 
 @pytest.mark.parametrize("loss", ["ppo", "gspo"])
 def test_padding_tokens_add_nothing(loss):
-    """Masked tokens: pg 0, never clipped, no gradient, and GSPO's turn ratio is their turn's valid tokens' mean."""
-    fn = get_policy_loss(loss)
+    """Through the update's per-token loss: masked tokens (coefficient 0, as the update gives them)
+    add nothing and get no gradient, and GSPO's turn ratio is the mean over its turn's valid tokens."""
+    from pcsd.ops.losses import LossSpec, update_token_loss
+
     old = torch.tensor([-1.0, -1.0, -1.0, -1.0])
     lp = torch.tensor([-0.8, 5.0, -1.2, 7.0], requires_grad=True)  # tokens 1 and 3 are padding
     mask = torch.tensor([True, False, True, False])
-    out = fn(lp, old, torch.ones(4), cu(2, 2), mask, clip_low=0.2, clip_high=0.28)
-    assert out.pg[1] == 0 and out.pg[3] == 0 and not out.clipped[1] and not out.clipped[3]
-    out.pg.sum().backward()
-    assert lp.grad[1] == 0 and lp.grad[3] == 0
+    t = replace(terms(old, torch.ones(4), cu_(2, 2), mask), coef=mask.float())
+    spec = LossSpec(get_policy_loss(loss), {"clip_eps": 0.2, "clip_eps_high": 0.28}, 0.0, 0.0, 2.0)
+    parts = update_token_loss(lp, t, spec)
+    assert parts.pg[1] == 0 and parts.pg[3] == 0 and not parts.clipped[1] and not parts.clipped[3]
+    parts.total.sum().backward()
+    assert lp.grad[1] == 0 and lp.grad[3] == 0 and lp.grad[0] != 0
     if loss == "gspo":
-        torch.testing.assert_close(out.ratio[[0, 2]], torch.tensor([math.exp(0.2), math.exp(-0.2)]))
+        s = gspo_ratio(lp.detach(), old, cu_(2, 2), mask)
+        torch.testing.assert_close(s[[0, 2]], torch.tensor([math.exp(0.2), math.exp(-0.2)]))
 
 
 # ----------------------------------------------------------------------------- packed vs verl's padded form
@@ -193,7 +242,7 @@ def test_gspo_packed_equals_padded(lengths, seed, high):
     grad_pad = lp.grad.clone()
     lp2 = lp.detach()[mask.bool()].clone().requires_grad_()
     out = GSPO(
-        lp2, old[mask.bool()], adv[mask.bool()], cu(*lengths), torch.ones(lp2.numel()), clip_low=0.2, clip_high=high
+        lp2, old[mask.bool()], adv[mask.bool()], cu_(*lengths), torch.ones(lp2.numel()), clip_low=0.2, clip_high=high
     )
     torch.testing.assert_close(out.pg, pad[mask.bool()])
     out.pg.sum().backward()

@@ -95,5 +95,6 @@ def test_every_new_key_trains(tmp_path, tiny_dir, one_winner_per_batch, method):
 @pytest.mark.parametrize("method", ["pcsd", "sdar"])
 def test_rloo_trains(tmp_path, tiny_dir, one_winner_per_batch, method):
     recs = _train(tmp_path, tiny_dir, f"method={method}", "algo.estimator=rloo")
-    assert all(math.isfinite(r["loss"]) and r["pg"] != 0.0 for r in recs)
+    # (the policy term's value is ~0 at ratio 1: RLOO's advantages sum to 0 over a group)
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["pg"]) and r["grad_norm"] > 0 for r in recs)
     assert "sample_batches" not in recs[0]  # no dynamic sampling: one batch, no sampling counts

@@ -76,6 +76,7 @@ class Estimator:
     defaults: dict[str, Any] = field(default_factory=dict)
     doc: str = ""
     uses_eps: bool = True  # reads eps (algo.adv_eps) under some setting of its parameters
+    needs_anchor: bool = False  # reads the rows' anchor states
 
     def __call__(self, inputs: AdvantageInputs, *, eps: float = 1e-6, **params: Any) -> Tensor:
         unknown = set(params) - set(self.defaults)
@@ -90,12 +91,15 @@ class Estimator:
 _ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 
 
-def register_estimator(name: str, doc: str = "", uses_eps: bool = True, **defaults: Any) -> Callable:
+def register_estimator(
+    name: str, doc: str = "", uses_eps: bool = True, needs_anchor: bool = False, **defaults: Any
+) -> Callable:
     """Decorator registering ``fn(inputs, *, eps, **params) -> [R]`` under ``name`` with the
-    defaults of the parameters it reads."""
+    defaults of the parameters it reads (the config's ``algo.<name>.*`` keys)."""
 
     def deco(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        _ESTIMATORS.add(name, Estimator(name, fn, dict(defaults), doc or (fn.__doc__ or ""), uses_eps))
+        spec = Estimator(name, fn, dict(defaults), doc or (fn.__doc__ or ""), uses_eps, needs_anchor)
+        _ESTIMATORS.add(name, spec)
         return fn
 
     return deco
@@ -238,6 +242,7 @@ def gigpo_step_advantages(
 @register_estimator(
     "gigpo",
     doc="GiGPO: episode advantage + step_weight x step advantage within anchor-state groups",
+    needs_anchor=True,
     step_weight=1.0,
     norm="mean_std",
     gamma=0.95,
