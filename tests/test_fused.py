@@ -21,7 +21,8 @@ from pcsd.ops.fused import (
     fused_score_loss,
 )
 from pcsd.ops.grpo import token_coefficients
-from pcsd.ops.losses import LossSpec, TokenTerms, get_policy_loss, update_token_loss
+from pcsd.ops.losses import LossSpec, TokenTerms, update_token_loss
+from pcsd.ops.policy_losses import get_policy_loss
 from pcsd.ops.scoring import score_packed, selective_logprobs
 from pcsd.ops.weighting import NO_RULE, active_rule
 from pcsd.train.fused_update import joint_scores, pair_microbatches

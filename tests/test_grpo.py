@@ -136,7 +136,8 @@ def _token_terms(n_turns=(5, 1, 7), seed=0, ref=True):
 def test_update_token_loss_is_the_sum_of_its_terms_written_out(grpo, ref):
     """update_token_loss (both paths of the update) against the terms written out per token:
     c (-min(rho A, clip(rho) A)) + kl_beta c k3 + lambda m w (teacher - lp) / M."""
-    from pcsd.ops.losses import LossSpec, get_policy_loss, update_token_loss
+    from pcsd.ops.losses import LossSpec, update_token_loss
+    from pcsd.ops.policy_losses import get_policy_loss
 
     t = _token_terms(ref=ref)
     lp = t.old_logp + 0.3 * torch.randn(len(t.mask), generator=torch.Generator().manual_seed(9), dtype=torch.float64)
@@ -162,15 +163,16 @@ def test_update_token_loss_is_the_sum_of_its_terms_written_out(grpo, ref):
 
 def test_policy_losses_are_chosen_by_name():
     from pcsd.ops.grpo import grpo_token_terms
-    from pcsd.ops.losses import available_policy_losses, get_policy_loss, register_policy_loss
+    from pcsd.ops.policy_losses import available_policy_losses, get_policy_loss, register_policy_loss
 
     assert "ppo" in available_policy_losses()
     t = _token_terms(seed=3)
     lp = t.old_logp + 0.25
     pg, clipped = get_policy_loss("ppo")(lp, t, {"clip_eps": 0.1})
     want_pg, _, want_clipped = grpo_token_terms(lp, t.old_logp, None, t.advantages, 0.1)
-    assert torch.equal(pg, want_pg) and torch.equal(clipped, want_clipped)
-    with pytest.raises(ValueError, match=r"unknown policy loss 'gspo'; valid: \['ppo'"):
-        get_policy_loss("gspo")
+    # a masked token is never counted as clipped (its coefficient is 0: it is not in the term)
+    assert torch.equal(pg, want_pg) and torch.equal(clipped, want_clipped & t.mask)
+    with pytest.raises(ValueError, match=r"unknown policy loss 'cispo'; valid: \['ppo', 'gspo'"):
+        get_policy_loss("cispo")
     with pytest.raises(ValueError, match="already registered"):
         register_policy_loss("ppo")(lambda lp, t, algo: (lp, lp > 0))

@@ -17,7 +17,7 @@ default: mean over all valid tokens of the batch), ``seq-mean-token-sum``.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -154,14 +154,18 @@ def token_coefficients(mask: Tensor, traj_ids: Tensor, num_traj: int, mode: str)
     raise ValueError(f"unknown loss aggregation {mode!r}; valid: {sorted(LOSS_AGG_MODES)}")
 
 
-def ppo_clip_terms(logp: Tensor, old_logp: Tensor, advantages: Tensor, clip_eps: float = 0.2) -> tuple[Tensor, Tensor]:
-    """PPO's clipped-ratio policy term per token, ``-min(rho A, clip(rho, 1 - eps, 1 + eps) A)`` with
-    ``rho = exp(logp - sg(logp_old))``, and the indicator that the clipped branch was taken, ``[T]``
-    each (``logp`` differentiable, ``old_logp`` and ``advantages`` detached)."""
+def ppo_clip_terms(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, clip_eps: float = 0.2, clip_eps_high: Optional[float] = None
+) -> tuple[Tensor, Tensor]:
+    """PPO's clipped-ratio policy term per token, ``-min(rho A, clip(rho, 1 - eps, 1 + eps_high) A)``
+    with ``rho = exp(logp - sg(logp_old))`` (``eps_high`` = ``clip_eps_high``, DAPO's higher upper
+    clip; None: ``clip_eps``), and the indicator that the clipped branch was taken, ``[T]`` each
+    (``logp`` differentiable, ``old_logp`` and ``advantages`` detached)."""
+    high = clip_eps if clip_eps_high is None else clip_eps_high
     ratio = torch.exp(logp - old_logp.detach())
     adv = advantages.detach().to(logp.dtype)
     unclipped = ratio * adv
-    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv
+    clipped = ratio.clamp(1 - clip_eps, 1 + high) * adv
     return -torch.minimum(unclipped, clipped), (clipped < unclipped).detach()
 
 

@@ -7,8 +7,8 @@
   (:func:`pcsd.ops.fused.fused_logprob_loss`, which needs each token's loss as a function of that
   token's log-prob during its forward pass). Its inputs are a :class:`TokenTerms` (the packed
   per-token terms of whole response turns) and a :class:`LossSpec` (the update's constants).
-* The policy-gradient term chosen by name (:func:`register_policy_loss`, :func:`get_policy_loss`;
-  ``ppo``: the clipped ratio of :func:`pcsd.ops.grpo.ppo_clip_terms`).
+* The policy-gradient term's signature, :data:`PolicyLoss` (the terms chosen by name, ``ppo`` and
+  ``gspo``, are in :mod:`pcsd.ops.policy_losses`).
 * The distillation losses: the paper's weighted loss (Training Objective section,
   :func:`pcsd_loss` and its per-token form :func:`pcsd_token_loss`, used by every ``weights`` rule
   of :mod:`pcsd.ops.weighting`) and Skill-SD's k3 self-distillation loss (the ``skill-sd`` rule).
@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from pcsd.ops.grpo import k3_kl, ppo_clip_terms
+from pcsd.ops.grpo import k3_kl
 
 __all__ = [
     "TokenTerms",
@@ -31,9 +31,6 @@ __all__ = [
     "LossSpec",
     "LossParts",
     "update_token_loss",
-    "register_policy_loss",
-    "get_policy_loss",
-    "available_policy_losses",
     "pcsd_loss",
     "pcsd_token_loss",
     "skill_sd_token_loss",
@@ -87,40 +84,9 @@ RuleLoss = Callable[[Tensor, TokenTerms], Tensor]
 
 #: ``f(logp [n], terms, algo) -> (policy term [n], clipped [n] bool)``: the per-token policy-gradient
 #: term before aggregation (the update multiplies it by ``terms.coef``), reading the settings it
-#: needs from ``algo`` (the config's ``algo`` section: ``clip_eps``, ...).
+#: needs from ``algo`` (the config's ``algo`` section: ``clip_eps``, ...); registered by name in
+#: :mod:`pcsd.ops.policy_losses`.
 PolicyLoss = Callable[[Tensor, TokenTerms, Mapping[str, Any]], tuple[Tensor, Tensor]]
-
-_POLICY_LOSSES: dict[str, PolicyLoss] = {}
-
-
-def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Decorator registering a :data:`PolicyLoss` under ``name``."""
-
-    def deco(fn: PolicyLoss) -> PolicyLoss:
-        if name in _POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        _POLICY_LOSSES[name] = fn
-        return fn
-
-    return deco
-
-
-def get_policy_loss(name: str) -> PolicyLoss:
-    """The policy loss registered as ``name``; ValueError listing the valid names otherwise."""
-    try:
-        return _POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy loss {name!r}; valid: {available_policy_losses()}") from None
-
-
-def available_policy_losses() -> list[str]:
-    return sorted(_POLICY_LOSSES)
-
-
-@register_policy_loss("ppo")
-def _ppo(logp: Tensor, t: TokenTerms, algo: Mapping[str, Any]) -> tuple[Tensor, Tensor]:
-    """GRPO's token-level clipped ratio (:func:`pcsd.ops.grpo.ppo_clip_terms`, ``algo.clip_eps``)."""
-    return ppo_clip_terms(logp, t.old_logp, t.advantages, algo["clip_eps"])
 
 
 class LossSpec(NamedTuple):

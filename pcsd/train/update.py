@@ -28,9 +28,11 @@ from torch import Tensor
 
 from pcsd.lora import frozen_base
 from pcsd.models import compute_context
+from pcsd.ops.estimators import AdvantageInputs, get_estimator
 from pcsd.ops.fused import fused_score_loss
-from pcsd.ops.grpo import group_advantages, token_coefficients
-from pcsd.ops.losses import LossParts, LossSpec, TokenTerms, get_policy_loss, update_token_loss
+from pcsd.ops.grpo import token_coefficients
+from pcsd.ops.losses import LossParts, LossSpec, TokenTerms, update_token_loss
+from pcsd.ops.policy_losses import get_policy_loss
 from pcsd.ops.scoring import greedy_microbatches, score_packed, uses_varlen_attention
 from pcsd.ops.weighting import WeightRule, active_rule
 from pcsd.rollout.loop import RolloutBatch
@@ -190,12 +192,31 @@ def _frozen_scores(student, frozen, rb, cfg, layout: Layout, ctx, need_ref: bool
 # ----------------------------------------------------------------------------- 2. per-token terms
 def estimate_advantages(rb: RolloutBatch, cfg: DictConfig, tok_traj: Tensor) -> Tensor:
     """``[T]`` float32 per-token advantages of this rank's rows: the one call the update takes them
-    from. GRPO's today: each trajectory's reward normalised within its group (population std,
-    ``algo.adv_eps``), shared by the tokens of all its turns (``tok_traj`` ``[T]``: each token's
-    trajectory). ``rb`` holds whole groups on every rank, so no collective is needed."""
+    from. The estimator ``algo.estimator`` names (:mod:`pcsd.ops.estimators`: grpo, rloo, gigpo)
+    with its parameters from ``algo.<estimator>`` (``algo.gigpo.*``) and ``algo.adv_eps`` gives one
+    advantage per response turn, spread over the turn's tokens (``tok_traj`` ``[T]``: each token's
+    trajectory, for the device). ``rb`` holds whole groups on every rank, so no collective is
+    needed (GiGPO's anchor groups lie within a task group)."""
     dev = tok_traj.device
-    adv = group_advantages(rb.reward.to(dev), rb.traj_group.to(dev), eps=cfg.algo.adv_eps)
-    return adv[tok_traj].float()
+    est = get_estimator(cfg.algo.get("estimator", "grpo"))
+    section = cfg.algo.get(est.name) if est.defaults else None  # e.g. algo.gigpo (grpo reads none)
+    params = {k: section[k] for k in est.defaults if k in section} if section is not None else {}
+    if est.needs_anchor and rb.anchor is None:
+        raise ValueError(
+            f"algo.estimator={est.name} needs each row's anchor state (RolloutBatch.anchor), and this batch has "
+            "none (it was not made by pcsd.rollout.loop.collect_rollouts)"
+        )
+    rows = AdvantageInputs(
+        reward=rb.reward.to(dev),
+        traj_group=rb.traj_group.to(dev),
+        row_traj=rb.traj_id.to(dev),
+        row_turn=rb.turn.to(dev),
+        step_reward=rb.row_step_rewards().to(dev),
+        anchor=(rb.anchor if rb.anchor is not None else torch.zeros_like(rb.traj_id)).to(dev),
+    )
+    adv = est(rows, eps=cfg.algo.adv_eps, **params)
+    lengths = torch.tensor([len(r) for r in rb.response_ids], dtype=torch.int64, device=dev)
+    return torch.repeat_interleave(adv, lengths)
 
 
 class Terms:
