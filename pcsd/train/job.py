@@ -35,10 +35,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from pcsd.envs.procedural import ProceduralGames, write_games
-from pcsd.lora import AdaptersOff, LoraSpec, save_adapter
 from pcsd.eval.games import split_games
 from pcsd.eval.protocol import protocol_games, webshop_validation_goals
 from pcsd.eval.run import evaluate, render_table
+from pcsd.lora import AdaptersOff, LoraSpec, save_adapter
 from pcsd.models import eos_id, load_model, resolve_device, resolve_model_path
 from pcsd.progress import ProgressReporter
 from pcsd.rollout.backends import make_backend, usable_backend
