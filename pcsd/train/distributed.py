@@ -236,16 +236,15 @@ def full_model_state(
     with ``all_ranks`` (to refresh a per-rank generation copy). ``trainable_only``: the parameters
     that train alone (a LoRA run's adapters: the frozen base is never gathered). Collective under
     FSDP."""
+    keep = {n for n, p in model.named_parameters() if p.requires_grad} if trainable_only else None
     if not ctx.distributed:
-        keep = {n for n, p in model.named_parameters() if p.requires_grad} if trainable_only else None
-        return {
-            k: v.detach().cpu().clone() for k, v in model.state_dict().items() if keep is None or k in keep
-        }
+        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if keep is None or k in keep}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    # ignore_frozen_params still gives a frozen weight tied to another name (the tied lm head): filtered
     opts = StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks, ignore_frozen_params=trainable_only)
     sd = get_model_state_dict(model, options=opts)
-    return {k: v.detach().cpu() for k, v in sd.items()}
+    return {k: v.detach().cpu() for k, v in sd.items() if keep is None or k in keep}
 
 
 def merged_model_state(model: nn.Module, ctx: DistContext, dtype: torch.dtype) -> dict[str, torch.Tensor]:
