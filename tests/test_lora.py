@@ -153,7 +153,7 @@ _CASES = [
 
 
 #: in the default run; the others with -m slow
-_FAST = ("pcsd", "grpo", "sdar+rloo", "pcsd+gigpo", "pcsd+gspo", "pcsd+current+2")
+_FAST = ("pcsd", "sdar+rloo", "pcsd+gspo")
 
 
 def _case_id(c: list[str]) -> str:

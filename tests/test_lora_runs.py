@@ -156,7 +156,8 @@ def test_a_lora_run_checkpoints_the_adapters_resumes_exactly_after_kill_9_and_ex
 def test_vllm_rollouts_with_the_trained_adapter_equal_hf(vllm_available, tmp_path, tiny_dir):
     """The engine starts from the base model; after a LoRA update the merged weights are streamed
     to it (:func:`pcsd.train.distributed.iter_weights`); its greedy rollouts then equal the hf
-    backend's generating with the LoRA model itself (adapters on), and differ from the base's."""
+    backend's generating with the LoRA model itself (adapters on), and differ from the base's.
+    pcsd.eval's vLLM backend for the saved adapter folder generates the same."""
     from pcsd.lora import AdaptersOff, LoraSpec, add_adapters
     from pcsd.models import load_model
     from pcsd.rollout.backends import make_backend
@@ -194,6 +195,19 @@ def test_vllm_rollouts_with_the_trained_adapter_equal_hf(vllm_available, tmp_pat
     tokens = lambda out: [s.token_ids for o in out for s in o]  # noqa: E731
     assert tokens(got) == tokens(hf)
     assert tokens(got) != tokens(base_out)
+    engine.close()
+
+    # pcsd.eval's vLLM backend for an adapter folder: the base model, then the merged weights once
+    from pcsd.eval.cli import start_backend
+    from pcsd.lora import save_adapter
+
+    folder = save_adapter(peft, tmp_path / "adapter", tiny_dir)
+    evaluated = start_backend("vllm", folder, None, torch.device("cpu"), builder=None, seed=1, max_model_len=256)
+    try:
+        again = evaluated.generate(prompts, n=1, max_tokens=12, temperature=0.0, seed=1)
+    finally:
+        evaluated.close()
+    assert tokens(again) == tokens(hf)
 
 
 # ----------------------------------------------------------------------------- FSDP2
