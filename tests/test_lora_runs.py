@@ -18,7 +18,9 @@ import torch
 
 from pcsd.train.config import load_config
 
+#: the tiny-cpu-lora preset, shortened (no warm-up, one game, 3 steps)
 _TINY = [
+    "preset=tiny-cpu-lora",
     "rollout.backend=hf",
     "optim.sft_steps=0",
     "env.max_steps=1",
@@ -32,8 +34,6 @@ _TINY = [
     "run.tensorboard=false",
     "model.tiny_layers=1",
     "optim.lr=1e-2",
-    "model.lora_rank=4",
-    "model.lora_alpha=8",
 ]
 
 
@@ -59,7 +59,7 @@ def _records(run: Path) -> list[dict]:
 
 
 def test_a_lora_run_checkpoints_the_adapters_resumes_exactly_after_kill_9_and_exports(tmp_path, tiny_dir, child_env):
-    """A LoRA run (3 steps) and the same run killed with SIGKILL after its first checkpoint, then
+    """A tiny-cpu-lora run (shortened: 3 steps) and the same run killed with SIGKILL after its first checkpoint, then
     resumed: the same losses bit for bit and the same adapters. A checkpoint's model/ is the adapter
     in peft's format (no base weights), its optimizer state the adapters'; final-model/ is the
     merged model (loads in transformers, = peft's merge of final-adapter/ into the base), and
@@ -77,7 +77,7 @@ def test_a_lora_run_checkpoints_the_adapters_resumes_exactly_after_kill_9_and_ex
     full, part = tmp_path / "full", tmp_path / "part"
     r = subprocess.run(cmd(*common, f"run.dir={full}"), cwd=tmp_path, env=child_env, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "LoRA rank 4:" in r.stdout and "the teacher is the base" in r.stdout
+    assert "LoRA rank 16:" in r.stdout and "the teacher is the base" in r.stdout
 
     proc = subprocess.Popen(
         cmd(*common, f"run.dir={part}"), cwd=tmp_path, env=child_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
