@@ -8,6 +8,7 @@ checks it):
   pcsd.envs        the environments: the native ALFWorld engine, procedural games, experts, the pool
   pcsd.text        prompts: the Rust-backed prompt builder, skills, action parsing
   pcsd.models      loading a causal LM (a folder or a Hub id), the device, the end-of-turn token
+  pcsd.lora        LoRA through peft: adapters, the base with them off, merged weights, adapter folders
   pcsd.data        fetching the real data and models (``python -m pcsd.data`` / ``pcsd-data``)
   pcsd.rollout     generation backends (vLLM, HF) and the batched multi-turn rollout loop
   pcsd.eval        evaluation (``python -m pcsd.eval``)

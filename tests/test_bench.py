@@ -221,6 +221,24 @@ def test_step(tmp_path):
         assert r["loss"] == pytest.approx(naive["loss"], rel=1e-3, abs=1e-7)
 
 
+def test_lora(tmp_path):
+    """``pcsd.bench lora --tiny``: the sync and the step, full and LoRA, and their ratios; the same
+    bytes streamed (the merged model has the base's weights), LoRA trains a fraction of them."""
+    bench_main(["lora", "--tiny", "--out", str(tmp_path)])
+    rows = _load(tmp_path, "lora")["rows"]
+    assert [(r["part"], r["side"]) for r in rows] == [
+        ("sync (sink)", "full"),
+        ("sync (sink)", "lora"),
+        ("training step", "full"),
+        ("training step", "lora"),
+        ("sync (sink)", "lora / full"),
+        ("training step", "lora / full"),
+    ]
+    assert rows[0]["bytes_streamed"] == rows[1]["bytes_streamed"] > 0 and rows[4]["bytes_streamed"] == 1
+    assert 0 < rows[5]["trained_params"] < 0.2 and rows[3]["adamw_state_bytes"] < rows[2]["adamw_state_bytes"]
+    assert all(r["median_s"] > 0 for r in rows)
+
+
 def test_step_bad_arguments(tmp_path):
     with pytest.raises(SystemExit, match="--prompt-len: expected MIN <= MAX"):
         bench_main(["step", "--tiny", "--prompt-len", "9", "3", "--out", str(tmp_path)])

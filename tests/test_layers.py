@@ -17,14 +17,15 @@ ALLOWED: dict[str, set[str]] = {
     "envs": set(),
     "text": set(),
     "models": set(),
+    "lora": set(),
     "progress": set(),
     "data": {"envs", "models", "progress"},
     "rollout": {"envs", "text", "models"},
     "testing": {"rollout", "envs", "text", "models"},
-    "eval": {"rollout", "envs", "text", "models", "progress", "testing"},
-    "train": {"ops", "envs", "text", "models", "progress", "rollout", "eval", "testing"},
-    "diagnostics": {"ops", "envs", "text", "models", "progress", "rollout", "eval", "testing", "train"},
-    "bench": {"ops", "envs", "text", "models", "progress", "rollout", "eval", "testing", "train"},
+    "eval": {"rollout", "envs", "text", "models", "lora", "progress", "testing"},
+    "train": {"ops", "envs", "text", "models", "lora", "progress", "rollout", "eval", "testing"},
+    "diagnostics": {"ops", "envs", "text", "models", "lora", "progress", "rollout", "eval", "testing", "train"},
+    "bench": {"ops", "envs", "text", "models", "lora", "progress", "rollout", "eval", "testing", "train"},
 }
 OPEN = {"pcsd", "pcsd._native", "pcsd._C", "pcsd._envpool"}
 

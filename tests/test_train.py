@@ -74,9 +74,9 @@ def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
     plainly (unpacked full-logit log-probs, pcsd.ops.grpo.grpo_loss, pcsd.ops.losses.pcsd_loss). One PPO
     epoch takes log pi_old from the update's own forward; two epochs score it in a separate pass
     (with lr 0 the second epoch's gradient is the first's)."""
-    from pcsd.ops.grpo import group_advantages, grpo_loss
-    from pcsd.ops.losses import pcsd_loss
-    from pcsd.ops.weighting import get_rule
+    from plain_update import plain_update_loss
+
+    from pcsd.ops.grpo import group_advantages
     from pcsd.testing import plain_logprobs, synthetic_rollout_batch
     from pcsd.train.update import update_step
 
@@ -100,42 +100,14 @@ def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
 
     ref_model = copy.deepcopy(student)
     ref_model.zero_grad(set_to_none=True)
-    rule = get_rule(cfg.rule)
     with torch.no_grad():
         old = plain_logprobs(ref_model, rb.prompt_ids, rb.response_ids)
         ref = plain_logprobs(frozen, rb.prompt_ids, rb.response_ids)
         teacher = plain_logprobs(frozen, rb.teacher_prompt_ids, rb.response_ids)
     lp = plain_logprobs(ref_model, rb.prompt_ids, rb.response_ids)
-    mask = torch.ones_like(lp, dtype=torch.bool)
-    traj = rb.token_traj_ids()
-    adv = group_advantages(rb.reward, rb.traj_group)[traj].float()
+    adv = group_advantages(rb.reward, rb.traj_group)
     assert float(adv.abs().min()) > 0.5  # every token carries a policy-gradient term
-    w = torch.zeros_like(lp)
-    if rule.kind == "advantage":
-        adv = rule(adv, teacher - old, mask, 3 + 1)  # step index 3 is update number 4 of the schedule
-    elif rule.kind == "weights":
-        params = {k: v for k, v in dict(cfg.algo.pcsd).items() if k in rule.defaults}
-        w = rule(teacher - old, rb.cu_seqlens(), mask, **params)
-    terms = grpo_loss(
-        lp,
-        old,
-        ref,
-        adv,
-        mask,
-        traj,
-        rb.num_trajectories,
-        clip_eps=cfg.algo.clip_eps,
-        kl_beta=cfg.algo.kl_beta,
-        agg=cfg.algo.loss_agg,
-    )
-    # OPSD (algo.grpo=false): no policy-gradient term, the KL penalty stays (the SDAR code's OPSD)
-    total = terms.loss if cfg.algo.grpo else cfg.algo.kl_beta * terms.kl
-    if rule.kind == "weights":
-        total = total + cfg.algo.lambda_distill * pcsd_loss(lp, teacher, w, mask)
-    if rule.kind == "loss":  # Skill-SD: token-mean of its per-token loss over the whole batch
-        from pcsd.ops.losses import skill_sd_loss
-
-        total = total + cfg.algo.lambda_distill * skill_sd_loss(lp, teacher, old, mask)
+    total = plain_update_loss(cfg, rb, lp, old, ref, teacher, step=3)
     total.backward()
     for n, p in ref_model.named_parameters():
         torch.testing.assert_close(got[n], p.grad, rtol=2e-4, atol=2e-7, msg=n)

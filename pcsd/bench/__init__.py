@@ -1,5 +1,6 @@
-"""The benchmarks: ``python -m pcsd.bench {op,env,prompts,logprobs,step,rollout,all}``, and ``gpu``,
-the proof of the GPU path (:mod:`pcsd.bench.gpu`; not part of ``all``).
+"""The benchmarks: ``python -m pcsd.bench {op,env,prompts,logprobs,step,rollout,all}``, ``gpu``,
+the proof of the GPU path (:mod:`pcsd.bench.gpu`), and ``lora``, LoRA against full fine-tuning
+(:mod:`pcsd.bench.lora`, ``docs/lora.md``); neither is part of ``all``.
 
 Every subcommand runs both sides of each comparison in the same invocation, after a warm-up,
 ``--repeats`` times, and reports the median and the spread (max - min). Each prints a rich table
@@ -13,6 +14,7 @@ headed by the machine line (CPU model, cores, GPU, torch version) and writes
     python -m pcsd.bench rollout --model-path /models/Qwen2.5-3B-Instruct   # CUDA GPU only: real model
     python -m pcsd.bench gpu --out gpu-results      # the GPU path, part by part (<= 8 min on one H100)
     python -m pcsd.bench gpu --device cpu --small   # every part that runs on a CPU (< 2 min, CI)
+    python -m pcsd.bench lora --quick               # LoRA vs full: the weight sync (merged) and one step
 
 ``env`` sets the native pool against the real alfworld engine stepped one env at a time and in a
 Python multiprocessing pool (worker processes holding real envs); ``rollout`` sets the vLLM
@@ -21,7 +23,7 @@ backend against HF. With a CUDA GPU, ``op`` and ``logprobs`` add CUDA rows and `
 
 Layout: :mod:`pcsd.bench.common` holds what every benchmark shares (machine line, timing, tables);
 each benchmark is one module (``op``, ``env``, ``prompts``, ``logprobs``, ``step``, ``rollout``,
-``gpu`` with the self-test cases of the op in ``op_cases``) with its arguments, sizes and ``run``;
+``lora``, ``gpu`` with the self-test cases of the op in ``op_cases``) with its arguments, sizes and ``run``;
 :mod:`pcsd.bench.cli` is the command line. The benchmarks import
 from every layer below them (ops, envs, text, rollout); nothing imports ``pcsd.bench``.
 """

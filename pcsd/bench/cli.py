@@ -1,6 +1,6 @@
 """The ``python -m pcsd.bench`` / ``pcsd-bench`` command line: one subcommand per benchmark module
 (each module owns its arguments, its sizes and its ``run``), and ``all`` runs the benchmarks in turn
-(``gpu``, the proof of the GPU path, runs on its own)."""
+(``gpu``, the proof of the GPU path, and ``lora`` run on their own)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import time
 from types import ModuleType
 from typing import Sequence
 
-from pcsd.bench import env, gpu, logprobs, op, prompts, rollout, step
+from pcsd.bench import env, gpu, logprobs, lora, op, prompts, rollout, step
 from pcsd.bench.common import add_common, fill_defaults
 
 #: the benchmarks in the order ``all`` runs them
 BENCHMARKS: tuple[ModuleType, ...] = (op, env, prompts, logprobs, step, rollout)
 SUBCOMMANDS: tuple[str, ...] = tuple(m.NAME for m in BENCHMARKS)
-#: every subcommand's module: the benchmarks and ``gpu``
-_BY_NAME = {m.NAME: m for m in BENCHMARKS + (gpu,)}
+#: every subcommand's module: the benchmarks, ``gpu`` and ``lora`` (LoRA's costs, docs/lora.md)
+_BY_NAME = {m.NAME: m for m in BENCHMARKS + (gpu, lora)}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,6 +5,12 @@
         --split valid_seen,valid_unseen --backend vllm
     python -m pcsd.eval --model runs/x --split valid_seen --task-types Heat,Cool --count 10
     python -m pcsd.eval --model runs/x --games-file my_games.txt --greedy
+    python -m pcsd.eval --model runs/x/final-adapter [--base /models/Qwen2.5-3B-Instruct]
+
+A LoRA run (``model.lora_rank`` > 0) writes ``final-model/`` (the merged model) and
+``final-adapter/`` (peft's format); ``--model`` takes either. An adapter folder needs its base
+model: the one its ``adapter_config.json`` names, or ``--base``. The hf backend generates with the
+adapter merged into the base; vLLM starts from the base and receives the merged weights.
 
 Two protocols (:mod:`pcsd.eval.protocol`, ``docs/eval-protocol.md``):
 
@@ -76,6 +82,7 @@ from pcsd.eval.games import (
     split_games,
 )
 from pcsd.eval.run import EvalResult, play_games, render_table
+from pcsd.lora import ADAPTER_CONFIG, adapter_base, is_adapter_dir, load_merged
 from pcsd.models import ModelNotFound, is_model_id, resolve_model_path
 
 
@@ -92,14 +99,38 @@ def _checkpoint_step(d: Path, run_dir: Path) -> int:
     return int(digits[-1]) if digits else -1
 
 
-def resolve_model(path: str | os.PathLike[str]) -> tuple[Path, Path, Optional[Path]]:
-    """(model dir, tokenizer dir, run dir or None) for a HF checkpoint, a training run directory or
-    a Hugging Face model id (its snapshot in the Hugging Face cache, fetched there when missing).
+def _is_model_dir(d: Path) -> bool:
+    """A HF checkpoint (``config.json``) or a peft adapter folder (``adapter_config.json``)."""
+    return (d / "config.json").is_file() or is_adapter_dir(d)
+
+
+def adapter_base_dir(adapter_dir: Path, base: Optional[str]) -> Path:
+    """The local folder of an adapter's base model: ``base`` (``--base``) when given, else what the
+    adapter's ``adapter_config.json`` names (a folder or a Hugging Face model id). One-line
+    :class:`EvalError` when neither names a model that can be had."""
+    spec = base or adapter_base(adapter_dir)
+    if not spec:
+        raise EvalError(
+            f"model={str(adapter_dir)!r}: a LoRA adapter whose adapter_config.json names no base model; "
+            f"give it with --base (the base model's folder or Hugging Face id)"
+        )
+    key = "--base" if base else f"{adapter_dir / ADAPTER_CONFIG}'s base_model_name_or_path"
+    try:
+        return resolve_model_path(spec, key)
+    except ModelNotFound as exc:
+        raise EvalError(f"{exc}{'' if base else '; give the base model with --base'}") from None
+
+
+def resolve_model(path: str | os.PathLike[str], base: Optional[str] = None) -> tuple[Path, Path, Optional[Path]]:
+    """(model dir, tokenizer dir, run dir or None) for a HF checkpoint, a LoRA adapter folder, a
+    training run directory or a Hugging Face model id (its snapshot in the Hugging Face cache,
+    fetched there when missing).
 
     A run directory (one holding ``config.yaml`` from ``python -m pcsd.train``) gives its
-    ``final-model``, or else its newest checkpoint (a folder below it with ``config.json`` and the
-    highest step number in its name). The tokenizer comes from the model folder when it has one,
-    else from the run's ``sft-model``, ``base-model`` or configured ``model.path``.
+    ``final-model``, or else its newest checkpoint (a folder below it with ``config.json``, or a
+    LoRA run's ``adapter_config.json``, and the highest step number in its name). The tokenizer
+    comes from the model folder when it has one, else from the run's ``sft-model``, ``base-model``
+    or configured ``model.path``, else (an adapter) from its base model (``base``: ``--base``).
     """
     p = Path(path)
     if not p.exists() and is_model_id(path):  # a Hugging Face model id: its snapshot (cache, or fetched)
@@ -110,11 +141,11 @@ def resolve_model(path: str | os.PathLike[str]) -> tuple[Path, Path, Optional[Pa
         return snap, snap, None
     if not p.exists():
         raise EvalError(
-            f"model={str(p)!r}: no such file or directory (expected a HF checkpoint, a run dir or a "
-            f"Hugging Face model id)"
+            f"model={str(p)!r}: no such file or directory (expected a HF checkpoint, a LoRA adapter folder, "
+            f"a run dir or a Hugging Face model id)"
         )
     run_dir: Optional[Path] = None
-    if (p / "config.json").is_file():
+    if _is_model_dir(p):
         model_dir = p
         for up in (p.parent, p.parent.parent, p.parent.parent.parent):
             if (up / "config.yaml").is_file():
@@ -125,8 +156,9 @@ def resolve_model(path: str | os.PathLike[str]) -> tuple[Path, Path, Optional[Pa
         if (p / "final-model" / "config.json").is_file():
             model_dir = p / "final-model"
         else:
-            skip = {"base-model", "sft-model"}
-            cands = [c.parent for c in p.rglob("config.json") if c.parent.name not in skip]
+            skip = {"base-model", "sft-model", "final-adapter"}
+            found = list(p.rglob("config.json")) + list(p.rglob(ADAPTER_CONFIG))
+            cands = sorted({c.parent for c in found if c.parent.name not in skip})
             if not cands:
                 warm = (
                     f" (its warm-up's model: --model {p / 'sft-model'})"
@@ -136,10 +168,14 @@ def resolve_model(path: str | os.PathLike[str]) -> tuple[Path, Path, Optional[Pa
                 raise EvalError(f"model={str(p)!r}: a run directory without final-model/ or any checkpoint{warm}")
             model_dir = max(cands, key=lambda d: (_checkpoint_step(d, p), d.stat().st_mtime))
     else:
-        raise EvalError(f"model={str(p)!r}: neither a HF checkpoint (config.json) nor a run directory (config.yaml)")
+        raise EvalError(
+            f"model={str(p)!r}: neither a HF checkpoint (config.json), a LoRA adapter (adapter_config.json) "
+            f"nor a run directory (config.yaml)"
+        )
     from pcsd.models import check_model_dir
 
-    problem = check_model_dir(model_dir)
+    adapter = is_adapter_dir(model_dir) and not (model_dir / "config.json").is_file()
+    problem = None if adapter else check_model_dir(model_dir)
     if problem:
         raise EvalError(f"model={str(p)!r}: {problem}")
     tok_cands = [model_dir]
@@ -154,9 +190,49 @@ def resolve_model(path: str | os.PathLike[str]) -> tuple[Path, Path, Optional[Pa
             except ModelNotFound:
                 tok_cands.append(Path(mp))
     tok = next((d for d in tok_cands if _has_tokenizer(d)), None)
+    if tok is None and adapter:
+        tok_cands.append(adapter_base_dir(model_dir, base))
+        tok = tok_cands[-1] if _has_tokenizer(tok_cands[-1]) else None
     if tok is None:
         raise EvalError(f"model={str(p)!r}: no tokenizer.json in {', '.join(str(d) for d in tok_cands)}")
     return model_dir, tok, run_dir
+
+
+def load_eval_model(model_dir: Path, base: Optional[str], device):
+    """The model of ``model_dir`` for the hf backend: a HF checkpoint as it is, a LoRA adapter
+    merged into its base model (:func:`pcsd.lora.load_merged`)."""
+    from pcsd.models import load_model
+
+    if (model_dir / "config.json").is_file() or not is_adapter_dir(model_dir):
+        return load_model(model_dir, device).eval()
+    base_model = load_model(adapter_base_dir(model_dir, base), device)
+    try:
+        return load_merged(model_dir, base_model).eval()
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
+
+
+def start_backend(name: str, model_dir: Path, base: Optional[str], device, **kw):
+    """The evaluation's generation backend for ``model_dir``. vLLM serves a LoRA adapter as the
+    trainer does: the engine starts from the base model and receives the merged weights once."""
+    import torch
+
+    from pcsd.lora import weight_sources
+    from pcsd.models import eos_id
+    from pcsd.rollout.backends import make_backend
+
+    adapter = is_adapter_dir(model_dir) and not (model_dir / "config.json").is_file()
+    if name == "hf":
+        return make_backend("hf", model=load_eval_model(model_dir, base, device), pad_token_id=eos_id(kw["builder"]))
+    dtype = "float32" if device.type == "cpu" else "bfloat16"
+    path = adapter_base_dir(model_dir, base) if adapter else model_dir
+    backend = make_backend("vllm", model_path=path, seed=kw["seed"], dtype=dtype, max_model_len=kw["max_model_len"])
+    if adapter:
+        merged = load_eval_model(model_dir, base, torch.device("cpu"))
+        dt = torch.float32 if dtype == "float32" else torch.bfloat16
+        backend.load_weights((n, src.make(dt)) for src in weight_sources(merged) for n in src.names)
+        del merged
+    return backend
 
 
 def _run_label(run_dir: Optional[Path], model_dir: Path, skills: bool) -> str:
@@ -191,6 +267,12 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         required=True,
         help="HF checkpoint folder, training run dir or Hugging Face model id (repeat for more rows)",
+    )
+    ap.add_argument(
+        "--base",
+        default=None,
+        help="the base model of a LoRA adapter --model (a folder or Hugging Face id; default: the one its "
+        "adapter_config.json names)",
     )
     ap.add_argument(
         "--label",
@@ -481,13 +563,13 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
     """Evaluates every ``--model`` on every split; returns (markdown, JSON document)."""
     import torch
 
-    from pcsd.models import eos_id, load_model, resolve_device
+    from pcsd.models import eos_id, resolve_device
     from pcsd.progress import ProgressReporter
-    from pcsd.rollout.backends import make_backend, usable_backend
+    from pcsd.rollout.backends import usable_backend
     from pcsd.text.prompts import PromptBuilder
 
     if args.split is None:  # a run trained on a Python env evaluates on it; else ALFWorld's valid_seen
-        first_cfg = _run_config(resolve_model(args.model[0])[2])
+        first_cfg = _run_config(resolve_model(args.model[0], args.base)[2])
         run_name = str((first_cfg.get("env") or {}).get("name") or "alfworld")
         args.split = TEXT_ENV if args.env or _family(run_name) == "text" else "valid_seen"
     splits = [s.strip() for s in args.split.split(",") if s.strip()]
@@ -519,7 +601,7 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
     if args.skills_dir is not None:  # checked before any model loads
         args.skills = True
         _skill_repositories(args, None, {}, envs)
-    models = [resolve_model(m) for m in args.model]
+    models = [resolve_model(m, args.base) for m in args.model]
     out_dir = (
         Path(args.out)
         if args.out
@@ -601,17 +683,9 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
                         f"template alone is {least} tokens with this tokenizer; give --max-prompt-tokens"
                     )
             backend_name = usable_backend(args.backend, reporter.print)
-            if backend_name == "vllm":
-                backend = make_backend(
-                    "vllm",
-                    model_path=model_dir,
-                    seed=args.seed,
-                    dtype="float32" if device.type == "cpu" else "bfloat16",
-                    max_model_len=max_len,
-                )
-            else:
-                model = load_model(model_dir, device).eval()
-                backend = make_backend("hf", model=model, pad_token_id=eos_id(builder))
+            backend = start_backend(
+                backend_name, model_dir, args.base, device, builder=builder, seed=args.seed, max_model_len=max_len
+            )
             label = args.label[k] if args.label else _run_label(run_dir, model_dir, args.skills)
             try:
                 for s in splits:

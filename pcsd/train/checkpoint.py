@@ -2,8 +2,10 @@
 
 Layout of one checkpoint, ``<run_dir>/checkpoints/step-<NNNNNNNN>/``::
 
-    model/            HF format: save_pretrained weights + config, tokenizer and chat-template files
-    optimizer.pt      the optimizer's state_dict (full, unsharded)
+    model/            HF format: save_pretrained weights + config, tokenizer and chat-template files;
+                      a LoRA run (model.lora_rank > 0): the adapter alone in peft's format
+                      (adapter_config.json naming the base model, adapter_model.safetensors)
+    optimizer.pt      the optimizer's state_dict (full, unsharded; a LoRA run's: the adapters')
     rng.pt            every RNG state: python random, numpy, torch CPU, CUDA (when present) and the
                       trainer's own random.Random states (game sampling), by name
     state.json        step, trainer state (summary so far, ...), torch thread count, torch version
@@ -60,6 +62,9 @@ __all__ = [
     "verify_checksums",
     "save_model_dir",
     "load_model_dir_state",
+    "apply_model_state",
+    "check_trainable_state",
+    "copy_tokenizer_files",
 ]
 
 COMPLETE_MARKER = "COMPLETE"
@@ -225,6 +230,18 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Optional[Path]:
 
 
 # ----------------------------------------------------------------------------- save / load
+TOKENIZER_FILES = ("*token*", "chat_template*", "vocab*", "merges*", "special_tokens_map*")
+
+
+def copy_tokenizer_files(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """Copies the tokenizer and chat-template files of folder ``src`` (:data:`TOKENIZER_FILES`)
+    into ``dst``, so that a model folder loads on its own."""
+    for pat in TOKENIZER_FILES:
+        for f in Path(src).glob(pat):
+            if f.is_file():
+                shutil.copyfile(f, Path(dst) / f.name)
+
+
 def save_checkpoint(
     run_dir: str | os.PathLike[str],
     step: int,
@@ -267,10 +284,7 @@ def save_checkpoint(
         kwargs = {"state_dict": dict(model_state)} if model_state is not None else {}
         model.save_pretrained(model_dir, safe_serialization=True, **kwargs)
         if tokenizer_dir is not None:
-            for pat in ("*token*", "chat_template*", "vocab*", "merges*", "special_tokens_map*"):
-                for f in Path(tokenizer_dir).glob(pat):
-                    if f.is_file():
-                        shutil.copyfile(f, model_dir / f.name)
+            copy_tokenizer_files(tokenizer_dir, model_dir)
         torch.save(dict(optimizer_state), tmp / "optimizer.pt")
         torch.save(dict(rng), tmp / "rng.pt")
         meta = {
@@ -396,10 +410,7 @@ def save_model_dir(
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer_dir is not None:
-            for pat in ("*token*", "chat_template*", "vocab*", "merges*", "special_tokens_map*"):
-                for f in Path(tokenizer_dir).glob(pat):
-                    if f.is_file():
-                        shutil.copyfile(f, tmp / f.name)
+            copy_tokenizer_files(tokenizer_dir, tmp)
         (tmp / "pcsd-state.json").write_text(json.dumps(dict(extra or {}), indent=2))
         write_checksums(tmp)
         _fsync_tree(tmp)
@@ -434,16 +445,31 @@ def load_model_dir_state(path: str | os.PathLike[str]) -> Optional[dict[str, Any
         raise CheckpointError(f"{p} is damaged: {_damage(exc)}") from None
 
 
-def apply_model_state(model, state: Mapping[str, torch.Tensor]) -> None:
+def apply_model_state(model, state: Mapping[str, torch.Tensor], *, trainable_only: bool = False) -> None:
     """Copies a full state dict into a plain (unsharded) model; tied weights may be absent from
-    the file (``save_pretrained`` writes one copy) and are checked to be tied in the model."""
+    the file (``save_pretrained`` writes one copy) and are checked to be tied in the model.
+    ``trainable_only``: the state holds the trained parameters alone (:func:`check_trainable_state`)."""
     missing, unexpected = model.load_state_dict(dict(state), strict=False)
     if unexpected:
         raise CheckpointError(f"checkpoint weights not in the model: {sorted(unexpected)[:8]}")
+    if trainable_only:
+        return
     tied = _tied_names(model)
     really_missing = [k for k in missing if k not in tied]
     if really_missing:
         raise CheckpointError(f"model weights missing from the checkpoint: {sorted(really_missing)[:8]}")
+
+
+def check_trainable_state(model, state: Mapping[str, torch.Tensor]) -> None:
+    """A trainable-only state (a LoRA checkpoint's adapters) must hold every trained parameter of
+    ``model`` and nothing else."""
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    extra = sorted(set(state) - trained)
+    if extra:
+        raise CheckpointError(f"checkpoint weights that are not trained parameters of the model: {extra[:8]}")
+    missing = sorted(trained - set(state))
+    if missing:
+        raise CheckpointError(f"trained parameters missing from the checkpoint: {missing[:8]}")
 
 
 def _tied_names(model) -> set[str]:

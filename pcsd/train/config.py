@@ -64,6 +64,12 @@ class ModelConfig:
     teacher_dtype: str = "float32"  # the frozen teacher/reference copy: float32 | bfloat16
     export_dtype: str = "float32"  # final-model/: float32 | bfloat16
     enable_thinking: Optional[bool] = None  # the chat template's enable_thinking (Qwen3); None = its default
+    # LoRA (pcsd.lora, docs/lora.md): rank 0 = off (full fine-tuning). The base weights are frozen in
+    # compute_dtype and are the teacher/reference (adapters switched off); adapters and AdamW state: param_dtype
+    lora_rank: int = 0
+    lora_alpha: Optional[float] = None  # adapters' output scaled by alpha / rank; None = the rank (scale 1)
+    lora_targets: Optional[List[str]] = None  # module names; None = every linear layer of attention and MLP
+    lora_dropout: float = 0.0  # dropout on the adapters' input, in [0, 1)
 
 
 @dataclass
@@ -801,6 +807,7 @@ def _validate_ranges(cfg: DictConfig) -> None:
     problem = precision.check(cfg)
     if problem:
         raise ConfigError(problem)
+    _validate_lora(cfg)
     if cfg.model.path is not None:  # a checkpoint folder, or a Hugging Face model id (cached, or offline: must be)
         from pcsd.models import ModelNotFound, check_model_spec
 
@@ -808,3 +815,56 @@ def _validate_ranges(cfg: DictConfig) -> None:
             check_model_spec(str(cfg.model.path))
         except ModelNotFound as exc:
             raise ConfigError(str(exc)) from None
+
+
+#: model types whose decoder layers name their linear layers as :data:`pcsd.lora.DEFAULT_TARGETS`
+#: (the generated tiny model is a Qwen2); other models' targets are checked when the model loads
+LORA_FAMILIES = ("qwen2", "qwen3", "llama", "mistral")
+
+
+def _validate_lora(cfg: DictConfig) -> None:
+    """``model.lora_rank`` / ``lora_alpha`` / ``lora_targets`` / ``lora_dropout``: ranges, target
+    names (against the Llama/Qwen family's projections when the model is of it), keys that would
+    have no effect, and the teacher's dtype (a LoRA run's teacher is the base in the compute dtype)."""
+    import json
+
+    from pcsd.lora import DEFAULT_TARGETS
+
+    m = cfg.model
+    if m.lora_rank < 0:
+        raise ConfigError(f"model.lora_rank must be >= 0 (0: no LoRA), got {m.lora_rank}")
+    if m.lora_alpha is not None and not m.lora_alpha > 0:
+        raise ConfigError(f"model.lora_alpha must be > 0 (or null: the rank), got {m.lora_alpha}")
+    if not 0 <= m.lora_dropout < 1:
+        raise ConfigError(f"model.lora_dropout must be in [0, 1), got {m.lora_dropout}")
+    if m.lora_rank == 0:
+        for key, default in (("lora_alpha", None), ("lora_targets", None), ("lora_dropout", 0.0)):
+            if m[key] != default:
+                raise ConfigError(f"model.{key}={m[key]} has no effect with model.lora_rank=0 (no LoRA); set a rank")
+        return
+    if m.lora_targets is not None:
+        targets = list(m.lora_targets)
+        if not targets:
+            raise ConfigError(f"model.lora_targets is empty; give null (all) or some of {', '.join(DEFAULT_TARGETS)}")
+        if len(set(targets)) != len(targets):
+            raise ConfigError(f"model.lora_targets={targets} names a module twice")
+        folder = _model_folder_now(m.path)
+        family = "qwen2" if m.path is None else None
+        if folder is not None:
+            try:
+                family = str(json.loads((folder / "config.json").read_text()).get("model_type", ""))
+            except (OSError, ValueError):
+                family = None
+        if family in LORA_FAMILIES:
+            for t in targets:
+                if t not in DEFAULT_TARGETS:
+                    raise ConfigError(
+                        f"model.lora_targets has {t!r}, not a linear layer of a {family} decoder layer; "
+                        f"choose from {', '.join(DEFAULT_TARGETS)}"
+                    )
+    if m.teacher_dtype != m.compute_dtype:
+        raise ConfigError(
+            f"model.teacher_dtype={m.teacher_dtype} with LoRA (model.lora_rank={m.lora_rank}): the teacher is the "
+            f"base model itself, frozen in model.compute_dtype={m.compute_dtype}; set model.teacher_dtype="
+            f"{m.compute_dtype}"
+        )

@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pcsd.lora import WeightSource, weight_sources
+
 __all__ = [
     "DistContext",
     "single_process",
@@ -42,6 +44,7 @@ __all__ = [
     "global_sum",
     "global_max",
     "full_model_state",
+    "merged_model_state",
     "full_optimizer_state",
     "iter_weights",
     "load_full_state",
@@ -226,15 +229,36 @@ def _coll_device(ctx: DistContext) -> torch.device:
 
 
 # ----------------------------------------------------------------------------- state
-def full_model_state(model: nn.Module, ctx: DistContext, *, all_ranks: bool = False) -> dict[str, torch.Tensor]:
+def full_model_state(
+    model: nn.Module, ctx: DistContext, *, all_ranks: bool = False, trainable_only: bool = False
+) -> dict[str, torch.Tensor]:
     """The full (unsharded) state dict on CPU: on rank 0 only (others get ``{}``), or on every rank
-    with ``all_ranks`` (to refresh a per-rank generation copy). Collective under FSDP."""
+    with ``all_ranks`` (to refresh a per-rank generation copy). ``trainable_only``: the parameters
+    that train alone (a LoRA run's adapters: the frozen base is never gathered). Collective under
+    FSDP."""
+    keep = {n for n, p in model.named_parameters() if p.requires_grad} if trainable_only else None
     if not ctx.distributed:
-        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if keep is None or k in keep}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks))
-    return {k: v.detach().cpu() for k, v in sd.items()}
+    # ignore_frozen_params still gives a frozen weight tied to another name (the tied lm head): filtered
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks, ignore_frozen_params=trainable_only)
+    sd = get_model_state_dict(model, options=opts)
+    return {k: v.detach().cpu() for k, v in sd.items() if keep is None or k in keep}
+
+
+def merged_model_state(model: nn.Module, ctx: DistContext, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The model's weights under their HF names in ``dtype`` on CPU, LoRA adapters merged into their
+    layers (:func:`pcsd.lora.weight_sources`): on rank 0 (the others get ``{}``). Gathered a weight
+    at a time under FSDP2 (collective)."""
+    out: dict[str, torch.Tensor] = {}
+    for src in weight_sources(model):
+        t = src.make(dtype, _full)
+        if ctx.is_main:
+            cpu = t.detach().cpu()
+            for name in src.names:
+                out[name] = cpu
+    return out
 
 
 def iter_weights(
@@ -251,30 +275,25 @@ def iter_weights(
     A tied parameter (the lm-head sharing the embedding) is cast and gathered once and yielded
     under each of its names one after the other, the same tensor: vLLM's layerwise reload counts
     the tied lm-head as a layer of its own and, given no weight for it, puts its old values back.
+    A LoRA model streams its merged weights under the base model's names (:mod:`pcsd.lora`: each
+    targeted weight made as ``W + (B @ A) * scaling`` in float32, then cast; under FSDP2 its base
+    weight and adapters gathered first), never the adapters themselves.
     Collective under FSDP: every rank consumes the whole stream.
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
     itemsize = torch.empty((), dtype=dtype).element_size()
-    params: list[tuple[list[str], nn.Parameter]] = []  # each parameter once, with all of its names
-    index: dict[int, int] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in index:
-            params[index[id(p)]][0].append(name)
-        else:
-            index[id(p)] = len(params)
-            params.append(([name], p))
-    buckets: list[list[tuple[list[str], nn.Parameter]]] = [[]]
+    buckets: list[list[WeightSource]] = [[]]
     size = 0
-    for names, p in params:
-        n = p.numel() * (itemsize if p.is_floating_point() else p.element_size())
+    for src in weight_sources(model):  # each parameter once, with all of its names
+        n = src.numel * (itemsize if src.is_floating_point else src.parts[0].element_size())
         if buckets[-1] and size + n > bucket_bytes:
             buckets.append([])
             size = 0
-        buckets[-1].append((names, p))
+        buckets[-1].append(src)
         size += n
     for plan in buckets:
-        bucket = [(names, _full(p.detach().to(dtype) if p.is_floating_point() else p.detach())) for names, p in plan]
+        bucket = [(src.names, src.make(dtype, _full)) for src in plan]
         for names, t in bucket:
             for name in names:
                 yield name, t
@@ -301,14 +320,22 @@ def load_full_state(
     model_state: dict,
     optimizer_state: Optional[dict],
     ctx: DistContext,
+    *,
+    trainable_only: bool = False,
 ) -> None:
-    """Loads full state dicts (read on every rank) into a sharded or plain model/optimizer."""
+    """Loads full state dicts (read on every rank) into a sharded or plain model/optimizer.
+    ``trainable_only``: ``model_state`` holds the trained parameters alone (a LoRA run's adapters),
+    every one of them; the frozen ones keep their values."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
+    if trainable_only:
+        from pcsd.train.checkpoint import check_trainable_state
+
+        check_trainable_state(model, model_state)
     if not ctx.distributed:
         from pcsd.train.checkpoint import apply_model_state
 
-        apply_model_state(model, model_state)
+        apply_model_state(model, model_state, trainable_only=trainable_only)
         if opt is not None and optimizer_state is not None:
             set_optimizer_state_dict(model, opt, optimizer_state)
         return

@@ -38,6 +38,7 @@ from pcsd.envs.procedural import ProceduralGames, write_games
 from pcsd.eval.games import split_games
 from pcsd.eval.protocol import protocol_games, webshop_validation_goals
 from pcsd.eval.run import evaluate, render_table
+from pcsd.lora import AdaptersOff, LoraSpec, save_adapter
 from pcsd.models import eos_id, load_model, resolve_device, resolve_model_path
 from pcsd.progress import ProgressReporter
 from pcsd.rollout.backends import make_backend, usable_backend
@@ -46,7 +47,15 @@ from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
 from pcsd.train.metrics import MetricsLogger, step_record
 from pcsd.train.optim import make_adamw
-from pcsd.train.precision import export_model, frozen_copy, fsdp_policy, precision_of, prepare_student, torch_dtype
+from pcsd.train.precision import (
+    export_model,
+    frozen_copy,
+    fsdp_policy,
+    precision_of,
+    prepare_lora_student,
+    prepare_student,
+    torch_dtype,
+)
 from pcsd.train.sampling import sample_groups
 from pcsd.train.sft import (
     expert_episodes,
@@ -113,7 +122,9 @@ class Job:
     student: Any = None
     builder: Any = None
     # build_models
-    frozen: Any = None  # one frozen copy of the base: teacher (teacher prompt) and reference
+    frozen: Any = None  # the frozen base: teacher (teacher prompt) and reference; a copy, or (LoRA) the
+    # student with its adapters off (pcsd.lora.AdaptersOff)
+    peft: Any = None  # LoRA (model.lora_rank > 0): peft's PeftModel around the student (saving, the adapter switch)
     gen_model: Any = None  # the model the hf backend generates with / save_pretrained's config
     rollout_dtype: str = "float32"  # the generation engine's weights (vLLM; the hf copy under FSDP)
     backend: Any = None
@@ -455,27 +466,45 @@ def warm_up(job: Job) -> None:
 
 
 def build_models(job: Job) -> None:
-    """The frozen copy (teacher and reference), sharding, the rollout backend, the optimizer.
+    """The frozen base (teacher and reference), sharding, the rollout backend, the optimizer.
     Precision (:mod:`pcsd.train.precision`): the student keeps ``model.param_dtype`` weights (and
     so AdamW state) and computes in ``model.compute_dtype``; the frozen copy is cast to
-    ``model.teacher_dtype``; vLLM runs in the compute dtype (float32 on CPU)."""
+    ``model.teacher_dtype``; vLLM runs in the compute dtype (float32 on CPU). With LoRA
+    (``model.lora_rank`` > 0, :mod:`pcsd.lora`) no copy is made: the base weights are frozen in the
+    compute dtype, the adapters train in ``model.param_dtype``, and the frozen base is the student
+    with its adapters off."""
     cfg, ctx = job.cfg, job.ctx
     prec = precision_of(cfg)
-    job.frozen = frozen_copy(job.student, prec.teacher)
-    prepare_student(job.student, prec, ctx.distributed)
+    spec = LoraSpec.of(cfg.model)
     job.backend_name = usable_backend(cfg.rollout.backend, job.console.print)
     job.rollout_dtype = "float32" if ctx.device.type == "cpu" else prec.compute
     # sharded training: the hf backend generates with a full copy (compute dtype) refreshed after
     # every update; with vLLM a CPU copy only carries the HF config for save_pretrained of gathered weights
+    # (a plain model: LoRA's merged weights are streamed into it under the base model's names)
     job.gen_model = job.student
     if ctx.distributed:
         job.gen_model = frozen_copy(job.student, job.rollout_dtype)
         if job.backend_name == "vllm":
             job.gen_model = job.gen_model.to("cpu")
+    if spec.on:
+        try:
+            job.peft = prepare_lora_student(job.student, prec, spec, ctx.distributed)
+        except ValueError as exc:  # targets the model does not have
+            from pcsd.train.config import ConfigError
+
+            raise ConfigError(str(exc)) from None
+        job.frozen = AdaptersOff(job.peft)
+        n_train = sum(p.numel() for p in job.student.parameters() if p.requires_grad)
+        n_all = sum(p.numel() for p in job.student.parameters())
+        job.say(f"LoRA rank {spec.rank}: {n_train:,} trained parameters of {n_all:,}; the teacher is the base")
+    else:
+        job.frozen = frozen_copy(job.student, prec.teacher)
+        prepare_student(job.student, prec, ctx.distributed)
     if cfg.optim.gradient_checkpointing:  # each decoder layer recomputed in the backward
         job.student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     dist_utils.shard_model(job.student, ctx, mp_policy=fsdp_policy(prec))
-    dist_utils.shard_model(job.frozen, ctx)
+    if job.peft is None:
+        dist_utils.shard_model(job.frozen, ctx)
     if job.backend_name == "vllm":
         job.backend = make_backend(
             "vllm",
@@ -627,7 +656,14 @@ def start(job: Job) -> None:
         return
     from pcsd.train.checkpoint import restore_rng
 
-    dist_utils.load_full_state(job.student, job.opt, ckpt.model_state, ckpt.optimizer_state, ctx)
+    if job.peft is not None:  # the adapters, named as peft saves them
+        from pcsd.lora import from_peft_names
+
+        dist_utils.load_full_state(
+            job.student, job.opt, from_peft_names(ckpt.model_state), ckpt.optimizer_state, ctx, trainable_only=True
+        )
+    else:
+        dist_utils.load_full_state(job.student, job.opt, ckpt.model_state, ckpt.optimizer_state, ctx)
     sync_generation_weights(job)
     job.summary.update(ckpt.state.get("summary", {}))
     job.before = ckpt.state.get("eval_before")
@@ -660,27 +696,51 @@ def _cut_records(job: Job, last_step: int) -> None:
 
 
 def save(job: Job, done: int) -> None:
-    """A checkpoint after ``done`` steps (collective under FSDP; rank 0 writes)."""
+    """A checkpoint after ``done`` steps (collective under FSDP; rank 0 writes). A LoRA run's holds
+    the adapters (peft's format) and their optimizer state, never the frozen base."""
     from pcsd.train.checkpoint import capture_rng, save_checkpoint
 
     ctx = job.ctx
-    model_state = dist_utils.full_model_state(job.student, ctx)
+    lora = job.peft is not None
+    model_state = dist_utils.full_model_state(job.student, ctx, trainable_only=lora)
     optim_state = dist_utils.full_optimizer_state(job.student, job.opt, ctx)
     if ctx.is_main:
         path = save_checkpoint(
             job.run_dir,
             done,
-            job.gen_model if ctx.distributed else job.student,
+            AdapterWriter(job.peft, _base_path(job)) if lora else job.gen_model if ctx.distributed else job.student,
             optim_state,
             capture_rng({"games": job.rng}),
             config_yaml=OmegaConf.to_yaml(job.cfg, resolve=True),
             state={"summary": job.summary, "eval_before": job.before, "torch_threads": torch.get_num_threads()},
-            model_state=model_state if ctx.distributed else None,
+            model_state=model_state if (ctx.distributed or lora) else None,
             tokenizer_dir=job.model_dir,
             keep_last=job.cfg.run.keep_last,
         )
         job.say(f"checkpoint {path}")
     dist_utils.barrier(ctx)
+
+
+def _base_path(job: Job) -> str:
+    """The base model a LoRA run's adapters belong to (an adapter folder's ``base_model_name_or_path``):
+    ``model.path`` as given when it is a model id, else the folder, absolute."""
+    assert job.base_dir is not None
+    spec = str(job.cfg.model.path or "")
+    if job.base_dir == job.model_dir and spec and not Path(spec).exists():
+        return spec  # a Hugging Face model id
+    return str(Path(job.base_dir).resolve())
+
+
+class AdapterWriter:
+    """What :func:`pcsd.train.checkpoint.save_checkpoint` calls for a LoRA run's ``model/``:
+    ``save_pretrained(dir, state_dict=...)`` writing the adapter in peft's format, its
+    ``adapter_config.json`` naming the base model."""
+
+    def __init__(self, peft_model: Any, base: str):
+        self.peft, self.base = peft_model, base
+
+    def save_pretrained(self, out_dir, state_dict=None, **kw: Any) -> None:
+        save_adapter(self.peft, out_dir, self.base, state=state_dict, **kw)
 
 
 def rollout_seed(job: Job, step: int, batch: int = 0) -> int:
@@ -892,18 +952,43 @@ def finish(job: Job) -> dict[str, Any]:
             wall_seconds=time.time() - job.t_start,
         )
         return job.summary
-    final_state = dist_utils.full_model_state(job.student, ctx)
-    if ctx.is_main:  # in model.export_dtype (the checkpoints keep the fp32 master weights)
-        m = job.gen_model if ctx.distributed else job.student
-        export_model(
-            m, job.run_dir / "final-model", cfg.model.export_dtype, state_dict=final_state if ctx.distributed else None
-        )
+    write_final_model(job)
     job.summary.update(
         steps=cfg.optim.steps,
         wall_seconds=time.time() - job.t_start,
         phase_seconds={k: round(v, 2) for k, v in job.phases.items()},
     )
     return dist_utils.broadcast_object(job.summary, ctx)
+
+
+def write_final_model(job: Job) -> None:
+    """``final-model/`` in ``model.export_dtype`` (the checkpoints keep the fp32 master weights); a
+    LoRA run's is the merged model (``W + B A alpha / r`` per targeted layer), and ``final-adapter/``
+    holds the adapter in peft's format (with the tokenizer files), naming its base model.
+    Collective under FSDP; rank 0 writes."""
+    cfg, ctx = job.cfg, job.ctx
+    if job.peft is not None:
+        merged = dist_utils.merged_model_state(job.student, ctx, torch_dtype(cfg.model.export_dtype))
+        adapter = dist_utils.full_model_state(job.student, ctx, trainable_only=True)
+        if ctx.is_main:
+            export_model(job.gen_model, job.run_dir / "final-model", cfg.model.export_dtype, state_dict=merged)
+            out = save_adapter(job.peft, job.run_dir / "final-adapter", _base_path(job), state=adapter)
+            _copy_tokenizer(job.model_dir, out)
+            job.say(f"merged model: {job.run_dir / 'final-model'}; adapter: {out}")
+        return
+    final_state = dist_utils.full_model_state(job.student, ctx)
+    if ctx.is_main:
+        m = job.gen_model if ctx.distributed else job.student
+        export_model(
+            m, job.run_dir / "final-model", cfg.model.export_dtype, state_dict=final_state if ctx.distributed else None
+        )
+
+
+def _copy_tokenizer(src: Optional[Path], dst: Path) -> None:
+    from pcsd.train.checkpoint import copy_tokenizer_files
+
+    if src is not None:
+        copy_tokenizer_files(src, dst)
 
 
 def _webshop_text(result: dict) -> str:

@@ -4,14 +4,23 @@
     python -m pcsd.train preset=alfworld-qwen2.5-3b --plan --gpus 8 --gpu-memory-gb 40
 
 Shapes come from ``model.path``'s ``config.json``; without ``model.path`` the paper presets use the
-built-in shapes :data:`BUILTIN_SHAPES` (Qwen2.5-3B-Instruct, Qwen3-1.7B), so the plan works without
-weights. ``P`` parameters, ``N`` = FSDP world size, ``b(x)`` = bytes of dtype x, ``V`` vocabulary,
+built-in shapes :data:`BUILTIN_SHAPES` (Qwen2.5-3B-Instruct, Qwen3-1.7B, Qwen2.5-7B-Instruct), so the
+plan works without weights; ``model.path=<a Hugging Face id of one of them>`` (:data:`MODEL_ID_SHAPES`)
+plans without fetching anything. ``P`` parameters, ``N`` = FSDP world size, ``b(x)`` = bytes of dtype x, ``V`` vocabulary,
 ``H`` hidden size. Each item is one line of the plan, in one of four phases:
 
 *static* (always resident): master weights ``P b(param) / N``, gradients ``P b(param) / N``, AdamW
 ``2 P b(param) / N``, the frozen teacher/reference copy ``P b(teacher) / N``, 2 GiB for the CUDA
 context and allocator slack; with the ``hf`` backend on several GPUs, the full generation copy
 ``P b(compute)`` every rank keeps (``pcsd.train.job.build_models``).
+
+*LoRA* (``model.lora_rank`` r > 0, :mod:`pcsd.lora`): the static lines are the base weights
+``P b(compute) / N`` (frozen, no master copy), the adapters ``A = layers x sum r (in + out)`` over the
+targeted linear layers (:meth:`Shape.lora_params`) ``A b(param) / N``, their gradients and AdamW
+state; no frozen copy (the teacher and the reference are the base with its adapters off). The
+residual stream is in the compute dtype (the base is), the cast weights are the adapters', the lm
+head's weight gradient is never made, each adapter keeps its ``[tokens, r]`` input of ``B`` for the
+backward, and AdamW's temporaries are the adapters'.
 
 *rollout*: ``vllm``: its share, ``rollout.gpu_memory_utilization`` of the device (bf16 weights, its
 CUDA graphs, which vLLM >= 0.21 profiles into the share, and the KV cache); ``hf``: ``generate`` on
@@ -49,6 +58,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple, Optional, Sequence
 
 GiB = 1024**3
@@ -82,6 +92,17 @@ BUILTIN_SHAPES: dict[str, dict[str, Any]] = {
         vocab_size=151936,
         tie_word_embeddings=True,
     ),
+    "qwen2.5-7b": dict(  # Qwen/Qwen2.5-7B-Instruct (the SDAR repository's LoRA model)
+        model_type="qwen2",
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
     "qwen3-1.7b": dict(
         model_type="qwen3",
         hidden_size=2048,
@@ -93,6 +114,14 @@ BUILTIN_SHAPES: dict[str, dict[str, Any]] = {
         vocab_size=151936,
         tie_word_embeddings=True,
     ),
+}
+#: Hugging Face model ids whose shape is built in: ``model.path=<id>`` plans without fetching its config.json
+MODEL_ID_SHAPES = {
+    "Qwen/Qwen2.5-3B-Instruct": "qwen2.5-3b",
+    "Qwen/Qwen2.5-3B": "qwen2.5-3b",
+    "Qwen/Qwen2.5-7B-Instruct": "qwen2.5-7b",
+    "Qwen/Qwen2.5-7B": "qwen2.5-7b",
+    "Qwen/Qwen3-1.7B": "qwen3-1.7b",
 }
 #: preset -> built-in shape used when model.path is not set
 PRESET_SHAPES = {
@@ -153,6 +182,30 @@ class Shape:
         n += 2 * hd if self.qk_norm else 0
         return n
 
+    def linears(self) -> dict[str, tuple[int, int]]:
+        """``(in, out)`` of each linear layer of one decoder layer, by name (Llama/Qwen family)."""
+        h, i = self.hidden, self.intermediate
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    def lora_params(self, rank: int, targets: Optional[Sequence[str]] = None) -> int:
+        """Parameters of rank-``rank`` adapters (``A [r, in]``, ``B [out, r]``) on ``targets`` (None:
+        every linear layer) of every decoder layer."""
+        lin = self.linears()
+        names = list(targets) if targets is not None else list(lin)
+        unknown = [t for t in names if t not in lin]
+        if unknown:
+            raise PlanError(f"model.lora_targets: {', '.join(unknown)} is not one of {', '.join(lin)}")
+        return self.layers * sum(rank * (lin[t][0] + lin[t][1]) for t in names)
+
     def params(self) -> int:
         emb = self.vocab * self.hidden
         return emb * (1 if self.tied else 2) + self.layers * self.layer_params() + self.hidden
@@ -164,6 +217,9 @@ class Shape:
 def model_shape(cfg: Any) -> Shape:
     """The shape of ``model.path`` (its config.json: a folder's, or a model id's from the Hugging Face
     cache or Hub), or the preset's built-in shape."""
+    known = MODEL_ID_SHAPES.get(str(cfg.model.path or ""))
+    if known is not None and not Path(str(cfg.model.path)).exists():  # a model id whose shape is built in
+        return Shape.from_config(BUILTIN_SHAPES[known], str(cfg.model.path))
     if cfg.model.path:  # a folder, or a Hugging Face model id (its config.json alone is fetched)
         from pcsd.models import ModelNotFound, model_config_file
 
@@ -347,6 +403,33 @@ def batch_microbatch(cfg: Any, prompt_lens: Sequence[int], response_lens: Sequen
     )
 
 
+class Lora(NamedTuple):
+    """``model.lora_*`` as the plan counts them."""
+
+    rank: int
+    targets: Optional[tuple[str, ...]]
+    dropout: float
+
+
+def lora_of(cfg: Any) -> Optional[Lora]:
+    """The LoRA settings of ``cfg`` (None: full fine-tuning, ``model.lora_rank=0``)."""
+    m = cfg.model
+    rank = int(m.get("lora_rank", 0) or 0)
+    if rank <= 0:
+        return None
+    targets = m.get("lora_targets", None)
+    return Lora(rank, None if targets is None else tuple(str(t) for t in targets), float(m.get("lora_dropout", 0.0)))
+
+
+def residual_bytes(cfg: Any, n: int) -> int:
+    """Bytes per element of the residual stream: float32 for an fp32 student under autocast on one
+    GPU (its embeddings and residual adds stay fp32), else the compute dtype (FSDP2's policy, or a
+    LoRA run's base weights frozen in the compute dtype)."""
+    m = cfg.model
+    bp, bc = _BYTES[m.param_dtype], _BYTES[m.compute_dtype]
+    return 4 if (n == 1 and bc != bp and bp == 4 and lora_of(cfg) is None) else bc
+
+
 def _update_rows(s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str, adamw: str = "fused") -> list[Row]:
     """The update's lines (micro-batch, optimizer step, and what stays through both); ``adamw``:
     the optimizer's implementation (:func:`pcsd.train.optim.adamw_kind`)."""
@@ -355,16 +438,27 @@ def _update_rows(s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str, adamw
     bp, bc = _BYTES[m.param_dtype], _BYTES[m.compute_dtype]
     mixed = m.compute_dtype != m.param_dtype
     trains = cfg.optim.steps > 0
+    lora = lora_of(cfg)
+    A = s.lora_params(lora.rank, lora.targets) if lora else 0  # adapter parameters
+    trained = A if lora else P
     if n == 1:
-        gathered = P * bc if mixed else 0
-        how_g = "autocast's cached casts" if mixed else "none (compute = param dtype)"
+        gathered = (A if lora else P) * bc if mixed else 0
+        how_g = ("autocast's casts of the adapters" if lora else "autocast's cached casts") if mixed else "none"
+        how_g += "" if mixed else " (compute = param dtype)"
     else:
         root = V * H * (1 if s.tied else 2) + H
-        gathered = (root + 2 * s.layer_params()) * bc
+        gathered = (root + 2 * (s.layer_params() + A // s.layers)) * bc
         how_g = "FSDP2: unsharded root + 2 layers"
     ckpt = bool(cfg.optim.get("gradient_checkpointing", False))
-    residual = 4 if (n == 1 and mixed and bp == 4) else bc
+    residual = residual_bytes(cfg, n)
     per_tok = activation_bytes_per_token(s, bc, residual, ckpt) + H * 4  # + the final hidden states (fp32)
+    how_a = ""
+    if lora:  # each adapter keeps its [tokens, r] input of B; with dropout also its dropped [tokens, in] input and mask
+        lin = s.linears()
+        names = lora.targets if lora.targets is not None else tuple(lin)
+        extra = len(names) * lora.rank * bc + (sum(lin[t][0] for t in names) * (bc + 1) if lora.dropout > 0 else 0)
+        per_tok += (1 if ckpt else s.layers) * extra
+        how_a = f", adapters {(1 if ckpt else s.layers) * extra / 1024:.1f} KiB"
     rows = [Row("compute-dtype weights (update)", gathered, how_g, "microbatch")]
     if not trains:
         return rows
@@ -373,7 +467,7 @@ def _update_rows(s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str, adamw
         Row(
             f"activations ({mb.base} tokens)",
             mb.base * per_tok,
-            f"{per_tok / 1024:.0f} KiB/token{' (checkpointed)' if ckpt else ''}",
+            f"{per_tok / 1024:.0f} KiB/token{' (checkpointed)' if ckpt else ''}{how_a}",
             "microbatch",
         ),
         Row(
@@ -388,11 +482,12 @@ def _update_rows(s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str, adamw
         tile, how_t = chunk * V * 4, f"a [{chunk}, V] tile (fused)"
     else:
         tile, how_t = 3 * TOKEN_CHUNK * VOCAB_CHUNK * 4, f"3 [{TOKEN_CHUNK}, {VOCAB_CHUNK}] tiles (recomputing)"
+    w_grad = 0 if lora else V * H * 4  # LoRA: the lm head is frozen, its weight gradient never made
     rows.append(
         Row(
             "lm-head gradient buffers",
-            V * H * 4 + mb.response_tokens * H * 4 + tile,
-            f"float32 [V, H] + [{mb.response_tokens}, H] + {how_t}",
+            w_grad + mb.response_tokens * H * 4 + tile,
+            f"{'' if lora else 'float32 [V, H] + '}[{mb.response_tokens}, H] + {how_t}",
             "microbatch",
         )
     )
@@ -411,8 +506,8 @@ def _update_rows(s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str, adamw
         rows.append(
             Row(
                 "AdamW step temporaries (foreach)",
-                P * bp // n,
-                f"sqrt of the 2nd moments, {m.param_dtype}, / {n}",
+                trained * bp // n,
+                f"sqrt of the 2nd moments{' (adapters)' if lora else ''}, {m.param_dtype}, / {n}",
                 "step",
             )
         )
@@ -449,7 +544,7 @@ def hf_generation_phases(s: Shape, cfg: Any, n: int, varlen: bool = False) -> tu
     flash-attention (``varlen`` False) the prefill also holds sdpa's ``[B, 1, L, L]`` bool mask."""
     m, r = cfg.model, cfg.rollout
     bc = _BYTES[m.compute_dtype]
-    residual = 4 if (n == 1 and m.compute_dtype != m.param_dtype and _BYTES[m.param_dtype] == 4) else bc
+    residual = residual_bytes(cfg, n)
     batch = min(HF_MAX_BATCH, math.ceil(r.tasks_per_step * r.group_size / n))
     prompt = int(r.max_prompt_tokens)
     length = prompt + r.max_response_tokens
@@ -509,14 +604,30 @@ def memory_plan(
     plan = Plan(s, n, device_bytes, adamw=adamw)
     trains = cfg.optim.steps > 0
     frozen = cfg.algo.distill or (cfg.algo.grpo and cfg.algo.kl_beta > 0)
-    rows = [Row("master weights", P * bp // n, f"{m.param_dtype}, / {n}", "static")]
-    if trains:
-        rows += [
-            Row("gradients", P * bp // n, f"{m.param_dtype}, / {n}", "static"),
-            Row("AdamW state (2 moments)", 2 * P * bp // n, f"{m.param_dtype}, / {n}", "static"),
+    lora = lora_of(cfg)
+    if lora:  # the base frozen in the compute dtype (no master copy), float32 adapters train
+        A = s.lora_params(lora.rank, lora.targets)
+        what = f"rank {lora.rank} on {', '.join(lora.targets) if lora.targets is not None else 'every linear layer'}"
+        rows = [
+            Row("base weights (frozen)", P * bc // n, f"{m.compute_dtype}, / {n}", "static"),
+            Row("LoRA adapters", A * bp // n, f"{A / 1e6:.1f} M, {what}, {m.param_dtype}, / {n}", "static"),
         ]
-    if frozen:
-        rows.append(Row("frozen teacher/reference", P * bt // n, f"{m.teacher_dtype}, / {n}", "static"))
+        if trains:
+            rows += [
+                Row("adapter gradients", A * bp // n, f"{m.param_dtype}, / {n}", "static"),
+                Row("AdamW state (2 moments)", 2 * A * bp // n, f"adapters, {m.param_dtype}, / {n}", "static"),
+            ]
+        if frozen:
+            rows.append(Row("frozen teacher/reference", 0, "the base with its adapters off: no copy", "static"))
+    else:
+        rows = [Row("master weights", P * bp // n, f"{m.param_dtype}, / {n}", "static")]
+        if trains:
+            rows += [
+                Row("gradients", P * bp // n, f"{m.param_dtype}, / {n}", "static"),
+                Row("AdamW state (2 moments)", 2 * P * bp // n, f"{m.param_dtype}, / {n}", "static"),
+            ]
+        if frozen:
+            rows.append(Row("frozen teacher/reference", P * bt // n, f"{m.teacher_dtype}, / {n}", "static"))
     rows.append(Row("CUDA context + slack", CONTEXT_BYTES, "constant", "static"))
     # rollout phase
     util = float(cfg.rollout.gpu_memory_utilization)
@@ -540,11 +651,14 @@ def memory_plan(
         if n > 1:
             rows.append(Row("hf generation copy (full)", P * bc, f"{m.compute_dtype}, on every rank", "static"))
         else:
+            cast = s.lora_params(lora.rank, lora.targets) if lora else P  # LoRA: the base is in the compute dtype
             rows.append(
                 Row(
                     "hf generation: cast weights",
-                    P * bc if mixed else 0,
-                    "autocast's cached casts" if mixed else "none (compute = param dtype)",
+                    cast * bc if mixed else 0,
+                    ("autocast's casts of the adapters" if lora else "autocast's cached casts")
+                    if mixed
+                    else "none (compute = param dtype)",
                     "rollout",
                 )
             )

@@ -8,7 +8,9 @@ What mixed-precision trainers do (verl keeps its actor in fp32 for the reason be
   :func:`torch.autocast` (:func:`pcsd.models.compute_context`), under FSDP2 through
   ``MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=float32)`` (:func:`fsdp_policy`);
 * the frozen teacher/reference copy (no optimizer, so no master copy needed) is cast to
-  ``model.teacher_dtype`` when it is made (:func:`frozen_copy`: no second fp32 copy);
+  ``model.teacher_dtype`` when it is made (:func:`frozen_copy`: no second fp32 copy); a LoRA run
+  has no copy: its base weights are frozen in the compute dtype and are the teacher with the
+  adapters off, the adapters alone in the parameter dtype (:func:`prepare_lora_student`);
 * the generation engine gets its own dtype at every sync, cast (and gathered under FSDP2) a
   bounded bucket at a time (:func:`pcsd.train.distributed.iter_weights`);
 * checkpoints keep the master weights and the optimizer state (resume is exact); ``final-model/``
@@ -38,6 +40,7 @@ __all__ = [
     "check",
     "torch_dtype",
     "prepare_student",
+    "prepare_lora_student",
     "frozen_copy",
     "fsdp_policy",
     "export_model",
@@ -112,6 +115,20 @@ def prepare_student(model, prec: Precision, distributed: bool):
     model.to(torch_dtype(prec.param))
     set_compute_dtype(model, torch_dtype(prec.compute) if prec.mixed and not distributed else None)
     return model
+
+
+def prepare_lora_student(model, prec: Precision, spec, distributed: bool):
+    """A LoRA run's student (``spec``: a :class:`pcsd.lora.LoraSpec`): adapters injected into
+    ``model`` in ``prec.param`` (float32: master weights, AdamW state with them), every other
+    weight frozen in the compute dtype (no master copy: it never changes); on one device with a
+    compute dtype below the adapters', marked for autocast as :func:`prepare_student` does.
+    Returns peft's model around it (:func:`pcsd.lora.add_adapters`)."""
+    from pcsd.lora import add_adapters
+    from pcsd.models import set_compute_dtype
+
+    peft_model = add_adapters(model, spec, base_dtype=torch_dtype(prec.compute), adapter_dtype=torch_dtype(prec.param))
+    set_compute_dtype(model, torch_dtype(prec.compute) if prec.mixed and not distributed else None)
+    return peft_model
 
 
 def frozen_copy(model, dtype: str):

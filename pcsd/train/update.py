@@ -26,6 +26,7 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
+from pcsd.lora import frozen_base
 from pcsd.models import compute_context
 from pcsd.ops.estimators import AdvantageInputs, get_estimator
 from pcsd.ops.fused import fused_score_loss
@@ -153,31 +154,36 @@ def score(
 
 def _frozen_scores(student, frozen, rb, cfg, layout: Layout, ctx, need_ref: bool, use_teacher: bool, cb, n: int):
     """``(ref, teacher)``: two passes, or one frozen forward per micro-batch with both contexts of
-    each row side by side (``optim.joint_frozen_pass``)."""
-    teacher_model = student if cfg.algo.teacher == "current" else frozen
+    each row side by side (``optim.joint_frozen_pass``). ``frozen`` is the frozen base: a copy, or
+    a LoRA run's student with its adapters off (:class:`pcsd.lora.AdaptersOff`), switched off
+    for these passes only (:func:`pcsd.lora.frozen_base`)."""
+    current = cfg.algo.teacher == "current"  # the teacher is the student itself (adapters on)
     jf = cfg.optim.get("joint_frozen_pass", "never")
-    joint = (
-        need_ref
-        and use_teacher
-        and teacher_model is frozen
-        and (jf == "always" or (jf == "auto" and uses_varlen_attention(frozen)))
-    )
     args = (rb.response_ids, layout.mbs, layout.n_passes, layout.T)
     teacher = None
-    if joint:
-        pairs = pair_microbatches(
-            rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, cfg.optim.tokens_per_microbatch
+    with frozen_base(frozen) as base:
+        joint = (
+            need_ref
+            and use_teacher
+            and not current
+            and (jf == "always" or (jf == "auto" and uses_varlen_attention(base)))
         )
-        n_pairs = dist_utils.global_max(len(pairs), ctx)
-        ref, teacher = joint_scores(
-            frozen, rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, pairs, n_pairs, layout.T
-        )
-    else:
-        ref = scores(frozen, rb.prompt_ids, *args) if need_ref else None
-    if need_ref:
-        cb(n - int(use_teacher), n)
-    if use_teacher and not joint:
-        teacher = scores(teacher_model, rb.teacher_prompt_ids, *args)
+        if joint:
+            pairs = pair_microbatches(
+                rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, cfg.optim.tokens_per_microbatch
+            )
+            n_pairs = dist_utils.global_max(len(pairs), ctx)
+            ref, teacher = joint_scores(
+                base, rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, pairs, n_pairs, layout.T
+            )
+        else:
+            ref = scores(base, rb.prompt_ids, *args) if need_ref else None
+        if need_ref:
+            cb(n - int(use_teacher), n)
+        if use_teacher and not joint and not current:
+            teacher = scores(base, rb.teacher_prompt_ids, *args)
+    if use_teacher and current:
+        teacher = scores(student, rb.teacher_prompt_ids, *args)
     if use_teacher:
         cb(n, n)
     return ref, teacher
