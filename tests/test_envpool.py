@@ -253,17 +253,19 @@ def test_str_cache_returns_what_building_every_string_returns(tmp_path):
             a, b = (StepBatch._from_columns(p.recv(6)) for p in (fast, plain))
             order = [np.argsort(x.env_id) for x in (a, b)]
             a, b = (
-                StepBatch(
-                    **{
-                        f: ([getattr(x, f)[i] for i in o] if isinstance(getattr(x, f), list) else getattr(x, f)[o])
-                        for f in StepBatch.__dataclass_fields__
-                    }
-                )
+                StepBatch(**{f: _reorder(getattr(x, f), o) for f in StepBatch.__dataclass_fields__})
                 for x, o in zip((a, b), order)
             )
         same(a, b)
     fast.close()
     plain.close()
+
+
+def _reorder(col, order):
+    """A StepBatch column in ``order``; an optional column the native pool leaves out stays None."""
+    if col is None:
+        return None
+    return [col[i] for i in order] if isinstance(col, list) else col[order]
 
 
 def test_alfworld_corrupt_game_is_a_clear_error(tmp_path):
