@@ -10,7 +10,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
 use crate::envs::webshop::{
-    GoalOptions, GoalSet, Shop, ShopConfig, ShopFiles, Variant, WebShopEnv, WebShopError, WebShopStep,
+    CachePolicy, Goal, GoalOptions, GoalSet, Shop, ShopConfig, ShopFiles, Variant, WebShopEnv, WebShopError,
+    WebShopStep,
 };
 
 create_exception!(
@@ -43,7 +44,11 @@ pub struct PyWebShop {
 }
 
 fn goal_dict<'py>(py: Python<'py>, shop: &Shop, i: usize) -> PyResult<Bound<'py, PyDict>> {
-    let g = shop.goal(i);
+    goal_to_dict(py, &shop.goal(i))
+}
+
+/// The original's goal dict of a goal.
+fn goal_to_dict<'py>(py: Python<'py>, g: &Goal) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("asin", &g.asin)?;
     d.set_item("instruction_text", &g.instruction_text)?;
@@ -77,9 +82,11 @@ fn goal_dict<'py>(py: Python<'py>, shop: &Shop, i: usize) -> PyResult<Bound<'py,
 
 #[pymethods]
 impl PyWebShop {
-    /// Loads a shop (GIL released while reading and indexing).
+    /// Loads a shop (GIL released while reading and indexing). `cache`: the index cache's
+    /// `WEBSHOP_CACHE` value (None or "": beside the data, else the user's cache folder; "off":
+    /// none; else a folder).
     #[staticmethod]
-    #[pyo3(signature = (data_dir, goals = "synthetic", seed = 0, variant = "upstream", show_attrs = false, num_products = None, nouns = None))]
+    #[pyo3(signature = (data_dir, goals = "synthetic", seed = 0, variant = "upstream", show_attrs = false, num_products = None, nouns = None, cache = None))]
     #[allow(clippy::too_many_arguments)]
     fn load(
         py: Python<'_>,
@@ -90,6 +97,7 @@ impl PyWebShop {
         show_attrs: bool,
         num_products: Option<i64>,
         nouns: Option<PathBuf>,
+        cache: Option<String>,
     ) -> PyResult<Self> {
         let goals = match goals {
             "synthetic" => GoalSet::Synthetic,
@@ -135,8 +143,28 @@ impl PyWebShop {
             show_attrs,
             num_products,
         };
-        let shop = py.detach(|| Shop::load(&files, config)).map_err(webshop_err)?;
+        let policy = CachePolicy::parse(cache.as_deref());
+        let shop = py.detach(|| Shop::open(&files, config, &policy)).map_err(webshop_err)?;
         Ok(Self { shop: Arc::new(shop) })
+    }
+
+    /// The index cache file the shop is mapped from (None: built and held in memory).
+    #[getter]
+    fn cache_path(&self) -> Option<String> {
+        self.shop.cache.path.as_ref().map(|p| p.to_string_lossy().into_owned())
+    }
+
+    /// Whether the load read the index cache (False: it built the image).
+    #[getter]
+    fn cache_hit(&self) -> bool {
+        self.shop.cache.hit
+    }
+
+    /// One line per thing the load has to tell (a stale or damaged cache rebuilt, a folder that
+    /// could not take the cache).
+    #[getter]
+    fn cache_notes(&self) -> Vec<String> {
+        self.shop.cache.notes.clone()
     }
 
     #[getter]
@@ -214,6 +242,19 @@ impl PyWebShop {
             .collect())
     }
 
+    /// The exhaustive search's hits (every matching posting scored: the reference the pruned
+    /// search of `search` is checked against), as ASINs best first. Keywords such as `<r>` are
+    /// not interpreted.
+    fn search_reference(&self, py: Python<'_>, query: &str) -> PyResult<Vec<String>> {
+        let shop = self.shop.clone();
+        let q = query.to_string();
+        let idx = py.detach(|| shop.search_reference(&q)).map_err(webshop_err)?;
+        Ok(idx
+            .into_iter()
+            .map(|i| self.shop.catalog.products[i].asin.clone())
+            .collect())
+    }
+
     /// A new env on this shop.
     fn env(&self) -> PyWebShopEnv {
         PyWebShopEnv { env: self.shop.env() }
@@ -285,7 +326,7 @@ impl PyWebShopEnv {
             }
         };
         let d = info(py, &s)?;
-        d.set_item("goal", goal_dict(py, self.env.shop(), self.env.goal_index())?)?;
+        d.set_item("goal", goal_to_dict(py, self.env.goal())?)?;
         d.set_item("goal_index", self.env.goal_index())?;
         Ok((s.obs, d))
     }
@@ -331,7 +372,7 @@ impl PyWebShopEnv {
 
     #[getter]
     fn goal<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        goal_dict(py, self.env.shop(), self.env.goal_index())
+        goal_to_dict(py, self.env.goal())
     }
 
     #[getter]

@@ -63,6 +63,18 @@ pub enum WebShopError {
     Step { exception: &'static str, msg: String },
 }
 
+/// Lucene's error for a query of more than 1,024 distinct terms.
+fn lucene_err(e: SearchError) -> WebShopError {
+    let SearchError::TooManyClauses(n) = e;
+    step_err(
+        "JavaException",
+        format!(
+            "JVM exception occurred: org.apache.lucene.search.IndexSearcher$TooManyClauses: maxClauseCount is set \
+             to 1024 (query has {n} distinct terms)"
+        ),
+    )
+}
+
 fn step_err(exception: &'static str, msg: impl Into<String>) -> WebShopError {
     WebShopError::Step {
         exception,
@@ -401,15 +413,17 @@ impl Shop {
             }
             _ => {
                 let q = keywords.join(" ");
-                match self.index.search_top(&q) {
-                    Ok(hits) => Ok(hits.into_iter().map(|(d, _)| d as usize).collect()),
-                    Err(SearchError::TooManyClauses(n)) => Err(step_err(
-                        "JavaException",
-                        format!("JVM exception occurred: org.apache.lucene.search.IndexSearcher$TooManyClauses: maxClauseCount is set to 1024 (query has {n} distinct terms)"),
-                    )),
-                }
+                let hits = self.index.search_top(&q).map_err(lucene_err)?;
+                Ok(hits.into_iter().map(|(d, _)| d as usize).collect())
             }
         }
+    }
+
+    /// The hits of the exhaustive search (every matching posting scored: the reference of the
+    /// pruned search [`Shop::top_products`] runs), product indices best first.
+    pub fn search_reference(&self, query: &str) -> Result<Vec<usize>, WebShopError> {
+        let (hits, _) = self.index.search(query).map_err(lucene_err)?;
+        Ok(hits.into_iter().map(|(d, _)| d as usize).collect())
     }
 
     /// A new env on this shop (call [`WebShopEnv::reset`] before stepping).
