@@ -796,12 +796,14 @@ impl<'a> CatalogView<'a> {
         }
     }
 
-    /// Indices of the products titled `name`.
+    /// Indices of the products titled `name` (titles compared as bytes: UTF-8 keeps the order).
     pub fn products_named(&self, name: &str) -> impl Iterator<Item = usize> + 'a {
         let by_title = self.by_title;
         let this = *self;
-        let lo = by_title.partition_point(|&i| this.product(i as usize).title() < name);
-        let hi = by_title.partition_point(|&i| this.product(i as usize).title() <= name);
+        let name = name.as_bytes();
+        let title = |i: u32| this.product(i as usize).field(F_TITLE);
+        let lo = by_title.partition_point(|&i| title(i) < name);
+        let hi = lo + by_title[lo..].partition_point(|&i| title(i) <= name);
         by_title[lo..hi].iter().map(|&i| i as usize)
     }
 }
@@ -1061,16 +1063,18 @@ impl AsinIndex {
         self.img.pod::<usize>(Sec::ByAsin)
     }
 
-    fn asin_of(&self, i: usize) -> &str {
+    /// Product `i`'s ASIN as bytes (compared as bytes: UTF-8 keeps the order).
+    fn asin_of(&self, i: usize) -> &[u8] {
         let recs: &[ProdRec] = self.img.pod(Sec::ProdRecs);
         let rec = &recs[i];
         let lo = rec.blob as usize;
-        utf8(&self.img.bytes(Sec::ProdBlob)[lo..lo + rec.ends[F_ASIN] as usize])
+        &self.img.bytes(Sec::ProdBlob)[lo..lo + rec.ends[F_ASIN] as usize]
     }
 
     /// The index of the product with this ASIN.
     pub fn get(&self, asin: &str) -> Option<&usize> {
         let s = self.sorted();
+        let asin = asin.as_bytes();
         let at = s.partition_point(|&i| self.asin_of(i) < asin);
         s.get(at).filter(|&&i| self.asin_of(i) == asin)
     }

@@ -76,6 +76,9 @@ fn sorted_options(p: ProductRef<'_>) -> Vec<(&str, StrList<'_>)> {
 fn price_text(upper: f64, is_int: bool) -> String {
     if is_int {
         String::new()
+    } else if upper.fract() == 0.0 && upper.abs() < 1e15 {
+        // the bounds are multiples of ten: `{:.2}` of a whole number, without float formatting
+        format!(", and price lower than {}.00 dollars", upper as i64)
     } else {
         format!(", and price lower than {upper:.2} dollars")
     }

@@ -184,7 +184,12 @@ pub struct Shop {
     pub cache: CacheReport,
     /// Python's global `random` state once construction is over.
     rng_after_load: PyRandom,
+    /// Goals made recently ([`Shop::goal_shared`]): a group of envs starts the same goal.
+    recent_goals: std::sync::Mutex<std::collections::HashMap<usize, Arc<Goal>>>,
 }
+
+/// Goals [`Shop::goal_shared`] keeps; cleared when it holds this many.
+const RECENT_GOALS: usize = 4096;
 
 fn noun_err(path: &Path, e: String) -> WebShopError {
     WebShopError::Load(format!(
@@ -376,6 +381,7 @@ impl Shop {
             config,
             cache,
             rng_after_load: rng,
+            recent_goals: Default::default(),
         })
     }
 
@@ -386,6 +392,20 @@ impl Shop {
     /// Goal `i` with its texts (the original's goal dict). Panics when out of range.
     pub fn goal(&self, i: usize) -> Goal {
         self.goals[i].goal(&self.catalog)
+    }
+
+    /// [`Shop::goal`], shared: made once for the envs that start it about the same time.
+    pub fn goal_shared(&self, i: usize) -> Arc<Goal> {
+        let mut recent = self.recent_goals.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = recent.get(&i) {
+            return g.clone();
+        }
+        if recent.len() >= RECENT_GOALS {
+            recent.clear();
+        }
+        let g = Arc::new(self.goal(i));
+        recent.insert(i, g.clone());
+        g
     }
 
     /// `get_top_n_product_from_keywords`: product indices.
@@ -489,7 +509,7 @@ pub struct WebShopEnv {
     rng: PyRandom,
     goal: usize,
     /// Goal `goal`, made when it started.
-    goal_data: Goal,
+    goal_data: Arc<Goal>,
     session_id: String,
     keywords: Option<Vec<String>>,
     page: Option<i64>,
@@ -511,9 +531,9 @@ impl WebShopEnv {
     pub fn new(shop: Arc<Shop>) -> WebShopEnv {
         let rng = shop.rng_after_load.clone();
         let goal_data = if shop.goals.is_empty() {
-            empty_goal()
+            Arc::new(empty_goal())
         } else {
-            shop.goal(0)
+            shop.goal_shared(0)
         };
         let mut env = WebShopEnv {
             shop,
@@ -597,7 +617,7 @@ impl WebShopEnv {
 
     fn start(&mut self, goal: usize, session: String) {
         if goal != self.goal || self.goal_data.asin.is_empty() {
-            self.goal_data = self.shop.goal(goal);
+            self.goal_data = self.shop.goal_shared(goal);
         }
         self.goal = goal;
         self.url = format!("{BASE_URL}/{session}");
@@ -753,7 +773,7 @@ impl WebShopEnv {
     fn buy(&mut self) -> Result<RewardInfo, WebShopError> {
         let product = self.product_of_session()?;
         let shop = self.shop.clone();
-        let goal = &self.goal_data;
+        let goal = &*self.goal_data;
         let price = shop.prices[product];
         let info =
             reward::get_reward(&shop.catalog, product, goal, price, &self.options, &shop.nouns).map_err(|m| {

@@ -1,7 +1,6 @@
 //! The purchase reward (`goal.get_reward`): attributes, options, price and the type factor from
 //! the product names' nouns (a table made with spaCy, `pcsd-data webshop` builds it).
 
-use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -10,7 +9,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
 use super::catalog::{Catalog, CatalogView, GoalOptions, ProductRef};
-use super::fuzz::{full_process, token_set_ratio_args, token_set_ratio_processed, FuzzArg};
+use super::fuzz::{full_process, token_set_ratio_above, FuzzArg};
 use super::goals::Goal;
 use super::image::{Image, Parts, Sec};
 use super::pytext::py_strip;
@@ -312,6 +311,30 @@ pub struct RewardInfo {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MissingNouns(pub String);
 
+/// The distinct strings of a list, sorted (a set).
+fn distinct(mut v: Vec<&str>) -> Vec<&str> {
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// How many strings two sorted sets share.
+fn common(a: &[&str], b: &[&str]) -> usize {
+    let (mut i, mut j, mut n) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                n += 1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    n
+}
+
 fn type_reward(
     purchased: ProductRef<'_>,
     goal: &Goal,
@@ -319,19 +342,16 @@ fn type_reward(
     catalog: &Catalog,
 ) -> Result<(f64, bool, bool, f64), MissingNouns> {
     let query_match = purchased.query() == goal.query;
-    let split = |s: &str| -> HashSet<String> { s.split('›').map(|x| py_strip(x).to_string()).collect() };
-    let pc = split(purchased.product_category());
-    let gc = split(&goal.product_category);
-    let category_match = pc.intersection(&gc).count() >= 2;
+    let pc = distinct(purchased.product_category().split('›').map(py_strip).collect());
+    let gc = distinct(goal.product_category.split('›').map(py_strip).collect());
+    let category_match = common(&pc, &gc) >= 2;
     let p_nouns = nouns
         .get(catalog, purchased.title())
         .ok_or_else(|| MissingNouns(purchased.title().to_string()))?;
     let g_nouns = nouns
         .get(catalog, &goal.name)
         .ok_or_else(|| MissingNouns(goal.name.clone()))?;
-    let ps: HashSet<&str> = p_nouns.iter().copied().collect();
-    let gs: HashSet<&str> = g_nouns.iter().copied().collect();
-    let n_inter = ps.intersection(&gs).count();
+    let n_inter = common(&distinct(p_nouns.clone()), &distinct(g_nouns.clone()));
     let title_score = if g_nouns.is_empty() {
         0.2
     } else {
@@ -357,7 +377,7 @@ fn attribute_matches(catalog: &Catalog, product: usize, goal: &Goal) -> usize {
     let processed = catalog.product(product).processed_attributes();
     for g in &goal.attributes {
         let pg = full_process(g);
-        let matched = processed.iter().any(|p| token_set_ratio_processed(p, &pg) > 85) || {
+        let matched = processed.iter().any(|p| token_set_ratio_above(p, &pg, 85)) || {
             let l = lowered.get_or_insert_with(|| catalog.lowered_texts(product));
             let (title, bullets, desc) = &**l;
             title.contains(g.as_str()) || bullets.contains(g.as_str()) || desc.contains(g.as_str())
@@ -370,14 +390,17 @@ fn attribute_matches(catalog: &Catalog, product: usize, goal: &Goal) -> usize {
 }
 
 fn option_matches(chosen: &[(String, String)], goal: &GoalOptions) -> usize {
-    let purchased: Vec<FuzzArg<'_>> = chosen.iter().map(|(_, v)| normalize_color(FuzzArg::Str(v))).collect();
-    let goal_opts: Vec<FuzzArg<'_>> = match goal {
-        GoalOptions::Dict(d) => d.iter().map(|(k, v)| normalize_color(FuzzArg::Pair(k, v))).collect(),
-        GoalOptions::List(l) => l.iter().map(|v| normalize_color(FuzzArg::Str(v))).collect(),
+    // thefuzz's token_set_ratio of the values as given (strings, str() of tuples), each
+    // processed once
+    let processed = |a: FuzzArg<'_>| full_process(&normalize_color(a).text());
+    let purchased: Vec<String> = chosen.iter().map(|(_, v)| processed(FuzzArg::Str(v))).collect();
+    let goal_opts: Vec<String> = match goal {
+        GoalOptions::Dict(d) => d.iter().map(|(k, v)| processed(FuzzArg::Pair(k, v))).collect(),
+        GoalOptions::List(l) => l.iter().map(|v| processed(FuzzArg::Str(v))).collect(),
     };
     goal_opts
         .iter()
-        .filter(|g| purchased.iter().any(|p| token_set_ratio_args(p, g) > 85))
+        .filter(|g| purchased.iter().any(|p| token_set_ratio_above(p, g, 85)))
         .count()
 }
 

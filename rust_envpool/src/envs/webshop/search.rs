@@ -518,7 +518,7 @@ fn inv_table(avgdl: f32) -> [f32; 256] {
 
 /// The distinct analyzed terms of a query with their counts, in order of first appearance (one
 /// SHOULD clause each, boosted by its count).
-fn query_terms(query: &str) -> Result<Vec<(String, u32)>, SearchError> {
+pub(super) fn query_terms(query: &str) -> Result<Vec<(String, u32)>, SearchError> {
     let mut counts: Vec<(String, u32)> = Vec::new();
     for t in analyze(query) {
         if let Some(slot) = counts.iter_mut().find(|(x, _)| *x == t) {
@@ -623,6 +623,9 @@ impl Cursor<'_> {
         }
     }
 }
+
+/// Postings below which a query is scored in full rather than pruned.
+const SMALL_QUERY: u64 = 16_384;
 
 /// Docs per window of [`Index::search_top`].
 const WINDOW: usize = 4096;
@@ -950,7 +953,11 @@ impl Index {
     /// Searches `query` scoring every matching posting (the reference): the hits (doc id,
     /// float32 score) best first, at most [`SEARCH_RETURN_N`], and the number of matching docs.
     pub fn search(&self, query: &str) -> Result<(Vec<(u32, f32)>, usize), SearchError> {
-        let counts = query_terms(query)?;
+        Ok(self.search_all(&query_terms(query)?))
+    }
+
+    /// [`Index::search`] of a query's distinct terms with their counts.
+    fn search_all(&self, counts: &[(String, u32)]) -> (Vec<(u32, f32)>, usize) {
         let norm_inv: &[f32] = self.img.pod(Sec::NormInv);
         let rank: &[u32] = self.img.pod(Sec::AsinRank);
         SCRATCH.with(|cell| {
@@ -959,7 +966,7 @@ impl Index {
             if scores.len() < self.num_docs() {
                 scores.resize(self.num_docs(), f64::NAN);
             }
-            for (t, c) in &counts {
+            for (t, c) in counts {
                 let Some((df, list)) = self.list(t) else { continue };
                 let weight = self.weight(df, *c);
                 for (doc, tf) in list {
@@ -988,7 +995,7 @@ impl Index {
                 hits.truncate(SEARCH_RETURN_N);
             }
             hits.sort_by(order);
-            Ok((hits, matching))
+            (hits, matching)
         })
     }
 
@@ -1015,8 +1022,25 @@ impl Index {
     /// scores sum below 2^52 u (checked per query: true for all but queries whose terms are in
     /// nearly every doc); other queries go document at a time in query order
     /// ([`Index::search_top_daat`]).
+    ///
+    /// Queries whose lists hold fewer than [`SMALL_QUERY`] postings in all are scored in full
+    /// ([`Index::search`]'s loop): pruning them would cost more than it saves.
     pub fn search_top(&self, query: &str) -> Result<Vec<(u32, f32)>, SearchError> {
         let counts = query_terms(query)?;
+        let recs = self.recs();
+        let postings: u64 = counts
+            .iter()
+            .filter_map(|(t, _)| self.term_id(t))
+            .map(|id| recs[id].df as u64)
+            .sum();
+        if postings < SMALL_QUERY {
+            return Ok(self.search_all(&counts).0);
+        }
+        Ok(self.search_top_windowed(&counts))
+    }
+
+    /// [`Index::search_top`]'s pruned search (any query size).
+    pub(super) fn search_top_windowed(&self, counts: &[(String, u32)]) -> Vec<(u32, f32)> {
         let recs = self.recs();
         let mut terms: Vec<WTerm<'_>> = Vec::with_capacity(counts.len());
         for (q, (t, c)) in counts.iter().enumerate() {
@@ -1042,10 +1066,10 @@ impl Index {
             });
         }
         if terms.is_empty() {
-            return Ok(Vec::new());
+            return Vec::new();
         }
         if !self.sums_are_exact(&terms) {
-            return Ok(self.search_top_daat(&counts));
+            return self.search_top_daat(counts);
         }
         let nb = self.img.bytes(Sec::NormByte);
         let rank: &[u32] = self.img.pod(Sec::AsinRank);
@@ -1174,7 +1198,7 @@ impl Index {
                 lo = hi;
             }
         });
-        Ok(top.into_hits())
+        top.into_hits()
     }
 
     /// Whether any sum of the query terms' scores is exact in float64, in any order: every score
@@ -1203,7 +1227,7 @@ impl Index {
     /// a visited doc stops being scored as soon as its score so far plus the best scores left
     /// (per block, from the block-max tables) fall below the 50th. A doc scored in full is
     /// scored as the reference does (its terms in query order, summed in float64, then float32).
-    fn search_top_daat(&self, counts: &[(String, u32)]) -> Vec<(u32, f32)> {
+    pub(super) fn search_top_daat(&self, counts: &[(String, u32)]) -> Vec<(u32, f32)> {
         let recs = self.recs();
         let norm_inv: &[f32] = self.img.pod(Sec::NormInv);
         let rank: &[u32] = self.img.pod(Sec::AsinRank);
@@ -1396,8 +1420,10 @@ mod tests {
                 let q = text.join(" ");
                 let want = idx.search(&q).unwrap().0;
                 proptest::prop_assert_eq!(&idx.search_top(&q).unwrap(), &want, "{}", q);
+                let counts = query_terms(&q).unwrap();
+                proptest::prop_assert_eq!(&idx.search_top_windowed(&counts), &want, "{}", q);
                 // the document-at-a-time path (queries whose sums could depend on their order)
-                proptest::prop_assert_eq!(idx.search_top_daat(&query_terms(&q).unwrap()), want, "{}", q);
+                proptest::prop_assert_eq!(idx.search_top_daat(&counts), want, "{}", q);
             }
         }
     }
