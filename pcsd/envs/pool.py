@@ -45,7 +45,7 @@ import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
@@ -77,6 +77,9 @@ class StepBatch:
     step_count: np.ndarray  # int64, steps in the current episode
     error: list[str]
     has_search_bar: np.ndarray  # bool, WebShop: search[...] is offered (False for the other kinds)
+    # Python envs: info["anchor"] per entry (None where the env gave none); None for native envs, whose
+    # observations are their anchors (GiGPO's step-level groups)
+    anchor: Optional[list[Optional[str]]] = None
 
     @classmethod
     def _from_columns(cls, cols: tuple[Any, ...]) -> StepBatch:

@@ -15,6 +15,9 @@ An environment is an object with Gymnasium's two methods, on text::
 ``"won"`` (bool)            success, when the env knows it (else success = the episode's summed
                             reward >= the success threshold, ``env.success_threshold``)
 ``"task_type"`` (str)       the task's type, for task-type skills (``<task_type>.md``)
+``"anchor"`` (str)          the state as GiGPO's step-level groups compare it (``algo.estimator=
+                            gigpo``): the current observation without history; without it, the
+                            observation itself (read at ``reset`` and after every step)
 ==========================  =====================================================================
 
 Optional methods: ``expert_action(self) -> str`` (the next action of an expert, for the warm-up's
@@ -52,7 +55,7 @@ __all__ = [
 ]
 
 #: the ``info`` keys pcsd reads
-INFO_KEYS = ("task", "admissible_actions", "won", "task_type")
+INFO_KEYS = ("task", "admissible_actions", "won", "task_type", "anchor")
 
 
 class ProtocolError(ValueError):
@@ -179,6 +182,7 @@ class Observation:
     admissible: Optional[list[str]] = None  # info["admissible_actions"]
     won: Optional[bool] = None  # info["won"]
     task_type: Optional[str] = None  # info["task_type"]
+    anchor: Optional[str] = None  # info["anchor"]
 
 
 def _type(v: Any) -> str:
@@ -190,7 +194,7 @@ def _is_bool(v: Any) -> bool:
 
 
 def _info(where: str, info: Any) -> tuple:
-    """``(task, admissible, won, task_type)`` of an info dict, checked."""
+    """``(task, admissible, won, task_type, anchor)`` of an info dict, checked."""
     if type(info) is not dict and not isinstance(info, Mapping):
         raise ProtocolError(f"{where} returned info of type {_type(info)}, expected a dict")
     task = info.get("task")
@@ -222,7 +226,12 @@ def _info(where: str, info: Any) -> tuple:
         if not isinstance(tt, str):
             raise ProtocolError(f"{where} returned info['task_type'] of type {_type(tt)}, expected str")
         tt = str.__str__(tt)
-    return task, adm, won, tt
+    anchor = info.get("anchor")
+    if anchor is not None and type(anchor) is not str:
+        if not isinstance(anchor, str):
+            raise ProtocolError(f"{where} returned info['anchor'] of type {_type(anchor)}, expected str")
+        anchor = str.__str__(anchor)
+    return task, adm, won, tt, anchor
 
 
 def _text(where: str, obs: Any) -> str:
@@ -238,7 +247,7 @@ def _text(where: str, obs: Any) -> str:
 
 def check_reset(result: Any) -> tuple:
     """``env.reset(...)``'s result ``(observation, info)``, checked, as the tuple
-    ``(obs, 0.0, False, False, task, admissible, won, task_type)``."""
+    ``(obs, 0.0, False, False, task, admissible, won, task_type, anchor)``."""
     if type(result) is not tuple or len(result) != 2:
         raise ProtocolError(f"reset() returned {_shape(result)}, expected (observation, info)")
     obs, info = result
@@ -247,8 +256,8 @@ def check_reset(result: Any) -> tuple:
 
 def check_step(result: Any) -> tuple:
     """``env.step(action)``'s result ``(observation, reward, terminated, truncated, info)``,
-    checked, as the tuple ``(obs, reward, terminated, truncated, None, admissible, won, task_type)``
-    (the task is read at reset only)."""
+    checked, as the tuple ``(obs, reward, terminated, truncated, None, admissible, won, task_type,
+    anchor)`` (the task is read at reset only)."""
     if type(result) is not tuple or len(result) != 5:
         hint = (
             " (the old Gym API's 4-tuple? Gymnasium splits done into terminated, truncated)"
@@ -268,8 +277,8 @@ def check_step(result: Any) -> tuple:
     for name, v in (("terminated", terminated), ("truncated", truncated)):
         if type(v) is not bool and not _is_bool(v):
             raise ProtocolError(f"step() returned {name} of type {_type(v)}, expected a bool")
-    _, adm, won, tt = _info("step()", info)
-    return (_text("step()", obs), reward, bool(terminated), bool(truncated), None, adm, won, tt)
+    _, adm, won, tt, anchor = _info("step()", info)
+    return (_text("step()", obs), reward, bool(terminated), bool(truncated), None, adm, won, tt, anchor)
 
 
 def read_reset(result: Any) -> Observation:

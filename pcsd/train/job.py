@@ -45,7 +45,9 @@ from pcsd.rollout.loop import collect_rollouts
 from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
 from pcsd.train.metrics import MetricsLogger, step_record
+from pcsd.train.optim import make_adamw
 from pcsd.train.precision import export_model, frozen_copy, fsdp_policy, precision_of, prepare_student, torch_dtype
+from pcsd.train.sampling import sample_groups
 from pcsd.train.sft import (
     expert_episodes,
     game_corpus,
@@ -491,8 +493,11 @@ def build_models(job: Job) -> None:
     job.summary["backend"] = job.backend_name
     job.say(f"rollout backend: {job.backend_name}")
     job.progress = ProgressReporter(cfg.run.progress and ctx.is_main, console=job.console)
-    job.opt = torch.optim.AdamW(
-        [p for p in job.student.parameters() if p.requires_grad], lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+    job.opt = make_adamw(  # fused on CUDA (no parameter-sized temporary at the step), see pcsd.train.optim
+        [p for p in job.student.parameters() if p.requires_grad],
+        lr=cfg.optim.lr,
+        weight_decay=cfg.optim.weight_decay,
+        device=ctx.device,
     )
     job.rng = random.Random(cfg.run.seed)
     if cfg.run.get("record_gaps", False):
@@ -678,19 +683,43 @@ def save(job: Job, done: int) -> None:
     dist_utils.barrier(ctx)
 
 
-def rl_step(job: Job, step: int) -> dict[str, Any]:
-    """One RL step: rollouts on this rank's share of the sampled games, the update, the weight
-    sync. Returns the step's metrics record (batch totals over every rank)."""
-    cfg, ctx, rb_builder = job.cfg, job.ctx, job.builder
-    t0 = time.time()
-    if job.webshop:  # draw `step` of verl-agent's training manager (pcsd.train.webshop)
+def rollout_seed(job: Job, step: int, batch: int = 0) -> int:
+    """The rollout seed of batch ``batch`` of RL step ``step`` on this rank: ``(run.seed * 100_000 +
+    step) * ranks + rank`` for the step's first batch; a hash of that and ``batch`` for the further
+    batches dynamic sampling plays (56 bits: never another step's first seed by construction)."""
+    ctx = job.ctx
+    base = (job.cfg.run.seed * 100_000 + step) * ctx.world_size + ctx.rank
+    if batch == 0:
+        return base
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(f"{base}/{batch}".encode(), digest_size=7).digest(), "little")
+
+
+def step_games(job: Job, step: int, batch: int = 0) -> list:
+    """The ``rollout.tasks_per_step`` games of batch ``batch`` of RL step ``step`` (every rank draws
+    the same): WebShop's first batch is draw ``step`` of verl-agent's training manager
+    (:mod:`pcsd.train.webshop`), every other batch draws from the job's game generator (saved in the
+    checkpoints)."""
+    cfg = job.cfg
+    n = cfg.rollout.tasks_per_step
+    if job.webshop:
         from pcsd.train.webshop import train_goals
 
-        games: list = train_goals(cfg, job.train_shop, step)
-    else:
-        games = [job.train_games[job.rng.randrange(len(job.train_games))] for _ in range(cfg.rollout.tasks_per_step)]
+        if batch == 0:
+            return train_goals(cfg, job.train_shop, step)
+        from pcsd.envs.webshop import train_goal_indices
+
+        return job.rng.sample(list(train_goal_indices(job.train_shop.num_goals)), n)
+    return [job.train_games[job.rng.randrange(len(job.train_games))] for _ in range(n)]
+
+
+def play_batch(job: Job, step: int, batch: int = 0):
+    """This rank's share (whole groups) of the games of batch ``batch`` of step ``step``, played."""
+    cfg, ctx, rb_builder = job.cfg, job.ctx, job.builder
+    games = step_games(job, step, batch)
     mine = dist_utils.split_groups(len(games), ctx)  # whole groups per rank
-    rb = collect_rollouts(
+    return collect_rollouts(
         job.backend,
         rb_builder,
         games[mine.start : mine.stop],
@@ -699,7 +728,7 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
         max_response_tokens=cfg.rollout.max_response_tokens,
         temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
-        seed=(cfg.run.seed * 100_000 + step) * ctx.world_size + ctx.rank,
+        seed=rollout_seed(job, step, batch),
         stop_token_ids=[eos_id(rb_builder)],
         success_reward=cfg.algo.success_reward,
         invalid_action_penalty=cfg.rollout.invalid_action_penalty,
@@ -709,21 +738,47 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
         env_kind=cfg.env.name,
         env_options=job.train_env_options,
     )
-    job.backend.sleep()  # the rollouts are done: the engine's memory goes to the update
-    st = update_step(
-        job.student,
-        job.frozen,
-        job.opt,
-        rb,
-        cfg,
-        step,
-        ctx,
-        progress=job.progress.phase,
-        record=job.gap_recorder.for_step(step + 1) if job.gap_recorder else None,
+
+
+def rl_step(job: Job, step: int) -> dict[str, Any]:
+    """One RL step: rollouts on this rank's share of the sampled games (with
+    ``rollout.dynamic_sampling``, batches until enough groups carry a signal:
+    :mod:`pcsd.train.sampling`), the update, the weight sync. Returns the step's metrics record
+    (batch totals over every rank; rollout figures over every episode played). A step dynamic
+    sampling leaves without a group trains nothing (``skipped`` in its record) and still counts."""
+    cfg, ctx = job.cfg, job.ctx
+    t0 = time.time()
+    sampled = sample_groups(
+        lambda b: play_batch(job, step, b),
+        target=cfg.rollout.tasks_per_step,
+        max_batches=cfg.rollout.max_sample_batches,
+        dynamic=bool(cfg.rollout.dynamic_sampling),
+        ctx=ctx,
     )
+    if sampled.warning:
+        job.say(f"warning: step {step + 1}: {sampled.warning}")
+    st: dict[str, Any] = {}
     t_sync = time.time()
-    refresh_generation(job)
+    if not sampled.skipped:
+        job.backend.sleep()  # the rollouts are done: the engine's memory goes to the update
+        st = update_step(
+            job.student,
+            job.frozen,
+            job.opt,
+            sampled.train,
+            cfg,
+            step,
+            ctx,
+            progress=job.progress.phase,
+            record=job.gap_recorder.for_step(step + 1) if job.gap_recorder else None,
+        )
+        t_sync = time.time()
+        refresh_generation(job)
+    rb = sampled.played
     rec = step_record(step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0)
+    rec.update(sampled.metrics())
+    if sampled.skipped:
+        rec["skipped"] = True
     if job.webshop and rb.score is not None:  # this rank's batch: WebShop Score (100 x mean task score)
         rec.update(score=100.0 * float(rb.score.mean()), env_errors=rb.env_errors)
     if job.text_env:  # episodes a Python env's exception, hang or crash ended
@@ -783,11 +838,17 @@ def rl_loop(job: Job) -> None:
                 ("weight_sync", "sync_seconds"),
             ):
                 job.phases[ph] = job.phases.get(ph, 0.0) + float(rec.get(key, 0.0))
-            job.say(
-                f"step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% reward {rec['reward']:.2f} "
-                f"gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} kl {rec['kl']:.4f} "
-                f"{rec['tokens_per_s']:.0f} tok/s {rec['step_seconds']:.1f}s"
-            )
+            if rec.get("skipped"):
+                job.say(
+                    f"step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% reward {rec['reward']:.2f} "
+                    f"no update (no group with a reward signal) {rec['step_seconds']:.1f}s"
+                )
+            else:
+                job.say(
+                    f"step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% reward {rec['reward']:.2f} "
+                    f"gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} kl {rec['kl']:.4f} "
+                    f"{rec['tokens_per_s']:.0f} tok/s {rec['step_seconds']:.1f}s"
+                )
             stop = bool(cfg.run.stop_after) and done >= cfg.run.stop_after and done < cfg.optim.steps
             if (cfg.run.save_every and done % cfg.run.save_every == 0) or done == cfg.optim.steps or stop:
                 save(job, done)
