@@ -9,7 +9,7 @@ follow ``items_shuffle_1000.json`` and the vocabulary grows), loaded twice by
 ``pcsd.envs.webshop.WebShop.load``, each time in a fresh process: cold (stream-parse, index, noun table,
 goals, the index cache written to a fresh folder) and cached (the cache mapped). In each, 1,000 goal
 instructions of the 1k set are searched with the pruned search and with the exhaustive reference (the
-ratio is within one process; the hits are compared). Prints one line per size and writes
+ratio is within one process; wall clock and the thread's CPU time; the hits are compared). Prints one line per size and writes
 ``webshop_catalogue.json`` to ``--out``. ``docs/benchmarks.md`` has the figures.
 """
 
@@ -51,7 +51,10 @@ def main() -> None:
             f"mapped), peak {row['peak_rss_mib']:,.0f} MiB; search p50 {row['search_p50_us'] / 1e3:.2f} ms, "
             f"p99 {row['search_p99_us'] / 1e3:.2f} ms (exhaustive {row['exhaustive_p50_us'] / 1e3:.2f} / "
             f"{row['exhaustive_p99_us'] / 1e3:.2f} ms: {row['search_speedup_p50']:.1f}x / "
-            f"{row['search_speedup_p99']:.1f}x), {row['pruned_differs']} of {2 * row['queries']} searches differ; "
+            f"{row['search_speedup_p99']:.1f}x); CPU time p50 {row['search_cpu_p50_us'] / 1e3:.2f} ms, p99 "
+            f"{row['search_cpu_p99_us'] / 1e3:.2f} ms (exhaustive {row['exhaustive_cpu_p50_us'] / 1e3:.2f} / "
+            f"{row['exhaustive_cpu_p99_us'] / 1e3:.2f} ms); {row['pruned_differs']} of {2 * row['queries']} "
+            "searches differ; "
             f"load average {row['loadavg'][0]:.1f}",
             flush=True,
         )
