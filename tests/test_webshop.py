@@ -486,7 +486,9 @@ def _queries(webshop_data: Path, n: int = 1000) -> list[str]:
     goals = [small.goal(i)["instruction_text"] for i in range(0, small.num_goals, 13)]
     titles = json.loads((webshop_data / "data" / "items_shuffle_1000.json").read_text())
     qs = goals[: n // 2] + [g.split(", and price")[0] for g in goals[: n // 4]]
-    qs += [p["name"] for p in titles[: n // 8]] + [" ".join(p["name"].split()[:2]) for p in titles[: n - len(qs) - n // 8]]
+    qs += [p["name"] for p in titles[: n // 8]] + [
+        " ".join(p["name"].split()[:2]) for p in titles[: n - len(qs) - n // 8]
+    ]
     return (qs + [p["name"] for p in titles])[:n]
 
 
