@@ -338,9 +338,10 @@ def shop_server(tmp_path, monkeypatch):
         yield srv, p
 
 
-def test_webshop_installs_the_catalogue_and_its_noun_table(shop_server, tmp_path, capsys):
+def test_webshop_installs_the_catalogue_and_its_noun_table(shop_server, tmp_path, capsys, monkeypatch):
     from pcsd.envs.webshop import WebShop, run_expert
 
+    monkeypatch.delenv("WEBSHOP_CACHE", raising=False)  # the cache goes beside the data
     srv, man = shop_server
     dest = tmp_path / "ws"
     rc, out, err = run_cli(["webshop", "--dest", dest, "--manifest", man], capsys)
@@ -349,8 +350,13 @@ def test_webshop_installs_the_catalogue_and_its_noun_table(shop_server, tmp_path
     table = json.loads((dest / "data" / "spacy_nouns_1k.json").read_text())
     assert table["by_name"]["Red Cotton Shirt Model 3"]["nouns"] == ["red", "cotton", "shirt", "model"]
     assert not (dest / "data" / ".spacy").exists()
+    # the install built the index cache beside the data; the first load maps it
+    assert "webshop: index cache of 6 products built" in err
     shop = WebShop.load(dest, goals="synthetic", seed=0)  # the engine reads the install as it is
     assert shop.num_products == 6 and shop.num_goals == 12
+    assert shop.cache_hit and shop.cache_path is not None and Path(shop.cache_path).parent == dest / "data"
+    rc, out, err = run_cli(["webshop", "--dest", dest, "--manifest", man], capsys)  # again: only checked
+    assert rc == 0 and "webshop: index cache of 6 products checked" in err, err
     actions, reward, won = run_expert(shop.env(), 0)  # a purchase: the reward reads the noun table
     assert won and reward == 1.0
     assert WebShop.load(dest, goals="human").num_goals == 1

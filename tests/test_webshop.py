@@ -476,3 +476,131 @@ def test_product_ids_are_the_catalogues(webshop_data: Path) -> None:
     _, _, _, info = env.step("search[shoes]")
     shown = [c for c in info["available_actions"]["clickables"] if c.startswith("b0")]
     assert shown and set(shown) <= {a.lower() for a in ids}
+
+
+# ----------------------------------------------------------------------------- scale: pruned search, index cache
+def _queries(webshop_data: Path, n: int = 1000) -> list[str]:
+    """``n`` queries: goal instructions of the 1k set (with and without the price clause), product
+    titles and short keyword queries."""
+    small = _shop(str(webshop_data), "upstream_synth", 0)
+    goals = [small.goal(i)["instruction_text"] for i in range(0, small.num_goals, 13)]
+    titles = json.loads((webshop_data / "data" / "items_shuffle_1000.json").read_text())
+    qs = goals[: n // 2] + [g.split(", and price")[0] for g in goals[: n // 4]]
+    qs += [p["name"] for p in titles[: n // 8]] + [
+        " ".join(p["name"].split()[:2]) for p in titles[: n - len(qs) - n // 8]
+    ]
+    return (qs + [p["name"] for p in titles])[:n]
+
+
+def test_pruned_search_equals_the_exhaustive_search_on_the_1k_set(webshop_data: Path) -> None:
+    """1,000 queries: the pruned search (what ``search[...]`` runs) lists the exhaustive
+    reference's hits in its order (score, then ASIN for ties)."""
+    shop = _shop(str(webshop_data), "upstream_synth", 0)
+    qs = _queries(webshop_data)
+    assert len(qs) == 1000
+    differ = [q for q in qs if shop.search(q) != shop.native.search_reference(q.lower())]
+    assert not differ, differ[:5]
+
+
+@pytest.fixture(scope="module", params=[20_000, pytest.param(100_000, marks=pytest.mark.slow)])
+def synthetic_shop(request, webshop_data: Path, tmp_path_factory) -> tuple[Path, Path]:
+    """A synthetic catalogue built like the real one (products of the 1k set with new ASINs and
+    Zipf words: many equal documents, so many ties) and an index cache folder it was loaded into."""
+    from pcsd.bench.webshop import synthetic_catalogue
+
+    root = tmp_path_factory.mktemp(f"synthetic-{request.param}")
+    synthetic_catalogue(webshop_data, root, request.param)
+    return root, root / "cache"
+
+
+def test_second_load_comes_from_the_cache_and_pruned_search_is_exact(
+    synthetic_shop: tuple[Path, Path], webshop_data: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first load of a synthetic catalogue builds and writes the index cache; the second maps
+    it (the same goals, searches and purchases); on both, the pruned search equals the exhaustive
+    one on 1,000 queries, ties included."""
+    from pcsd.envs.webshop import run_expert
+
+    root, cache = synthetic_shop
+    first = WebShop.load(root, cache=cache)
+    assert not first.cache_hit and first.cache_path is not None and Path(first.cache_path).parent == cache
+    second = WebShop.load(root, cache=cache)
+    assert second.cache_hit and second.cache_path == first.cache_path
+    assert not caplog.records
+    assert second.num_products == first.num_products and second.num_goals == first.num_goals
+    for g in range(0, second.num_goals, second.num_goals // 20):
+        assert second.goal(g) == first.goal(g)
+        assert run_expert(second.env(), g) == run_expert(first.env(), g)
+    qs = _queries(webshop_data)
+    for shop in (first, second):
+        differ = [q for q in qs if shop.search(q) != shop.native.search_reference(q.lower())]
+        assert not differ, differ[:5]
+    # copies of one product of the 1k set score alike: ties, listed by ASIN
+    hits = second.search(qs[0])
+    assert len(hits) == 50 and hits[:10] == sorted(hits[:10])
+
+
+def _small_catalogue(tmp_path: Path, webshop_data: Path) -> Path:
+    from pcsd.bench.webshop import synthetic_catalogue
+
+    return synthetic_catalogue(webshop_data, tmp_path / "shop", 300)
+
+
+def test_damaged_and_stale_caches_are_rebuilt_with_one_line(
+    tmp_path: Path, webshop_data: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = _small_catalogue(tmp_path, webshop_data)
+    cache = tmp_path / "cache"
+    path = Path(WebShop.load(root, cache=cache).cache_path or "")
+    want = WebShop.load(root, cache=cache).search("red cotton shirt")
+
+    def reload(what: str) -> None:
+        caplog.clear()
+        shop = WebShop.load(root, cache=cache)
+        assert not shop.cache_hit and shop.search("red cotton shirt") == want
+        msgs = [r.getMessage() for r in caplog.records]
+        assert len(msgs) == 1 and what in msgs[0] and "rebuilding it" in msgs[0] and "\n" not in msgs[0], msgs
+        assert caplog.records[0].levelname == "WARNING" and caplog.records[0].name == "pcsd.envs.webshop"
+        caplog.clear()
+        assert WebShop.load(root, cache=cache).cache_hit and not caplog.records  # written back whole
+
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    reload("damaged (body checksum mismatch)")
+    path.write_bytes(path.read_bytes()[:-4096])
+    reload("truncated")
+    path.write_text("not a cache")
+    reload("foreign")
+    attrs = root / "data" / "items_ins_v2.json"
+    attrs.write_text(attrs.read_text() + "\n")
+    reload("stale (items_ins_v2.json changed: size")
+
+
+def test_a_read_only_data_folder_sends_the_cache_to_the_user_cache(
+    webshop_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The shared data folder is read-only: the cache goes to ``$XDG_CACHE_HOME/pcsd/webshop-index``
+    with one line, and nothing is written beside the data."""
+    monkeypatch.delenv("WEBSHOP_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    data = webshop_data / "data"
+    before = sorted(p.name for p in data.iterdir())
+    shop = WebShop.load(data, seed=5)
+    assert shop.cache_path is not None and Path(shop.cache_path).parent == tmp_path / "pcsd" / "webshop-index"
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and "read-only folder" in msgs[0] and shop.cache_path in msgs[0], msgs
+    caplog.clear()
+    again = WebShop.load(data, seed=6)
+    assert again.cache_hit and again.cache_path == shop.cache_path and not caplog.records
+    assert sorted(p.name for p in data.iterdir()) == before
+    monkeypatch.setenv("WEBSHOP_CACHE", "off")
+    off = WebShop.load(data)
+    assert off.cache_path is None and not off.cache_hit and not caplog.records
+
+
+def test_bad_cache_argument(webshop_data: Path) -> None:
+    with pytest.raises(TypeError, match="cache must be a folder"):
+        WebShop.load(webshop_data, cache=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cache: expected a folder"):
+        WebShop.load(webshop_data, cache=" ")

@@ -1,7 +1,8 @@
 """WebShop rows of ``pcsd.bench env``: the native engine per step by action kind (replaying the
 recorded episodes of the original, whose own per-step times on this kind of machine are in the
 recording) and scale rows on synthetic catalogues built like the real one, up to the full 1.18 M
-products (load and index time, resident memory, search latency; ``benchmarks/webshop_catalogue.py``)."""
+products (cold and cached load time, resident memory, pruned and exhaustive search latency;
+``benchmarks/webshop_catalogue.py``)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def per_kind_rows(root: Path, repeats: int) -> list[dict[str, Any]]:
     with gzip.open(root / "traces_public.jsonl.gz", "rt", encoding="utf-8") as f:
         eps = [json.loads(line) for line in f]
     eps = [e for e in eps if e["env_config"] != "verl"]
-    cfg = {
+    cfg: dict[str, dict[str, Any]] = {
         "upstream_synth": dict(goals="synthetic"),
         "upstream_human": dict(goals="human"),
         "upstream_attrs": dict(goals="synthetic", show_attrs=True),
@@ -89,26 +90,56 @@ def status():
     d = {}
     for line in open('/proc/self/status'):
         k, _, v = line.partition(':')
-        if k in ('VmRSS', 'VmHWM'):
+        if k in ('VmRSS', 'VmHWM', 'RssAnon', 'RssFile'):
             d[k] = int(v.split()[0]) * 1024
     return d
 import pcsd.envs.webshop as ws
+folder, cache, qs = sys.argv[1], sys.argv[2], json.loads(sys.stdin.read())
 before = status()['VmRSS']
 t0 = time.perf_counter()
-shop = ws.WebShop.load(sys.argv[1])
+shop = ws.WebShop.load(folder, cache=cache)
 load_s = time.perf_counter() - t0
 after = status()
-qs = json.loads(sys.argv[2])
-lat = []
-for q in qs:
-    t1 = time.perf_counter_ns(); shop.search(q); lat.append((time.perf_counter_ns() - t1) / 1e3)
+# an untimed pass first: both searches' pages of the index are faulted in, the hits compared
+differ = sum(shop.search(q) != shop.native.search_reference(q.lower()) for q in qs)
+def lat(f):
+    wall, cpu = [], []
+    for q in qs:
+        c1 = time.thread_time_ns(); t1 = time.perf_counter_ns(); f(q)
+        wall.append((time.perf_counter_ns() - t1) / 1e3); cpu.append((time.thread_time_ns() - c1) / 1e3)
+    return wall, cpu
+pruned, pruned_cpu = lat(shop.search)
+exhaustive, exhaustive_cpu = lat(lambda q: shop.native.search_reference(q.lower()))
+pct = lambda xs, p: sorted(xs)[round(p * (len(xs) - 1))]
 actions, reward, done = ws.run_expert(shop.env(), 0)  # a purchase: the reward reads the noun table
 assert done, actions
-print(json.dumps(dict(products=shop.num_products, goals=shop.num_goals, load_and_index_s=load_s,
-                      rss_mib=after['VmRSS'] / 2**20, rss_added_mib=(after['VmRSS'] - before) / 2**20,
-                      peak_rss_mib=after['VmHWM'] / 2**20, search_median_us=statistics.median(lat),
-                      search_p90_us=sorted(lat)[int(0.9 * (len(lat) - 1))])))
+print(json.dumps(dict(products=shop.num_products, goals=shop.num_goals, load_s=load_s, cache_hit=shop.cache_hit,
+                      cache_path=shop.cache_path, rss_mib=after['VmRSS'] / 2**20,
+                      rss_anon_mib=after['RssAnon'] / 2**20, rss_file_mib=after['RssFile'] / 2**20,
+                      rss_added_mib=(after['VmRSS'] - before) / 2**20, peak_rss_mib=status()['VmHWM'] / 2**20,
+                      search_p50_us=statistics.median(pruned), search_p99_us=pct(pruned, 0.99),
+                      exhaustive_p50_us=statistics.median(exhaustive), exhaustive_p99_us=pct(exhaustive, 0.99),
+                      search_cpu_p50_us=statistics.median(pruned_cpu), search_cpu_p99_us=pct(pruned_cpu, 0.99),
+                      exhaustive_cpu_p50_us=statistics.median(exhaustive_cpu),
+                      exhaustive_cpu_p99_us=pct(exhaustive_cpu, 0.99),
+                      queries=len(qs), pruned_differs=differ)))
 """
+
+
+def _load_in_child(folder: Path, cache: Path, qs: list[str], n: int, what: str) -> dict[str, Any]:
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(folder), str(cache)],
+        input=json.dumps(qs),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if res.returncode != 0:
+        raise RuntimeError(f"the {what} WebShop load of {n:,} products failed: {res.stderr.strip()[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def synthetic_catalogue(root: Path, out: Path, n: int, seed: int = 0) -> Path:
@@ -151,18 +182,23 @@ def synthetic_catalogue(root: Path, out: Path, n: int, seed: int = 0) -> Path:
     return out
 
 
-def scale_row(root: Path, n: int, queries: int = 200, keep: Optional[Path] = None) -> dict[str, Any]:
-    """Loads a synthetic ``n``-product catalogue (:func:`synthetic_catalogue`) in a fresh process:
-    load + index + goals time, resident memory (after the load, added by it, and the peak), search
-    latency (median of ``queries`` goal instructions of the 1k set). ``keep``: write the catalogue
-    there and keep it (else a temporary folder)."""
-    import subprocess
-    import sys
+def scale_row(root: Path, n: int, queries: int = 1000, keep: Optional[Path] = None) -> dict[str, Any]:
+    """A synthetic ``n``-product catalogue (:func:`synthetic_catalogue`) loaded twice, each in a
+    fresh process: cold (stream-parse, index, nouns, goals, and the index cache written) and
+    cached (the cache mapped, goals made). Per load: time, resident memory after it (anonymous
+    and file-backed) and at the peak; search latency (median and p99 over ``queries`` goal
+    instructions of the 1k set; wall clock, and the calling thread's CPU time, which a loaded
+    machine inflates less) of the pruned search and of the exhaustive reference on the same
+    queries in the same process, after one untimed pass of both that faults the index's pages in
+    and counts the queries whose hits differ (0: the same hits in the same order).
+    ``keep``: write the catalogue there and keep it (else a temporary folder)."""
+    import shutil
 
     from pcsd.envs.webshop import WebShop
 
     small = WebShop.load(root / "data")
-    qs = [small.goal(i)["instruction_text"] for i in range(0, small.num_goals, max(1, small.num_goals // queries))]
+    step = max(1, small.num_goals // queries)
+    qs = [small.goal(i)["instruction_text"] for i in range(0, small.num_goals, step)][:queries]
     with tempfile.TemporaryDirectory(prefix="pcsd-webshop-scale-") as tmp:
         folder = keep or Path(tmp)
         t0 = time.perf_counter()
@@ -170,16 +206,38 @@ def scale_row(root: Path, n: int, queries: int = 200, keep: Optional[Path] = Non
             synthetic_catalogue(root, folder, n)
         write_s = time.perf_counter() - t0
         size = (folder / "data" / "items_shuffle.json").stat().st_size
-        res = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(folder), json.dumps(qs)], capture_output=True, text=True, check=False
-        )
-        if res.returncode != 0:
-            raise RuntimeError(f"the WebShop load of {n:,} products failed: {res.stderr.strip()[-2000:]}")
-        row = json.loads(res.stdout.strip().splitlines()[-1])
-    row.update(
+        cache = Path(tmp) / "index-cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        cold = _load_in_child(folder, cache, qs, n, "cold")
+        warm = _load_in_child(folder, cache, qs, n, "cached")
+        if cold["cache_hit"] or not warm["cache_hit"]:
+            raise RuntimeError(f"the index cache was not used as expected: cold {cold}, cached {warm}")
+        cache_gb = Path(warm["cache_path"]).stat().st_size / 1e9
+    row: dict[str, Any] = dict(
         engine="webshop native, synthetic catalogue",
+        products=warm["products"],
+        goals=warm["goals"],
         catalogue_gb=size / 1e9,
+        cache_gb=cache_gb,
         write_s=write_s,
+        cold_load_s=cold["load_s"],
+        cached_load_s=warm["load_s"],
+        load_and_index_s=cold["load_s"],
+        cold_rss_mib=cold["rss_mib"],
+        cold_peak_rss_mib=cold["peak_rss_mib"],
+        rss_mib=warm["rss_mib"],
+        rss_anon_mib=warm["rss_anon_mib"],
+        rss_file_mib=warm["rss_file_mib"],
+        rss_added_mib=warm["rss_added_mib"],
+        peak_rss_mib=warm["peak_rss_mib"],
+        queries=warm["queries"],
+        pruned_differs=cold["pruned_differs"] + warm["pruned_differs"],
         original_lucene_query_ms=3.4,
     )
+    # search figures from the cached process (what a training run sees), the ratio in that run
+    for k in ("search", "exhaustive", "search_cpu", "exhaustive_cpu"):
+        row[f"{k}_p50_us"], row[f"{k}_p99_us"] = warm[f"{k}_p50_us"], warm[f"{k}_p99_us"]
+    row["search_median_us"] = warm["search_p50_us"]
+    row["search_speedup_p50"] = warm["exhaustive_p50_us"] / warm["search_p50_us"]
+    row["search_speedup_p99"] = warm["exhaustive_p99_us"] / warm["search_p99_us"]
     return row

@@ -10,7 +10,10 @@ Sets (``--full`` picks the second):
 * ``full``: ``items_shuffle.json`` (1,181,436 product entries, several GB), ``items_ins_v2.json``
   and ``items_human_ins.json``.
 
-Installed as ``<dest>/data/<file>``, the layout ``WEBSHOP_DATA`` names. Checks before the move:
+Installed as ``<dest>/data/<file>``, the layout ``WEBSHOP_DATA`` names, then loaded once to build
+the engine's index cache (``docs/webshop.md``, "The index cache": beside the data, or where
+``WEBSHOP_CACHE`` says), so that the first training or evaluation run maps it instead of indexing
+the catalogue (minutes for the full set). Checks before the move:
 every file parses (the catalogue streamed by the native reader, so the full set is never held as
 JSON values), the catalogue holds the manifest's number of products, the attribute file its number
 of entries where the manifest has one, sizes and SHA-256 where published.
@@ -46,7 +49,16 @@ from pcsd.data.fetch import (
     staging_dir,
 )
 
-__all__ = ["NOUN_POS", "SETS", "build_noun_table", "default_dest", "install", "load_spacy_model", "noun_file"]
+__all__ = [
+    "NOUN_POS",
+    "SETS",
+    "build_index_cache",
+    "build_noun_table",
+    "default_dest",
+    "install",
+    "load_spacy_model",
+    "noun_file",
+]
 
 SETS = ("small", "full")
 #: the parts of speech the original's ``get_type_reward`` keeps
@@ -238,6 +250,7 @@ def install(
     data = dest / "data"
     if data.exists() and _complete(data, files, noun_file(set_name)) and not force:
         console.print(f"webshop: {data} already holds the {set_name} set and its noun table")
+        build_index_cache(dest, console=console)
         return dest
     stage = staging_dir(dest, "webshop")
     names: list[str] = []
@@ -284,7 +297,25 @@ def install(
     if src is None:
         shutil.rmtree(partial_dir(dest), ignore_errors=True)
     console.print(f"webshop: installed the {set_name} set ({len(names):,} product names with their nouns) in {data}")
+    build_index_cache(dest, console=console)
     return dest
+
+
+def build_index_cache(dest: Path, *, console: Console) -> Optional[str]:
+    """Loads the installed set once (synthetic goals, as training and evaluation load it) so that
+    its index cache exists; returns the cache file (``None`` when no folder could take it). A
+    cache already there and whole is only checked."""
+    import time
+
+    from pcsd.envs.webshop import WebShop
+
+    t0 = time.perf_counter()
+    shop = WebShop.load(dest)
+    secs = time.perf_counter() - t0
+    where = shop.cache_path or "none written (see the warning above): each load builds the index"
+    what = "checked" if shop.cache_hit else "built"
+    console.print(f"webshop: index cache of {shop.num_products:,} products {what} in {secs:.1f} s: {where}")
+    return shop.cache_path
 
 
 def _build_nouns(

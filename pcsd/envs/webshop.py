@@ -34,6 +34,7 @@ per-env copy of that state.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,6 +63,8 @@ __all__ = [
 
 GOAL_SETS = ("synthetic", "human")
 VARIANTS = ("upstream", "verl")
+
+log = logging.getLogger("pcsd.envs.webshop")
 
 
 def _mod() -> Any:
@@ -178,6 +181,7 @@ class WebShop:
         *,
         num_products: int | None = None,
         nouns: str | os.PathLike[str] | None = None,
+        cache: str | os.PathLike[str] | bool | None = None,
     ) -> "WebShop":
         """Loads a shop (the GIL is released while reading and indexing).
 
@@ -187,6 +191,14 @@ class WebShop:
         for the full set — beside the catalogue, else ``facts/spacy_nouns_1k.json`` next to ``data/``). ``goals``: ``"synthetic"`` (6,910 on the 1k set) or ``"human"`` (13).
         ``seed``: ``random.seed(seed)`` before construction (upstream) / the env seed (verl).
         ``num_products``: only the first N products (the original's ``num_products``).
+        ``cache``: the index cache (``docs/webshop.md``, "The index cache"): ``None`` follows
+        ``$WEBSHOP_CACHE`` (unset: beside the catalogue, or the user's cache folder
+        ``~/.cache/pcsd/webshop-index`` when the catalogue's folder is read-only; ``off``: none; else
+        that folder), ``False`` builds the shop in memory without a cache, a path uses that folder.
+        The first load writes the image of the products, index and nouns; later loads map it.
+        A stale, foreign or damaged cache is rebuilt and a folder that cannot take it passed over,
+        each with one warning line on the ``pcsd.envs.webshop`` logger; a load never fails for the
+        cache's sake.
         """
         folder = _data_folder(data_dir)
         if goals not in GOAL_SETS:
@@ -204,7 +216,20 @@ class WebShop:
             nouns = os.fspath(nouns)
             if not os.path.isfile(nouns):
                 raise FileNotFoundError(f"nouns: expected the noun table file, got {nouns}")
-        return cls(_mod().WebShop.load(folder, goals, seed, variant, show_attrs, num_products, nouns))
+        if cache is None or cache is True:
+            policy = os.environ.get("WEBSHOP_CACHE") or None
+        elif cache is False:
+            policy = "off"
+        elif isinstance(cache, (str, os.PathLike)):
+            policy = os.fspath(cache)
+            if not policy.strip():
+                raise ValueError("cache: expected a folder, False or None, got an empty path")
+        else:
+            raise TypeError(f"cache must be a folder (str or os.PathLike), False or None, got {type(cache).__name__}")
+        shop = cls(_mod().WebShop.load(folder, goals, seed, variant, show_attrs, num_products, nouns, policy))
+        for note in shop._s.cache_notes:
+            log.warning(note)
+        return shop
 
     def env(self) -> WebShopEnv:
         """A new env on this shop (call ``reset`` first)."""
@@ -217,6 +242,17 @@ class WebShop:
     @property
     def num_products(self) -> int:
         return self._s.num_products
+
+    @property
+    def cache_path(self) -> str | None:
+        """The index cache file this shop is mapped from (``None``: built and held in memory)."""
+        p = self._s.cache_path
+        return None if p is None else os.fspath(p)
+
+    @property
+    def cache_hit(self) -> bool:
+        """Whether the load came from the index cache (``False``: it built the shop's image)."""
+        return self._s.cache_hit
 
     @property
     def product_ids(self) -> list[str]:

@@ -6,11 +6,13 @@ use std::sync::Arc;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyFileNotFoundError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::envs::webshop::{
-    GoalOptions, GoalSet, Shop, ShopConfig, ShopFiles, Variant, WebShopEnv, WebShopError, WebShopStep,
+    CachePolicy, Goal, GoalOptions, GoalSet, Shop, ShopConfig, ShopFiles, Variant, WebShopEnv, WebShopError,
+    WebShopStep,
 };
 
 create_exception!(
@@ -40,46 +42,96 @@ pub(crate) fn webshop_err(e: WebShopError) -> PyErr {
 #[pyclass(name = "WebShop", module = "pcsd._envpool", frozen)]
 pub struct PyWebShop {
     pub(crate) shop: Arc<Shop>,
+    goal_dicts: Arc<GoalDicts>,
 }
 
-fn goal_dict<'py>(py: Python<'py>, shop: &Shop, i: usize) -> PyResult<Bound<'py, PyDict>> {
-    let g = shop.goal(i);
+/// Goal dicts made recently, per goal index, shared by a shop's envs (a group of envs resets
+/// to the same goal): each caller gets a copy whose containers are its own.
+#[derive(Default)]
+struct GoalDicts(std::sync::Mutex<std::collections::HashMap<usize, Py<PyDict>>>);
+
+/// Goal dicts kept; cleared when it holds this many.
+const GOAL_DICTS: usize = 4096;
+
+impl GoalDicts {
+    /// The goal dict of goal `i` of `shop` (`goal`: that goal, when at hand).
+    fn get<'py>(&self, py: Python<'py>, shop: &Shop, i: usize, goal: Option<&Goal>) -> PyResult<Bound<'py, PyDict>> {
+        let kept = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&i)
+            .map(|d| d.clone_ref(py));
+        let kept = match kept {
+            Some(d) => d.into_bound(py),
+            None => {
+                let d = match goal {
+                    Some(g) => goal_to_dict(py, g)?,
+                    None => goal_to_dict(py, &shop.goal(i))?,
+                };
+                let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+                if map.len() >= GOAL_DICTS {
+                    map.clear();
+                }
+                map.insert(i, d.clone().unbind());
+                d
+            }
+        };
+        // a copy: the dict, its attribute list and its options its own; the strings shared
+        let d = kept.copy()?;
+        for key in [intern!(py, "attributes"), intern!(py, "goal_options")] {
+            if let Some(v) = d.get_item(key)? {
+                if let Ok(l) = v.cast::<PyList>() {
+                    d.set_item(key, l.get_slice(0, l.len()))?;
+                } else if let Ok(o) = v.cast::<PyDict>() {
+                    d.set_item(key, o.copy()?)?;
+                }
+            }
+        }
+        Ok(d)
+    }
+}
+
+/// The original's goal dict of a goal.
+fn goal_to_dict<'py>(py: Python<'py>, g: &Goal) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("asin", &g.asin)?;
-    d.set_item("instruction_text", &g.instruction_text)?;
-    d.set_item("attributes", g.attributes.clone())?;
+    d.set_item(intern!(py, "asin"), &g.asin)?;
+    d.set_item(intern!(py, "instruction_text"), &g.instruction_text)?;
+    d.set_item(intern!(py, "attributes"), &g.attributes)?;
     match &g.goal_options {
         GoalOptions::Dict(items) => {
             let o = PyDict::new(py);
             for (k, v) in items {
                 o.set_item(k, v)?;
             }
-            d.set_item("goal_options", o)?;
+            d.set_item(intern!(py, "goal_options"), o)?;
         }
-        GoalOptions::List(l) => d.set_item("goal_options", l.clone())?,
+        GoalOptions::List(l) => d.set_item(intern!(py, "goal_options"), l)?,
     }
     if g.price_upper_is_int {
-        d.set_item("price_upper", g.price_upper as i64)?;
+        d.set_item(intern!(py, "price_upper"), g.price_upper as i64)?;
     } else {
-        d.set_item("price_upper", g.price_upper)?;
+        d.set_item(intern!(py, "price_upper"), g.price_upper)?;
     }
     if g.weight_is_int {
-        d.set_item("weight", g.weight as i64)?;
+        d.set_item(intern!(py, "weight"), g.weight as i64)?;
     } else {
-        d.set_item("weight", g.weight)?;
+        d.set_item(intern!(py, "weight"), g.weight)?;
     }
-    d.set_item("name", &g.name)?;
-    d.set_item("query", &g.query)?;
-    d.set_item("category", &g.category)?;
-    d.set_item("product_category", &g.product_category)?;
+    d.set_item(intern!(py, "name"), &g.name)?;
+    d.set_item(intern!(py, "query"), &g.query)?;
+    d.set_item(intern!(py, "category"), &g.category)?;
+    d.set_item(intern!(py, "product_category"), &g.product_category)?;
     Ok(d)
 }
 
 #[pymethods]
 impl PyWebShop {
-    /// Loads a shop (GIL released while reading and indexing).
+    /// Loads a shop (GIL released while reading and indexing). `cache`: the index cache's
+    /// `WEBSHOP_CACHE` value (None or "": beside the data, else the user's cache folder; "off":
+    /// none; else a folder).
     #[staticmethod]
-    #[pyo3(signature = (data_dir, goals = "synthetic", seed = 0, variant = "upstream", show_attrs = false, num_products = None, nouns = None))]
+    #[pyo3(signature = (data_dir, goals = "synthetic", seed = 0, variant = "upstream", show_attrs = false, num_products = None, nouns = None, cache = None))]
     #[allow(clippy::too_many_arguments)]
     fn load(
         py: Python<'_>,
@@ -90,6 +142,7 @@ impl PyWebShop {
         show_attrs: bool,
         num_products: Option<i64>,
         nouns: Option<PathBuf>,
+        cache: Option<String>,
     ) -> PyResult<Self> {
         let goals = match goals {
             "synthetic" => GoalSet::Synthetic,
@@ -135,8 +188,31 @@ impl PyWebShop {
             show_attrs,
             num_products,
         };
-        let shop = py.detach(|| Shop::load(&files, config)).map_err(webshop_err)?;
-        Ok(Self { shop: Arc::new(shop) })
+        let policy = CachePolicy::parse(cache.as_deref());
+        let shop = py.detach(|| Shop::open(&files, config, &policy)).map_err(webshop_err)?;
+        Ok(Self {
+            shop: Arc::new(shop),
+            goal_dicts: Default::default(),
+        })
+    }
+
+    /// The index cache file the shop is mapped from (None: built and held in memory).
+    #[getter]
+    fn cache_path(&self) -> Option<String> {
+        self.shop.cache.path.as_ref().map(|p| p.to_string_lossy().into_owned())
+    }
+
+    /// Whether the load read the index cache (False: it built the image).
+    #[getter]
+    fn cache_hit(&self) -> bool {
+        self.shop.cache.hit
+    }
+
+    /// One line per thing the load has to tell (a stale or damaged cache rebuilt, a folder that
+    /// could not take the cache).
+    #[getter]
+    fn cache_notes(&self) -> Vec<String> {
+        self.shop.cache.notes.clone()
     }
 
     #[getter]
@@ -188,7 +264,7 @@ impl PyWebShop {
             .ok()
             .filter(|&i| i < n)
             .ok_or_else(|| PyValueError::new_err(format!("index: expected an int in [0, {n}), got {index}")))?;
-        goal_dict(py, &self.shop, i)
+        self.goal_dicts.get(py, &self.shop, i, None)
     }
 
     /// The price the reward compares with the goal's upper bound, per ASIN.
@@ -214,9 +290,25 @@ impl PyWebShop {
             .collect())
     }
 
+    /// The exhaustive search's hits (every matching posting scored: the reference the pruned
+    /// search of `search` is checked against), as ASINs best first. Keywords such as `<r>` are
+    /// not interpreted.
+    fn search_reference(&self, py: Python<'_>, query: &str) -> PyResult<Vec<String>> {
+        let shop = self.shop.clone();
+        let q = query.to_string();
+        let idx = py.detach(|| shop.search_reference(&q)).map_err(webshop_err)?;
+        Ok(idx
+            .into_iter()
+            .map(|i| self.shop.catalog.products[i].asin.clone())
+            .collect())
+    }
+
     /// A new env on this shop.
     fn env(&self) -> PyWebShopEnv {
-        PyWebShopEnv { env: self.shop.env() }
+        PyWebShopEnv {
+            env: self.shop.env(),
+            goal_dicts: self.goal_dicts.clone(),
+        }
     }
 }
 
@@ -224,30 +316,31 @@ impl PyWebShop {
 #[pyclass(name = "WebShopEnv", module = "pcsd._envpool")]
 pub struct PyWebShopEnv {
     env: WebShopEnv,
+    goal_dicts: Arc<GoalDicts>,
 }
 
 fn info<'py>(py: Python<'py>, s: &WebShopStep) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     let a = PyDict::new(py);
-    a.set_item("has_search_bar", s.has_search_bar)?;
-    a.set_item("clickables", s.clickables.clone())?;
-    d.set_item("available_actions", a)?;
-    d.set_item("url", &s.url)?;
+    a.set_item(intern!(py, "has_search_bar"), s.has_search_bar)?;
+    a.set_item(intern!(py, "clickables"), &s.clickables)?;
+    d.set_item(intern!(py, "available_actions"), a)?;
+    d.set_item(intern!(py, "url"), &s.url)?;
     if let Some(r) = &s.reward_info {
         let ri = PyDict::new(py);
-        ri.set_item("r_type", r.r_type)?;
-        ri.set_item("r_att", r.r_att)?;
-        ri.set_item("w_att", r.w_att)?;
-        ri.set_item("query_match", r.query_match)?;
-        ri.set_item("category_match", r.category_match)?;
-        ri.set_item("title_score", r.title_score)?;
+        ri.set_item(intern!(py, "r_type"), r.r_type)?;
+        ri.set_item(intern!(py, "r_att"), r.r_att)?;
+        ri.set_item(intern!(py, "w_att"), r.w_att)?;
+        ri.set_item(intern!(py, "query_match"), r.query_match)?;
+        ri.set_item(intern!(py, "category_match"), r.category_match)?;
+        ri.set_item(intern!(py, "title_score"), r.title_score)?;
         if let (Some(o), Some(w)) = (r.r_option, r.w_option) {
-            ri.set_item("r_option", o)?;
-            ri.set_item("w_option", w)?;
+            ri.set_item(intern!(py, "r_option"), o)?;
+            ri.set_item(intern!(py, "w_option"), w)?;
         }
-        ri.set_item("r_price", r.r_price)?;
-        ri.set_item("w_price", r.w_price)?;
-        d.set_item("reward_info", ri)?;
+        ri.set_item(intern!(py, "r_price"), r.r_price)?;
+        ri.set_item(intern!(py, "w_price"), r.w_price)?;
+        d.set_item(intern!(py, "reward_info"), ri)?;
     }
     Ok(d)
 }
@@ -285,8 +378,11 @@ impl PyWebShopEnv {
             }
         };
         let d = info(py, &s)?;
-        d.set_item("goal", goal_dict(py, self.env.shop(), self.env.goal_index())?)?;
-        d.set_item("goal_index", self.env.goal_index())?;
+        let goal = self
+            .goal_dicts
+            .get(py, self.env.shop(), self.env.goal_index(), Some(self.env.goal()))?;
+        d.set_item(intern!(py, "goal"), goal)?;
+        d.set_item(intern!(py, "goal_index"), self.env.goal_index())?;
         Ok((s.obs, d))
     }
 
@@ -331,7 +427,8 @@ impl PyWebShopEnv {
 
     #[getter]
     fn goal<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        goal_dict(py, self.env.shop(), self.env.goal_index())
+        self.goal_dicts
+            .get(py, self.env.shop(), self.env.goal_index(), Some(self.env.goal()))
     }
 
     #[getter]

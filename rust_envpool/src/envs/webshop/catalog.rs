@@ -4,22 +4,30 @@
 //! attribute / instruction files), plus the per-product price the reward uses
 //! (`generate_product_prices`, drawn with CPython's `random`).
 //!
-//! For the full catalogue's sake the long texts — the description and the bullet points, some
-//! 1.3 KB of the ~1.9 KB a product holds — are not kept: each [`Product`] keeps where its JSON
-//! object is in the file, and [`Catalog::cold`] reads them back (one `pread` and a parse) for the
-//! pages and the reward that show or search them. The file stays open for the catalogue's life.
+//! The loaded products live in the shop's image ([`super::image`]): per product a fixed record
+//! ([`ProdRec`]: where its fields are, its prices, its synthetic goals' count and weight) and its
+//! strings and lists in one byte heap, read through [`Catalog::product`] ([`ProductRef`]). Only
+//! the ASINs are also kept as owned strings ([`Catalog::products`]). The long texts — the
+//! description and the bullet points, some 1.3 KB of the ~1.9 KB a product holds — are not in the
+//! image either: each product keeps where its JSON object is in the file, and [`Catalog::cold`]
+//! reads them back (one `pread` and a parse) for the pages and the reward that show or search
+//! them. The file stays open for the catalogue's life.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
+use bytemuck::{Pod, Zeroable};
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
+use super::image::{Image, Parts, Sec};
 use super::pyrandom::PyRandom;
 use super::pytext::{py_float_repr, py_lower, py_strip};
+use super::search::{get_varint, put_varint};
 use super::WebShopError;
 
 /// Goal options as the data gives them: synthetic goals and some human ones have a dict
@@ -43,45 +51,11 @@ impl GoalOptions {
     }
 }
 
-/// One human instruction of a product (`items_human_ins.json`).
-#[derive(Clone, Debug)]
-pub struct HumanInstruction {
-    pub instruction: String,
-    pub instruction_attributes: Vec<String>,
-    pub instruction_options: GoalOptions,
-}
-
-/// One product after `load_products`.
-#[derive(Clone, Debug)]
+/// One product of the catalogue as the engine names it: its ASIN. Its other fields are read
+/// from the image through [`Catalog::product`].
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Product {
     pub asin: String,
-    /// `Title` (= `name`).
-    pub title: String,
-    /// Where the product's JSON object is in the products file (offset, length): its
-    /// `Description` and `BulletPoints` are read from there ([`Catalog::cold`]).
-    pub raw: (u64, u32),
-    pub category: String,
-    /// Lower-cased and stripped, as `load_products` leaves it.
-    pub query: String,
-    pub product_category: String,
-    /// One price, or the first two of a range.
-    pub pricing: Vec<f64>,
-    /// `$x`, `$x to $y` or `$100.0`.
-    pub price_tag: String,
-    /// Lower-cased option names (dict order) with their values (stripped, `/` -> ` | `, lower).
-    pub options: Vec<(String, Vec<String>)>,
-    /// `Attributes` from the attribute file (`['DUMMY_ATTR']` when it has none).
-    pub attributes: Vec<String>,
-    /// Synthetic-goal instruction and its attributes (attribute file).
-    pub instruction_text: Option<String>,
-    pub instruction_attributes: Option<Vec<String>>,
-    /// Human instructions (only loaded for human goals).
-    pub human: Option<Vec<HumanInstruction>>,
-    /// Lower-cased title, joined bullet points and description (the reward's attribute
-    /// search), made on first purchase of the product ([`Catalog::lowered_texts`]).
-    pub lowered: std::sync::OnceLock<(String, String, String)>,
-    /// `Attributes` through thefuzz's `full_process`, made on first purchase.
-    pub processed_attributes: std::sync::OnceLock<Vec<String>>,
 }
 
 /// A product's long texts, read back from the file by [`Catalog::cold`].
@@ -93,11 +67,331 @@ pub struct Cold {
     pub bullets: Vec<String>,
 }
 
-impl Product {
-    /// `full_process(a)` of each attribute.
-    pub fn processed_attributes(&self) -> &[String] {
-        self.processed_attributes
-            .get_or_init(|| self.attributes.iter().map(|a| super::fuzz::full_process(a)).collect())
+/// `(Title.lower(), ' '.join(BulletPoints).lower(), Description.lower())` of a product: what the
+/// reward's attribute search looks in.
+pub type Lowered = (String, String, String);
+
+// ----------------------------------------------------------------------------- the image's records
+
+/// The fields of a product in its part of the blob, in this order; [`ProdRec::ends`] holds where
+/// each ends (relative to [`ProdRec::blob`]).
+const F_ASIN: usize = 0;
+const F_TITLE: usize = 1;
+const F_CATEGORY: usize = 2;
+const F_QUERY: usize = 3;
+const F_PRODUCT_CATEGORY: usize = 4;
+const F_PRICE_TAG: usize = 5;
+/// count, then per option: name, values (a list)
+const F_OPTIONS: usize = 6;
+/// lists: count, then per string its length and bytes
+const F_ATTRIBUTES: usize = 7;
+const F_PROCESSED_ATTRIBUTES: usize = 8;
+const F_INSTRUCTION: usize = 9;
+const F_INSTRUCTION_ATTRIBUTES: usize = 10;
+/// count, then per instruction: text, attributes (a list), options (0 + pairs | 1 + a list)
+const F_HUMAN: usize = 11;
+const NUM_FIELDS: usize = 12;
+
+const HAS_INSTRUCTION: u32 = 1;
+const HAS_INSTRUCTION_ATTRIBUTES: u32 = 2;
+const HAS_HUMAN: u32 = 4;
+
+/// One product's fixed record in the image.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct ProdRec {
+    /// Where the product's fields start in the blob.
+    pub blob: u64,
+    /// Where the product's JSON object is in the products file (offset, length).
+    pub raw_off: u64,
+    /// `pricing`: one price, or the first two of a range ([`ProdRec::n_prices`] of them).
+    pub price_lo: f64,
+    pub price_hi: f64,
+    /// The weight of its synthetic goals (mean of 1 / count of each instruction attribute).
+    pub weight: f64,
+    pub raw_len: u32,
+    pub n_prices: u32,
+    /// Its option combinations (synthetic goals).
+    pub combos: u32,
+    pub flags: u32,
+    pub ends: [u32; NUM_FIELDS],
+}
+
+fn utf8(b: &[u8]) -> &str {
+    std::str::from_utf8(b).expect("the image's strings are UTF-8 (its checksum was checked)")
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    put_varint(out, s.len() as u32);
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn put_list<S: AsRef<str>>(out: &mut Vec<u8>, items: &[S]) {
+    put_varint(out, items.len() as u32);
+    for s in items {
+        put_str(out, s.as_ref());
+    }
+}
+
+/// Reads the blob's encodings.
+#[derive(Clone, Copy, Debug)]
+struct Rd<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Rd<'a> {
+    fn new(b: &'a [u8]) -> Self {
+        Rd { b, at: 0 }
+    }
+
+    fn count(&mut self) -> usize {
+        get_varint(self.b, &mut self.at) as usize
+    }
+
+    fn str(&mut self) -> &'a str {
+        let n = self.count();
+        let s = &self.b[self.at..self.at + n];
+        self.at += n;
+        utf8(s)
+    }
+
+    fn list(&mut self) -> StrList<'a> {
+        let n = self.count();
+        let start = self.at;
+        for _ in 0..n {
+            let len = self.count();
+            self.at += len;
+        }
+        StrList {
+            n,
+            bytes: &self.b[start..self.at],
+        }
+    }
+}
+
+/// A list of strings in the image.
+#[derive(Clone, Copy, Debug)]
+pub struct StrList<'a> {
+    n: usize,
+    bytes: &'a [u8],
+}
+
+impl<'a> StrList<'a> {
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    pub fn iter(&self) -> StrIter<'a> {
+        StrIter {
+            rd: Rd::new(self.bytes),
+            left: self.n,
+        }
+    }
+
+    pub fn to_vec(&self) -> Vec<String> {
+        self.iter().map(str::to_string).collect()
+    }
+}
+
+impl<'a> IntoIterator for StrList<'a> {
+    type Item = &'a str;
+    type IntoIter = StrIter<'a>;
+    fn into_iter(self) -> StrIter<'a> {
+        self.iter()
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct StrIter<'a> {
+    rd: Rd<'a>,
+    left: usize,
+}
+
+impl<'a> Iterator for StrIter<'a> {
+    type Item = &'a str;
+    fn next(&mut self) -> Option<&'a str> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        Some(self.rd.str())
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for StrIter<'_> {}
+
+/// A product's options: (lower-cased name, values), dict order.
+#[derive(Clone, Debug)]
+pub struct Options<'a> {
+    rd: Rd<'a>,
+    left: usize,
+}
+
+impl<'a> Iterator for Options<'a> {
+    type Item = (&'a str, StrList<'a>);
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let name = self.rd.str();
+        Some((name, self.rd.list()))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for Options<'_> {}
+
+/// One human instruction of a product (`items_human_ins.json`).
+#[derive(Clone, Copy, Debug)]
+pub struct HumanRef<'a> {
+    pub instruction: &'a str,
+    pub instruction_attributes: StrList<'a>,
+    options: Rd<'a>,
+}
+
+impl HumanRef<'_> {
+    /// Its `instruction_options`, as the data gives them.
+    pub fn instruction_options(&self) -> GoalOptions {
+        let mut rd = self.options;
+        match rd.count() {
+            0 => {
+                let n = rd.count();
+                GoalOptions::Dict((0..n).map(|_| (rd.str().to_string(), rd.str().to_string())).collect())
+            }
+            _ => GoalOptions::List(rd.list().to_vec()),
+        }
+    }
+}
+
+/// A product's human instructions.
+#[derive(Clone, Debug)]
+pub struct Humans<'a> {
+    rd: Rd<'a>,
+    left: usize,
+}
+
+impl<'a> Iterator for Humans<'a> {
+    type Item = HumanRef<'a>;
+    fn next(&mut self) -> Option<HumanRef<'a>> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let instruction = self.rd.str();
+        let instruction_attributes = self.rd.list();
+        let options = self.rd;
+        // skip the options
+        if self.rd.count() == 0 {
+            let n = self.rd.count();
+            for _ in 0..2 * n {
+                self.rd.str();
+            }
+        } else {
+            self.rd.list();
+        }
+        Some(HumanRef {
+            instruction,
+            instruction_attributes,
+            options,
+        })
+    }
+}
+
+/// One product's fields, read from the image.
+#[derive(Clone, Copy, Debug)]
+pub struct ProductRef<'a> {
+    rec: &'a ProdRec,
+    blob: &'a [u8],
+}
+
+impl<'a> ProductRef<'a> {
+    fn field(&self, f: usize) -> &'a [u8] {
+        let lo = if f == 0 { 0 } else { self.rec.ends[f - 1] as usize };
+        &self.blob[lo..self.rec.ends[f] as usize]
+    }
+
+    pub fn asin(&self) -> &'a str {
+        utf8(self.field(F_ASIN))
+    }
+
+    /// `Title` (= `name`).
+    pub fn title(&self) -> &'a str {
+        utf8(self.field(F_TITLE))
+    }
+
+    pub fn category(&self) -> &'a str {
+        utf8(self.field(F_CATEGORY))
+    }
+
+    /// Lower-cased and stripped, as `load_products` leaves it.
+    pub fn query(&self) -> &'a str {
+        utf8(self.field(F_QUERY))
+    }
+
+    pub fn product_category(&self) -> &'a str {
+        utf8(self.field(F_PRODUCT_CATEGORY))
+    }
+
+    /// `$x`, `$x to $y` or `$100.0`.
+    pub fn price_tag(&self) -> &'a str {
+        utf8(self.field(F_PRICE_TAG))
+    }
+
+    /// Lower-cased option names (dict order) with their values (stripped, `/` -> ` | `, lower).
+    pub fn options(&self) -> Options<'a> {
+        let mut rd = Rd::new(self.field(F_OPTIONS));
+        let left = rd.count();
+        Options { rd, left }
+    }
+
+    /// `Attributes` from the attribute file (`['DUMMY_ATTR']` when it has none).
+    pub fn attributes(&self) -> StrList<'a> {
+        Rd::new(self.field(F_ATTRIBUTES)).list()
+    }
+
+    /// `Attributes` through thefuzz's `full_process`.
+    pub fn processed_attributes(&self) -> StrList<'a> {
+        Rd::new(self.field(F_PROCESSED_ATTRIBUTES)).list()
+    }
+
+    /// The synthetic goals' instruction (attribute file; None for human-goal shops).
+    pub fn instruction_text(&self) -> Option<&'a str> {
+        (self.rec.flags & HAS_INSTRUCTION != 0).then(|| utf8(self.field(F_INSTRUCTION)))
+    }
+
+    pub fn instruction_attributes(&self) -> Option<StrList<'a>> {
+        (self.rec.flags & HAS_INSTRUCTION_ATTRIBUTES != 0).then(|| Rd::new(self.field(F_INSTRUCTION_ATTRIBUTES)).list())
+    }
+
+    /// Human instructions (only loaded for human goals).
+    pub fn human(&self) -> Option<Humans<'a>> {
+        (self.rec.flags & HAS_HUMAN != 0).then(|| {
+            let mut rd = Rd::new(self.field(F_HUMAN));
+            let left = rd.count();
+            Humans { rd, left }
+        })
+    }
+
+    /// Where the product's JSON object is in the products file (offset, length).
+    pub fn raw(&self) -> (u64, u32) {
+        (self.rec.raw_off, self.rec.raw_len)
+    }
+
+    pub fn record(&self) -> &'a ProdRec {
+        self.rec
     }
 }
 
@@ -440,49 +734,119 @@ pub struct CatalogFiles {
     pub human_attributes: PathBuf,
 }
 
-/// The loaded catalogue.
-#[derive(Debug)]
-pub struct Catalog {
-    pub products: Vec<Product>,
-    pub by_asin: HashMap<String, usize>,
-    /// The products file, open: the long texts are read back from it ([`Catalog::cold`]).
-    file: File,
-    path: PathBuf,
+/// The catalogue's part of an image, as [`CatalogBuilder::finish`] leaves it.
+pub struct CatalogParts {
+    recs: Vec<ProdRec>,
+    blob: Vec<u8>,
+    by_asin: Vec<u64>,
+    by_title: Vec<u32>,
 }
 
-impl Catalog {
-    /// `load_products(file, num_products, human_goals)`.
-    pub fn load(files: &CatalogFiles, num_products: Option<usize>, human_goals: bool) -> Result<Self, WebShopError> {
-        Self::load_with(files, num_products, human_goals, |_, _| {})
+impl CatalogParts {
+    /// Adds the catalogue's sections to an image.
+    pub fn add_to<'a>(&'a self, parts: &mut Parts<'a>) {
+        parts.add_pod(Sec::ProdRecs, &self.recs);
+        parts.add(Sec::ProdBlob, &self.blob);
+        parts.add_pod(Sec::ByAsin, &self.by_asin);
+        parts.add_pod(Sec::ByTitle, &self.by_title);
     }
 
-    /// [`Catalog::load`], handing each kept product's search document to `on_document(index,
-    /// text)` while the product's texts are at hand (the index is built as the file streams by).
-    pub fn load_with<D: FnMut(usize, String)>(
+    /// Each product's rank in ASIN order (the search's tie order).
+    pub fn asin_ranks(&self) -> Vec<u32> {
+        let mut rank = vec![0u32; self.recs.len()];
+        for (r, &i) in self.by_asin.iter().enumerate() {
+            rank[i as usize] = r as u32;
+        }
+        rank
+    }
+
+    /// The products being built (the noun table is read against their titles).
+    pub fn view(&self) -> CatalogView<'_> {
+        CatalogView {
+            recs: &self.recs,
+            blob: &self.blob,
+            by_title: &self.by_title,
+        }
+    }
+}
+
+/// The products of an image or of a catalogue being built: records, blob, title order.
+#[derive(Clone, Copy)]
+pub struct CatalogView<'a> {
+    recs: &'a [ProdRec],
+    blob: &'a [u8],
+    by_title: &'a [u32],
+}
+
+impl<'a> CatalogView<'a> {
+    pub fn len(&self) -> usize {
+        self.recs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.recs.is_empty()
+    }
+
+    pub fn product(&self, i: usize) -> ProductRef<'a> {
+        let rec = &self.recs[i];
+        let lo = rec.blob as usize;
+        ProductRef {
+            rec,
+            blob: &self.blob[lo..lo + rec.ends[NUM_FIELDS - 1] as usize],
+        }
+    }
+
+    /// Indices of the products titled `name` (titles compared as bytes: UTF-8 keeps the order).
+    pub fn products_named(&self, name: &str) -> impl Iterator<Item = usize> + 'a {
+        let by_title = self.by_title;
+        let this = *self;
+        let name = name.as_bytes();
+        let title = |i: u32| this.product(i as usize).field(F_TITLE);
+        let lo = by_title.partition_point(|&i| title(i) < name);
+        let hi = lo + by_title[lo..].partition_point(|&i| title(i) <= name);
+        by_title[lo..hi].iter().map(|&i| i as usize)
+    }
+}
+
+/// Builds the catalogue's part of an image from the products handed over in file order
+/// ([`CatalogBuilder::stream`]).
+pub struct CatalogBuilder {
+    recs: Vec<ProdRec>,
+    blob: Vec<u8>,
+    seen: HashSet<Box<str>>,
+}
+
+impl CatalogBuilder {
+    /// Streams the files as `load_products(file, num_products, human_goals)` reads them, handing
+    /// each kept product's search document to `on_document(index, text)` while its texts are at
+    /// hand (the index is built as the file streams by).
+    pub fn stream<D: FnMut(usize, String)>(
         files: &CatalogFiles,
         num_products: Option<usize>,
         human_goals: bool,
         mut on_document: D,
-    ) -> Result<Self, WebShopError> {
+    ) -> Result<CatalogParts, WebShopError> {
         let attrs: HashMap<String, RawAttrs> =
             serde_json::from_reader(open(&files.attributes)?).map_err(|e| json_err(&files.attributes, e))?;
-        let human: HashMap<String, Vec<RawHuman>> = if human_goals {
+        let mut human: HashMap<String, Vec<RawHuman>> = if human_goals {
             serde_json::from_reader(open(&files.human_attributes)?).map_err(|e| json_err(&files.human_attributes, e))?
         } else {
             HashMap::new()
         };
-        let mut products = Vec::new();
-        let mut by_asin = HashMap::new();
+        let mut b = CatalogBuilder {
+            recs: Vec::new(),
+            blob: Vec::new(),
+            seen: HashSet::new(),
+        };
         let mut seen = 0usize;
         let limit = num_products.unwrap_or(usize::MAX);
-        let mut human = human;
-        let res = stream_array::<RawProduct, _>(&files.products, |p, span| {
+        stream_array::<RawProduct, _>(&files.products, |p, span| {
             if seen >= limit {
                 return Ok(());
             }
             seen += 1;
             let asin = p.asin;
-            if asin == "nan" || asin.chars().count() > 10 || by_asin.contains_key(&asin) {
+            if asin == "nan" || asin.chars().count() > 10 || b.seen.contains(asin.as_str()) {
                 return Ok(());
             }
             let cold = cold_of(p.full_description, p.small_description);
@@ -520,25 +884,16 @@ impl Catalog {
                     }
                 }
             }
+            let combos: u64 = options.iter().map(|(_, v)| v.len() as u64).product();
+            let combos = u32::try_from(combos)
+                .map_err(|_| format!("product {asin}: {combos} option combinations (at most 2^32 - 1)"))?;
             let a = attrs.get(&asin);
             let attributes = match a.and_then(|a| a.attributes.clone()) {
                 Some(v) => v,
                 None => vec!["DUMMY_ATTR".to_string()],
             };
             let (instruction_text, instruction_attributes, hum) = if human_goals {
-                (
-                    None,
-                    None,
-                    human.remove(&asin).map(|v| {
-                        v.into_iter()
-                            .map(|h| HumanInstruction {
-                                instruction: h.instruction,
-                                instruction_attributes: h.instruction_attributes,
-                                instruction_options: h.instruction_options,
-                            })
-                            .collect()
-                    }),
-                )
+                (None, None, human.remove(&asin))
             } else {
                 (
                     a.and_then(|a| a.instruction.clone()),
@@ -546,39 +901,322 @@ impl Catalog {
                     None,
                 )
             };
-            by_asin.insert(asin.clone(), products.len());
-            on_document(products.len(), document_of(&p.name, &cold, &options));
-            products.push(Product {
-                asin,
-                title: p.name,
-                raw: span,
-                category: p.category,
-                query: py_strip(&py_lower(&p.query)).to_string(),
-                product_category: p.product_category,
-                pricing,
-                price_tag,
-                options,
-                attributes,
-                instruction_text,
-                instruction_attributes,
-                human: hum,
-                lowered: std::sync::OnceLock::new(),
-                processed_attributes: std::sync::OnceLock::new(),
+            let index = b.recs.len();
+            on_document(index, document_of(&p.name, &cold, &options));
+            // the record and its fields
+            let blob_at = b.blob.len();
+            let mut ends = [0u32; NUM_FIELDS];
+            let mut flags = 0;
+            {
+                let out = &mut b.blob;
+                let mut end = |out: &Vec<u8>, f: usize| -> Result<(), String> {
+                    ends[f] = u32::try_from(out.len() - blob_at)
+                        .map_err(|_| format!("product {asin}: over 4 GB of fields"))?;
+                    Ok(())
+                };
+                out.extend_from_slice(asin.as_bytes());
+                end(out, F_ASIN)?;
+                out.extend_from_slice(p.name.as_bytes());
+                end(out, F_TITLE)?;
+                out.extend_from_slice(p.category.as_bytes());
+                end(out, F_CATEGORY)?;
+                out.extend_from_slice(py_strip(&py_lower(&p.query)).as_bytes());
+                end(out, F_QUERY)?;
+                out.extend_from_slice(p.product_category.as_bytes());
+                end(out, F_PRODUCT_CATEGORY)?;
+                out.extend_from_slice(price_tag.as_bytes());
+                end(out, F_PRICE_TAG)?;
+                put_varint(out, options.len() as u32);
+                for (name, values) in &options {
+                    put_str(out, name);
+                    put_list(out, values);
+                }
+                end(out, F_OPTIONS)?;
+                put_list(out, &attributes);
+                end(out, F_ATTRIBUTES)?;
+                let processed: Vec<String> = attributes.iter().map(|a| super::fuzz::full_process(a)).collect();
+                put_list(out, &processed);
+                end(out, F_PROCESSED_ATTRIBUTES)?;
+                if let Some(t) = &instruction_text {
+                    flags |= HAS_INSTRUCTION;
+                    out.extend_from_slice(t.as_bytes());
+                }
+                end(out, F_INSTRUCTION)?;
+                if let Some(l) = &instruction_attributes {
+                    flags |= HAS_INSTRUCTION_ATTRIBUTES;
+                    put_list(out, l);
+                }
+                end(out, F_INSTRUCTION_ATTRIBUTES)?;
+                if let Some(list) = &hum {
+                    flags |= HAS_HUMAN;
+                    put_varint(out, list.len() as u32);
+                    for h in list {
+                        put_str(out, &h.instruction);
+                        put_list(out, &h.instruction_attributes);
+                        match &h.instruction_options {
+                            GoalOptions::Dict(d) => {
+                                put_varint(out, 0);
+                                put_varint(out, d.len() as u32);
+                                for (k, v) in d {
+                                    put_str(out, k);
+                                    put_str(out, v);
+                                }
+                            }
+                            GoalOptions::List(l) => {
+                                put_varint(out, 1);
+                                put_list(out, l);
+                            }
+                        }
+                    }
+                }
+                end(out, F_HUMAN)?;
+            }
+            b.recs.push(ProdRec {
+                blob: blob_at as u64,
+                raw_off: span.0,
+                price_lo: pricing[0],
+                price_hi: pricing.get(1).copied().unwrap_or(0.0),
+                weight: 0.0,
+                raw_len: span.1,
+                n_prices: pricing.len() as u32,
+                combos,
+                flags,
+                ends,
             });
+            b.seen.insert(asin.into_boxed_str());
             Ok(())
-        });
-        res?;
-        if products.is_empty() {
+        })?;
+        if b.recs.is_empty() {
             return Err(WebShopError::Load(format!("{}: no products", files.products.display())));
         }
-        let file = File::open(&files.products)
-            .map_err(|e| WebShopError::Load(format!("{}: {e}", files.products.display())))?;
-        Ok(Catalog {
-            products,
+        Ok(b.finish())
+    }
+
+    /// The synthetic goals' weights, the ASIN and title orders.
+    fn finish(self) -> CatalogParts {
+        let CatalogBuilder { mut recs, blob, seen } = self;
+        drop(seen);
+        let n = recs.len();
+        let mut by_asin: Vec<u64> = (0..n as u64).collect();
+        let mut by_title: Vec<u32> = (0..n as u32).collect();
+        {
+            let view = CatalogView {
+                recs: &recs,
+                blob: &blob,
+                by_title: &[],
+            };
+            by_asin.sort_unstable_by(|&a, &b| view.product(a as usize).asin().cmp(view.product(b as usize).asin()));
+            by_title.sort_unstable_by(|&a, &b| view.product(a as usize).title().cmp(view.product(b as usize).title()));
+        }
+        // get_synthetic_goals' weights: mean of 1 / (goals holding the attribute) over the
+        // product's instruction attributes, counted over every goal (option combination)
+        let weights: Vec<f64> = {
+            let view = CatalogView {
+                recs: &recs,
+                blob: &blob,
+                by_title: &[],
+            };
+            let attrs_of = |i: usize| -> Vec<&str> {
+                let p = view.product(i);
+                p.instruction_attributes()
+                    .map(|l| l.iter().collect())
+                    .unwrap_or_default()
+            };
+            let has_goals = |i: usize| view.product(i).instruction_text().is_some() && recs[i].combos > 0;
+            let mut cnt: HashMap<&str, usize> = HashMap::new();
+            for i in (0..n).filter(|&i| has_goals(i)) {
+                for a in attrs_of(i) {
+                    *cnt.entry(a).or_insert(0) += recs[i].combos as usize;
+                }
+            }
+            (0..n)
+                .map(|i| {
+                    if !has_goals(i) {
+                        return 0.0;
+                    }
+                    let attributes = attrs_of(i);
+                    let s: f64 = attributes.iter().map(|a| 1.0 / cnt[a] as f64).sum();
+                    s / attributes.len() as f64
+                })
+                .collect()
+        };
+        for (r, w) in recs.iter_mut().zip(weights) {
+            r.weight = w;
+        }
+        CatalogParts {
+            recs,
+            blob,
             by_asin,
+            by_title,
+        }
+    }
+}
+
+/// The products in ASIN order: finds a product by its ASIN (binary search over the image).
+#[derive(Debug)]
+pub struct AsinIndex {
+    img: Arc<Image>,
+}
+
+impl AsinIndex {
+    fn sorted(&self) -> &[usize] {
+        self.img.pod::<usize>(Sec::ByAsin)
+    }
+
+    /// Product `i`'s ASIN as bytes (compared as bytes: UTF-8 keeps the order).
+    fn asin_of(&self, i: usize) -> &[u8] {
+        let recs: &[ProdRec] = self.img.pod(Sec::ProdRecs);
+        let rec = &recs[i];
+        let lo = rec.blob as usize;
+        &self.img.bytes(Sec::ProdBlob)[lo..lo + rec.ends[F_ASIN] as usize]
+    }
+
+    /// The index of the product with this ASIN.
+    pub fn get(&self, asin: &str) -> Option<&usize> {
+        let s = self.sorted();
+        let asin = asin.as_bytes();
+        let at = s.partition_point(|&i| self.asin_of(i) < asin);
+        s.get(at).filter(|&&i| self.asin_of(i) == asin)
+    }
+
+    pub fn contains_key(&self, asin: &str) -> bool {
+        self.get(asin).is_some()
+    }
+
+    pub fn len(&self) -> usize {
+        self.sorted().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl std::ops::Index<&str> for AsinIndex {
+    type Output = usize;
+    fn index(&self, asin: &str) -> &usize {
+        self.get(asin)
+            .unwrap_or_else(|| panic!("no product with ASIN {asin:?} in the catalogue"))
+    }
+}
+
+/// Products whose long texts the reward read recently (kept: a group of rollouts buys the same
+/// products); cleared when it holds this many.
+const LOWERED_KEPT: usize = 4096;
+
+/// The loaded catalogue: the products in the image, their ASINs, the products file.
+#[derive(Debug)]
+pub struct Catalog {
+    /// Every product's ASIN, in catalogue order.
+    pub products: Vec<Product>,
+    pub by_asin: AsinIndex,
+    img: Arc<Image>,
+    /// The products file, open: the long texts are read back from it ([`Catalog::cold`]).
+    file: File,
+    path: PathBuf,
+    lowered: RwLock<HashMap<u32, Arc<Lowered>>>,
+}
+
+const _: () = assert!(
+    std::mem::size_of::<usize>() == 8,
+    "the image stores product indices as u64"
+);
+
+impl Catalog {
+    /// `load_products(file, num_products, human_goals)`, held in memory.
+    pub fn load(files: &CatalogFiles, num_products: Option<usize>, human_goals: bool) -> Result<Self, WebShopError> {
+        Self::load_with(files, num_products, human_goals, |_, _| {})
+    }
+
+    /// [`Catalog::load`], handing each kept product's search document to `on_document(index,
+    /// text)` while the product's texts are at hand.
+    pub fn load_with<D: FnMut(usize, String)>(
+        files: &CatalogFiles,
+        num_products: Option<usize>,
+        human_goals: bool,
+        on_document: D,
+    ) -> Result<Self, WebShopError> {
+        let parts = CatalogBuilder::stream(files, num_products, human_goals, on_document)?;
+        let mut p = Parts::new();
+        parts.add_to(&mut p);
+        let img = p
+            .in_memory("")
+            .map_err(|e| WebShopError::Load(format!("the catalogue's image: {e}")))?;
+        Catalog::from_image(Arc::new(img), &files.products)
+    }
+
+    /// The catalogue of an image; `products` is the file it was made from (the long texts are
+    /// read from it).
+    pub fn from_image(img: Arc<Image>, products: &Path) -> Result<Self, WebShopError> {
+        let bad = |m: String| WebShopError::Load(format!("the catalogue's image: {m}"));
+        let recs: &[ProdRec] = img.try_pod(Sec::ProdRecs).map_err(bad)?;
+        let blob = img.bytes(Sec::ProdBlob);
+        let n = recs.len();
+        let by_asin: &[u64] = img.try_pod(Sec::ByAsin).map_err(bad)?;
+        let by_title: &[u32] = img.try_pod(Sec::ByTitle).map_err(bad)?;
+        if n == 0 || by_asin.len() != n || by_title.len() != n {
+            return Err(bad(format!(
+                "{n} products, {} in ASIN order, {} in title order",
+                by_asin.len(),
+                by_title.len()
+            )));
+        }
+        for (i, r) in recs.iter().enumerate() {
+            let ordered = r.ends.windows(2).all(|w| w[0] <= w[1]);
+            let inside = (r.blob as usize)
+                .checked_add(r.ends[NUM_FIELDS - 1] as usize)
+                .is_some_and(|e| e <= blob.len());
+            if !ordered || !inside {
+                return Err(bad(format!("product {i}'s fields are out of bounds")));
+            }
+        }
+        if by_asin.iter().any(|&i| i as usize >= n) || by_title.iter().any(|&i| i as usize >= n) {
+            return Err(bad("a product index is out of range".into()));
+        }
+        let view = CatalogView { recs, blob, by_title };
+        let asins = (0..n)
+            .map(|i| {
+                let asin = std::str::from_utf8(view.product(i).field(F_ASIN))
+                    .map_err(|_| bad(format!("product {i}'s ASIN is not text")))?;
+                Ok(Product { asin: asin.to_string() })
+            })
+            .collect::<Result<Vec<_>, WebShopError>>()?;
+        let file = File::open(products).map_err(|e| WebShopError::Load(format!("{}: {e}", products.display())))?;
+        Ok(Catalog {
+            products: asins,
+            by_asin: AsinIndex { img: img.clone() },
+            img,
             file,
-            path: files.products.clone(),
+            path: products.to_path_buf(),
+            lowered: RwLock::new(HashMap::new()),
         })
+    }
+
+    fn view(&self) -> CatalogView<'_> {
+        CatalogView {
+            recs: self.img.pod(Sec::ProdRecs),
+            blob: self.img.bytes(Sec::ProdBlob),
+            by_title: self.img.pod(Sec::ByTitle),
+        }
+    }
+
+    /// The number of products.
+    pub fn len(&self) -> usize {
+        self.products.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.products.is_empty()
+    }
+
+    /// Product `i`'s fields. Panics when out of range.
+    pub fn product(&self, i: usize) -> ProductRef<'_> {
+        self.view().product(i)
+    }
+
+    /// Indices of the products titled `name`.
+    pub fn products_named<'a>(&'a self, name: &str) -> impl Iterator<Item = usize> + 'a {
+        self.view().products_named(name)
     }
 
     /// Product `i`'s description and bullet points, read back from the products file. Panics
@@ -593,8 +1231,8 @@ impl Catalog {
             #[serde(default)]
             small_description: Option<StrOrList>,
         }
-        let p = &self.products[i];
-        let (offset, len) = p.raw;
+        let p = self.product(i);
+        let (offset, len) = p.raw();
         let mut bytes = vec![0u8; len as usize];
         let raw: Result<Raw, String> = self
             .file
@@ -602,44 +1240,51 @@ impl Catalog {
             .map_err(|e| e.to_string())
             .and_then(|_| serde_json::from_slice(&bytes).map_err(|e| e.to_string()));
         match raw {
-            Ok(r) if r.asin == p.asin => cold_of(r.full_description, r.small_description),
+            Ok(r) if r.asin == p.asin() => cold_of(r.full_description, r.small_description),
             _ => panic!(
                 "{}: product {} is no longer at byte {offset}: the catalogue file changed while the shop was loaded",
                 self.path.display(),
-                p.asin
+                p.asin()
             ),
         }
     }
 
     /// `(Title.lower(), ' '.join(BulletPoints).lower(), Description.lower())` of product `i`,
-    /// made on its first purchase and kept.
-    pub fn lowered_texts(&self, i: usize) -> &(String, String, String) {
-        let p = &self.products[i];
-        p.lowered.get_or_init(|| {
-            let c = self.cold(i);
-            (
-                py_lower(&p.title),
-                py_lower(&c.bullets.join(" ")),
-                py_lower(&c.description),
-            )
-        })
+    /// kept for the products bought recently.
+    pub fn lowered_texts(&self, i: usize) -> Arc<Lowered> {
+        if let Some(l) = self.lowered.read().expect("not poisoned").get(&(i as u32)) {
+            return l.clone();
+        }
+        let c = self.cold(i);
+        let l = Arc::new((
+            py_lower(self.product(i).title()),
+            py_lower(&c.bullets.join(" ")),
+            py_lower(&c.description),
+        ));
+        let mut kept = self.lowered.write().expect("not poisoned");
+        if kept.len() >= LOWERED_KEPT {
+            kept.clear();
+        }
+        kept.insert(i as u32, l.clone());
+        l
     }
 
     /// The search document of product `i` (what the index holds for it).
     pub fn document(&self, i: usize) -> String {
-        let p = &self.products[i];
-        document_of(&p.title, &self.cold(i), &p.options)
+        let p = self.product(i);
+        let options: Vec<(String, Vec<String>)> = p.options().map(|(n, v)| (n.to_string(), v.to_vec())).collect();
+        document_of(p.title(), &self.cold(i), &options)
     }
 
     /// `generate_product_prices`: no price -> 100.0 (the loader already made it `[100.0]`), one
     /// price -> it, a range -> `random.uniform(lo, hi)`, in product order.
     pub fn prices(&self, rng: &mut PyRandom) -> Vec<f64> {
-        self.products
-            .iter()
-            .map(|p| match p.pricing.len() {
+        let recs: &[ProdRec] = self.img.pod(Sec::ProdRecs);
+        recs.iter()
+            .map(|r| match r.n_prices {
                 0 => 100.0,
-                1 => p.pricing[0],
-                _ => rng.uniform(p.pricing[0], p.pricing[1]),
+                1 => r.price_lo,
+                _ => rng.uniform(r.price_lo, r.price_hi),
             })
             .collect()
     }

@@ -41,7 +41,7 @@ impl WebShopEnv {
                 // nothing left to try: the best-ranked product of the first page
                 products
                     .first()
-                    .map(|&i| format!("click[{}]", py_lower(&self.shop.catalog.products[i].asin)))
+                    .map(|&i| format!("click[{}]", py_lower(self.shop.catalog.product(i).asin())))
             }
             View::Item { .. } => {
                 let wanted: Vec<&str> = match &goal.goal_options {

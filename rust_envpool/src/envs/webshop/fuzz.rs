@@ -3,7 +3,7 @@
 //! with `ratio` = `round(100 * SequenceMatcher(None, a, b).ratio())` (autojunk on, Python's
 //! half-even rounding). rapidfuzz / python-Levenshtein give other numbers; this follows difflib.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use unicode_categories::UnicodeCategories;
 
@@ -11,7 +11,10 @@ use super::pytext::{py_lower, py_str_repr, py_strip};
 
 /// Python's `\w` (str pattern): letters, digits / numerics, and `_`.
 fn py_word_char(c: char) -> bool {
-    c == '_' || c.is_letter() || c.is_number_decimal_digit() || c.is_number_letter() || c.is_number_other()
+    if c.is_ascii() {
+        return c.is_ascii_alphanumeric() || c == '_';
+    }
+    c.is_letter() || c.is_number_decimal_digit() || c.is_number_letter() || c.is_number_other()
 }
 
 /// `utils.full_process(s, force_ascii=True)`.
@@ -163,25 +166,80 @@ pub fn token_set_ratio(s1: &str, s2: &str) -> u32 {
     token_set_ratio_processed(&full_process(s1), &full_process(s2))
 }
 
+/// The three strings `token_set_ratio` compares: the sorted intersection of the two token sets,
+/// and it followed by each side's sorted remainder (stripped).
+fn token_set_strings(p1: &str, p2: &str) -> (String, String, String) {
+    let mut t1: Vec<&str> = p1.split_whitespace().collect();
+    let mut t2: Vec<&str> = p2.split_whitespace().collect();
+    t1.sort_unstable();
+    t1.dedup();
+    t2.sort_unstable();
+    t2.dedup();
+    // the sorted intersection and differences, by a merge
+    let (mut inter, mut d12, mut d21) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    while i < t1.len() || j < t2.len() {
+        match (t1.get(i), t2.get(j)) {
+            (Some(a), Some(b)) if a == b => {
+                inter.push(*a);
+                i += 1;
+                j += 1;
+            }
+            (Some(a), Some(b)) if a < b => {
+                d12.push(*a);
+                i += 1;
+            }
+            (Some(_), Some(b)) => {
+                d21.push(*b);
+                j += 1;
+            }
+            (Some(a), None) => {
+                d12.push(*a);
+                i += 1;
+            }
+            (None, Some(b)) => {
+                d21.push(*b);
+                j += 1;
+            }
+            (None, None) => unreachable!(),
+        }
+    }
+    let sect = inter.join(" ");
+    let c12 = format!("{sect} {}", d12.join(" ")).trim().to_string();
+    let c21 = format!("{sect} {}", d21.join(" ")).trim().to_string();
+    (sect.trim().to_string(), c12, c21)
+}
+
 /// `token_set_ratio` on strings already through [`full_process`].
 pub fn token_set_ratio_processed(p1: &str, p2: &str) -> u32 {
     if p1.is_empty() || p2.is_empty() {
         return 0;
     }
-    let t1: HashSet<&str> = p1.split_whitespace().collect();
-    let t2: HashSet<&str> = p2.split_whitespace().collect();
-    let inter: BTreeSet<&str> = t1.intersection(&t2).copied().collect();
-    let d12: BTreeSet<&str> = t1.difference(&t2).copied().collect();
-    let d21: BTreeSet<&str> = t2.difference(&t1).copied().collect();
-    let sect = inter.into_iter().collect::<Vec<_>>().join(" ");
-    let s12 = d12.into_iter().collect::<Vec<_>>().join(" ");
-    let s21 = d21.into_iter().collect::<Vec<_>>().join(" ");
-    let c12 = format!("{sect} {s12}");
-    let c21 = format!("{sect} {s21}");
-    let sect = sect.trim();
-    let c12 = c12.trim();
-    let c21 = c21.trim();
-    ratio(sect, c12).max(ratio(sect, c21)).max(ratio(c12, c21))
+    let (sect, c12, c21) = token_set_strings(p1, p2);
+    ratio(&sect, &c12).max(ratio(&sect, &c21)).max(ratio(&c12, &c21))
+}
+
+/// Whether `ratio(a, b) > threshold`, without matching the characters when the lengths alone
+/// bound it (at most `round(200 min(len) / (len a + len b))`).
+fn ratio_above(a: &str, b: &str, threshold: u32) -> bool {
+    if a == b {
+        return 100 > threshold;
+    }
+    let (la, lb) = (a.chars().count(), b.chars().count());
+    if la == 0 || lb == 0 {
+        return false;
+    }
+    let best = (100.0 * (2.0 * la.min(lb) as f64 / (la + lb) as f64)).round_ties_even() as u32;
+    best > threshold && ratio(a, b) > threshold
+}
+
+/// `token_set_ratio_processed(p1, p2) > threshold`, computed only as far as needed.
+pub fn token_set_ratio_above(p1: &str, p2: &str, threshold: u32) -> bool {
+    if p1.is_empty() || p2.is_empty() {
+        return false;
+    }
+    let (sect, c12, c21) = token_set_strings(p1, p2);
+    ratio_above(&sect, &c12, threshold) || ratio_above(&sect, &c21, threshold) || ratio_above(&c12, &c21, threshold)
 }
 
 /// A value thefuzz is given: a string, or a `(name, value)` tuple (synthetic goal options),
@@ -210,6 +268,36 @@ pub fn token_set_ratio_args(a: &FuzzArg<'_>, b: &FuzzArg<'_>) -> u32 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    /// thefuzz's `token_set_ratio` as written (sets, sorted joins): the reference of the merge.
+    fn token_set_ratio_reference(p1: &str, p2: &str) -> u32 {
+        if p1.is_empty() || p2.is_empty() {
+            return 0;
+        }
+        let t1: BTreeSet<&str> = p1.split_whitespace().collect();
+        let t2: BTreeSet<&str> = p2.split_whitespace().collect();
+        let join = |s: Vec<&str>| s.join(" ");
+        let sect = join(t1.intersection(&t2).copied().collect());
+        let s12 = join(t1.difference(&t2).copied().collect());
+        let s21 = join(t2.difference(&t1).copied().collect());
+        let c12 = format!("{sect} {s12}");
+        let c21 = format!("{sect} {s21}");
+        let (sect, c12, c21) = (sect.trim(), c12.trim(), c21.trim());
+        ratio(sect, c12).max(ratio(sect, c21)).max(ratio(c12, c21))
+    }
+
+    proptest! {
+        /// The merged token sets give thefuzz's numbers, and the threshold test its comparison.
+        #[test]
+        fn token_set_ratio_equals_the_reference(a in "[abc é]{0,24}", b in "[abc é]{0,24}", t in 0u32..101) {
+            let (a, b) = (full_process(&a), full_process(&b));
+            let r = token_set_ratio_reference(&a, &b);
+            prop_assert_eq!(token_set_ratio_processed(&a, &b), r);
+            prop_assert_eq!(token_set_ratio_above(&a, &b, t), r > t);
+            prop_assert_eq!(token_set_ratio_above(&a, &b, 85), r > 85);
+        }
+    }
 
     proptest! {
         /// The dense find_longest_match equals difflib's dict version, autojunk included.

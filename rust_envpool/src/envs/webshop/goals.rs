@@ -7,9 +7,7 @@
 //! when an env starts it ([`GoalRef::goal`]): the full catalogue has some 8 M synthetic goals,
 //! whose texts would take several GB.
 
-use std::collections::HashMap;
-
-use super::catalog::{Catalog, GoalOptions, Product};
+use super::catalog::{Catalog, GoalOptions, ProductRef, StrList};
 use super::pyrandom::PyRandom;
 
 /// One goal, with the fields of the original's goal dict.
@@ -69,15 +67,18 @@ pub struct GoalRef {
 }
 
 /// A product's options with their names sorted (the goals' order).
-fn sorted_options(p: &Product) -> Vec<&(String, Vec<String>)> {
-    let mut names: Vec<&(String, Vec<String>)> = p.options.iter().collect();
-    names.sort_by(|a, b| a.0.cmp(&b.0));
+fn sorted_options(p: ProductRef<'_>) -> Vec<(&str, StrList<'_>)> {
+    let mut names: Vec<(&str, StrList<'_>)> = p.options().collect();
+    names.sort_by(|a, b| a.0.cmp(b.0));
     names
 }
 
 fn price_text(upper: f64, is_int: bool) -> String {
     if is_int {
         String::new()
+    } else if upper.fract() == 0.0 && upper.abs() < 1e15 {
+        // the bounds are multiples of ten: `{:.2}` of a whole number, without float formatting
+        format!(", and price lower than {}.00 dollars", upper as i64)
     } else {
         format!(", and price lower than {upper:.2} dollars")
     }
@@ -86,26 +87,25 @@ fn price_text(upper: f64, is_int: bool) -> String {
 impl GoalRef {
     /// The goal with the fields of the original's goal dict.
     pub fn goal(&self, catalog: &Catalog) -> Goal {
-        let p = &catalog.products[self.product as usize];
+        let p = catalog.product(self.product as usize);
         let (instruction_text, attributes, goal_options, weight_is_int) = if self.human {
-            let h = &p.human.as_ref().expect("a human goal's product has human instructions")[self.sub as usize];
+            let h = p
+                .human()
+                .and_then(|mut list| list.nth(self.sub as usize))
+                .expect("a human goal's product has that human instruction");
             let text = format!(
                 "{}{}",
                 h.instruction.trim_matches('.'),
                 price_text(self.price_upper, self.price_upper_is_int)
             );
-            (
-                text,
-                h.instruction_attributes.clone(),
-                h.instruction_options.clone(),
-                true,
-            )
+            (text, h.instruction_attributes.to_vec(), h.instruction_options(), true)
         } else {
             let names = sorted_options(p);
             let mut k = self.sub as usize;
             let mut picked: Vec<(String, String)> = vec![(String::new(), String::new()); names.len()];
             for (slot, (name, values)) in picked.iter_mut().zip(&names).rev() {
-                *slot = (name.clone(), values[k % values.len()].clone());
+                let v = values.iter().nth(k % values.len()).expect("a value of the combination");
+                *slot = (name.to_string(), v.to_string());
                 k /= values.len();
             }
             // a dict: a repeated name (impossible after the loader) keeps its first slot
@@ -123,24 +123,24 @@ impl GoalRef {
             } else {
                 format!(" with {}", text.join(", and "))
             };
-            let instruction = p.instruction_text.as_deref().unwrap_or("");
+            let instruction = p.instruction_text().unwrap_or("");
             let text = format!(
                 "{instruction}{option_text}{}",
                 price_text(self.price_upper, self.price_upper_is_int)
             );
             (
                 text,
-                p.instruction_attributes.clone().unwrap_or_default(),
+                p.instruction_attributes().map(|l| l.to_vec()).unwrap_or_default(),
                 GoalOptions::Dict(opts),
                 false,
             )
         };
         Goal {
-            asin: p.asin.clone(),
-            category: p.category.clone(),
-            query: p.query.clone(),
-            name: p.title.clone(),
-            product_category: p.product_category.clone(),
+            asin: p.asin().to_string(),
+            category: p.category().to_string(),
+            query: p.query().to_string(),
+            name: p.title().to_string(),
+            product_category: p.product_category().to_string(),
             instruction_text,
             attributes,
             price_upper: self.price_upper,
@@ -152,52 +152,38 @@ impl GoalRef {
     }
 }
 
-/// The goals in the original's pre-shuffle order.
+/// The goals in the original's pre-shuffle order: one price bound drawn per product (with an
+/// instruction / per kept human instruction), in product order; a synthetic goal per option
+/// combination, weighted as the catalogue computed ([`super::catalog::ProdRec::weight`]).
 pub fn build_goals(catalog: &Catalog, prices: &[f64], set: GoalSet, rng: &mut PyRandom) -> Vec<GoalRef> {
     let mut goals = Vec::new();
-    match set {
-        GoalSet::Synthetic => {
-            let mut cnt: HashMap<&str, usize> = HashMap::new();
-            for (pi, p) in catalog.products.iter().enumerate() {
-                if p.instruction_text.is_none() {
+    for (pi, &price) in prices.iter().enumerate().take(catalog.len()) {
+        let p = catalog.product(pi);
+        match set {
+            GoalSet::Synthetic => {
+                if p.instruction_text().is_none() {
                     continue;
                 }
-                let attributes = p.instruction_attributes.as_deref().unwrap_or_default();
-                let (upper, is_int) = price_upper(prices[pi], rng);
-                // options: names sorted, cartesian product of their values
-                let combos: usize = sorted_options(p).iter().map(|(_, v)| v.len()).product();
-                let combos = u32::try_from(combos).expect("fewer than 2^32 option combinations per product");
-                for combo in 0..combos {
-                    for a in attributes {
-                        *cnt.entry(a.as_str()).or_insert(0) += 1;
-                    }
+                let (upper, is_int) = price_upper(price, rng);
+                let rec = p.record();
+                for combo in 0..rec.combos {
                     goals.push(GoalRef {
                         product: pi as u32,
                         sub: combo,
                         price_upper: upper,
-                        weight: 0.0,
+                        weight: rec.weight,
                         human: false,
                         price_upper_is_int: is_int,
                     });
                 }
             }
-            for g in &mut goals {
-                let attributes = catalog.products[g.product as usize]
-                    .instruction_attributes
-                    .as_deref()
-                    .unwrap_or_default();
-                let s: f64 = attributes.iter().map(|a| 1.0 / cnt[a.as_str()] as f64).sum();
-                g.weight = s / attributes.len() as f64;
-            }
-        }
-        GoalSet::Human => {
-            for (pi, p) in catalog.products.iter().enumerate() {
-                let Some(list) = &p.human else { continue };
-                for (hi, h) in list.iter().enumerate() {
+            GoalSet::Human => {
+                let Some(list) = p.human() else { continue };
+                for (hi, h) in list.enumerate() {
                     if h.instruction_attributes.is_empty() {
                         continue;
                     }
-                    let (upper, is_int) = price_upper(prices[pi], rng);
+                    let (upper, is_int) = price_upper(price, rng);
                     goals.push(GoalRef {
                         product: pi as u32,
                         sub: hi as u32,

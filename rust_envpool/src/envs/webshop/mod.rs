@@ -4,7 +4,8 @@
 //!
 //! * [`Shop`]: one loaded shop — catalogue ([`catalog`]), search index ([`search`]), goals
 //!   ([`goals`]), prices, the noun table of the reward ([`reward`]) — read-only behind an `Arc`,
-//!   shared by any number of envs.
+//!   shared by any number of envs. What does not depend on the seed (the products, the index,
+//!   the nouns) is one image ([`image`]), mapped from the index cache ([`cache`]) or built.
 //! * [`WebShopEnv`]: one browser session on a shop: `reset(goal)`, `step(action)` with the
 //!   original's action grammar and no-ops ([`pages`] renders the pages and their clickables).
 //! * Where the original raises (`<a>` and bare `<c>` keywords, more than 1,024 distinct query
@@ -15,10 +16,12 @@
 //!   searches, the verl copy's auto-reset) comes from a per-env copy of that state, so one env
 //!   replays a single-env process exactly; envs do not share it.
 
+pub mod cache;
 pub mod catalog;
 pub mod expert;
 pub mod fuzz;
 pub mod goals;
+pub mod image;
 pub mod pages;
 pub mod porter;
 pub mod pyrandom;
@@ -29,13 +32,15 @@ pub mod search;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use catalog::{Catalog, CatalogFiles};
+pub use cache::{CachePolicy, CacheReport};
+use catalog::{Catalog, CatalogBuilder, CatalogFiles, CatalogParts};
 pub use catalog::{GoalOptions, Product};
 pub use goals::{Goal, GoalRef, GoalSet};
+use image::{Image, Invalid, Parts};
 use pages::{SubPage, Target, View};
 use pyrandom::PyRandom;
-use reward::{NounTable, RewardInfo};
-use search::{Index, IndexBuilder, SearchError, SEARCH_RETURN_N};
+use reward::{NounParts, NounTable, RewardInfo};
+use search::{Index, IndexBuilder, IndexParts, SearchError, SEARCH_RETURN_N};
 
 use crate::envs::{EnvStep, TextEnv};
 
@@ -56,6 +61,18 @@ pub enum WebShopError {
     /// The original raises here: `exception` is its exception type.
     #[error("{exception}: {msg}")]
     Step { exception: &'static str, msg: String },
+}
+
+/// Lucene's error for a query of more than 1,024 distinct terms.
+fn lucene_err(e: SearchError) -> WebShopError {
+    let SearchError::TooManyClauses(n) = e;
+    step_err(
+        "JavaException",
+        format!(
+            "JVM exception occurred: org.apache.lucene.search.IndexSearcher$TooManyClauses: maxClauseCount is set \
+             to 1024 (query has {n} distinct terms)"
+        ),
+    )
 }
 
 fn step_err(exception: &'static str, msg: impl Into<String>) -> WebShopError {
@@ -163,34 +180,45 @@ pub struct Shop {
     pub cum_weights: Vec<f64>,
     pub nouns: NounTable,
     pub config: ShopConfig,
+    /// Where the image came from.
+    pub cache: CacheReport,
     /// Python's global `random` state once construction is over.
     rng_after_load: PyRandom,
+    /// Goals made recently ([`Shop::goal_shared`]): a group of envs starts the same goal.
+    recent_goals: std::sync::Mutex<std::collections::HashMap<usize, Arc<Goal>>>,
 }
 
-fn load_nouns(path: &Path, products: &[Product]) -> Result<NounTable, WebShopError> {
-    NounTable::load(path, products).map_err(|e| {
-        WebShopError::Load(format!(
-            "noun table {}: {e} (the reward's type score needs it)",
-            path.display()
-        ))
-    })
+/// Goals [`Shop::goal_shared`] keeps; cleared when it holds this many.
+const RECENT_GOALS: usize = 4096;
+
+fn noun_err(path: &Path, e: String) -> WebShopError {
+    WebShopError::Load(format!(
+        "noun table {}: {e} (the reward's type score needs it)",
+        path.display()
+    ))
 }
 
-impl Shop {
-    /// Loads the catalogue, builds the index and the goals as the original's constructor does.
-    pub fn load(files: &ShopFiles, config: ShopConfig) -> Result<Shop, WebShopError> {
-        let human = config.goals == GoalSet::Human;
-        // the index is built as the catalogue streams in, a chunk of documents at a time
+/// What a shop's image holds, built from the files.
+struct ShopParts {
+    catalog: CatalogParts,
+    index: IndexParts,
+    nouns: NounParts,
+}
+
+impl ShopParts {
+    /// Streams the catalogue (the index is built as it streams in, a chunk of documents at a
+    /// time), then reads the noun table.
+    fn build(files: &ShopFiles, config: &ShopConfig) -> Result<ShopParts, WebShopError> {
         let mut builder = IndexBuilder::default();
         let mut chunk: Vec<String> = Vec::with_capacity(search::BUILD_CHUNK);
-        let catalog = Catalog::load_with(
+        let catalog = CatalogBuilder::stream(
             &CatalogFiles {
                 products: files.products.clone(),
                 attributes: files.attributes.clone(),
                 human_attributes: files.human_attributes.clone(),
             },
             config.num_products,
-            human,
+            config.goals == GoalSet::Human,
             |_, doc| {
                 chunk.push(doc);
                 if chunk.len() == search::BUILD_CHUNK {
@@ -199,8 +227,135 @@ impl Shop {
             },
         )?;
         builder.add_chunk(chunk);
-        let index = builder.finish(catalog.products.iter().map(|p| p.asin.as_str().into()).collect());
-        let nouns = load_nouns(&files.nouns, &catalog.products)?;
+        let index = builder.finish_parts(catalog.asin_ranks());
+        let nouns = NounTable::load_parts(&files.nouns, catalog.view()).map_err(|e| noun_err(&files.nouns, e))?;
+        Ok(ShopParts { catalog, index, nouns })
+    }
+
+    fn parts(&self) -> Parts<'_> {
+        let mut p = Parts::new();
+        self.catalog.add_to(&mut p);
+        self.index.add_to(&mut p);
+        self.nouns.add_to(&mut p);
+        p
+    }
+}
+
+impl Shop {
+    /// Loads the catalogue, builds the index and the goals as the original's constructor does;
+    /// everything is held in memory (no index cache: [`Shop::open`]).
+    pub fn load(files: &ShopFiles, config: ShopConfig) -> Result<Shop, WebShopError> {
+        Shop::open(files, config, &CachePolicy::Off)
+    }
+
+    /// [`Shop::load`] through the index cache: maps the image a previous load wrote when it is
+    /// whole and was made from these files by this engine, else builds it and writes it (see
+    /// [`cache`]); [`Shop::cache`] says what happened, with one line per thing to tell the user.
+    pub fn open(files: &ShopFiles, config: ShopConfig, policy: &CachePolicy) -> Result<Shop, WebShopError> {
+        Shop::open_in(files, config, &cache::folders(policy, files))
+    }
+
+    /// [`Shop::open`] with the cache looked for in `folders` in order and written in the first
+    /// that takes it (none: held in memory, no cache).
+    pub fn open_in(files: &ShopFiles, config: ShopConfig, folders: &[PathBuf]) -> Result<Shop, WebShopError> {
+        if folders.is_empty() {
+            let built = ShopParts::build(files, &config)?;
+            let img = built
+                .parts()
+                .in_memory("")
+                .map_err(|e| WebShopError::Load(format!("the shop's image in memory: {e}")))?;
+            drop(built);
+            return Shop::from_image(Arc::new(img), files, config, CacheReport::default());
+        }
+        let key = cache::key(files, config.goals, config.num_products)?;
+        let name = cache::file_name(files, config.goals, config.num_products);
+        let mut invalid: Vec<(PathBuf, Invalid)> = Vec::new();
+        for dir in folders {
+            let path = dir.join(&name);
+            match image::open(&path, &key) {
+                Ok(img) => {
+                    let report = CacheReport {
+                        path: Some(path.clone()),
+                        hit: true,
+                        notes: Vec::new(),
+                    };
+                    match Shop::from_image(Arc::new(img), files, config.clone(), report) {
+                        Ok(shop) => return Ok(shop),
+                        Err(e) => invalid.push((path, Invalid::Damaged(e.to_string()))),
+                    }
+                }
+                Err(Invalid::Missing) => {}
+                Err(e) => invalid.push((path, e)),
+            }
+        }
+        let mut notes: Vec<String> = invalid
+            .iter()
+            .map(|(p, why)| format!("webshop: the index cache {} is {why}: rebuilding it", p.display()))
+            .collect();
+        let built = ShopParts::build(files, &config)?;
+        let parts = built.parts();
+        let mut failed: Vec<String> = Vec::new();
+        let mut written = None;
+        for dir in folders {
+            let path = dir.join(&name);
+            match cache::check_writable(dir).and_then(|_| parts.write_file(&path, &key)) {
+                Ok(img) => {
+                    if !failed.is_empty() {
+                        notes.push(format!(
+                            "webshop: cannot write the index cache in {}; it is in {}",
+                            failed.join(", "),
+                            path.display()
+                        ));
+                    }
+                    written = Some((img, path));
+                    break;
+                }
+                Err(e) => failed.push(format!("{} ({e})", dir.display())),
+            }
+        }
+        let (img, path) = match written {
+            Some((img, path)) => (img, Some(path)),
+            None => {
+                notes.push(format!(
+                    "webshop: cannot write the index cache in {}: the index stays in memory and the next load \
+                     builds it again (set WEBSHOP_CACHE to a writable folder)",
+                    failed.join(", ")
+                ));
+                let img = parts
+                    .in_memory(&key)
+                    .map_err(|e| WebShopError::Load(format!("the shop's image in memory: {e}")))?;
+                (img, None)
+            }
+        };
+        drop(parts);
+        drop(built);
+        let report = CacheReport {
+            path,
+            hit: false,
+            notes,
+        };
+        Shop::from_image(Arc::new(img), files, config, report)
+    }
+
+    /// The shop of an image: its catalogue, index and nouns, then the prices, goals and goal
+    /// order the seed and variant give.
+    fn from_image(
+        img: Arc<Image>,
+        files: &ShopFiles,
+        config: ShopConfig,
+        cache: CacheReport,
+    ) -> Result<Shop, WebShopError> {
+        let catalog = Catalog::from_image(img.clone(), &files.products)?;
+        let index =
+            Index::from_image(img.clone()).map_err(|e| WebShopError::Load(format!("the index's image: {e}")))?;
+        let nouns = NounTable::from_image(img).map_err(|e| noun_err(&files.nouns, e))?;
+        if index.num_docs() != catalog.len() {
+            return Err(WebShopError::Load(format!(
+                "the shop's image: {} documents for {} products",
+                index.num_docs(),
+                catalog.len()
+            )));
+        }
         let mut rng = PyRandom::new(config.seed as i128);
         let prices = catalog.prices(&mut rng);
         let mut goals = goals::build_goals(&catalog, &prices, config.goals, &mut rng);
@@ -224,7 +379,9 @@ impl Shop {
             cum_weights,
             nouns,
             config,
+            cache,
             rng_after_load: rng,
+            recent_goals: Default::default(),
         })
     }
 
@@ -237,9 +394,23 @@ impl Shop {
         self.goals[i].goal(&self.catalog)
     }
 
+    /// [`Shop::goal`], shared: made once for the envs that start it about the same time.
+    pub fn goal_shared(&self, i: usize) -> Arc<Goal> {
+        let mut recent = self.recent_goals.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = recent.get(&i) {
+            return g.clone();
+        }
+        if recent.len() >= RECENT_GOALS {
+            recent.clear();
+        }
+        let g = Arc::new(self.goal(i));
+        recent.insert(i, g.clone());
+        g
+    }
+
     /// `get_top_n_product_from_keywords`: product indices.
     pub fn top_products(&self, keywords: &[String], rng: &mut PyRandom) -> Result<Vec<usize>, WebShopError> {
-        let all = &self.catalog.products;
+        let all = &self.catalog;
         match keywords.first().map(String::as_str) {
             Some("<r>") => {
                 if all.len() < SEARCH_RETURN_N {
@@ -253,24 +424,26 @@ impl Shop {
                     .get(1)
                     .ok_or_else(|| step_err("IndexError", "list index out of range"))?;
                 let cat = pytext::py_strip(cat);
-                Ok((0..all.len()).filter(|&i| all[i].category == cat).collect())
+                Ok((0..all.len()).filter(|&i| all.product(i).category() == cat).collect())
             }
             Some("<q>") => {
                 let q = keywords[1..].join(" ");
                 let q = pytext::py_strip(&q);
-                Ok((0..all.len()).filter(|&i| all[i].query == q).collect())
+                Ok((0..all.len()).filter(|&i| all.product(i).query() == q).collect())
             }
             _ => {
                 let q = keywords.join(" ");
-                match self.index.search(&q) {
-                    Ok((hits, _)) => Ok(hits.into_iter().map(|(d, _)| d as usize).collect()),
-                    Err(SearchError::TooManyClauses(n)) => Err(step_err(
-                        "JavaException",
-                        format!("JVM exception occurred: org.apache.lucene.search.IndexSearcher$TooManyClauses: maxClauseCount is set to 1024 (query has {n} distinct terms)"),
-                    )),
-                }
+                let hits = self.index.search_top(&q).map_err(lucene_err)?;
+                Ok(hits.into_iter().map(|(d, _)| d as usize).collect())
             }
         }
+    }
+
+    /// The hits of the exhaustive search (every matching posting scored: the reference of the
+    /// pruned search [`Shop::top_products`] runs), product indices best first.
+    pub fn search_reference(&self, query: &str) -> Result<Vec<usize>, WebShopError> {
+        let (hits, _) = self.index.search(query).map_err(lucene_err)?;
+        Ok(hits.into_iter().map(|(d, _)| d as usize).collect())
     }
 
     /// A new env on this shop (call [`WebShopEnv::reset`] before stepping).
@@ -336,7 +509,7 @@ pub struct WebShopEnv {
     rng: PyRandom,
     goal: usize,
     /// Goal `goal`, made when it started.
-    goal_data: Goal,
+    goal_data: Arc<Goal>,
     session_id: String,
     keywords: Option<Vec<String>>,
     page: Option<i64>,
@@ -358,9 +531,9 @@ impl WebShopEnv {
     pub fn new(shop: Arc<Shop>) -> WebShopEnv {
         let rng = shop.rng_after_load.clone();
         let goal_data = if shop.goals.is_empty() {
-            empty_goal()
+            Arc::new(empty_goal())
         } else {
-            shop.goal(0)
+            shop.goal_shared(0)
         };
         let mut env = WebShopEnv {
             shop,
@@ -444,7 +617,7 @@ impl WebShopEnv {
 
     fn start(&mut self, goal: usize, session: String) {
         if goal != self.goal || self.goal_data.asin.is_empty() {
-            self.goal_data = self.shop.goal(goal);
+            self.goal_data = self.shop.goal_shared(goal);
         }
         self.goal = goal;
         self.url = format!("{BASE_URL}/{session}");
@@ -460,14 +633,13 @@ impl WebShopEnv {
 
     fn show(&mut self, view: View) {
         let shop = &self.shop;
-        let products = &shop.catalog.products;
         self.obs = pages::render(
             &view,
             &shop.catalog,
             &self.goal_data.instruction_text,
             shop.config.show_attrs,
         );
-        let (bar, clk) = pages::clickables(&view, products, shop.config.show_attrs);
+        let (bar, clk) = pages::clickables(&view, &shop.catalog, shop.config.show_attrs);
         self.has_search_bar = bar;
         self.clickables = clk;
         self.view = view;
@@ -601,7 +773,7 @@ impl WebShopEnv {
     fn buy(&mut self) -> Result<RewardInfo, WebShopError> {
         let product = self.product_of_session()?;
         let shop = self.shop.clone();
-        let goal = &self.goal_data;
+        let goal = &*self.goal_data;
         let price = shop.prices[product];
         let info =
             reward::get_reward(&shop.catalog, product, goal, price, &self.options, &shop.nouns).map_err(|m| {
@@ -750,3 +922,5 @@ fn to_env_step(s: WebShopStep) -> EnvStep {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_cache;

@@ -3,7 +3,7 @@
 //! (`.btn` texts lower-cased, product-link ASINs lower-cased, radio values; a dict, so a
 //! repeated key keeps its first slot and its last element).
 
-use super::catalog::{Catalog, Product};
+use super::catalog::Catalog;
 use super::pytext::{flask_tojson_dict, py_float_repr, py_lower, py_strip};
 
 pub const SEP: &str = " [SEP] ";
@@ -101,7 +101,6 @@ fn head(out: &mut Vec<String>, instruction: &str) {
 
 /// The observation text of a view.
 pub fn render(view: &View, catalog: &Catalog, instruction: &str, show_attrs: bool) -> String {
-    let products = &catalog.products;
     let mut s: Vec<String> = Vec::new();
     match view {
         View::Search => {
@@ -122,24 +121,24 @@ pub fn render(view: &View, catalog: &Catalog, instruction: &str, show_attrs: boo
             }
             s.push("Next >".into());
             for &i in items {
-                let p = &products[i];
-                push_node(&mut s, &p.asin);
-                push_node(&mut s, &p.title);
-                push_node(&mut s, &p.price_tag);
+                let p = catalog.product(i);
+                push_node(&mut s, p.asin());
+                push_node(&mut s, p.title());
+                push_node(&mut s, p.price_tag());
             }
         }
         View::Item { product } => {
-            let p = &products[*product];
+            let p = catalog.product(*product);
             head(&mut s, instruction);
             s.push("< Prev".into());
-            for (name, values) in &p.options {
+            for (name, values) in p.options() {
                 push_node(&mut s, name);
                 for v in values {
                     push_node(&mut s, v);
                 }
             }
-            push_node(&mut s, &p.title);
-            push_node(&mut s, &format!("Price: {}", p.price_tag));
+            push_node(&mut s, p.title());
+            push_node(&mut s, &format!("Price: {}", p.price_tag()));
             s.push("Rating: N.A.".into());
             s.push("Description".into());
             s.push("Features".into());
@@ -150,7 +149,7 @@ pub fn render(view: &View, catalog: &Catalog, instruction: &str, show_attrs: boo
             s.push("Buy Now".into());
         }
         View::Sub { kind, product } => {
-            let p = &products[*product];
+            let p = catalog.product(*product);
             head(&mut s, instruction);
             s.push("< Prev".into());
             match kind {
@@ -162,12 +161,12 @@ pub fn render(view: &View, catalog: &Catalog, instruction: &str, show_attrs: boo
                 }
                 SubPage::Reviews => {}
                 SubPage::Attributes => {
-                    for a in &p.attributes {
+                    for a in p.attributes() {
                         push_node(&mut s, &format!(" {a}"));
                     }
-                    push_node(&mut s, &p.category);
-                    push_node(&mut s, &p.query);
-                    push_node(&mut s, &p.product_category);
+                    push_node(&mut s, p.category());
+                    push_node(&mut s, p.query());
+                    push_node(&mut s, p.product_category());
                 }
             }
         }
@@ -196,7 +195,7 @@ fn insert(out: &mut Vec<(String, Target)>, key: String, target: Target) {
 }
 
 /// The clickables of a view, in the original's order, and whether it has the search bar.
-pub fn clickables(view: &View, products: &[Product], show_attrs: bool) -> (bool, Vec<(String, Target)>) {
+pub fn clickables(view: &View, catalog: &Catalog, show_attrs: bool) -> (bool, Vec<(String, Target)>) {
     let mut out = Vec::new();
     let btn = |out: &mut Vec<(String, Target)>, t: &str| insert(out, t.to_string(), Target::Button);
     match view {
@@ -213,7 +212,7 @@ pub fn clickables(view: &View, products: &[Product], show_attrs: bool) -> (bool,
             }
             btn(&mut out, "next >");
             for &i in items {
-                insert(&mut out, py_lower(&products[i].asin), Target::ProductLink(i));
+                insert(&mut out, py_lower(catalog.product(i).asin()), Target::ProductLink(i));
             }
         }
         View::Item { product } => {
@@ -224,9 +223,9 @@ pub fn clickables(view: &View, products: &[Product], show_attrs: bool) -> (bool,
                 btn(&mut out, "attributes");
             }
             btn(&mut out, "buy now");
-            for (name, values) in &products[*product].options {
+            for (name, values) in catalog.product(*product).options() {
                 for v in values {
-                    insert(&mut out, v.clone(), Target::Radio { name: name.clone() });
+                    insert(&mut out, v.to_string(), Target::Radio { name: name.to_string() });
                 }
             }
         }

@@ -1,15 +1,17 @@
 //! The purchase reward (`goal.get_reward`): attributes, options, price and the type factor from
 //! the product names' nouns (a table made with spaCy, `pcsd-data webshop` builds it).
 
-use std::collections::HashSet;
 use std::path::Path;
+use std::sync::Arc;
 
+use bytemuck::{Pod, Zeroable};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use super::catalog::{Catalog, GoalOptions, Product};
-use super::fuzz::{full_process, token_set_ratio_args, token_set_ratio_processed, FuzzArg};
+use super::catalog::{Catalog, CatalogView, GoalOptions, ProductRef};
+use super::fuzz::{full_process, token_set_ratio_above, FuzzArg};
 use super::goals::Goal;
+use super::image::{Image, Parts, Sec};
 use super::pytext::py_strip;
 
 /// `normalize.COLOR_SET`, in its order (the first contained colour wins).
@@ -132,55 +134,80 @@ fn normalize_color<'a>(x: FuzzArg<'a>) -> FuzzArg<'a> {
     x
 }
 
+/// One product's nouns in the image: where its name's nouns (joined by `\n`) are in the noun
+/// blob, and whether the table had the name.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct NounSpan {
+    pub off: u64,
+    pub len: u32,
+    pub present: u32,
+}
+
 /// The nouns of product names (`[t.text.lower() for t in nlp(name) if t.pos_ in (PNOUN, NOUN,
-/// PROPN)]`), kept per product of the catalogue (joined by `\n`, one allocation each: the full
-/// catalogue has 1.18 M names) and found by name through the products sorted by title.
-#[derive(Debug, Default)]
+/// PROPN)]`), kept per product of the catalogue in the shop's image and found by name through
+/// the products sorted by title.
+#[derive(Debug)]
 pub struct NounTable {
-    nouns: Vec<Option<Box<str>>>,
-    by_title: Vec<u32>,
+    img: Arc<Image>,
+}
+
+/// The noun table's part of an image, as [`NounTable::load_parts`] leaves it.
+pub struct NounParts {
+    spans: Vec<NounSpan>,
+    blob: Vec<u8>,
+}
+
+impl NounParts {
+    /// Adds the noun table's sections to an image.
+    pub fn add_to<'a>(&'a self, parts: &mut Parts<'a>) {
+        parts.add_pod(Sec::NounSpans, &self.spans);
+        parts.add(Sec::NounBlob, &self.blob);
+    }
 }
 
 impl NounTable {
     /// Streams a `spacy_nouns*.json` table (`{"by_name": {name: {"nouns": [...]}}}`) and keeps the
-    /// nouns of the names `products` hold.
-    pub fn load(path: &Path, products: &[Product]) -> Result<NounTable, String> {
-        let mut by_title: Vec<u32> = (0..products.len() as u32).collect();
-        by_title.sort_unstable_by(|&a, &b| products[a as usize].title.cmp(&products[b as usize].title));
-        let mut table = NounTable {
-            nouns: vec![None; products.len()],
-            by_title,
+    /// nouns of the names the catalogue holds.
+    pub fn load_parts(path: &Path, catalog: CatalogView<'_>) -> Result<NounParts, String> {
+        let mut parts = NounParts {
+            spans: vec![NounSpan::default(); catalog.len()],
+            blob: Vec::new(),
         };
         let f = std::fs::File::open(path).map_err(|e| format!("{e}"))?;
         let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(1 << 20, f));
         let found = de
             .deserialize_map(Top {
-                products,
-                table: &mut table,
+                catalog,
+                parts: &mut parts,
             })
             .map_err(|e| e.to_string())?;
         de.end().map_err(|e| e.to_string())?;
         if !found {
             return Err("no \"by_name\" object (expected {\"by_name\": {name: {\"nouns\": [...]}}})".into());
         }
-        Ok(table)
+        Ok(parts)
     }
 
-    /// Indices of the products titled `name`.
-    fn products_named<'a>(&'a self, products: &[Product], name: &str) -> impl Iterator<Item = usize> + 'a {
-        let lo = self
-            .by_title
-            .partition_point(|&i| products[i as usize].title.as_str() < name);
-        let hi = self
-            .by_title
-            .partition_point(|&i| products[i as usize].title.as_str() <= name);
-        self.by_title[lo..hi].iter().map(|&i| i as usize)
+    /// The noun table of an image.
+    pub fn from_image(img: Arc<Image>) -> Result<NounTable, String> {
+        let spans: &[NounSpan] = img.try_pod(Sec::NounSpans)?;
+        let blob = img.bytes(Sec::NounBlob).len() as u64;
+        if spans.iter().any(|s| s.off + s.len as u64 > blob) {
+            return Err("a noun span is out of bounds".into());
+        }
+        Ok(NounTable { img })
     }
 
     /// The nouns of `name` (a product's title), or None when the table had none for it.
-    pub fn get<'a>(&'a self, products: &[Product], name: &str) -> Option<Vec<&'a str>> {
-        let i = self.products_named(products, name).next()?;
-        let joined = self.nouns[i].as_deref()?;
+    pub fn get<'a>(&'a self, catalog: &Catalog, name: &str) -> Option<Vec<&'a str>> {
+        let i = catalog.products_named(name).next()?;
+        let span = self.img.pod::<NounSpan>(Sec::NounSpans)[i];
+        if span.present == 0 {
+            return None;
+        }
+        let bytes = &self.img.bytes(Sec::NounBlob)[span.off as usize..span.off as usize + span.len as usize];
+        let joined = std::str::from_utf8(bytes).expect("the image's strings are UTF-8 (its checksum was checked)");
         Some(if joined.is_empty() {
             Vec::new()
         } else {
@@ -189,12 +216,12 @@ impl NounTable {
     }
 }
 
-struct Top<'a> {
-    products: &'a [Product],
-    table: &'a mut NounTable,
+struct Top<'a, 'c> {
+    catalog: CatalogView<'c>,
+    parts: &'a mut NounParts,
 }
 
-impl<'de> Visitor<'de> for Top<'_> {
+impl<'de> Visitor<'de> for Top<'_, '_> {
     type Value = bool;
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a noun table object")
@@ -204,8 +231,8 @@ impl<'de> Visitor<'de> for Top<'_> {
         while let Some(key) = m.next_key::<String>()? {
             if key == "by_name" {
                 m.next_value_seed(ByName {
-                    products: self.products,
-                    table: &mut *self.table,
+                    catalog: self.catalog,
+                    parts: &mut *self.parts,
                 })?;
                 found = true;
             } else {
@@ -216,19 +243,19 @@ impl<'de> Visitor<'de> for Top<'_> {
     }
 }
 
-struct ByName<'a> {
-    products: &'a [Product],
-    table: &'a mut NounTable,
+struct ByName<'a, 'c> {
+    catalog: CatalogView<'c>,
+    parts: &'a mut NounParts,
 }
 
-impl<'de> DeserializeSeed<'de> for ByName<'_> {
+impl<'de> DeserializeSeed<'de> for ByName<'_, '_> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         d.deserialize_map(self)
     }
 }
 
-impl<'de> Visitor<'de> for ByName<'_> {
+impl<'de> Visitor<'de> for ByName<'_, '_> {
     type Value = ();
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("an object of name -> {\"nouns\": [...]}")
@@ -240,8 +267,8 @@ impl<'de> Visitor<'de> for ByName<'_> {
         }
         while let Some(name) = m.next_key::<String>()? {
             let e: Entry = m.next_value()?;
-            let hits: Vec<usize> = self.table.products_named(self.products, &name).collect();
-            if hits.is_empty() {
+            let mut hits = self.catalog.products_named(&name).peekable();
+            if hits.peek().is_none() {
                 continue;
             }
             if let Some(bad) = e.nouns.iter().find(|n| n.contains('\n') || n.is_empty()) {
@@ -249,9 +276,15 @@ impl<'de> Visitor<'de> for ByName<'_> {
                     "the nouns of {name:?} hold {bad:?} (empty or with a newline)"
                 )));
             }
-            let joined: Box<str> = e.nouns.join("\n").into();
+            let joined = e.nouns.join("\n");
+            let span = NounSpan {
+                off: self.parts.blob.len() as u64,
+                len: u32::try_from(joined.len()).map_err(|_| de::Error::custom("nouns over 4 GB"))?,
+                present: 1,
+            };
+            self.parts.blob.extend_from_slice(joined.as_bytes());
             for i in hits {
-                self.table.nouns[i] = Some(joined.clone());
+                self.parts.spans[i] = span;
             }
         }
         Ok(())
@@ -278,26 +311,47 @@ pub struct RewardInfo {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MissingNouns(pub String);
 
+/// The distinct strings of a list, sorted (a set).
+fn distinct(mut v: Vec<&str>) -> Vec<&str> {
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// How many strings two sorted sets share.
+fn common(a: &[&str], b: &[&str]) -> usize {
+    let (mut i, mut j, mut n) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                n += 1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    n
+}
+
 fn type_reward(
-    purchased: &Product,
+    purchased: ProductRef<'_>,
     goal: &Goal,
     nouns: &NounTable,
-    products: &[Product],
+    catalog: &Catalog,
 ) -> Result<(f64, bool, bool, f64), MissingNouns> {
-    let query_match = purchased.query == goal.query;
-    let split = |s: &str| -> HashSet<String> { s.split('›').map(|x| py_strip(x).to_string()).collect() };
-    let pc = split(&purchased.product_category);
-    let gc = split(&goal.product_category);
-    let category_match = pc.intersection(&gc).count() >= 2;
+    let query_match = purchased.query() == goal.query;
+    let pc = distinct(purchased.product_category().split('›').map(py_strip).collect());
+    let gc = distinct(goal.product_category.split('›').map(py_strip).collect());
+    let category_match = common(&pc, &gc) >= 2;
     let p_nouns = nouns
-        .get(products, &purchased.title)
-        .ok_or_else(|| MissingNouns(purchased.title.clone()))?;
+        .get(catalog, purchased.title())
+        .ok_or_else(|| MissingNouns(purchased.title().to_string()))?;
     let g_nouns = nouns
-        .get(products, &goal.name)
+        .get(catalog, &goal.name)
         .ok_or_else(|| MissingNouns(goal.name.clone()))?;
-    let ps: HashSet<&str> = p_nouns.iter().copied().collect();
-    let gs: HashSet<&str> = g_nouns.iter().copied().collect();
-    let n_inter = ps.intersection(&gs).count();
+    let n_inter = common(&distinct(p_nouns.clone()), &distinct(g_nouns.clone()));
     let title_score = if g_nouns.is_empty() {
         0.2
     } else {
@@ -317,14 +371,18 @@ fn type_reward(
 }
 
 fn attribute_matches(catalog: &Catalog, product: usize, goal: &Goal) -> usize {
-    let purchased = &catalog.products[product];
-    let (title, bullets, desc) = catalog.lowered_texts(product);
+    // the long texts are read only when an attribute has no fuzzy match
+    let mut lowered = None;
     let mut n = 0;
-    let processed = purchased.processed_attributes();
+    let processed = catalog.product(product).processed_attributes();
     for g in &goal.attributes {
         let pg = full_process(g);
-        let matched = processed.iter().any(|p| token_set_ratio_processed(p, &pg) > 85);
-        if matched || title.contains(g.as_str()) || bullets.contains(g.as_str()) || desc.contains(g.as_str()) {
+        let matched = processed.iter().any(|p| token_set_ratio_above(p, &pg, 85)) || {
+            let l = lowered.get_or_insert_with(|| catalog.lowered_texts(product));
+            let (title, bullets, desc) = &**l;
+            title.contains(g.as_str()) || bullets.contains(g.as_str()) || desc.contains(g.as_str())
+        };
+        if matched {
             n += 1;
         }
     }
@@ -332,14 +390,17 @@ fn attribute_matches(catalog: &Catalog, product: usize, goal: &Goal) -> usize {
 }
 
 fn option_matches(chosen: &[(String, String)], goal: &GoalOptions) -> usize {
-    let purchased: Vec<FuzzArg<'_>> = chosen.iter().map(|(_, v)| normalize_color(FuzzArg::Str(v))).collect();
-    let goal_opts: Vec<FuzzArg<'_>> = match goal {
-        GoalOptions::Dict(d) => d.iter().map(|(k, v)| normalize_color(FuzzArg::Pair(k, v))).collect(),
-        GoalOptions::List(l) => l.iter().map(|v| normalize_color(FuzzArg::Str(v))).collect(),
+    // thefuzz's token_set_ratio of the values as given (strings, str() of tuples), each
+    // processed once
+    let processed = |a: FuzzArg<'_>| full_process(&normalize_color(a).text());
+    let purchased: Vec<String> = chosen.iter().map(|(_, v)| processed(FuzzArg::Str(v))).collect();
+    let goal_opts: Vec<String> = match goal {
+        GoalOptions::Dict(d) => d.iter().map(|(k, v)| processed(FuzzArg::Pair(k, v))).collect(),
+        GoalOptions::List(l) => l.iter().map(|v| processed(FuzzArg::Str(v))).collect(),
     };
     goal_opts
         .iter()
-        .filter(|g| purchased.iter().any(|p| token_set_ratio_args(p, g) > 85))
+        .filter(|g| purchased.iter().any(|p| token_set_ratio_above(p, g, 85)))
         .count()
 }
 
@@ -353,8 +414,8 @@ pub fn get_reward(
     options: &[(String, String)],
     nouns: &NounTable,
 ) -> Result<RewardInfo, MissingNouns> {
-    let purchased = &catalog.products[product];
-    let (r_type, query_match, category_match, title_score) = type_reward(purchased, goal, nouns, &catalog.products)?;
+    let purchased = catalog.product(product);
+    let (r_type, query_match, category_match, title_score) = type_reward(purchased, goal, nouns, catalog)?;
     let r_price = price <= goal.price_upper;
     let n_att = attribute_matches(catalog, product, goal);
     let n_opt = option_matches(options, &goal.goal_options);
