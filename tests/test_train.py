@@ -535,7 +535,7 @@ def test_smoke_of_the_default_path_with_its_warm_up(tmp_path):
                 "optim.steps=1",
                 "rollout.tasks_per_step=1",
                 "rollout.group_size=2",
-                "rollout.max_response_tokens=8",
+                "rollout.max_response_tokens=40",  # holds the warm-up's targets (a shorter budget is refused)
                 "env.max_steps=2",
                 "eval.episodes=2",
             ]

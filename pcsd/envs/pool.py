@@ -45,7 +45,7 @@ import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
@@ -77,6 +77,9 @@ class StepBatch:
     step_count: np.ndarray  # int64, steps in the current episode
     error: list[str]
     has_search_bar: np.ndarray  # bool, WebShop: search[...] is offered (False for the other kinds)
+    #: per env, the env's privileged text for the teacher ("" none; a Python env's
+    #: ``info["privileged"]``, the latest given); None: the kind gives none (the native envs)
+    privileged: Optional[list[str]] = None
 
     @classmethod
     def _from_columns(cls, cols: tuple[Any, ...]) -> StepBatch:

@@ -153,6 +153,9 @@ def unused_keys(cfg) -> dict[str, str]:
             else f"rule {rule.name} transforms the advantages instead of adding a distillation "
             "loss (its own lambda decays from 0.5 to 0)"
         )
+    warm_teacher = cfg.optim.sft_steps > 0 and cfg.optim.sft_teacher_share > 0  # the warm-up's teacher prompts
+    if not (teacher or algo.student_skills or cfg.eval.skills or warm_teacher):
+        out["env.skills_dir"] = "no teacher reads skills and the student's prompts show none"
     if not algo.grpo:
         out["algo.clip_eps"] = out["algo.adv_eps"] = "no policy-gradient term (algo.grpo=false)"
         if not algo.kl_beta > 0:

@@ -163,6 +163,9 @@ def model_shape(cfg: Any) -> Shape:
     if cfg.model.path:  # a folder, or a Hugging Face model id (its config.json alone is fetched)
         from pcsd.models import ModelNotFound, model_config_file
 
+        known = _builtin_for_unreachable_id(str(cfg.model.path))
+        if known is not None:
+            return known
         try:
             p = model_config_file(cfg.model.path)
         except ModelNotFound as exc:
@@ -175,6 +178,41 @@ def model_shape(cfg: Any) -> Shape:
             f"(built-in shapes: {', '.join(f'{k} ({v})' for k, v in PRESET_SHAPES.items())})"
         )
     return Shape.from_config(BUILTIN_SHAPES[key], key)
+
+
+def _builtin_for_unreachable_id(spec: str) -> Optional[Shape]:
+    """The built-in shape of a Hugging Face model id that names one (``Qwen/Qwen2.5-3B-Instruct``:
+    qwen2.5-3b) when its config.json is not cached and the Hub cannot be reached now (offline, or its
+    host not answering within 3 s), with one line on stderr saying so; else None (read the real one)."""
+    import os
+    import re
+    import socket
+    import sys
+    from urllib.parse import urlparse
+
+    from pcsd.models import is_model_id
+
+    name = re.sub(r"[^a-z0-9.]", "", spec.split("/")[-1].lower())
+    key = next((k for k in BUILTIN_SHAPES if name.startswith(k.replace("-", ""))), None)
+    if key is None or os.path.exists(spec) or not is_model_id(spec):
+        return None
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(spec, "config.json"), str):
+        return None  # cached: the real one
+    if not constants.HF_HUB_OFFLINE:
+        url = urlparse(constants.ENDPOINT)
+        try:
+            socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=3).close()
+            return None  # reachable: the real one
+        except OSError:
+            pass
+    print(
+        f"pcsd.train: model.path={spec}: not cached and the Hugging Face Hub cannot be reached; the plan uses the "
+        f"built-in shape of {key}",
+        file=sys.stderr,
+    )
+    return Shape.from_config(BUILTIN_SHAPES[key], f"{key} (built-in)")
 
 
 def activation_bytes_per_token(s: Shape, compute: int, residual: int, checkpointing: bool) -> int:
