@@ -418,7 +418,7 @@ def test_training_smoke_run(webshop_data: Path, tmp_path: Path, child_env: dict)
         "rollout.tasks_per_step=1",
         "rollout.group_size=2",
         "env.max_steps=8",
-        "rollout.max_response_tokens=8",
+        "rollout.max_response_tokens=96",  # holds the warm-up's search[...] targets (91 tokens; shorter is refused)
         "eval.episodes=2",
         "model.tiny_layers=1",
         f"run.dir={tmp_path / 'run'}",
