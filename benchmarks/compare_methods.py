@@ -23,6 +23,12 @@ Standard errors, in percentage points:
 Figures: ``curves_<method>.png`` (mean gap and gate activation per RL step, one line per seed)
 and ``success.png``. Arguments after ``--`` go to every ``pcsd.train`` run (e.g. a smaller size).
 Do not tune a method on the evaluation games.
+
+An entry of ``--methods`` is a method (``pcsd``, ``grpo+opsd``), an advantage estimator alone
+(``gigpo``, ``rloo``: GRPO's method with that estimator, ``method=grpo algo.estimator=NAME``) or
+``ESTIMATOR+METHOD`` (``gigpo+pcsd``: ``method=pcsd algo.estimator=gigpo``, GiGPO + PCSD). A name
+that is a method is the method (``grpo``, ``grpo+opsd``); the estimator of a plain method is the
+preset's.
 """
 
 from __future__ import annotations
@@ -75,6 +81,33 @@ def _game_key(path: str) -> str:
 def _metrics(run_dir: Path) -> list[dict]:
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return [r for r in recs if "gap_mean" in r]
+
+
+def entry_overrides(entry: str) -> list[str]:
+    """The ``pcsd.train`` overrides of one ``--methods`` entry (see the module docs); SystemExit
+    naming the entry when it is neither a method nor ESTIMATOR[+METHOD]."""
+    from pcsd.ops.estimators import available_estimators
+    from pcsd.train.methods import METHODS
+
+    if canonical_method_or_none(entry) is not None:
+        return [f"method={canonical_method_or_none(entry)}"]
+    est, _, method = entry.partition("+")
+    resolved = canonical_method_or_none(method or "grpo")
+    if est in available_estimators() and resolved is not None:
+        return [f"method={resolved}", f"algo.estimator={est}"]
+    raise SystemExit(
+        f"--methods: {entry!r} is neither a method ({', '.join(METHODS)}) nor ESTIMATOR or ESTIMATOR+METHOD "
+        f"(estimators: {', '.join(available_estimators())})"
+    )
+
+
+def canonical_method_or_none(name: str) -> str | None:
+    from pcsd.train.methods import canonical_method
+
+    try:
+        return canonical_method(name)
+    except ValueError:
+        return None
 
 
 def _mean_se(xs: list[float]) -> tuple[float, float]:
@@ -168,7 +201,7 @@ def run_all(
         _train(
             [
                 f"run.dir={rd}",
-                f"method={m}",
+                *entry_overrides(m),
                 f"run.seed={seed}",
                 f"model.path={_model(warm_of[seed])}",
                 *overrides,
@@ -394,10 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     sys.path.insert(0, str(ROOT))
-    from pcsd.train.methods import canonical_method
-
     for m in methods:
-        canonical_method(m)  # an unknown method fails before any run
+        entry_overrides(m)  # an unknown entry fails before any run
     if args.baseline not in methods:
         methods.insert(0, args.baseline)
     out = args.out.resolve()

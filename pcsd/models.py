@@ -32,6 +32,7 @@ __all__ = [
     "hub_kwargs",
     "is_model_id",
     "load_model",
+    "load_on_device",
     "model_config_file",
     "resolve_device",
     "resolve_model_path",
@@ -287,12 +288,69 @@ def load_model(path: str | Path, device: torch.device, dtype: str = "auto"):
     from safetensors import SafetensorError
 
     try:
+        if device.type != "cpu":  # straight onto the device: never the whole model in host memory
+            model = load_on_device(p, cfg, device, torch_dtype, **kwargs)
+            if model is not None:
+                return model
         model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype, **kwargs)
     except (OSError, SafetensorError) as exc:  # a damaged file the header check above cannot see
         raise ModelLoadError(
             f"{p}: cannot load the weights ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
         ) from None
     return model.to(device)
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    """The checkpoint's safetensors files: every shard its index names, else ``*.safetensors``."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return [folder / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return sorted(folder.glob("*.safetensors"))
+
+
+def load_on_device(path: Path, config, device: torch.device, dtype: torch.dtype, **kwargs):
+    """The causal LM of checkpoint folder ``path`` built on ``device`` and filled there from its
+    safetensors files, a tensor at a time; None when the checkpoint needs transformers' own
+    loading (no safetensors, or names that are not the model's parameters: a renamed or
+    converted layout), which :func:`load_model` then does on the CPU.
+
+    Every parameter is created on ``device`` (``from_config`` under ``torch.device``: buffers such
+    as the rotary frequencies are computed there, as transformers does with a ``device_map``), then
+    overwritten by ``copy_`` from the checkpoint (cast to ``dtype`` on the device); host memory
+    holds one tensor of the file at a time, never the model. What ``from_pretrained`` adds is kept:
+    the folder's ``generation_config.json``, the name, eval mode, tied weights. No ``accelerate``
+    needed (transformers wants it for a ``device_map``)."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    files = _weight_files(path)
+    if not files:
+        return None
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
+    if getattr(model, "_keep_in_fp32_modules", None) or getattr(model, "_keep_in_fp32_modules_strict", None):
+        return None  # per-module dtypes: from_pretrained's business
+    params = dict(model.named_parameters(remove_duplicate=False))
+    buffers = dict(model.named_buffers())
+    filled: set[str] = set()
+    with torch.no_grad():
+        for f in files:
+            with safe_open(str(f), framework="pt") as fh:
+                names = list(fh.keys())
+                if any(n not in params and n not in buffers for n in names):
+                    return None  # a layout transformers converts while loading
+                for name in names:
+                    (params.get(name) if name in params else buffers[name]).copy_(fh.get_tensor(name))
+                    filled.add(name)
+    tied = {id(p) for n, p in params.items() if n in filled}
+    missing = [n for n, p in params.items() if n not in filled and id(p) not in tied]
+    if missing:
+        return None
+    if (path / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    model.config._name_or_path = str(path)
+    model.name_or_path = str(path)
+    return model.eval()
 
 
 def set_compute_dtype(model, dtype) -> None:

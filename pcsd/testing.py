@@ -398,7 +398,9 @@ def synthetic_rollout_batch(
     """A deterministic :class:`pcsd.rollout.loop.RolloutBatch` of random token ids (no generation):
     ``num_groups`` groups of ``group_size`` trajectories with a random number of turns, random
     prompt/response lengths, teacher prompts = ``skill_len`` extra tokens + the student prompt, and
-    rewards drawn so that groups mix wins and losses. For trainer tests on a fixed batch."""
+    rewards drawn so that groups mix wins and losses; a row's anchor state is its turn (the
+    trajectories of a group start alike: GiGPO's step groups), its step reward the trajectory's reward
+    on its last turn. For trainer tests on a fixed batch."""
     import random as _random
 
     import torch
@@ -427,6 +429,8 @@ def synthetic_rollout_batch(
         length.append(k)
     won_t = torch.tensor(won, dtype=torch.bool)
     traj_t = torch.tensor(traj, dtype=torch.int64)
+    turn_t = torch.tensor(turn, dtype=torch.int64)
+    last = turn_t == torch.tensor(length, dtype=torch.int64)[traj_t] - 1
     return RolloutBatch(
         prompt_ids=prompts,
         teacher_prompt_ids=teachers,
@@ -434,7 +438,7 @@ def synthetic_rollout_batch(
         behaviour_logprobs=lps,
         traj_id=traj_t,
         group_id=traj_t // group_size,
-        turn=torch.tensor(turn, dtype=torch.int64),
+        turn=turn_t,
         action_valid=torch.ones(len(traj), dtype=torch.bool),
         actions=["look"] * len(traj),
         reward=won_t.to(torch.float32) * success_reward,
@@ -443,6 +447,8 @@ def synthetic_rollout_batch(
         traj_group=torch.arange(n, dtype=torch.int64) // group_size,
         task_type=["pick_and_place_simple"] * n,
         task=["put a thing somewhere"] * n,
+        anchor=turn_t.clone(),
+        step_reward=torch.where(last, won_t.to(torch.float32)[traj_t] * success_reward, torch.zeros(len(traj))),
     )
 
 

@@ -420,6 +420,7 @@ def test_gpu_cuda_branches_run_with_a_stand_in_allocator(tmp_path, monkeypatch):
 
     for fn, value in (
         ("reset_peak_memory_stats", None),
+        ("memory_allocated", 2 << 30),
         ("max_memory_allocated", 3 << 30),
         ("max_memory_reserved", 4 << 30),
         ("synchronize", None),
@@ -432,6 +433,21 @@ def test_gpu_cuda_branches_run_with_a_stand_in_allocator(tmp_path, monkeypatch):
         assert part.status == "pass", (name, part.reason, part.figures.get("traceback"))
     paper = parts["paper_update"].figures
     assert paper["fused"]["peak_allocated_GiB"] == 3.0 and paper["fused"]["measured_vs_predicted"] > 0
-    assert paper["recompute"]["predicted_lines"]["AdamW step temporaries (foreach)"] > 0
-    assert parts["hf_generation"].figures["predicted_GiB"] > 0
+    # static and the peak above it, each against its own lines (a goal apiece)
+    assert paper["fused"]["static_GiB"] == 2.0 and paper["fused"]["increment_GiB"] == 1.0
+    goals = [g["what"] for g in parts["paper_update"].goals]
+    for side in ("fused", "recompute"):
+        assert f"{side}: static total within 10% of the plan's lines" in goals
+        assert f"{side}: peak increment within 10% of the plan's lines" in goals
+        lines = paper[side]["predicted_lines"]
+        assert paper[side]["predicted_static_GiB"] == pytest.approx(
+            sum(
+                lines[k] for k in ("master weights", "gradients", "AdamW state (2 moments)", "frozen teacher/reference")
+            )
+        )
+    # the optimizer a run on this device makes (fused on CUDA), and the plan's line for it
+    assert paper["adamw"] == "foreach" and "AdamW step temporaries (foreach)" in paper["fused"]["predicted_lines"]
+    gen = parts["hf_generation"].figures
+    assert gen["predicted_GiB"] > 0 and gen["static_GiB"] == 2.0 and gen["prefill_GiB"] == 1.0
+    assert gen["predicted_prefill_GiB"] <= gen["predicted_increment_GiB"]
     assert parts["fused"].figures["fused_bf16_peak_allocated_GiB"] == 3.0

@@ -56,11 +56,24 @@ def test_pcsd_parameters_with_the_ops_messages(override, message):
         ("rollout.sync_bucket_mb=0", "rollout.sync_bucket_mb must be > 0"),
         ("eval.every=-1", "eval.every must be >= 0"),
         ("eval.protocol=best", "eval.protocol='best' is not valid"),
+        ("algo.estimator=gae", "algo.estimator='gae' is not valid; choose one of grpo, rloo, gigpo"),
+        ("algo.policy_loss=cispo", "algo.policy_loss='cispo' is not valid; choose one of ppo, gspo"),
+        ("algo.gigpo.norm=std", "algo.gigpo.norm='std' is not valid; choose one of mean_std, mean"),
+        ("algo.gigpo.gamma=1.5", "algo.gigpo.gamma must be in [0, 1], got 1.5"),
+        ("algo.gigpo.step_weight=-1", "algo.gigpo.step_weight must be >= 0"),
+        ("algo.clip_eps_high=0", "algo.clip_eps_high must be > 0"),
+        ("algo.clip_eps_high=inf", "algo.clip_eps_high=inf must be a finite number"),
+        ("rollout.max_sample_batches=0", "rollout.max_sample_batches must be >= 1"),
     ],
 )
 def test_ranges_are_checked_when_the_config_is_read(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         load_config([override])
+
+
+def test_dynamic_sampling_needs_groups_that_can_differ():
+    with pytest.raises(ConfigError, match="a group of rollout.group_size=1 always is"):
+        load_config(["method=opsd", "rollout.group_size=1", "rollout.dynamic_sampling=true"])
 
 
 def test_greedy_evaluation_needs_no_temperature():

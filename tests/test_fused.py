@@ -5,6 +5,7 @@ method's loss; then update_step with optim.fused_lm_head / optim.joint_frozen_pa
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -20,11 +21,13 @@ from pcsd.ops.fused import (
     fused_score_loss,
 )
 from pcsd.ops.grpo import token_coefficients
+from pcsd.ops.losses import LossSpec, TokenTerms, update_token_loss
+from pcsd.ops.policy_losses import get_policy_loss
 from pcsd.ops.scoring import score_packed, selective_logprobs
-from pcsd.ops.weighting import get_rule
-from pcsd.train.fused_update import check_fused_loss, joint_scores, pair_microbatches, token_loss
+from pcsd.ops.weighting import NO_RULE, active_rule
+from pcsd.train.fused_update import joint_scores, pair_microbatches
 
-METHOD_LOSSES = ["grpo", "pcsd", "sdar", "uniform", "rlsd", "opsd"]
+METHOD_LOSSES = ["grpo", "pcsd", "sdar", "uniform", "rlsd", "opsd", "skill-sd", "sdar-norm", "pcsd-fixed-n4"]
 
 
 def _algo(method: str):
@@ -32,9 +35,10 @@ def _algo(method: str):
 
 
 def method_loss(method: str, n: int, cu: list[int], gen: torch.Generator, dtype, masked: bool):
-    """A per-token loss of ``method`` over ``n`` tokens in segments ``cu``: old log-probs taken
-    from the pass itself (one PPO epoch, as update_step does), weights from the gaps of whole
-    segments, random advantages, coefficients, reference and teacher, and a mask."""
+    """A per-token loss of ``method`` over ``n`` tokens in segments ``cu``: the update's one per-token
+    loss (pcsd.ops.losses.update_token_loss) with old log-probs taken from the pass itself (one PPO
+    epoch, as update_step does), the rule's terms from the gaps of whole segments, random
+    advantages, coefficients, reference and teacher, and a mask."""
     algo = _algo(method)
     ref = torch.randn(n, generator=gen, dtype=dtype) - 4
     teacher = torch.randn(n, generator=gen, dtype=dtype) - 4
@@ -42,33 +46,27 @@ def method_loss(method: str, n: int, cu: list[int], gen: torch.Generator, dtype,
     adv = torch.randn(len(cu) - 1, generator=gen, dtype=dtype)[traj]
     mask = torch.rand(n, generator=gen) > 0.25 if masked else torch.ones(n, dtype=torch.bool)
     coef = token_coefficients(mask, traj, len(cu) - 1, "seq-mean-token-mean").to(dtype)
-    rule = get_rule({"opsd": "sdar"}.get(method, method)) if method != "grpo" else None
-    cu_t = torch.tensor(cu)
+    rule = active_rule({"opsd": "sdar"}.get(method, method), True) if method != "grpo" else NO_RULE
+    policy = get_policy_loss("ppo") if algo.grpo else None
+    spec = LossSpec(policy, algo, algo.kl_beta, algo.lambda_distill, max(float(mask.sum()), 1.0))
 
     def loss(lp, lo, hi):
         old = lp.detach()
-        gap = teacher[lo:hi] - old
-        m = mask[lo:hi]
-        a = adv[lo:hi]
-        w = torch.zeros_like(old)
-        if rule is not None and rule.kind == "advantage":
-            a = rule(a.float(), gap.float(), m, 7).to(dtype)
-        elif rule is not None:
-            local = cu_t[(cu_t >= lo) & (cu_t <= hi)] - lo
-            w = rule(gap.float(), local, m).to(dtype)  # the native weights are float32
-        distill = rule is not None and rule.kind == "weights"
-        return token_loss(
-            lp,
-            old,
-            ref[lo:hi],
-            a,
-            coef[lo:hi],
-            teacher[lo:hi] if distill else None,
-            w,
-            m,
-            algo,
-            1.0 / max(float(mask.sum()), 1.0),
+        t = TokenTerms(
+            old_logp=old,
+            advantages=adv[lo:hi],
+            coef=coef[lo:hi],
+            mask=mask[lo:hi],
+            traj_ids=traj[lo:hi],
+            segments=tuple(x - lo for x in cu if lo <= x <= hi),
+            gap=(teacher[lo:hi] - old).float(),  # the native weights take float32 gaps
+            ref_logp=ref[lo:hi],
+            teacher_logp=teacher[lo:hi],
         )
+        r = rule.terms(t, 7)
+        w = None if r.weights is None else r.weights.to(dtype)
+        t = replace(t, advantages=r.advantages.to(dtype), weights=w, rule_loss=r.loss)
+        return update_token_loss(lp, t, spec).total
 
     return loss
 
@@ -242,12 +240,6 @@ def test_bad_input_names_the_argument(bad, match):
         fused_logprob_loss(args.pop("hidden"), args.pop("weight"), args.pop("targets"), args.pop("loss_fn"), **args)
 
 
-def test_check_fused_loss_refuses_a_missing_term():
-    check_fused_loss(torch.tensor(1.0), torch.tensor(1.0 + 1e-7))
-    with pytest.raises(RuntimeError, match="optim.fused_lm_head"):
-        check_fused_loss(torch.tensor(1.0), torch.tensor(1.1))
-
-
 # ----------------------------------------------------------------------------- with a model
 def tiny_qwen2(vocab=300, seed=0, tie=False):
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -321,7 +313,9 @@ def _update(base, frozen, rb, method, extra):
     return stats, m.state_dict()
 
 
-@pytest.mark.parametrize("method", ["pcsd", "sdar", "grpo+opsd", "rlsd", "grpo", "opsd", "pcsd-no-decay", "skill-sd"])
+@pytest.mark.parametrize(
+    "method", ["pcsd", "sdar", "sdar-norm", "grpo+opsd", "rlsd", "grpo", "opsd", "pcsd-no-decay", "skill-sd"]
+)
 @pytest.mark.parametrize("epochs", [1, 2])
 def test_update_step_fused_equals_recomputing(tiny_pair, method, epochs):
     from pcsd.testing import synthetic_rollout_batch

@@ -160,7 +160,9 @@ def test_gpu_node_dry_run_writes_everything_to_one_folder(node_run):
     assert data["machine"]["native"]["_C"]["path"].startswith(str(tmp / "work" / "site"))
     log = (out / "gpu_node.log").read_text()
     assert "python -m pcsd.bench gpu" in log and "done in" in log and "bench exit status 0" in log
-    assert "python:" in (out / "machine.txt").read_text()
+    machine = (out / "machine.txt").read_text()
+    assert "python:" in machine
+    assert any(ln.startswith("nvcc: ") for ln in machine.splitlines())  # cmake/pcsd_nvcc.cmake's line
 
 
 def test_gpu_node_names_a_missing_library(tmp_path):
@@ -227,3 +229,145 @@ def test_carried_wheels_cover_the_runtime_dependencies_the_node_lacks():
     carried = {ln.split("==")[0].lower() for ln in text if ln and not ln.startswith("#")}
     assert all("==" in ln for ln in text if ln and not ln.startswith("#")), "pin every carried wheel"
     assert names <= node_has | carried, f"not on the node and not carried: {sorted(names - node_has - carried)}"
+
+
+# ----------------------------------------------------------------------------- where nvcc is found
+def _cmake() -> str:
+    need_build_tools()
+    return shutil.which("cmake") or str(Path(sys.executable).parent / "cmake")
+
+
+def _fake_nvcc(folder: Path) -> Path:
+    """An executable ``folder/nvcc`` (a script: enough for the search, which never runs it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    nvcc = folder / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 0.0 (a stand-in)'\n")
+    nvcc.chmod(0o755)
+    return nvcc
+
+
+def find_nvcc(tmp: Path, python: str = sys.executable, **env: str) -> str:
+    """``cmake -P cmake/pcsd_nvcc.cmake`` (what tools/gpu_node.sh and CMakeLists.txt use) under
+    ``env`` alone (plus HOME), with the system toolkit folder in ``tmp/usr-local-cuda``."""
+    proc = subprocess.run(
+        [_cmake(), f"-DPYTHON={python}", f"-DPCSD_CUDA_SYSTEM_ROOT={tmp / 'usr-local-cuda'}", "-P"]
+        + [str(ROOT / "cmake" / "pcsd_nvcc.cmake")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"HOME": str(tmp), "PATH": str(tmp / "empty"), **env},
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout  # one line, found or not
+    return lines[0]
+
+
+LAYOUTS = {  # where the fake nvcc goes, the environment that names it, and where the line says it came from
+    "CUDA_HOME": ("home/bin", lambda t: dict(CUDA_HOME=str(t / "home")), lambda t: "CUDA_HOME"),
+    "CUDA_PATH": ("cpath/bin", lambda t: dict(CUDA_PATH=str(t / "cpath")), lambda t: "CUDA_PATH"),
+    "PATH": ("somewhere/bin", lambda t: dict(PATH=f"{t / 'empty'}:{t / 'somewhere' / 'bin'}"), lambda t: "PATH"),
+    "/usr/local/cuda": ("usr-local-cuda/bin", lambda t: {}, lambda t: str(t / "usr-local-cuda")),
+    # NVIDIA's pip packages, through the Python's `nvidia` namespace (PYTHONPATH: a site folder)
+    "nvidia-cuda-nvcc 13": (
+        "site/nvidia/cu13/bin",
+        lambda t: dict(PYTHONPATH=str(t / "site")),
+        lambda t: "NVIDIA's pip package, nvidia/cu13",
+    ),
+    "CUDA 12 wheels": (
+        "site/nvidia/cuda_nvcc/bin",
+        lambda t: dict(PYTHONPATH=str(t / "site")),
+        lambda t: "NVIDIA's pip package, nvidia/cuda_nvcc",
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_nvcc_is_found_in_each_layout(layout, tmp_path):
+    where, env, how = LAYOUTS[layout]
+    nvcc = _fake_nvcc(tmp_path / where)
+    assert find_nvcc(tmp_path, **env(tmp_path)) == f"nvcc: {nvcc} ({how(tmp_path)})"
+
+
+def test_nvcc_search_order_and_one_line_when_none_is_found(tmp_path):
+    # CUDA_HOME first, even with every other layout present; a CUDA_HOME without nvcc is passed over
+    for where in ("home/bin", "cpath/bin", "somewhere/bin", "usr-local-cuda/bin", "site/nvidia/cu13/bin"):
+        _fake_nvcc(tmp_path / where)
+    every = dict(
+        CUDA_HOME=str(tmp_path / "home"),
+        CUDA_PATH=str(tmp_path / "cpath"),
+        PATH=str(tmp_path / "somewhere" / "bin"),
+        PYTHONPATH=str(tmp_path / "site"),
+    )
+    assert find_nvcc(tmp_path, **every).endswith("home/bin/nvcc (CUDA_HOME)")
+    every["CUDA_HOME"] = str(tmp_path / "nothing")
+    assert find_nvcc(tmp_path, **every).endswith("cpath/bin/nvcc (CUDA_PATH)")
+    del every["CUDA_PATH"]
+    assert find_nvcc(tmp_path, **every).endswith("somewhere/bin/nvcc (PATH)")
+    del every["PATH"]
+    assert find_nvcc(tmp_path, **every).endswith("usr-local-cuda/bin/nvcc (" + str(tmp_path / "usr-local-cuda") + ")")
+    none = tmp_path / "none"
+    none.mkdir()
+    line = find_nvcc(none, CUDA_HOME=str(tmp_path / "nothing"))
+    assert line == (
+        f"nvcc: not found (looked at CUDA_HOME={tmp_path / 'nothing'} (no bin/nvcc), CUDA_PATH unset, PATH, "
+        f"{none / 'usr-local-cuda'}/bin, NVIDIA's pip packages of {sys.executable})"
+    ), line
+
+
+def test_a_pip_toolkit_gets_the_runtime_from_lib(tmp_path):
+    """NVIDIA's wheels put libraries in lib/ (not lib64/) with no unversioned libcudart.so: the
+    build points FindCUDAToolkit at the versioned file; the CUDA 12 wheels' runtime sits apart,
+    its headers added to the CUDA flags."""
+    cu13 = _fake_nvcc(tmp_path / "nvidia" / "cu13" / "bin")
+    (tmp_path / "nvidia" / "cu13" / "lib").mkdir()
+    (tmp_path / "nvidia" / "cu13" / "lib" / "libcudart.so.13").write_bytes(b"")
+    (tmp_path / "nvidia" / "cu13" / "include").mkdir()
+    (tmp_path / "nvidia" / "cu13" / "include" / "cuda_runtime.h").write_text("")  # nvcc + runtime in one folder
+    cu12 = _fake_nvcc(tmp_path / "nvidia" / "cuda_nvcc" / "bin")
+    (tmp_path / "nvidia" / "cuda_runtime" / "lib").mkdir(parents=True)
+    (tmp_path / "nvidia" / "cuda_runtime" / "include").mkdir()
+    (tmp_path / "nvidia" / "cuda_runtime" / "lib" / "libcudart.so.12").write_bytes(b"")
+    (tmp_path / "nvidia" / "cuda_runtime" / "include" / "cuda_runtime.h").write_text("")
+    lines = []
+    for nvcc in (cu13, cu12):
+        script = tmp_path / "hints.cmake"
+        script.write_text(
+            f'include("{ROOT / "cmake" / "pcsd_nvcc.cmake"}")\npcsd_cuda_hints("{nvcc}")\n'
+            'execute_process(COMMAND "${CMAKE_COMMAND}" -E echo "${CUDAToolkit_ROOT}|${CUDA_CUDART}|$ENV{CUDAFLAGS}")\n'
+        )
+        proc = subprocess.run([_cmake(), "-P", str(script)], capture_output=True, text=True, timeout=120, env={})
+        assert proc.returncode == 0, proc.stderr
+        lines.append(proc.stdout.strip().split("|"))
+    nv = tmp_path / "nvidia"
+    assert lines[0] == [str(nv / "cu13"), str(nv / "cu13" / "lib" / "libcudart.so.13"), ""]
+    assert lines[1] == [
+        str(nv / "cuda_nvcc"),
+        str(nv / "cuda_runtime" / "lib" / "libcudart.so.12"),
+        f" -I{nv / 'cuda_runtime' / 'include'}",
+    ]
+
+
+def test_gpu_node_without_nvcc_stops_in_one_line_before_installing(tmp_path):
+    if Path("/usr/local/cuda/bin/nvcc").exists():
+        pytest.skip("this machine has /usr/local/cuda/bin/nvcc")
+    _cmake()
+    carry = tmp_path / "carry"
+    carry.mkdir()
+    (carry / "libpcsd_envpool.so").write_bytes(b"")  # never read: the script stops before the install
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "CUDACXX", "PYTHONPATH", "OUT")}
+    env.update(PATH="/usr/bin:/bin", PYTHON=sys.executable)
+    assert shutil.which("nvcc", path=env["PATH"]) is None
+    proc = subprocess.run(
+        ["bash", str(ROOT / "tools" / "gpu_node.sh"), "--carry", str(carry), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 1
+    said = [ln for ln in proc.stdout.splitlines() if "PCSD_CUDA=on and no nvcc" in ln]
+    assert len(said) == 1 and "nvcc: not found (looked at CUDA_HOME unset, CUDA_PATH unset, PATH" in said[0], (
+        proc.stdout
+    )
+    assert not (tmp_path / "out" / "install.log").exists()

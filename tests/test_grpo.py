@@ -102,3 +102,77 @@ def test_token_coefficients_reproduce_aggregation(mode):
     m = torch.rand(30) > 0.3
     c = token_coefficients(m, traj, 7, mode)
     torch.testing.assert_close((c * x).sum(), aggregate(x, m.double(), traj, 7, mode))
+
+
+# ----------------------------------------------------------------------------- the update's per-token loss
+def _token_terms(n_turns=(5, 1, 7), seed=0, ref=True):
+    from pcsd.ops.losses import TokenTerms, pcsd_token_loss
+
+    g = torch.Generator().manual_seed(seed)
+    n = sum(n_turns)
+    traj = torch.repeat_interleave(torch.arange(len(n_turns)), torch.tensor(n_turns))
+    mask = torch.rand(n, generator=g) > 0.2
+    old = torch.randn(n, generator=g, dtype=torch.float64) - 2
+    teacher = torch.randn(n, generator=g, dtype=torch.float64) - 2
+    segs = [0]
+    for x in n_turns:
+        segs.append(segs[-1] + x)
+    return TokenTerms(
+        old_logp=old,
+        advantages=torch.randn(n, generator=g, dtype=torch.float64),
+        coef=torch.rand(n, generator=g, dtype=torch.float64) * mask,
+        mask=mask,
+        traj_ids=traj,
+        segments=tuple(segs),
+        gap=teacher - old,
+        ref_logp=(torch.randn(n, generator=g, dtype=torch.float64) - 2) if ref else None,
+        teacher_logp=teacher,
+        weights=torch.rand(n, generator=g, dtype=torch.float64) * mask,
+        rule_loss=lambda lp, t: pcsd_token_loss(lp, t.teacher_logp, t.weights, t.mask),
+    )
+
+
+@pytest.mark.parametrize("grpo, ref", [(True, True), (False, True), (True, False)])
+def test_update_token_loss_is_the_sum_of_its_terms_written_out(grpo, ref):
+    """update_token_loss (both paths of the update) against the terms written out per token:
+    c (-min(rho A, clip(rho) A)) + kl_beta c k3 + lambda m w (teacher - lp) / M."""
+    from pcsd.ops.losses import LossSpec, update_token_loss
+    from pcsd.ops.policy_losses import get_policy_loss
+
+    t = _token_terms(ref=ref)
+    lp = t.old_logp + 0.3 * torch.randn(len(t.mask), generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    spec = LossSpec(get_policy_loss("ppo") if grpo else None, {"clip_eps": 0.2}, 0.1, 0.5, 11.0)
+    parts = update_token_loss(lp, t, spec)
+    for i in range(len(lp)):
+        rho = math.exp(float(lp[i] - t.old_logp[i]))
+        a, c = float(t.advantages[i]), float(t.coef[i])
+        pg = -min(rho * a, min(max(rho, 0.8), 1.2) * a) if grpo else 0.0
+        kl = 0.0
+        if ref:
+            d = float(t.ref_logp[i] - lp[i])
+            kl = math.exp(d) - d - 1
+        m, w = float(t.mask[i]), float(t.weights[i])
+        distill = m * w * float(t.teacher_logp[i] - lp[i])  # the rule's term; it enters / M (11)
+        assert float(parts.pg[i]) == pytest.approx(c * pg, rel=1e-12, abs=1e-15)
+        assert float(parts.kl[i]) == pytest.approx(c * kl, rel=1e-12, abs=1e-15)
+        assert float(parts.distill[i]) == pytest.approx(distill, rel=1e-12, abs=1e-15)
+        want = c * pg + 0.1 * c * kl + 0.5 * distill / 11.0
+        assert float(parts.total[i]) == pytest.approx(want, rel=1e-12, abs=1e-15)
+    assert bool(parts.clipped.any()) == grpo  # ratios up to exp(+-0.9): some clipped
+
+
+def test_policy_losses_are_chosen_by_name():
+    from pcsd.ops.grpo import grpo_token_terms
+    from pcsd.ops.policy_losses import available_policy_losses, get_policy_loss, register_policy_loss
+
+    assert "ppo" in available_policy_losses()
+    t = _token_terms(seed=3)
+    lp = t.old_logp + 0.25
+    pg, clipped = get_policy_loss("ppo")(lp, t, {"clip_eps": 0.1})
+    want_pg, _, want_clipped = grpo_token_terms(lp, t.old_logp, None, t.advantages, 0.1)
+    # a masked token is never counted as clipped (its coefficient is 0: it is not in the term)
+    assert torch.equal(pg, want_pg) and torch.equal(clipped, want_clipped & t.mask)
+    with pytest.raises(ValueError, match=r"unknown policy loss 'cispo'; valid: \['ppo', 'gspo'"):
+        get_policy_loss("cispo")
+    with pytest.raises(ValueError, match="already registered"):
+        register_policy_loss("ppo")(lambda lp, t, algo: (lp, lp > 0))

@@ -132,3 +132,35 @@ def test_every_layer_has_modules_and_a_docstring(layer_name):
     assert mods, layer_name
     head = f"pcsd.{layer_name}"
     assert ast.get_docstring(ast.parse(MODULES[head].read_text())), f"{head} has no docstring"
+
+
+# ----------------------------------------------------------------------------- the update's shape
+#: the longest function allowed in the update's modules (issue 27: the update in phases)
+MAX_FUNCTION_LINES = 80
+SHAPED = ("train/update.py", "train/fused_update.py")
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``name (n lines)`` of every function or method in ``path`` (nested ones too) longer than
+    ``limit`` lines, counted from its ``def`` (decorators excluded) to its last line."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1
+            if n > limit:
+                out.append(f"{node.name} ({n} lines)")
+    return out
+
+
+@pytest.mark.parametrize("rel", SHAPED)
+def test_no_function_of_the_update_is_longer_than_80_lines(rel):
+    assert long_functions(PKG / rel) == []
+
+
+def test_long_functions_counts_lines(tmp_path):
+    f = tmp_path / "m.py"
+    body = "\n".join(f"        x{i} = {i}" for i in range(80))
+    f.write_text(f"def short():\n    return 1\n\n\nclass C:\n    def long(self):\n{body}\n")
+    assert long_functions(f) == ["long (81 lines)"]
+    assert long_functions(f, limit=81) == []

@@ -104,6 +104,17 @@ def test_the_gated_rules_share_one_parameter_with_the_papers_default():
         (["method=pcsd-fixed-n4", "algo.pcsd.tau_low=0.1"], "algo.pcsd.tau_low"),
         (["method=pcsd-no-trend", "algo.pcsd.gamma=0.1"], "algo.pcsd.gamma"),
         (["method=skill-grpo", "algo.teacher=current"], "algo.teacher"),
+        (["method=pcsd", "algo.gigpo.gamma=0.9"], "algo.gigpo.gamma"),
+        (
+            ["method=sdar", "algo.estimator=gigpo", "algo.gigpo.step_weight=0", "algo.gigpo.gamma=0.9"],
+            "algo.gigpo.gamma",
+        ),
+        (["method=pcsd", "algo.estimator=rloo", "algo.adv_eps=1e-4"], "algo.adv_eps"),
+        (["method=grpo", "algo.estimator=gigpo", "algo.gigpo.norm=mean", "algo.adv_eps=1e-4"], "algo.adv_eps"),
+        (["method=opsd", "algo.estimator=gigpo"], "algo.estimator"),
+        (["method=opsd", "algo.policy_loss=gspo"], "algo.policy_loss"),
+        (["method=opsd", "algo.clip_eps_high=0.28"], "algo.clip_eps_high"),
+        (["method=pcsd", "rollout.max_sample_batches=5"], "rollout.max_sample_batches"),
     ],
 )
 def test_a_key_without_effect_under_the_method_is_warned_about_once(overrides, key):
@@ -125,6 +136,9 @@ def test_a_key_without_effect_under_the_method_is_warned_about_once(overrides, k
         ["method=skill-sd", "algo.lambda_distill=0.002"],
         ["method=pcsd-fixed-n4", "algo.pcsd.n_max=6"],
         ["method=vanilla", "algo.lambda_distill=0.05"],
+        ["method=pcsd", "algo.estimator=gigpo", "algo.gigpo.gamma=0.9", "algo.gigpo.norm=mean"],
+        ["method=sdar", "algo.policy_loss=gspo", "algo.clip_eps_high=0.28", "rollout.dynamic_sampling=true"],
+        ["method=rlsd", "algo.estimator=rloo", "rollout.dynamic_sampling=true", "rollout.max_sample_batches=2"],
     ],
 )
 def test_a_key_the_method_reads_is_not_warned_about(overrides):

@@ -549,3 +549,61 @@ def test_long_segment_has_no_drift(impl):
     tail = slice(150_000, 199_990)
     assert bool((got.slope[tail][mask[tail]].abs() < 1e-6).all())
     assert bool((got.r[tail] == 0).all())
+
+
+# ----------------------------------------------------------------------------- the defaults, in one place
+def _header_defaults() -> dict[str, float]:
+    """``{name: value}`` of ``struct PcsdParams``'s numeric defaults in ``csrc/pcsd_kernels.h``."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "csrc" / "pcsd_kernels.h").read_text()
+    body = re.search(r"struct PcsdParams \{(.*?)\};", text, re.S)
+    assert body, "struct PcsdParams not found in csrc/pcsd_kernels.h"
+    fields = re.findall(r"^\s*(?:int64_t|double)\s+(\w+)\s*=\s*([^;]+);", body.group(1), re.M)
+    return {name: float(value) for name, value in fields}
+
+
+def test_the_native_header_has_the_python_defaults():
+    """csrc/pcsd_kernels.h repeats PCSD's defaults for C++ callers: they must be pcsd.ops.defaults'."""
+    from pcsd.ops.defaults import PCSD_DEFAULTS
+
+    want = {k: float(v) for k, v in PCSD_DEFAULTS.as_dict().items()}
+    assert _header_defaults() == want
+
+
+def test_every_reader_takes_the_defaults_from_one_place():
+    """The op's wrapper, both references, the rules, the config schema and the benchmark cases read
+    pcsd.ops.defaults: each default equals it (and the signatures name all nine parameters)."""
+    import dataclasses
+    import inspect
+
+    from pcsd.bench.op_cases import Params
+    from pcsd.ops.defaults import PCSD_DEFAULTS
+    from pcsd.ops.reference import pcsd_weights_loop
+    from pcsd.ops.weighting import get_rule
+    from pcsd.train.config import PcsdParams
+
+    want = PCSD_DEFAULTS.as_dict()
+    for fn in (pcsd_weights, pcsd_weights_reference, pcsd_weights_loop):
+        sig = inspect.signature(fn).parameters
+        assert {k: sig[k].default for k in want} == want, fn.__name__
+    assert {k: getattr(Params(), k) for k in want} == want
+    schema = dataclasses.asdict(PcsdParams())
+    assert schema == {k: v for k, v in want.items() if k in schema} and len(schema) == 7
+    assert get_rule("pcsd").defaults == want
+    for name in ("sdar", "sdar-norm"):
+        assert get_rule(name).defaults == {"beta_gate": want["beta_gate"]}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PCSD_DEFAULTS.alpha = 0.5  # type: ignore[misc]
+
+
+def test_reading_the_defaults_does_not_import_torch():
+    """The config schema reads pcsd.ops.defaults at import: that must not load torch (pcsd.ops loads
+    its op lazily)."""
+    import subprocess
+    import sys
+
+    code = "import sys, pcsd.ops.defaults, pcsd.train.config; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -116,7 +116,8 @@ def test_qwen25_3b_on_one_80gb_gpu_by_hand():
     for varlen, beyond in ((False, 16_384 * per_tok), (True, 0)):  # sdpa: padded to <= 2 x 16384 positions
         plan = memory_plan(cfg, 1, 80 * GiB, varlen=varlen)
         r = rows_of(plan)
-        assert r["AdamW step temporaries (foreach)"] == 4 * Q25_P == 12_343_754_752
+        assert r["AdamW step (fused)"] == 0  # fused=True on CUDA: in place (pcsd.train.optim)
+        assert "AdamW step temporaries (foreach)" not in r
         assert r["lm-head gradient buffers"] == lm == 1_690_042_368
         assert r["micro-batch beyond the budget"] == beyond
         assert r["activations (16384 tokens)"] == 16_384 * per_tok == 7_039_090_688
@@ -124,11 +125,16 @@ def test_qwen25_3b_on_one_80gb_gpu_by_hand():
         assert "FSDP lm-head weight (fused pass)" not in r
         assert plan.static_bytes == static
         micro = 2 * Q25_P + 16_384 * per_tok + beyond + lm + GiB  # autocast's bf16 weights ... graphs
-        step = 4 * Q25_P + GiB
-        assert plan.microbatch_bytes == micro and plan.step_bytes == step
+        assert plan.microbatch_bytes == micro and plan.step_bytes == GiB  # the step: vLLM's graphs alone
         assert plan.rollout_bytes == 20 * GiB
-        assert plan.peak == static + max(20 * GiB, micro, step)
+        assert plan.peak == static + max(20 * GiB, micro)
+        # torch's default foreach AdamW: sqrt of the fp32 second moments, a parameter-sized temporary
+        foreach = memory_plan(cfg, 1, 80 * GiB, varlen=varlen, adamw="foreach")
+        assert rows_of(foreach)["AdamW step temporaries (foreach)"] == 4 * Q25_P == 12_343_754_752
+        assert foreach.step_bytes == 4 * Q25_P + GiB and foreach.peak == plan.peak  # the micro-batch is larger
     assert memory_plan(cfg, 1, 80 * GiB, varlen=False).peak == 80_708_222_976  # 75.17 GiB: fits, 94 %
+    with pytest.raises(ValueError, match="adamw must be fused or foreach"):
+        memory_plan(cfg, 1, 80 * GiB, adamw="sgd")
     # vLLM's KV cache: 20 GiB - bf16 weights 2P - 1 GiB activations - 1 GiB graphs = 13,155,475,456 B;
     # a 2560-token sequence needs 2560 * 2 * 36 * 2 * 128 * 2 = 94,371,840 B -> 139 at once
     kv_row = [r for r in memory_plan(cfg, 1, 80 * GiB).rows if r.item == "  of which KV cache"][0]
@@ -139,7 +145,12 @@ def test_qwen3_17b_on_8_40gb_gpus_by_hand():
     cfg = load_config(["preset=alfworld-qwen3-1.7b"])
     plan = memory_plan(cfg, 8, 40 * GiB, varlen=False)
     r = rows_of(plan)
-    assert r["AdamW step temporaries (foreach)"] == 4 * Q3_P // 8 == 860_287_488
+    assert r["AdamW step (fused)"] == 0
+    assert (
+        rows_of(memory_plan(cfg, 8, 40 * GiB, varlen=False, adamw="foreach"))["AdamW step temporaries (foreach)"]
+        == 4 * Q3_P // 8
+        == 860_287_488
+    )
     assert r["FSDP lm-head weight (fused pass)"] == HEAD_W  # gathered once per micro-batch, float32
     assert r["lm-head gradient buffers"] == HEAD_W + 16_384 * H * 4 + TILE
     # FSDP2: the unsharded root (embeddings + final norm: 311,164,928 + 2,048) + 2 layers, in bf16
@@ -153,7 +164,7 @@ def test_qwen3_17b_on_8_40gb_gpus_by_hand():
     assert plan.static_bytes == (4 + 4 + 8 + 2) * Q3_P // 8 + 2 * GiB  # P is a multiple of 8
     micro = 823_677_952 + 2 * 16_384 * per_tok + (HEAD_W + 16_384 * H * 4 + TILE) + HEAD_W + GiB
     assert plan.microbatch_bytes == micro
-    assert plan.step_bytes == 860_287_488 + GiB
+    assert plan.step_bytes == GiB
     assert plan.peak == plan.static_bytes + max(int(0.25 * 40 * GiB), micro)
     assert plan.fits
 
@@ -161,20 +172,26 @@ def test_qwen3_17b_on_8_40gb_gpus_by_hand():
 def test_hf_backend_generation_is_counted_by_hand():
     cfg = load_config(["preset=alfworld-qwen2.5-3b", "rollout.backend=hf"])
     r = rows_of(memory_plan(cfg, 1, 80 * GiB, varlen=True))
-    # 64 sequences at once (HFBackend.max_batch; the rank plays 128) of 2048 + 512 tokens:
-    kv = 64 * 2_560 * (2 * 36 * 2 * 128 * 2)  # bf16 K and V: 36,864 B per token -> 6,039,797,760
-    prefill = 64 * 2_048 * (2 * 4 * 2_048 + 3 * 2 * 11_008)  # fp32 stream + normed copy, gate/up/product
-    logits = 64 * V * (4 * 4 + 8)  # four float32 copies + int64 sort indices per entry
-    assert r["hf generation (KV, prefill, logits)"] == kv + prefill + logits == 17_077_698_560
+    # 64 sequences at once (HFBackend.max_batch; the rank plays 128) of 2048 + 512 tokens, the KV
+    # cache in float32 (K after the fp32 rotary, V promoted to K's dtype): 73,728 B per token
+    kv_tok = 2 * 36 * 2 * 128 * 4
+    # the prefill at one layer's MLP: four fp32 residual-stream tensors, fp32 cos + sin, gate/up/product
+    prefill = 64 * 2_048 * (4 * 4 * 2_048 + 2 * 4 * 128 + 3 * 2 * 11_008)  # 99,840 B per token
+    at_prefill = 64 * 2_048 * kv_tok + prefill  # with the prompts' KV: 22,749,904,896
+    at_decode = 64 * 2_560 * kv_tok * 37 // 36 + 64 * V * (4 * 4 + 8)  # the whole KV (+ a layer's grown copy) + logits
+    assert r["hf generation (KV, prefill, logits)"] == max(at_prefill, at_decode) == 22_749_904_896
+    # without flash-attention sdpa's [B, 1, L, L] bool mask is held through the prefill
+    padded = rows_of(memory_plan(cfg, 1, 80 * GiB, varlen=False))
+    assert padded["hf generation (KV, prefill, logits)"] == at_prefill + 64 * 2_048 * 2_048
     assert r["hf generation: cast weights"] == 2 * Q25_P
     assert "vLLM (rollout)" not in r and "vLLM CUDA graphs (asleep)" not in r
     # sharded: every rank keeps a full bf16 copy to generate with (static), 32 sequences per rank
     four = memory_plan(cfg, 4, 80 * GiB, varlen=True)
     r4 = rows_of(four)
     assert r4["hf generation copy (full)"] == 2 * Q25_P
-    assert (
-        r4["hf generation (KV, prefill, logits)"]
-        == 32 * 2_560 * 36_864 + 32 * 2_048 * (2 * 2 * 2_048 + 3 * 2 * 11_008) + 32 * V * 24
+    # a bf16 model (no autocast): the stream and the KV cache in bf16
+    assert r4["hf generation (KV, prefill, logits)"] == 32 * 2_048 * 36_864 + 32 * 2_048 * (
+        4 * 2 * 2_048 + 2 * 2 * 128 + 3 * 2 * 11_008
     )
     assert four.static_bytes == (4 * Q25_P // 4) * 2 + 8 * Q25_P // 4 + 2 * Q25_P // 4 + 2 * GiB + 2 * Q25_P
 
@@ -211,7 +228,10 @@ def test_predict_update_for_a_batch_by_hand():
     assert r["activations (100 tokens)"] == 100 * 429_632
     assert r["micro-batch beyond the budget"] == 70 * 429_632
     assert r["lm-head gradient buffers"] == HEAD_W + 10 * H * 4 + 110 * V * 4  # tile: 2**24 // V = 110 rows
-    assert plan.update_bytes == max(2 * Q25_P + 170 * 429_632 + r["lm-head gradient buffers"], 4 * Q25_P)
+    micro = 2 * Q25_P + 170 * 429_632 + r["lm-head gradient buffers"]
+    assert plan.update_bytes == micro and r["AdamW step (fused)"] == 0  # fused AdamW: the micro-batch peaks
+    foreach = predict_update(cfg, prompts, responses, varlen=False, adamw="foreach")
+    assert foreach.update_bytes == max(micro, 4 * Q25_P) == 4 * Q25_P  # foreach's temporary would peak here
 
 
 def test_cli_plan_prints_and_loads_nothing(capsys, monkeypatch):

@@ -286,6 +286,7 @@ def test_an_env_that_does_not_replay_to_its_state_is_an_error_not_a_silent_chang
         ("NonText", "returned an observation of type int, expected str"),
         ("OldGymStep", "step() returned a tuple of 4"),
         ("BadInfo", "info['admissible_actions'] of type str"),
+        ("BadAnchor", "info['anchor'] of type int, expected str"),
     ],
 )
 def test_results_outside_the_protocol_are_that_envs_error(name, what):
@@ -299,6 +300,15 @@ def test_results_outside_the_protocol_are_that_envs_error(name, what):
             assert not s.error[0] and what in s.error[1] and s.done[1]
         else:
             assert all(what in e for e in s.error) and s.done.all()
+
+
+def test_anchors_are_the_envs_info_anchor_or_none():
+    with PythonEnvPool(f("Anchored"), 2, group_size=2, seeds=[3], num_workers=1) as pool:
+        assert pool.reset().anchor == ["0", "0"]
+        s = pool.step(["go", "stop"])
+        assert s.anchor == ["1", "1"] and s.obs == ["3:1:go", "3:1:stop"]
+    with PythonEnvPool(COUNTER, 1, num_workers=1) as pool:
+        assert pool.reset().anchor == [None]
 
 
 def test_malformed_calls_raise_and_bad_entries_are_errors():

@@ -23,7 +23,7 @@ def setup(tmp_path_factory):
     return make_backend("hf", model=model, pad_token_id=eos), builder, eos, model
 
 
-def run(setup, seed=0, episode_len=3, max_steps=5, groups=2, g=3):
+def run(setup, seed=0, episode_len=3, max_steps=5, groups=2, g=3, **kw):
     backend, builder, eos, _ = setup
     return collect_rollouts(
         backend,
@@ -36,6 +36,7 @@ def run(setup, seed=0, episode_len=3, max_steps=5, groups=2, g=3):
         stop_token_ids=[eos],
         env_kind="dummy",
         env_options=dict(episode_len=episode_len),
+        **kw,
     )
 
 
@@ -60,6 +61,39 @@ def test_batch_layout_and_groups(setup):
     # a group shares its game: same task text
     assert rb.task[0] == rb.task[1] == rb.task[2]
     assert rb.reward.dtype == torch.float32 and set(rb.reward.tolist()) <= {0.0, 10.0}
+
+
+def test_rows_carry_anchor_states_and_step_rewards(setup):
+    """A native env's anchor is its observation: a group's envs start in one state (one id), the dummy
+    game's later observations depend on the answers; step rewards sum to the reward, which the
+    winning step carries (success_reward)."""
+    rb = run(setup, episode_len=3, invalid_action_penalty=0.5)
+    assert rb.anchor.shape == rb.step_reward.shape == (rb.num_rows,)
+    first = rb.anchor[rb.turn == 0]
+    assert first[:3].unique().numel() == 1 and first[3:].unique().numel() == 1
+    sums = torch.zeros(rb.num_trajectories).index_add(0, rb.traj_id, rb.step_reward)
+    torch.testing.assert_close(sums, rb.reward)
+    last = rb.turn == rb.length[rb.traj_id] - 1
+    pen = (~rb.action_valid).float() * 0.5
+    torch.testing.assert_close(rb.step_reward[~last], -pen[~last])
+    torch.testing.assert_close(rb.step_reward[last], rb.won.float()[rb.traj_id[last]] * 10.0 - pen[last])
+
+
+def test_take_groups_and_concat(setup):
+    a, b = run(setup, seed=1), run(setup, seed=2, groups=3, g=2)
+    both = type(a).concat([a, b])
+    assert both.num_trajectories == 12 and both.num_groups == 5 and both.num_rows == a.num_rows + b.num_rows
+    assert both.traj_group.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert both.response_ids == a.response_ids + b.response_ids
+    assert set(both.anchor[: a.num_rows].tolist()).isdisjoint(both.anchor[a.num_rows :].tolist())
+    back = both.take_groups([2, 3, 4])
+    assert back.response_ids == b.response_ids and torch.equal(back.traj_id, b.traj_id)
+    assert torch.equal(back.group_id, b.group_id) and torch.equal(back.reward, b.reward)
+    assert torch.equal(back.step_reward, b.step_reward) and back.task == b.task
+    one = a.take_groups([1])
+    assert one.num_trajectories == 3 and one.traj_group.tolist() == [0, 0, 0]
+    assert one.response_ids == [r for r, t in zip(a.response_ids, a.traj_id.tolist()) if t >= 3]
+    assert torch.equal(one.traj_id, a.traj_id[a.traj_id >= 3] - 3)
 
 
 def test_seeded_rollouts_repeat(setup):

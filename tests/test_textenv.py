@@ -293,6 +293,24 @@ def test_rollouts_on_a_python_env_reward_its_summed_reward(tiny):
     assert torch.equal(rb.reward, rb.score.float()) and rb.env_errors == 0
 
 
+def test_rollout_rows_carry_the_envs_anchor_and_step_rewards(tiny):
+    """GiGPO's inputs: each row's anchor is the env's info["anchor"] of the observation it answered
+    (shared by a group's envs at each step), its step reward the env's reward of that step."""
+    from pcsd.envs.protocol import EnvFactory
+
+    rb = _roll(tiny, EnvFactory("textenv_faults:Anchored", kwargs={"length": 2}), [5, 6])
+    for g in range(2):
+        for k in range(2):
+            rows = ((rb.group_id == g) & (rb.turn == k)).nonzero().flatten()
+            assert rows.numel() == 2 and len(set(rb.anchor[rows].tolist())) == 1
+    assert len(set(rb.anchor[rb.turn == 0].tolist())) == 1  # "0" in both groups: one id (groups apart in GiGPO)
+    assert rb.anchor[rb.turn == 0][0] != rb.anchor[rb.turn == 1][0]
+    go = torch.tensor([a == "go" for a in rb.actions], dtype=torch.float32)
+    assert torch.equal(rb.step_reward, go)
+    sums = torch.zeros(rb.num_trajectories).index_add(0, rb.traj_id, rb.step_reward)
+    assert torch.equal(sums, rb.reward)
+
+
 def test_a_faulty_env_ends_its_episode_and_the_rollout_goes_on(tiny):
     from pcsd.envs.protocol import EnvFactory
 

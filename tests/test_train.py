@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -139,6 +140,45 @@ def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
     for n, p in ref_model.named_parameters():
         torch.testing.assert_close(got[n], p.grad, rtol=2e-4, atol=2e-7, msg=n)
     assert any(float(g.abs().max()) > 1e-4 for g in got.values())
+
+
+def test_a_new_rule_is_a_registration(tiny_dir):
+    """A rule written as the one method (kind ``terms``) and registered by name trains with
+    ``rule=NAME``: the update uses the advantages it gives (all 1: the policy term at ratio 1 is
+    -sum(c) = -1) and scores no teacher for a rule that needs none."""
+    from pcsd.ops import weighting
+    from pcsd.ops.weighting import RuleTerms, register_rule
+    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.train.update import update_step
+
+    @register_rule("test-ones", "terms", needs_teacher=False)
+    def _ones(t, step):
+        return RuleTerms(torch.ones_like(t.advantages))
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the rule and its keys are read: no key-has-no-effect warning
+            cfg = load_config(
+                ["rollout.backend=hf", "optim.tokens_per_microbatch=60", "rollout.max_prompt_tokens=40"]
+                + ["rollout.max_response_tokens=20", "rule=test-ones"]
+            )
+        student, frozen = _models(tiny_dir, perturb_frozen=0.02)
+        rb = synthetic_rollout_batch(num_groups=2, group_size=2, seed=5, turns=(1, 2))
+        scored = []
+        stats = update_step(
+            student,
+            frozen,
+            torch.optim.SGD(student.parameters(), lr=0.0),
+            rb,
+            cfg,
+            step=0,
+            progress=lambda name, n: scored.append((name, n)),
+        )
+    finally:
+        weighting._RULES.pop("test-ones", None)
+    assert stats["pg"] == pytest.approx(-1.0, rel=1e-5)
+    assert stats["pcsd"] == 0.0 and stats["gap_mean"] == 0.0 and stats["weight_mean"] == 0.0
+    assert ("scoring", 1) in scored  # the reference alone (one epoch: pi_old from the update's pass)
 
 
 # ----------------------------------------------------------------------------- configuration

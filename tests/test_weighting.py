@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import example, given, settings
@@ -226,3 +228,109 @@ def test_skill_sd_gradient_on_policy_is_the_signed_gap():
     teacher = lp.detach() + torch.randn(25, generator=g, dtype=torch.float64)
     get_rule("skill-sd")(lp, teacher, lp.detach(), None).sum().backward()
     torch.testing.assert_close(-lp.grad, teacher - lp.detach())
+
+
+# ----------------------------------------------------------------------------- the one interface
+def _terms(seed=0, n_turns=(30, 1, 59)):
+    from pcsd.ops.losses import TokenTerms
+
+    g = torch.Generator().manual_seed(seed)
+    n = sum(n_turns)
+    segs = [0]
+    for x in n_turns:
+        segs.append(segs[-1] + x)
+    old = torch.randn(n, generator=g) - 3
+    teacher = torch.randn(n, generator=g) - 3
+    return TokenTerms(
+        old_logp=old,
+        advantages=torch.randn(n, generator=g),
+        coef=torch.rand(n, generator=g),
+        mask=torch.rand(n, generator=g) > 0.2,
+        traj_ids=torch.repeat_interleave(torch.arange(len(n_turns)), torch.tensor(n_turns)),
+        segments=tuple(segs),
+        gap=teacher - old,
+        ref_logp=torch.randn(n, generator=g) - 3,
+        teacher_logp=teacher,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_rule_gives_its_terms_through_one_method(name):
+    """WeightRule.terms (what the update calls) gives each kind's contribution: a weights rule its
+    weights and the weighted loss term, an advantage rule the transformed advantages, a loss rule
+    its own per-token term; whatever a rule does not give, the terms keep."""
+    from pcsd.ops.losses import pcsd_token_loss
+
+    rule, t = get_rule(name), _terms()
+    r = rule.terms(t, 4)
+    lp = (t.old_logp + 0.1).requires_grad_(True)
+    if rule.kind == "weights":
+        w = rule(t.gap, t.cu_seqlens, t.mask)
+        torch.testing.assert_close(r.weights, w, rtol=0, atol=0)
+        assert r.advantages is t.advantages
+        with_w = dataclasses.replace(t, weights=r.weights)
+        torch.testing.assert_close(r.loss(lp, with_w), pcsd_token_loss(lp, t.teacher_logp, w, t.mask))
+    elif rule.kind == "advantage":
+        torch.testing.assert_close(r.advantages, rule(t.advantages, t.gap, t.mask, 4))
+        assert r.weights is None and r.loss is None
+    else:
+        torch.testing.assert_close(r.loss(lp, t), rule(lp, t.teacher_logp, t.old_logp, t.mask))
+        assert r.weights is None and r.advantages is t.advantages
+    assert rule.needs_teacher
+
+
+def test_a_rule_reads_its_parameters_and_refuses_others():
+    t = _terms(1)
+    a = get_rule("sdar").terms(t, 1, beta_gate=2.0).weights
+    torch.testing.assert_close(a, torch.sigmoid(2.0 * t.gap) * t.mask)
+    with pytest.raises(ValueError, match=r"rule 'sdar' has no parameter\(s\) \['gamma'\]"):
+        get_rule("sdar").terms(t, 1, gamma=1.0)
+    assert get_rule("sdar").params_from({"beta_gate": 3.0, "gamma": 0.1, "n_min": 2}) == {"beta_gate": 3.0}
+    assert get_rule("uniform").params_from({"beta_gate": 3.0}) == {}
+
+
+def test_distill_false_turns_a_distillation_rule_off_but_not_an_advantage_transform():
+    from pcsd.ops.weighting import NO_RULE, active_rule
+
+    for name in ("pcsd", "sdar", "uniform", "skill-sd"):
+        assert active_rule(name, True) is get_rule(name)
+        assert active_rule(name, False) is NO_RULE
+    assert active_rule("rlsd", False) is get_rule("rlsd") and not get_rule("rlsd").distills
+    t = _terms(2)
+    r = NO_RULE.terms(t, 1)
+    assert r.advantages is t.advantages and r.weights is None and r.loss is None
+    assert not NO_RULE.needs_teacher and "none" not in available_rules()
+    with pytest.raises(ValueError, match="unknown weighting rule 'nope'"):
+        active_rule("nope", False)
+
+
+def test_a_terms_rule_is_one_function_and_a_registration():
+    from pcsd.ops import weighting
+    from pcsd.ops.weighting import RuleTerms, register_rule
+
+    @register_rule("test-halve", "terms", scale=0.5, needs_teacher=False)
+    def _halve(t, step, *, scale):
+        return RuleTerms(t.advantages * scale * step)
+
+    try:
+        rule = get_rule("test-halve")
+        assert rule.distills and not rule.needs_teacher and rule.defaults == {"scale": 0.5}
+        t = _terms(3)
+        torch.testing.assert_close(rule.terms(t, 2).advantages, t.advantages)
+        torch.testing.assert_close(rule.terms(t, 1, scale=3.0).advantages, 3.0 * t.advantages)
+        with pytest.raises(ValueError, match="already registered"):
+            register_rule("test-halve", "terms")(_halve)
+    finally:
+        weighting._RULES.pop("test-halve", None)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        register_rule("test-bad", "weight")
+
+
+def test_token_terms_slice_at_turn_boundaries_only():
+    t = _terms(4)
+    s = t.slice(30, 31)
+    assert s.segments == (0, 1) and s.old_logp.shape == (1,) and float(s.gap[0]) == float(t.gap[30])
+    whole = t.slice(0, 90)
+    assert whole.segments == t.segments and torch.equal(whole.cu_seqlens, torch.tensor([0, 30, 31, 90]))
+    with pytest.raises(ValueError, match="turn boundaries"):
+        t.slice(0, 10)

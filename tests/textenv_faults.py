@@ -91,6 +91,28 @@ class BadInfo(Counter):
         return obs, info
 
 
+class BadAnchor(Counter):
+    def step(self, action):
+        obs, r, term, trunc, info = super().step(action)
+        info["anchor"] = 7
+        return obs, r, term, trunc, info
+
+
+class Anchored(Counter):
+    """Well-behaved: ``info["anchor"]`` names the state without the last action (``"<step>"``), so the
+    two envs of a group share their anchor at every step whatever they said; reward 1 for ``go``."""
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        info["anchor"] = "0"
+        return obs, info
+
+    def step(self, action):
+        obs, _, term, trunc, info = super().step(action)
+        info["anchor"] = str(self.t)
+        return obs, float(action == "go"), term, trunc, info
+
+
 class NotDeterministic(Counter):
     """Its observations draw on an unseeded generator: a replay cannot reach the same state."""
 

@@ -4,7 +4,10 @@
 #   bash tools/gpu_node.sh [--carry DIR] [--out DIR] [--work DIR] [--dry-run]
 #
 # The node: x86-64, Python 3.12 with torch (CUDA), transformers, nvcc, cmake, ninja, pybind11 and
-# scikit-build-core; no network, no cargo, no vLLM, no omegaconf. What it lacks comes in the carried
+# scikit-build-core; no network, no cargo, no vLLM, no omegaconf. nvcc is found as the build finds it
+# (cmake/pcsd_nvcc.cmake): CUDACXX, else CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda, then NVIDIA's
+# pip packages of $PYTHON (nvidia-cuda-nvcc: nvidia/cu13/bin/nvcc, its libraries in lib/); the one
+# found is named in machine.txt and passed to the build as CUDACXX. What it lacks comes in the carried
 # folder (default .gpu-node/, filled here by tools/gpu_node_prepare.sh): the Rust library
 # libpcsd_envpool.so (abi3: built once, loads on any CPython >= 3.10) and wheels/ (pure-Python
 # dependencies the node lacks, tools/gpu_node_wheels.txt). Steps:
@@ -15,8 +18,9 @@
 #   3. python -m pcsd.bench gpu --out <out> (its last part runs pytest -m cuda) -> gpu.json, gpu.md,
 #      cuda-tests.log
 # Everything goes to one folder: --out, else $OUT (the device tool's), else ./gpu-node-out; the whole
-# console output is gpu_node.log there. At most 10 minutes: the bench gets PCSD_BENCH_TIMEOUT seconds
-# (default 480); PCSD_BENCH_ARGS adds arguments to it (e.g. "--parts vllm cuda_tests" for a rerun).
+# console output is gpu_node.log there. Install + bench inside 8 minutes: the bench gets what is left
+# of PCSD_NODE_BUDGET seconds (default 480) after the install, at least 60 (PCSD_BENCH_TIMEOUT
+# overrides it); PCSD_BENCH_ARGS adds arguments to it (e.g. "--parts vllm cuda_tests" for a rerun).
 # The install goes to a temporary folder, removed at the end (--work DIR: there, kept).
 # Exit status: 0 when the install and every bench part passed.
 #
@@ -62,12 +66,28 @@ WORK="$(cd "$WORK" && pwd)"
 SITE="$WORK/site"
 log "repository $ROOT, carried $CARRY, output $OUT_DIR, work $WORK"
 
-# ---------------------------------------------------------------- 1. the machine
+# ---------------------------------------------------------------- 1. the machine (and nvcc)
+if [ "$DRY" = 1 ]; then CUDA_MODE="${PCSD_CUDA:-auto}"; else CUDA_MODE="${PCSD_CUDA:-on}"; fi
+CMAKE_BIN="$(command -v cmake || "$PY" -c 'import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, "cmake"))' 2>/dev/null)"
+NVCC_LINE="nvcc: not looked for (no cmake on PATH or as $PY's cmake package)"
+if [ -n "${CUDACXX:-}" ]; then
+  NVCC_LINE="nvcc: $CUDACXX (CUDACXX)"
+elif [ -n "$CMAKE_BIN" ]; then
+  NVCC_LINE="$("$CMAKE_BIN" -DPYTHON="$PY" -P "$ROOT/cmake/pcsd_nvcc.cmake" 2>&1 | tail -1)"
+  case "$NVCC_LINE" in
+    "nvcc: /"*) export CUDACXX="${NVCC_LINE#nvcc: }"; CUDACXX="${CUDACXX% (*}" ;;
+  esac
+fi
+log "$NVCC_LINE"
+if [ "$CUDA_MODE" = on ] && [ -z "${CUDACXX:-}" ]; then
+  die "PCSD_CUDA=on and no nvcc: $NVCC_LINE; set CUDA_HOME (or CUDACXX) or pip install nvidia-cuda-nvcc nvidia-cuda-runtime nvidia-cuda-cccl"
+fi
 {
   echo "date: $(date -u +%FT%TZ)"; echo "uname: $(uname -a)"
   echo "python: $("$PY" -c 'import sys; print(sys.version.replace(chr(10), " "))')"
   command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi || echo "nvidia-smi: not found"
-  command -v nvcc >/dev/null 2>&1 && nvcc --version || echo "nvcc: not on PATH"
+  echo "$NVCC_LINE"
+  [ -n "${CUDACXX:-}" ] && "$CUDACXX" --version
   command -v cmake >/dev/null 2>&1 && cmake --version | head -1 || echo "cmake: not on PATH"
   "$PY" -m pip list 2>/dev/null | grep -i -E '^(torch|transformers|tokenizers|numpy|scikit.build.core|pybind11|cmake|ninja|rich|tensorboard|matplotlib|scipy|omegaconf|vllm|flash.attn|pytest|hypothesis) '
   [ -f "$CARRY/MANIFEST.txt" ] && { echo "--- $CARRY/MANIFEST.txt"; cat "$CARRY/MANIFEST.txt"; }
@@ -75,16 +95,7 @@ log "repository $ROOT, carried $CARRY, output $OUT_DIR, work $WORK"
 log "machine: $(grep -m1 -E 'NVIDIA|nvidia-smi' "$OUT_DIR/machine.txt" || true)"
 
 # ---------------------------------------------------------------- 2. install
-if [ "$DRY" = 1 ]; then
-  CUDA_MODE="${PCSD_CUDA:-auto}"
-  BENCH_ARGS=(--device cpu --small)
-else
-  CUDA_MODE="${PCSD_CUDA:-on}"
-  BENCH_ARGS=()
-  if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
-    export PATH="/usr/local/cuda/bin:$PATH"
-  fi
-fi
+if [ "$DRY" = 1 ]; then BENCH_ARGS=(--device cpu --small); else BENCH_ARGS=(); fi
 {
   shopt -s nullglob
   wheels=("$CARRY"/wheels/*.whl)
@@ -125,10 +136,13 @@ EOF
 # ---------------------------------------------------------------- 3. the bench (and pytest -m cuda)
 # shellcheck disable=SC2206  # PCSD_BENCH_ARGS: words, split on purpose
 BENCH_ARGS+=(${PCSD_BENCH_ARGS:-})
-log "python -m pcsd.bench gpu --out $OUT_DIR ${BENCH_ARGS[*]}"
-timeout "${PCSD_BENCH_TIMEOUT:-480}" "$PY" -P -m pcsd.bench gpu --out "$OUT_DIR" "${BENCH_ARGS[@]}"
+LEFT=$(( ${PCSD_NODE_BUDGET:-480} - (SECONDS - T0) ))
+[ "$LEFT" -lt 60 ] && LEFT=60
+BENCH_TIMEOUT="${PCSD_BENCH_TIMEOUT:-$LEFT}"
+log "python -m pcsd.bench gpu --out $OUT_DIR ${BENCH_ARGS[*]} (at most $BENCH_TIMEOUT s)"
+timeout "$BENCH_TIMEOUT" "$PY" -P -m pcsd.bench gpu --out "$OUT_DIR" "${BENCH_ARGS[@]}"
 bench=$?
-[ $bench -eq 124 ] && log "the bench ran past PCSD_BENCH_TIMEOUT=${PCSD_BENCH_TIMEOUT:-480} s and was stopped"
+[ $bench -eq 124 ] && log "the bench ran past its $BENCH_TIMEOUT s (PCSD_NODE_BUDGET / PCSD_BENCH_TIMEOUT) and was stopped"
 log "done in $((SECONDS - T0)) s (bench exit status $bench); files: $(cd "$OUT_DIR" && ls | tr '\n' ' ')"
 [ "$KEEP" = 1 ] || rm -rf "$WORK"
 exit $bench

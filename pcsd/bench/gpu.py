@@ -1,5 +1,7 @@
 """``python -m pcsd.bench gpu [--out DIR] [--device cuda|cpu] [--small] [--parts ...]``: one command
-that proves the GPU path (issue 21; ``docs/gpu.md``), at most 8 minutes on one H100 or A100. Each
+that proves the GPU path (issues 21 and 28; ``docs/gpu.md``), at most 8 minutes on one H100 or A100
+with the install (``tools/gpu_node.sh``). Every timed path runs once untimed first (cuBLAS's start,
+the kernels' first launches, the allocator's first blocks). Each
 part checks one link of a paper-scale run against a plain reference in the same process and
 records ``pass``, ``fail`` or ``skipped`` with the reason; a part that fails (an exception, an OOM)
 does not stop the others. Writes ``<out>/gpu.json`` (the machine: GPU, driver, torch, CUDA, the
@@ -15,18 +17,24 @@ Parts, in order:
 * ``fused``: the fused lm-head + per-token GRPO/PCSD loss (:func:`pcsd.ops.fused.fused_logprob_loss`)
   in bf16 against a float64 reference, loss, log-probs and both gradients: its error may be at
   most twice that of the plain bf16 computation (full logits), as Liger-Kernel's tests demand;
-  seconds and peak memory of both bf16 paths.
+  seconds (after a warm-up of each) and peak memory of both bf16 paths.
 * ``update``: :func:`pcsd.train.update.update_step` of the tiny model in fp32 on the device against
   the same step on CPU: statistics and every gradient (CUDA only).
 * ``paper_update``: one paper-preset update (``alfworld-qwen2.5-3b``: fp32 master weights, bf16
-  compute, bf16 frozen copy, gradient checkpointing, AdamW) of a randomly initialised
-  Qwen2.5-3B-shaped model (the config built in code, no weights), fused lm-head on and off:
-  seconds, tokens/s, and on CUDA ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``
-  over an update after the first (AdamW's state exists) beside
-  :func:`pcsd.train.plan.predict_update` for the same batch (goal: within 10 %).
+  compute, bf16 frozen copy, gradient checkpointing, AdamW as a run makes it: fused on CUDA) of a
+  randomly initialised Qwen2.5-3B-shaped model (the config built in code, no weights), fused
+  lm-head on and off, each timed after an untimed update on it (the first also makes AdamW's
+  state): seconds, tokens/s, and on CUDA two memory figures beside
+  :func:`pcsd.train.plan.predict_update` for the same batch, each with its goal (within 10 %): the
+  static total (``torch.cuda.memory_allocated`` between updates: weights, gradients, AdamW state,
+  frozen copy) against the plan's static lines, and the peak above it during the update
+  (``max_memory_allocated`` minus that) against its micro-batch and optimizer-step lines.
 * ``hf_generation``: the hf backend (:class:`pcsd.rollout.backends.HFBackend`) at that shape on
-  the fp32 student under autocast, as a one-GPU run generates: tokens/s, peak memory beside the
-  plan's generation lines, and the behaviour log-probs against the trainer's rescoring
+  the fp32 student under autocast, as a one-GPU run generates, after a warm-up that generates one
+  token per prompt (the prefill alone): tokens/s; on CUDA the memory above the weights at the
+  prefill and over the whole generation beside the plan's phases
+  (:func:`pcsd.train.plan.hf_generation_phases`, goals within 10 %); and the behaviour log-probs
+  against the trainer's rescoring
   (:func:`pcsd.ops.scoring.score_packed`), whose gap may be at most twice bf16's own (bf16 against
   fp32 rescoring) plus 0.02 nats.
 * ``vllm`` (where vLLM is installed): an engine on the model's bf16 checkpoint (fp32 on CPU),
@@ -354,6 +362,10 @@ def part_fused(part: Part, ctx: Ctx) -> None:
     def run(fn, dtype, name):
         h = h64.to(dtype, copy=True).requires_grad_(True)
         w = w64.to(dtype, copy=True).requires_grad_(True)
+        if dtype != torch.float64:  # a warm-up of the timed paths: cuBLAS's start, the kernels' first launch
+            fn(h, w, tgt, loss_fn)[0].backward()
+            h.grad = w.grad = None
+            _free()
         mem: dict[str, float] = {}
         ctx.sync()
         t0 = time.perf_counter()
@@ -402,6 +414,7 @@ def update_on(device: str) -> tuple[dict, dict[str, torch.Tensor]]:
     on ``device``: its statistics and every parameter's gradient (clipped, as the step applied it)."""
     from pcsd.bench.step import make_batch, make_models
     from pcsd.train.config import load_config
+    from pcsd.train.optim import make_adamw
     from pcsd.train.update import update_step
 
     spec = dict(tasks=2, group_size=4, max_turns=2, prompt_len=[24, 64], response_len=[4, 24], skill_len=8)
@@ -419,7 +432,7 @@ def update_on(device: str) -> tuple[dict, dict[str, torch.Tensor]]:
     student, frozen = make_models("tiny")
     student.to(device)
     frozen.to(device)
-    opt = torch.optim.AdamW(student.parameters(), lr=cfg.optim.lr)
+    opt = make_adamw(student.parameters(), lr=cfg.optim.lr, device=device)  # fused on CUDA, as a run
     stats = update_step(student, frozen, opt, rb, cfg, step=0)
     return stats, {k: p.grad.detach().double().cpu() for k, p in student.named_parameters() if p.grad is not None}
 
@@ -496,8 +509,20 @@ def paper_batch(ctx: Ctx, vocab: int):
     ), (2048, 512)
 
 
+def _memory_goals(part: Part, name: str, measured: dict[str, float], predicted: dict[str, float]) -> None:
+    """Goals that each measured part (GiB) is within :data:`MEMORY_GOAL` of the plan's lines for it."""
+    for key, label in (("static", "static total"), ("increment", "peak increment")):
+        ratio = measured[key] / max(predicted[key], 1e-9)
+        part.goal(
+            f"{name}: {label} within {MEMORY_GOAL:.0%} of the plan's lines",
+            abs(ratio - 1) <= MEMORY_GOAL,
+            f"{measured[key]:.2f} GiB measured vs {predicted[key]:.2f} GiB planned ({ratio:.2f}x)",
+        )
+
+
 def part_paper_update(part: Part, ctx: Ctx) -> None:
     from pcsd.ops.scoring import uses_varlen_attention
+    from pcsd.train.optim import make_adamw
     from pcsd.train.plan import GiB, Shape, predict_update
     from pcsd.train.precision import frozen_copy, precision_of, prepare_student
     from pcsd.train.update import update_step
@@ -510,7 +535,8 @@ def part_paper_update(part: Part, ctx: Ctx) -> None:
     frozen = frozen_copy(student, prec.teacher)
     prepare_student(student, prec, distributed=False)
     student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    opt = torch.optim.AdamW(student.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    opt = make_adamw(student.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, device=ctx.device)
+    adamw = "fused" if opt.defaults.get("fused") else "foreach"
     varlen = uses_varlen_attention(student)
     shape = Shape.from_config(conf, shape_name(ctx))
     tokens = sum(len(p) + len(r) for p, r in zip(rb.prompt_ids, rb.response_ids))
@@ -521,29 +547,41 @@ def part_paper_update(part: Part, ctx: Ctx) -> None:
         attention="varlen" if varlen else "padded",
         parameters=shape.params(),
         tokens_per_microbatch=cfg.optim.tokens_per_microbatch,
+        adamw=adamw,
     )
+    sides: dict[str, dict] = {}
     try:
-        update_step(student, frozen, opt, rb, cfg, step=0)  # the first: AdamW allocates its state
-        sides = {}
+        for step, fused in enumerate((True, False)):  # warm-ups: AdamW's state, cuBLAS, each path's kernels
+            cfg.optim.fused_lm_head = fused
+            update_step(student, frozen, opt, rb, cfg, step=step)
         for fused in (True, False):
             cfg.optim.fused_lm_head = fused
             plan = predict_update(
-                cfg, [len(p) for p in rb.prompt_ids], [len(r) for r in rb.response_ids], shape=shape, varlen=varlen
+                cfg,
+                [len(p) for p in rb.prompt_ids],
+                [len(r) for r in rb.response_ids],
+                shape=shape,
+                varlen=varlen,
+                adamw=adamw,
             )
             mem: dict[str, float] = {}
             ctx.sync()
+            static = torch.cuda.memory_allocated() / GiB if ctx.cuda else 0.0  # weights, gradients, AdamW, frozen
             t0 = time.perf_counter()
             with peak_memory(ctx, mem):
-                stats = update_step(student, frozen, opt, rb, cfg, step=1)
+                stats = update_step(student, frozen, opt, rb, cfg, step=2)
             secs = time.perf_counter() - t0
             name = "fused" if fused else "recompute"
+            predicted = dict(static=plan.static_bytes / GiB, increment=plan.update_bytes / GiB)
             side = dict(
                 seconds=secs,
                 tokens_per_s=tokens / secs,
                 score_s=stats["score_seconds"],
                 update_s=stats["update_seconds"],
                 loss=stats["loss"],
-                predicted_GiB=(plan.static_bytes + plan.update_bytes) / GiB,
+                predicted_GiB=predicted["static"] + predicted["increment"],
+                predicted_static_GiB=predicted["static"],
+                predicted_increment_GiB=predicted["increment"],
                 predicted_lines={r.item: r.size / GiB for r in plan.rows},
                 **mem,
             )
@@ -553,13 +591,18 @@ def part_paper_update(part: Part, ctx: Ctx) -> None:
                 f"loss {stats['loss']!r}, grad norm {stats['grad_norm']!r}",
             )
             if ctx.cuda:
-                ratio = mem["peak_allocated_GiB"] / side["predicted_GiB"]
-                side["measured_vs_predicted"] = ratio
-                part.goal(
-                    f"{name}: measured peak within {MEMORY_GOAL:.0%} of the plan's prediction",
-                    abs(ratio - 1) <= MEMORY_GOAL,
-                    f"{mem['peak_allocated_GiB']:.2f} GiB allocated vs {side['predicted_GiB']:.2f} GiB predicted",
+                # the static lines against what is allocated between updates, the micro-batch (and
+                # optimizer-step) lines against the peak above it: a wrong activation line cannot
+                # hide behind the static weights
+                measured = dict(static=static, increment=mem["peak_allocated_GiB"] - static)
+                side.update(
+                    static_GiB=static,
+                    increment_GiB=measured["increment"],
+                    measured_vs_predicted=mem["peak_allocated_GiB"] / side["predicted_GiB"],
+                    static_vs_predicted=static / max(predicted["static"], 1e-9),
+                    increment_vs_predicted=measured["increment"] / max(predicted["increment"], 1e-9),
                 )
+                _memory_goals(part, name, measured, predicted)
             sides[name] = side
         part.add(**sides)
     finally:
@@ -570,10 +613,11 @@ def part_paper_update(part: Part, ctx: Ctx) -> None:
     f, r = sides["fused"], sides["recompute"]
     part.summary = (
         f"{tokens:,} tokens: fused {f['seconds']:.2f} s ({f['tokens_per_s']:,.0f} tok/s), recompute "
-        f"{r['seconds']:.2f} s"
+        f"{r['seconds']:.2f} s, AdamW {adamw}"
         + (
-            f"; peak {f['peak_allocated_GiB']:.1f} GiB vs plan "
-            f"{f['predicted_GiB']:.1f} GiB ({f['measured_vs_predicted']:.2f}x)"
+            f"; static {f['static_GiB']:.1f} GiB vs plan {f['predicted_static_GiB']:.1f} "
+            f"({f['static_vs_predicted']:.2f}x), micro-batch peak +{f['increment_GiB']:.1f} vs "
+            f"+{f['predicted_increment_GiB']:.1f} ({f['increment_vs_predicted']:.2f}x)"
             if ctx.cuda
             else "; memory measured on CUDA only"
         )
@@ -602,8 +646,9 @@ def rescore(model, prompts, samples, autocast: bool) -> torch.Tensor:
 
 
 def part_hf_generation(part: Part, ctx: Ctx) -> None:
+    from pcsd.ops.scoring import uses_varlen_attention
     from pcsd.rollout.backends import make_backend
-    from pcsd.train.plan import GiB, Shape, hf_generation_bytes
+    from pcsd.train.plan import GiB, Shape, hf_generation_phases
     from pcsd.train.precision import precision_of, prepare_student
 
     conf = shape_conf(ctx)
@@ -613,6 +658,13 @@ def part_hf_generation(part: Part, ctx: Ctx) -> None:
     prepare_student(student, precision_of(cfg), distributed=False)  # fp32 weights, bf16 autocast
     prompts = gen_prompts(ctx, conf["vocab_size"], n, lengths)
     hf = make_backend("hf", model=student, pad_token_id=0)
+    ctx.sync()
+    static = torch.cuda.memory_allocated() / GiB if ctx.cuda else 0.0  # the fp32 student
+    first: dict[str, float] = {}
+    t0 = time.perf_counter()
+    with peak_memory(ctx, first, "prefill_"):  # the warm-up: one token each, i.e. the prefill alone
+        hf.generate(prompts, n=1, max_tokens=1, temperature=1.0, seed=0)
+    prefill_s = time.perf_counter() - t0
     mem: dict[str, float] = {}
     ctx.sync()
     t0 = time.perf_counter()
@@ -637,26 +689,46 @@ def part_hf_generation(part: Part, ctx: Ctx) -> None:
         generated_tokens=gen_tokens,
         seconds=secs,
         tokens_per_s=gen_tokens / secs,
+        prefill_s=prefill_s,
         mean_abs_logprob_diff=gap,
         max_abs_logprob_diff=float((behaviour - bf16).abs().max()),
         bf16_vs_fp32_mean_abs=noise,
+        **first,
         **mem,
     )
-    if ctx.cuda:
+    if ctx.cuda:  # the plan's lines: the fp32 weights (static); autocast's casts + the generation's phases
         shape = Shape.from_config(conf, shape_name(ctx))
-        _, gen, how = hf_generation_bytes(shape, cfg, 1)
+        _, at_prefill, at_decode, how = hf_generation_phases(shape, cfg, 1, uses_varlen_attention(student))
         P = shape.params()
-        predicted = P * 4 + P * 2 + gen  # fp32 weights + autocast's casts + KV, prefill and logits
+        planned = dict(static=P * 4 / GiB, prefill=(P * 2 + at_prefill) / GiB)
+        planned["increment"] = (P * 2 + max(at_prefill, at_decode)) / GiB
+        measured = dict(
+            static=static,
+            prefill=first["prefill_peak_allocated_GiB"] - static,
+            increment=mem["peak_allocated_GiB"] - static,
+        )
         part.add(
-            predicted_GiB=predicted / GiB,
+            predicted_GiB=planned["static"] + planned["increment"],
             predicted_how=how,
-            measured_vs_predicted=mem["peak_allocated_GiB"] * GiB / predicted,
+            measured_vs_predicted=mem["peak_allocated_GiB"] / (planned["static"] + planned["increment"]),
+            **{f"{k}_GiB": v for k, v in measured.items()},
+            **{f"predicted_{k}_GiB": v for k, v in planned.items()},
+        )
+        _memory_goals(part, "generation", measured, planned)
+        ratio = measured["prefill"] / max(planned["prefill"], 1e-9)
+        part.goal(
+            f"prefill: peak increment within {MEMORY_GOAL:.0%} of the plan's prefill phase",
+            abs(ratio - 1) <= MEMORY_GOAL,
+            f"{measured['prefill']:.2f} GiB measured vs {planned['prefill']:.2f} GiB planned ({ratio:.2f}x)",
         )
     part.summary = (
-        f"{n} x {new} tokens: {gen_tokens / secs:,.0f} tok/s; |behaviour - rescoring| {gap:.4f} nats "
-        f"(bf16 noise {noise:.4f})"
+        f"{n} x {new} tokens: {gen_tokens / secs:,.0f} tok/s (prefill alone {prefill_s:.1f} s); "
+        f"|behaviour - rescoring| {gap:.4f} nats (bf16 noise {noise:.4f})"
         + (
-            f"; peak {mem['peak_allocated_GiB']:.1f} GiB vs plan {part.figures['predicted_GiB']:.1f}"
+            f"; peak {mem['peak_allocated_GiB']:.1f} GiB vs plan {part.figures['predicted_GiB']:.1f} "
+            f"(+{part.figures['increment_GiB']:.1f} vs +{part.figures['predicted_increment_GiB']:.1f} "
+            f"over the weights; prefill +{part.figures['prefill_GiB']:.1f} vs "
+            f"+{part.figures['predicted_prefill_GiB']:.1f})"
             if ctx.cuda
             else ""
         )

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
 import torch
+
+from pcsd.ops.defaults import PcsdDefaults
 
 __all__ = [
     "Params",
@@ -51,34 +53,16 @@ def _c():
     return _native.require("_C")
 
 
-@dataclass
-class Params:
-    n_min: int = 1
-    n_max: int = 8
-    alpha: float = 0.8
-    tau_low: float = 0.05
-    tau_high: float = 0.5
-    gamma: float = 0.3
-    beta_gate: float = 5.0
-    eps_slope: float = 1e-6
-    eps_scale: float = 1e-6
+@dataclass(frozen=True)
+class Params(PcsdDefaults):
+    """The op's arguments: PCSD's parameters (defaults: :mod:`pcsd.ops.defaults`) and the two switches."""
+
     adaptive: bool = True
     trend: bool = True
 
     def args(self) -> tuple:
-        return (
-            self.n_min,
-            self.n_max,
-            self.alpha,
-            self.tau_low,
-            self.tau_high,
-            self.gamma,
-            self.beta_gate,
-            self.eps_slope,
-            self.eps_scale,
-            self.adaptive,
-            self.trend,
-        )
+        """The kernels' positional arguments: the nine parameters in their order, adaptive, trend."""
+        return astuple(self)
 
 
 @dataclass

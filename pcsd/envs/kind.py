@@ -290,9 +290,10 @@ class EnvRun:
     def eval_pools(self) -> Pools:
         raise NotImplementedError
 
-    def step_tasks(self, step: int, rng: random.Random) -> list[Any]:
-        """The ``rollout.tasks_per_step`` tasks RL step ``step`` plays (``rng``: the run's task
-        sampler, checkpointed with the run)."""
+    def step_tasks(self, step: int, rng: random.Random, batch: int = 0) -> list[Any]:
+        """The ``rollout.tasks_per_step`` tasks batch ``batch`` of RL step ``step`` plays (``rng``:
+        the run's task sampler, checkpointed with the run; ``batch`` > 0: a further batch of
+        ``rollout.dynamic_sampling``)."""
         tasks = self.train_tasks
         return [tasks[rng.randrange(len(tasks))] for _ in range(int(self.cfg.rollout.tasks_per_step))]
 

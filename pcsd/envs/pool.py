@@ -80,6 +80,9 @@ class StepBatch:
     #: per env, the env's privileged text for the teacher ("" none; a Python env's
     #: ``info["privileged"]``, the latest given); None: the kind gives none (the native envs)
     privileged: Optional[list[str]] = None
+    # Python envs: info["anchor"] per entry (None where the env gave none); None for native envs, whose
+    # observations are their anchors (GiGPO's step-level groups)
+    anchor: Optional[list[Optional[str]]] = None
 
     @classmethod
     def _from_columns(cls, cols: tuple[Any, ...]) -> StepBatch:

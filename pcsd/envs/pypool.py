@@ -707,7 +707,7 @@ class PythonEnvPool:
                 self._stale[e] = False
                 cols.error(row, f"env {e}: {r[1]}")
                 continue
-            obs, reward, terminated, truncated, task, adm, won, task_type, privileged = r[1]
+            obs, reward, terminated, truncated, task, adm, won, task_type, privileged, anchor = r[1]
             if op[0] == _RESET:
                 state[e] = "live"
                 self._actions[e] = []
@@ -743,6 +743,7 @@ class PythonEnvPool:
                 task_type or self._task_type[e],
                 self._steps[e],
                 self._privileged[e],
+                anchor,
             )
         return cols.batch(ids)
 
@@ -762,12 +763,15 @@ class _Columns:
         self.steps = [0] * n
         self.privileged = [""] * n
         self.err = [""] * n
+        self.anchor: list[Optional[str]] = [None] * n  # info["anchor"] where the env gave one
 
     def error(self, row: int, message: str) -> None:
         self.err[row] = message
 
-    def put(self, row, obs, adm, reward, score, done, won, truncated, task_type, steps, privileged) -> None:
-        self.obs[row], self.adm[row] = obs, adm
+    def put(
+        self, row, obs, adm, reward, score, done, won, truncated, task_type, steps, privileged, anchor=None
+    ) -> None:
+        self.obs[row], self.adm[row], self.anchor[row] = obs, adm, anchor
         self.reward[row], self.score[row] = reward, score
         self.done[row], self.won[row], self.truncated[row] = done, won, truncated
         self.task_type[row], self.steps[row], self.privileged[row] = task_type, steps, privileged
@@ -787,6 +791,7 @@ class _Columns:
             error=self.err,
             has_search_bar=np.zeros(len(ids), dtype=np.bool_),
             privileged=self.privileged,
+            anchor=self.anchor,
         )
 
 
@@ -826,7 +831,7 @@ def check_env(make_env: Callable[[], Any], *, seed: int = 0, timeout: float = 60
         return res[1]
 
     with EnvWorkers(make_env, 1, step_timeout=timeout, quiet=True) as workers:
-        obs, _, _, _, task, adm, _, _, privileged = call(("reset", 0, seed, None), "reset()")
+        obs, _, _, _, task, adm, _, _, privileged, _ = call(("reset", 0, seed, None), "reset()")
         has_expert = call(("has_expert", 0), "expert_action()")
         action = call(("expert", 0), "expert_action()") if has_expert else None
         if action is None:

@@ -17,14 +17,24 @@ default: mean over all valid tokens of the batch), ``seq-mean-token-sum``.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
 from pcsd.ops.segments import segment_sum
 
-__all__ = ["group_advantages", "aggregate", "grpo_loss", "GrpoTerms", "LOSS_AGG_MODES"]
+__all__ = [
+    "group_advantages",
+    "aggregate",
+    "grpo_loss",
+    "GrpoTerms",
+    "LOSS_AGG_MODES",
+    "token_coefficients",
+    "ppo_clip_terms",
+    "k3_kl",
+    "grpo_token_terms",
+]
 
 
 def group_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
@@ -144,19 +154,33 @@ def token_coefficients(mask: Tensor, traj_ids: Tensor, num_traj: int, mode: str)
     raise ValueError(f"unknown loss aggregation {mode!r}; valid: {sorted(LOSS_AGG_MODES)}")
 
 
+def ppo_clip_terms(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, clip_eps: float = 0.2, clip_eps_high: Optional[float] = None
+) -> tuple[Tensor, Tensor]:
+    """PPO's clipped-ratio policy term per token, ``-min(rho A, clip(rho, 1 - eps, 1 + eps_high) A)``
+    with ``rho = exp(logp - sg(logp_old))`` (``eps_high`` = ``clip_eps_high``, DAPO's higher upper
+    clip; None: ``clip_eps``), and the indicator that the clipped branch was taken, ``[T]`` each
+    (``logp`` differentiable, ``old_logp`` and ``advantages`` detached)."""
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    ratio = torch.exp(logp - old_logp.detach())
+    adv = advantages.detach().to(logp.dtype)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1 - clip_eps, 1 + high) * adv
+    return -torch.minimum(unclipped, clipped), (clipped < unclipped).detach()
+
+
+def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """The k3 estimator of KL(pi || pi_ref) per token, ``exp(Delta) - Delta - 1`` with
+    ``Delta = sg(logp_ref) - logp``, ``[T]``."""
+    delta = ref_logp.detach() - logp
+    return torch.exp(delta) - delta - 1
+
+
 def grpo_token_terms(
     logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor, clip_eps: float = 0.2
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Per-token policy term ``-min(rho A, clip(rho) A)``, k3 KL (zeros without ``ref_logp``) and
-    the clipped indicator, each ``[T]``."""
-    ratio = torch.exp(logp - old_logp.detach())
-    adv = advantages.detach().to(logp.dtype)
-    unclipped = ratio * adv
-    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv
-    pg = -torch.minimum(unclipped, clipped)
-    if ref_logp is not None:
-        delta = ref_logp.detach() - logp
-        kl = torch.exp(delta) - delta - 1
-    else:
-        kl = torch.zeros_like(logp)
-    return pg, kl, (clipped < unclipped).detach()
+    the clipped indicator, each ``[T]`` (:func:`ppo_clip_terms` and :func:`k3_kl`)."""
+    pg, taken = ppo_clip_terms(logp, old_logp, advantages, clip_eps)
+    kl = k3_kl(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
+    return pg, kl, taken

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from pcsd.ops.defaults import PCSD_DEFAULTS
 from pcsd.ops.segments import segment_sum
 
 # Tokens per chunk of the windowed computation: bounds the [chunk, n_max] temporaries.
@@ -52,15 +53,15 @@ def pcsd_weights_reference(
     cu_seqlens: Tensor,
     mask: Tensor | None = None,
     *,
-    n_min: int = 1,
-    n_max: int = 8,
-    alpha: float = 0.8,
-    tau_low: float = 0.05,
-    tau_high: float = 0.5,
-    gamma: float = 0.3,
-    beta_gate: float = 5.0,
-    eps_slope: float = 1e-6,
-    eps_scale: float = 1e-6,
+    n_min: int = PCSD_DEFAULTS.n_min,
+    n_max: int = PCSD_DEFAULTS.n_max,
+    alpha: float = PCSD_DEFAULTS.alpha,
+    tau_low: float = PCSD_DEFAULTS.tau_low,
+    tau_high: float = PCSD_DEFAULTS.tau_high,
+    gamma: float = PCSD_DEFAULTS.gamma,
+    beta_gate: float = PCSD_DEFAULTS.beta_gate,
+    eps_slope: float = PCSD_DEFAULTS.eps_slope,
+    eps_scale: float = PCSD_DEFAULTS.eps_scale,
     adaptive: bool = True,
     trend: bool = True,
 ) -> PcsdStats:
@@ -144,15 +145,15 @@ def pcsd_weights_loop(
     cu_seqlens: list[int],
     mask: list[bool] | None = None,
     *,
-    n_min: int = 1,
-    n_max: int = 8,
-    alpha: float = 0.8,
-    tau_low: float = 0.05,
-    tau_high: float = 0.5,
-    gamma: float = 0.3,
-    beta_gate: float = 5.0,
-    eps_slope: float = 1e-6,
-    eps_scale: float = 1e-6,
+    n_min: int = PCSD_DEFAULTS.n_min,
+    n_max: int = PCSD_DEFAULTS.n_max,
+    alpha: float = PCSD_DEFAULTS.alpha,
+    tau_low: float = PCSD_DEFAULTS.tau_low,
+    tau_high: float = PCSD_DEFAULTS.tau_high,
+    gamma: float = PCSD_DEFAULTS.gamma,
+    beta_gate: float = PCSD_DEFAULTS.beta_gate,
+    eps_slope: float = PCSD_DEFAULTS.eps_slope,
+    eps_scale: float = PCSD_DEFAULTS.eps_scale,
     adaptive: bool = True,
     trend: bool = True,
 ) -> list[float]:

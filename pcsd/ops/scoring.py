@@ -38,17 +38,29 @@ def _acc_dtype(t: Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
+def _target_slots(targets: Tensor, vocab_chunk: int) -> tuple[Tensor, Tensor]:
+    """Which vocabulary slice holds each target (``[C]`` int64) and its column inside that slice
+    (``[C, 1]`` int64), computed once per token chunk: the tile loops below pick the target's logit
+    with ``gather``/``scatter`` and ``torch.where`` on these, never asking the host which rows a
+    slice holds (``nonzero``, ``bool(tensor)``: a device synchronisation per tile on CUDA)."""
+    slot = torch.div(targets, vocab_chunk, rounding_mode="floor")
+    col = (targets - slot * vocab_chunk)[:, None]
+    return slot, col
+
+
 def _lse_and_target(
     h: Tensor, weight: Tensor, bias: Optional[Tensor], targets: Tensor, vocab_chunk: int, inv_temp: float
 ) -> tuple[Tensor, Tensor]:
-    """Online logsumexp over vocabulary chunks and the target logit, both ``[C]`` float32."""
+    """Online logsumexp over vocabulary chunks and the target logit, both ``[C]`` float32. No host
+    synchronisation: every step is a device op on device tensors."""
     c = h.shape[0]
     acc = _acc_dtype(h)
     m = torch.full((c,), float("-inf"), device=h.device, dtype=acc)
     s = torch.zeros(c, device=h.device, dtype=acc)
     tgt = torch.zeros(c, device=h.device, dtype=acc)
     vocab = weight.shape[0]
-    for v0 in range(0, vocab, vocab_chunk):
+    slot, col = _target_slots(targets, vocab_chunk)
+    for k, v0 in enumerate(range(0, vocab, vocab_chunk)):
         v1 = min(vocab, v0 + vocab_chunk)
         logits = h @ weight[v0:v1].T
         if bias is not None:
@@ -58,10 +70,9 @@ def _lse_and_target(
         new_m = torch.maximum(m, cmax)
         s = s * torch.exp(m - new_m) + torch.exp(logits - new_m[:, None]).sum(1)
         m = new_m
-        inside = (targets >= v0) & (targets < v1)
-        if bool(inside.any()):
-            idx = (targets - v0).clamp(0, v1 - v0 - 1)
-            tgt = torch.where(inside, logits.gather(1, idx[:, None]).squeeze(1), tgt)
+        # a row whose target lies in another slice reads a column of this one and keeps its tgt
+        picked = logits.gather(1, col.clamp(max=v1 - v0 - 1)).squeeze(1)
+        tgt = torch.where(slot == k, picked, tgt)
     return m + torch.log(s), tgt
 
 
@@ -117,7 +128,8 @@ class _ChunkedSelectiveLogProb(torch.autograd.Function):
             g = grad_out[t0:t1].to(acc)
             tg = targets[t0:t1]
             lse = lse_all[t0:t1]
-            for v0 in range(0, vocab, vocab_chunk):
+            slot, col = _target_slots(tg, vocab_chunk)
+            for k, v0 in enumerate(range(0, vocab, vocab_chunk)):
                 v1 = min(vocab, v0 + vocab_chunk)
                 logits = h @ weight[v0:v1].T
                 if bias is not None:
@@ -125,10 +137,11 @@ class _ChunkedSelectiveLogProb(torch.autograd.Function):
                 p = torch.exp(logits.to(acc) * inv_temp - lse[:, None])
                 # d logp[target] / d logits = inv_temp * (onehot - softmax)
                 dlog = -p * g[:, None]
-                inside = (tg >= v0) & (tg < v1)
-                rows = torch.nonzero(inside).squeeze(1)
-                if rows.numel():
-                    dlog[rows, tg[rows] - v0] += g[rows]
+                # + g at each row's target column when it lies in this slice; other rows get their
+                # own value written back (no host sync to find the rows, bit-equal to indexing them)
+                at = col.clamp(max=v1 - v0 - 1)
+                cur = dlog.gather(1, at)
+                dlog.scatter_(1, at, torch.where((slot == k)[:, None], cur + g[:, None], cur))
                 dlog = dlog * inv_temp
                 if need_h:
                     gh[t0:t1] += dlog @ weight[v0:v1].to(acc)
@@ -174,8 +187,10 @@ def selective_logprobs(
         )
     if targets.shape != hidden.shape[:1] or targets.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"targets must be int [N={hidden.shape[0]}], got {targets.dtype} {tuple(targets.shape)}")
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
-        raise ValueError(f"targets must be token ids in [0, {weight.shape[0]})")
+    if targets.numel():  # the one host synchronisation of a call: both bounds in one read
+        lo, hi = torch.stack(torch.aminmax(targets)).tolist()
+        if lo < 0 or hi >= weight.shape[0]:
+            raise ValueError(f"targets must be token ids in [0, {weight.shape[0]}), got ids from {lo} to {hi}")
     if token_chunk <= 0 or vocab_chunk <= 0:
         raise ValueError("token_chunk and vocab_chunk must be > 0")
     if not temperature > 0:

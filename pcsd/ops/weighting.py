@@ -1,13 +1,23 @@
 """Weighting rules compared in the paper, in one registry chosen by name.
 
-Three kinds share the registry (so the trainer picks any method with ``rule=<name>``):
+A rule gives the update what it needs through one method, :meth:`WeightRule.terms`: it reads the
+packed per-token terms of whole response turns (:class:`pcsd.ops.losses.TokenTerms`: the gaps,
+old/teacher log-probs, mask, ``cu_seqlens``, trajectory ids and the estimator's advantages) and
+the update's number, and returns a :class:`RuleTerms`: the advantages the policy-gradient term
+uses, per-token distillation weights (recorded, and read by its loss term) and a per-token loss
+term of the student's log-probs, which the update adds as ``algo.lambda_distill`` x its token-mean
+over the batch's valid tokens. The update never asks what a rule is.
 
-* ``weights`` rules map packed gaps to per-token distillation weights ``w`` ``[T]`` used by
-  :func:`pcsd.ops.losses.pcsd_loss`: ``pcsd`` (default) and its ablations ``pcsd-fixed-n1``,
-  ``pcsd-fixed-n4``, ``pcsd-no-trend``, ``pcsd-no-decay``; ``uniform`` (GRPO+OPSD: the gate with
-  beta_gate = 0, a constant for every valid token); ``sdar`` (pointwise ``sigmoid(beta_gate
-  sg(delta))``, as the public SDAR code); ``sdar-norm`` (the same gates divided by their mean over
-  each response's valid tokens: normalised weights that compete within a response).
+A rule is registered with :func:`register_rule` as one of four kinds, each a way of writing
+``terms`` (so the trainer picks any method with ``rule=<name>``):
+
+* ``weights`` rules map packed gaps to per-token distillation weights ``w`` ``[T]``, whose loss
+  term is the paper's ``m w (sg(teacher) - student)`` (:func:`pcsd.ops.losses.pcsd_loss`):
+  ``pcsd`` (default) and its ablations ``pcsd-fixed-n1``, ``pcsd-fixed-n4``, ``pcsd-no-trend``,
+  ``pcsd-no-decay``; ``uniform`` (GRPO+OPSD: the gate with beta_gate = 0, a constant for every
+  valid token); ``sdar`` (pointwise ``sigmoid(beta_gate sg(delta))``, as the public SDAR code);
+  ``sdar-norm`` (the same gates divided by their mean over each response's valid tokens:
+  normalised weights that compete within a response).
 * ``advantage`` rules transform the GRPO advantage per token instead: ``rlsd``,
   ``A_t = A ((1 - lam) + lam clip(exp(sign(A) delta_t), 0.8, 1.2))`` with lam decaying linearly
   from 0.5 to 0 over 100 updates (:func:`rlsd_lambda`, the public code's schedule).
@@ -15,6 +25,10 @@ Three kinds share the registry (so the trainer picks any method with ``rule=<nam
   ``lambda * token-mean``: ``skill-sd`` (Skill-SD, as the public SDAR code defines it: the k3
   estimator of KL(student || teacher) times the on-policy ratio, :func:`pcsd.ops.losses.skill_sd_token_loss`;
   GRPO's advantages are left unchanged).
+* ``terms`` rules are the method itself: ``fn(terms, step, **params) -> RuleTerms``.
+
+``algo.distill=false`` turns a distillation rule (``distills``: every kind but ``advantage``)
+off: the update then runs :func:`active_rule`'s rule that changes nothing and scores no teacher.
 
 Every gated rule (``pcsd`` and its ablations, ``sdar``, ``sdar-norm``) takes its sharpness as
 the one parameter ``beta_gate`` (the config's ``algo.pcsd.beta_gate``). A rule's ``pins`` are the
@@ -30,56 +44,130 @@ during training) are trainer settings, not weighting rules.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Optional
+from functools import partial
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
+from pcsd.ops.defaults import PCSD_DEFAULTS
 from pcsd.ops.kernels import pcsd_weights
-from pcsd.ops.losses import skill_sd_token_loss
+from pcsd.ops.losses import RuleLoss, TokenTerms, pcsd_token_loss, skill_sd_token_loss
 from pcsd.ops.segments import segment_sum
 
-__all__ = ["WeightRule", "register_rule", "get_rule", "available_rules", "rlsd_advantages"]
+__all__ = [
+    "WeightRule",
+    "RuleTerms",
+    "register_rule",
+    "get_rule",
+    "active_rule",
+    "NO_RULE",
+    "available_rules",
+    "rlsd_advantages",
+]
 
-RuleKind = Literal["weights", "advantage", "loss"]
+RuleKind = Literal["weights", "advantage", "loss", "terms"]
+
+
+class RuleTerms(NamedTuple):
+    """What a rule gives the update for ``n`` packed tokens."""
+
+    advantages: Tensor  # [n] the advantages of the policy-gradient term (the estimator's, or transformed)
+    weights: Optional[Tensor] = None  # [n] distillation weights, 0 at masked positions (None: none)
+    loss: Optional[RuleLoss] = None  # per-token loss term of the student's log-probs (None: none)
 
 
 @dataclass(frozen=True)
 class WeightRule:
     """A named rule. ``fn`` takes ``(gap, cu_seqlens, mask, **params)`` for ``weights`` rules,
-    ``(advantages, gap, mask, step, **params)`` for ``advantage`` rules and ``(student_logp,
+    ``(advantages, gap, mask, step, **params)`` for ``advantage`` rules, ``(student_logp,
     teacher_logp, old_logp, mask, **params)`` for ``loss`` rules (the per-token loss ``[T]``, 0 at
-    masked positions)."""
+    masked positions) and ``(terms, step, **params)`` for ``terms`` rules; calling the rule calls
+    ``fn`` with its defaults. :meth:`terms` is what the update calls, whatever the kind."""
 
     name: str
     kind: RuleKind
-    fn: Callable[..., Tensor]
+    fn: Callable[..., Any]
     defaults: dict[str, Any] = field(default_factory=dict)  # the parameters it reads, with defaults
     doc: str = ""
     pins: dict[str, Any] = field(default_factory=dict)  # parameter values that define the rule
+    needs_teacher: bool = True  # the update scores the teacher (gaps, teacher log-probs) for it
+    distills: bool = True  # algo.distill=false turns it off (see active_rule)
 
-    def __call__(self, *args: Any, **overrides: Any) -> Tensor:
+    def _params(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
         unknown = set(overrides) - set(self.defaults)
         if unknown:
             raise ValueError(
                 f"rule {self.name!r} has no parameter(s) {sorted(unknown)}; valid: {sorted(self.defaults)}"
             )
-        return self.fn(*args, **{**self.defaults, **overrides})
+        return {**self.defaults, **overrides}
 
+    def __call__(self, *args: Any, **overrides: Any) -> Any:
+        return self.fn(*args, **self._params(overrides))
+
+    def params_from(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """The parameters this rule reads, taken from ``settings`` (the config's ``algo.pcsd``)."""
+        return {k: settings[k] for k in self.defaults if k in settings}
+
+    def terms(self, t: TokenTerms, step: int, **params: Any) -> RuleTerms:
+        """The rule's contribution for the packed per-token terms ``t`` of whole response turns
+        (:class:`pcsd.ops.losses.TokenTerms`; ``t.advantages`` the estimator's) at update number
+        ``step`` (1 at the first update): see :class:`RuleTerms`."""
+        return _TERMS[self.kind](self.fn, t, step, self._params(params))
+
+
+def _weighted_loss(lp: Tensor, t: TokenTerms) -> Tensor:
+    """The ``weights`` rules' loss term: ``m w (sg(teacher) - student)`` per token."""
+    if t.teacher_logp is None or t.weights is None:
+        raise ValueError("a weights rule's loss term needs the teacher's log-probs and the weights")
+    return pcsd_token_loss(lp, t.teacher_logp, t.weights, t.mask)
+
+
+def _loss_kind_term(fn: Callable[..., Tensor], p: dict[str, Any], lp: Tensor, t: TokenTerms) -> Tensor:
+    if t.teacher_logp is None:
+        raise ValueError("a loss rule's term needs the teacher's log-probs")
+    return fn(lp, t.teacher_logp, t.old_logp, t.mask, **p)
+
+
+#: kind -> ``(fn, terms, step, params) -> RuleTerms``: how a rule of that kind gives its terms
+_TERMS: dict[str, Callable[[Callable[..., Any], TokenTerms, int, dict[str, Any]], RuleTerms]] = {
+    "weights": lambda fn, t, step, p: RuleTerms(t.advantages, fn(t.gap, t.cu_seqlens, t.mask, **p), _weighted_loss),
+    "advantage": lambda fn, t, step, p: RuleTerms(fn(t.advantages, t.gap, t.mask, step, **p)),
+    "loss": lambda fn, t, step, p: RuleTerms(t.advantages, None, partial(_loss_kind_term, fn, p)),
+    "terms": lambda fn, t, step, p: fn(t, step, **p),
+}
 
 _RULES: dict[str, WeightRule] = {}
 
 
 def register_rule(
-    name: str, kind: RuleKind, doc: str = "", pins: Optional[dict[str, Any]] = None, **defaults: Any
+    name: str,
+    kind: RuleKind,
+    doc: str = "",
+    pins: Optional[dict[str, Any]] = None,
+    *,
+    needs_teacher: bool = True,
+    distills: Optional[bool] = None,
+    **defaults: Any,
 ) -> Callable:
     """Decorator registering ``fn`` under ``name`` with default parameters (the ones it reads) and
-    ``pins``, the parameter values that define it."""
+    ``pins``, the parameter values that define it. ``distills`` defaults to ``kind != "advantage"``."""
+    if kind not in _TERMS:
+        raise ValueError(f"kind must be one of {sorted(_TERMS)}, got {kind!r}")
 
-    def deco(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         if name in _RULES:
             raise ValueError(f"weighting rule {name!r} is already registered")
-        _RULES[name] = WeightRule(name, kind, fn, dict(defaults), doc or (fn.__doc__ or ""), dict(pins or {}))
+        _RULES[name] = WeightRule(
+            name,
+            kind,
+            fn,
+            dict(defaults),
+            doc or (fn.__doc__ or ""),
+            dict(pins or {}),
+            needs_teacher,
+            kind != "advantage" if distills is None else distills,
+        )
         return fn
 
     return deco
@@ -97,9 +185,24 @@ def available_rules(kind: Optional[RuleKind] = None) -> list[str]:
     return sorted(n for n, r in _RULES.items() if kind is None or r.kind == kind)
 
 
-_PCSD_DEFAULTS = dict(
-    n_min=1, n_max=8, alpha=0.8, tau_low=0.05, tau_high=0.5, gamma=0.3, beta_gate=5.0, eps_slope=1e-6, eps_scale=1e-6
+#: what an update runs when algo.distill=false turns its rule off: the advantages as they are,
+#: no weights, no loss term, no teacher scored (GRPO alone). Not a registered name.
+NO_RULE = WeightRule(
+    "none",
+    "terms",
+    lambda t, step: RuleTerms(t.advantages),
+    doc="no distillation: the advantages as they are",
+    needs_teacher=False,
+    distills=False,
 )
+
+
+def active_rule(name: str, distill: bool) -> WeightRule:
+    """The rule an update with ``rule=name`` and ``algo.distill=distill`` runs: the named rule, or
+    :data:`NO_RULE` where ``distill`` is false and the rule ``distills`` (an advantage transform such
+    as ``rlsd`` stays on)."""
+    rule = get_rule(name)
+    return rule if distill or not rule.distills else NO_RULE
 
 
 def _pcsd_variant(name: str, doc: str, adaptive: bool = True, trend: bool = True, **pins: Any) -> None:
@@ -112,7 +215,7 @@ def _pcsd_variant(name: str, doc: str, adaptive: bool = True, trend: bool = True
         assert isinstance(w, Tensor)  # the weights alone (return_stats is not a rule parameter)
         return w
 
-    defaults = {k: v for k, v in {**_PCSD_DEFAULTS, **pins}.items() if k not in unread}
+    defaults = {k: v for k, v in {**PCSD_DEFAULTS.as_dict(), **pins}.items() if k not in unread}
     register_rule(name, "weights", doc, pins=pins, **defaults)(fn)
 
 
@@ -152,14 +255,14 @@ def _sdar_gates(gap: Tensor, mask: Optional[Tensor], beta_gate: float) -> tuple[
     return torch.sigmoid(beta_gate * g) * m, m
 
 
-@register_rule("sdar", "weights", beta_gate=5.0)
+@register_rule("sdar", "weights", beta_gate=PCSD_DEFAULTS.beta_gate)
 def _sdar(gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor] = None, *, beta_gate: float) -> Tensor:
     """SDAR: pointwise ``w = sigmoid(beta_gate sg(delta))`` on valid tokens (beta_gate = 5), as the
     public SDAR code's ``compute_sdar_loss`` (no normalisation)."""
     return _sdar_gates(gap, mask, beta_gate)[0]
 
 
-@register_rule("sdar-norm", "weights", beta_gate=5.0)
+@register_rule("sdar-norm", "weights", beta_gate=PCSD_DEFAULTS.beta_gate)
 def _sdar_norm(gap: Tensor, cu_seqlens: Tensor, mask: Optional[Tensor] = None, *, beta_gate: float) -> Tensor:
     """SDAR with normalised weights: ``w_t = g_t / mean_s g_s``, ``g = sigmoid(beta_gate sg(delta))``,
     the mean over the valid tokens of ``t``'s response (its ``cu_seqlens`` segment). A response's

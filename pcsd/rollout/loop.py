@@ -88,6 +88,15 @@ class RolloutBatch:
     # (N,) the env error that ended each episode ("" none) and the episode step it came at
     env_error: list[str] = field(default_factory=list)
     env_error_step: list[int] = field(default_factory=list)
+    # (R,) int64 anchor state of each row (GiGPO): the env's observation the row's response answered,
+    # without history; rows with equal ids saw identical observations. None where the batch was not
+    # made by collect_rollouts
+    anchor: Optional[Tensor] = None
+    # (R,) float32 reward of each row's step: the env's step reward (ALFWorld, WebShop: 0 but on the
+    # winning step, which carries success_reward) minus the step's invalid-action penalty; a
+    # trajectory's rows sum to its reward (its last row carries any difference, e.g. an episode an env
+    # error ended). None where the batch was not made by collect_rollouts
+    step_reward: Optional[Tensor] = None
 
     @property
     def num_rows(self) -> int:
@@ -116,6 +125,126 @@ class RolloutBatch:
     def prompt_overflows(self) -> int:
         """Episodes ended by an over-long prompt."""
         return 0 if self.prompt_overflow is None else int(self.prompt_overflow.sum())
+
+    def row_step_rewards(self) -> Tensor:
+        """(R,) float32 ``step_reward``; for a batch without it, each trajectory's reward on its last
+        row (its other rows 0), so a trajectory's steps still sum to its reward."""
+        if self.step_reward is not None:
+            return self.step_reward
+        out = torch.zeros(self.num_rows, dtype=torch.float32)
+        last: dict[int, int] = {}
+        for i, (t, k) in enumerate(zip(self.traj_id.tolist(), self.turn.tolist())):
+            if t not in last or k > self.turn[last[t]]:
+                last[t] = i
+        for t, i in last.items():
+            out[i] = self.reward[t]
+        return out
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.traj_group.max()) + 1 if self.traj_group.numel() else 0
+
+    def take_groups(self, groups: Sequence[int]) -> "RolloutBatch":
+        """The sub-batch of the groups ``groups`` (indices of ``traj_group``): groups renumbered from 0
+        in the order given, trajectories in that order of their groups, rows in their order here;
+        every field kept (timings: the whole batch's)."""
+        order = [int(g) for g in groups]
+        new_group = {g: k for k, g in enumerate(order)}
+        if len(new_group) != len(order):
+            raise ValueError(f"groups must be distinct, got {order}")
+        trajs = sorted(
+            (t for t, g in enumerate(self.traj_group.tolist()) if g in new_group),
+            key=lambda t: (new_group[int(self.traj_group[t])], t),
+        )
+        new_traj = {t: k for k, t in enumerate(trajs)}
+        rows = [i for i, t in enumerate(self.traj_id.tolist()) if t in new_traj]  # rows keep their order
+        ridx = torch.tensor(rows, dtype=torch.int64)
+        tidx = torch.tensor(trajs, dtype=torch.int64)
+        pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
+        traj_id = torch.tensor([new_traj[t] for t in self.traj_id[ridx].tolist()], dtype=torch.int64)
+        traj_group = torch.tensor([new_group[g] for g in self.traj_group[tidx].tolist()], dtype=torch.int64)
+        return RolloutBatch(
+            prompt_ids=pick(self.prompt_ids),
+            teacher_prompt_ids=pick(self.teacher_prompt_ids),
+            response_ids=pick(self.response_ids),
+            behaviour_logprobs=pick(self.behaviour_logprobs),
+            traj_id=traj_id,
+            group_id=traj_group[traj_id] if len(rows) else torch.zeros(0, dtype=torch.int64),
+            turn=self.turn[ridx],
+            action_valid=self.action_valid[ridx],
+            actions=pick(self.actions),
+            reward=self.reward[tidx],
+            won=self.won[tidx],
+            length=self.length[tidx],
+            traj_group=traj_group,
+            task_type=[self.task_type[t] for t in trajs],
+            task=[self.task[t] for t in trajs],
+            timings=self.timings,
+            score=None if self.score is None else self.score[tidx],
+            # per batch, not per group: kept when every group is taken
+            env_errors=self.env_errors if len(order) == self.num_groups else 0,
+            prompt_overflow=None if self.prompt_overflow is None else self.prompt_overflow[tidx],
+            anchor=None if self.anchor is None else self.anchor[ridx],
+            step_reward=None if self.step_reward is None else self.step_reward[ridx],
+            env_error=[self.env_error[t] for t in trajs] if self.env_error else [],
+            env_error_step=[self.env_error_step[t] for t in trajs] if self.env_error_step else [],
+        )
+
+    @staticmethod
+    def concat(batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
+        """The batches one after another: trajectories, groups and anchor ids of batch ``b`` follow
+        those of the batches before it (anchors of different batches never compare equal); timings
+        and env errors summed. An optional field is kept when every batch has it."""
+        if not batches:
+            raise ValueError("concat needs at least one batch")
+        if len(batches) == 1:
+            return batches[0]
+        t_off = g_off = a_off = 0
+        traj, group, tgroup, anchor = [], [], [], []
+        for b in batches:
+            traj.append(b.traj_id + t_off)
+            group.append(b.group_id + g_off)
+            tgroup.append(b.traj_group + g_off)
+            if b.anchor is not None:
+                anchor.append(b.anchor + a_off)
+                a_off += int(b.anchor.max()) + 1 if b.anchor.numel() else 0
+            t_off += b.num_trajectories
+            g_off += b.num_groups
+        cat = lambda name: [x for b in batches for x in getattr(b, name)]  # noqa: E731
+
+        def opt(name: str) -> Optional[Tensor]:
+            parts = [getattr(b, name) for b in batches]
+            return None if any(p is None for p in parts) else torch.cat(parts)
+
+        timings = RolloutTimings()
+        for b in batches:
+            for f in ("generation", "env", "prompts", "parsing", "total"):
+                setattr(timings, f, getattr(timings, f) + getattr(b.timings, f))
+        return RolloutBatch(
+            prompt_ids=cat("prompt_ids"),
+            teacher_prompt_ids=cat("teacher_prompt_ids"),
+            response_ids=cat("response_ids"),
+            behaviour_logprobs=cat("behaviour_logprobs"),
+            traj_id=torch.cat(traj),
+            group_id=torch.cat(group),
+            turn=torch.cat([b.turn for b in batches]),
+            action_valid=torch.cat([b.action_valid for b in batches]),
+            actions=cat("actions"),
+            reward=torch.cat([b.reward for b in batches]),
+            won=torch.cat([b.won for b in batches]),
+            length=torch.cat([b.length for b in batches]),
+            traj_group=torch.cat(tgroup),
+            task_type=cat("task_type"),
+            task=cat("task"),
+            timings=timings,
+            score=opt("score"),
+            env_errors=sum(b.env_errors for b in batches),
+            prompt_overflow=opt("prompt_overflow"),
+            anchor=torch.cat(anchor) if len(anchor) == len(batches) else None,
+            step_reward=opt("step_reward"),
+            env_error=cat("env_error") if all(b.env_error for b in batches) else [],
+            env_error_step=cat("env_error_step") if all(b.env_error_step for b in batches) else [],
+        )
 
 
 def _encode_within_budget(builder, requests: list[dict], teacher: bool) -> list[Optional[list[int]]]:
@@ -210,6 +339,8 @@ def collect_rollouts(
     ids = first.env_id.tolist()
     tasks: dict[int, tuple[str, str]] = {}  # (task_type, task as the prompts state it)
     obs: dict[int, str] = {}
+    anchors: dict[str, int] = {}  # GiGPO's anchor states: the env's observation (no history) -> id
+    anchor_now: dict[int, int] = {}  # each live env's current anchor id
     adm: dict[int, list[str]] = {}
     secret: dict[int, str] = {}  # the env's privileged text (the teacher's prompt only)
     errors = [""] * n_envs
@@ -228,6 +359,7 @@ def collect_rollouts(
             env_errors += 1
             continue
         tasks[e] = (task_type, fmt.task(task, first.obs[k]))
+        anchor_now[e] = anchors.setdefault(_anchor_of(first, k), len(anchors))
         obs[e], adm[e] = fmt.view(first.obs[k], first.admissible[k], tasks[e][1], first.has_search_bar[k])
         if privileged is not None and privileged[k]:
             secret[e] = privileged[k]
@@ -246,6 +378,9 @@ def collect_rollouts(
     penalty = torch.zeros(n_envs, dtype=torch.float32)
     rows_prompt, rows_teacher, rows_resp, rows_lp = [], [], [], []
     rows_traj, rows_turn, rows_valid, rows_action = [], [], [], []
+    rows_anchor: list[int] = []
+    rows_env_reward: list[float] = []  # the env's reward of the row's step (Python envs; 0 for the others)
+    rows_penalty: list[float] = []
     turn = 0
     try:
         while active:
@@ -308,11 +443,16 @@ def collect_rollouts(
                 rows_turn.append(turn)
                 rows_valid.append(parsed.is_valid)
                 rows_action.append(parsed.action)
+                rows_anchor.append(anchor_now[e])
+                rows_env_reward.append(0.0)
+                rows_penalty.append(0.0 if parsed.is_valid else invalid_action_penalty)
                 if not parsed.is_valid:
                     penalty[e] += invalid_action_penalty
             timings.parsing += time.perf_counter() - t0
 
             t0 = time.perf_counter()
+            first_row = len(rows_resp) - len(active)
+            row_of = {e: first_row + k for k, e in enumerate(active)}
             res = pool.step(actions, env_ids=active)
             timings.env += time.perf_counter() - t0
             still = []
@@ -329,6 +469,9 @@ def collect_rollouts(
                 obs[e], adm[e] = fmt.view(res.obs[k], res.admissible[k], tasks[e][1], res.has_search_bar[k])
                 if privileged is not None and privileged[k]:
                     secret[e] = privileged[k]
+                if spec.env_reward:
+                    rows_env_reward[row_of[e]] = float(res.reward[k])
+                anchor_now[e] = anchors.setdefault(_anchor_of(res, k), len(anchors))
                 if res.done[k]:
                     won[e] = bool(res.won[k])
                     score[e] = float(res.score[k]) if spec.task_score == "score" else float(won[e])
@@ -344,6 +487,7 @@ def collect_rollouts(
     outcome = score.to(torch.float32) if spec.env_reward else won.to(torch.float32) * success_reward
     reward = outcome - penalty
     traj = torch.tensor(rows_traj, dtype=torch.int64)
+    step_reward = _step_rewards(rows_traj, rows_env_reward, rows_penalty, outcome)
     return RolloutBatch(
         prompt_ids=rows_prompt,
         teacher_prompt_ids=rows_teacher,
@@ -366,4 +510,30 @@ def collect_rollouts(
         prompt_overflow=overflow,
         env_error=errors,
         env_error_step=error_step,
+        anchor=torch.tensor(rows_anchor, dtype=torch.int64),
+        step_reward=step_reward,
     )
+
+
+def _anchor_of(batch, k: int) -> str:
+    """Entry ``k``'s anchor state: the env's ``info["anchor"]`` where a Python env gives one, else
+    its observation as the env returned it (no history, before the prompt family reformats it)."""
+    given = getattr(batch, "anchor", None)
+    if given is not None and given[k] is not None:
+        return given[k]
+    return batch.obs[k]
+
+
+def _step_rewards(rows_traj: list[int], env_reward: list[float], penalty: list[float], outcome: Tensor) -> Tensor:
+    """(R,) float32 step rewards: the env's reward of each row's step minus its penalty, the last
+    row of each trajectory also carrying ``outcome - (the env's step rewards)`` so that a
+    trajectory's rows sum to ``outcome - penalties``, its reward."""
+    r = torch.tensor(env_reward, dtype=torch.float64) - torch.tensor(penalty, dtype=torch.float64)
+    last: dict[int, int] = {}
+    got: dict[int, float] = {}
+    for i, t in enumerate(rows_traj):
+        last[t] = i  # rows of a trajectory come in turn order
+        got[t] = got.get(t, 0.0) + env_reward[i]
+    for t, i in last.items():
+        r[i] += float(outcome[t]) - got[t]
+    return r.to(torch.float32)

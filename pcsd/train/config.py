@@ -41,6 +41,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from pcsd.ops.defaults import PCSD_DEFAULTS
 from pcsd.train.paths import PRESET_DIR, resolve_config_path
 
 
@@ -111,32 +112,47 @@ class RolloutConfig:
     invalid_action_penalty: float = 0.0
     gpu_memory_utilization: float = 0.4  # vLLM's share of each GPU (its weights + KV cache); see --plan
     sync_bucket_mb: float = 512.0  # the weight sync to the generation engine streams buckets of at most this many MiB
+    # DAPO's dynamic sampling: groups whose rewards are all equal are dropped and more groups played until
+    # tasks_per_step carry a signal or max_sample_batches batches were played (pcsd.train.sampling)
+    dynamic_sampling: bool = False
+    max_sample_batches: int = 3
 
 
 @dataclass
-class PcsdParams:
-    n_min: int = 1
-    n_max: int = 8
-    alpha: float = 0.8
-    tau_low: float = 0.05
-    tau_high: float = 0.5
-    gamma: float = 0.3
-    beta_gate: float = 5.0
+class PcsdParams:  # the weighting rules' parameters; defaults: pcsd.ops.defaults (the one place they are written)
+    n_min: int = PCSD_DEFAULTS.n_min
+    n_max: int = PCSD_DEFAULTS.n_max
+    alpha: float = PCSD_DEFAULTS.alpha
+    tau_low: float = PCSD_DEFAULTS.tau_low
+    tau_high: float = PCSD_DEFAULTS.tau_high
+    gamma: float = PCSD_DEFAULTS.gamma
+    beta_gate: float = PCSD_DEFAULTS.beta_gate
+
+
+@dataclass
+class GigpoParams:
+    step_weight: float = 1.0  # weight of the step-level advantage (0: the episode advantage alone)
+    norm: str = "mean_std"  # mean_std | mean (both levels: divide by the std, or only subtract the mean)
+    gamma: float = 0.95  # discount of the step returns
 
 
 @dataclass
 class AlgoConfig:
     grpo: bool = True  # False: distillation only (OPSD)
     distill: bool = True  # False: plain GRPO (no teacher scoring)
+    estimator: str = "grpo"  # advantage estimator (pcsd.ops.estimators): grpo | rloo | gigpo
+    policy_loss: str = "ppo"  # policy-gradient loss (pcsd.ops.policy_losses): ppo | gspo
     lambda_distill: float = 0.01
     kl_beta: float = 0.01
-    clip_eps: float = 0.2
+    clip_eps: float = 0.2  # the ratio's lower clip, 1 - clip_eps (and the upper one unless clip_eps_high is set)
+    clip_eps_high: Optional[float] = None  # the upper clip, 1 + clip_eps_high (DAPO: 0.28); None = clip_eps
     adv_eps: float = 1e-6
     loss_agg: str = "seq-mean-token-mean"
     teacher: str = "frozen"  # frozen | current
     student_skills: bool = False  # Skill-GRPO
     success_reward: float = 10.0
     pcsd: PcsdParams = field(default_factory=PcsdParams)
+    gigpo: GigpoParams = field(default_factory=GigpoParams)  # read by estimator=gigpo
 
 
 @dataclass
@@ -230,6 +246,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.backend": ("vllm", "hf"),
     "algo.loss_agg": ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum"),
     "algo.teacher": ("frozen", "current"),
+    "algo.gigpo.norm": ("mean_std", "mean"),
     "model.param_dtype": ("float32", "bfloat16"),
     "model.compute_dtype": ("float32", "bfloat16"),
     "model.teacher_dtype": ("float32", "bfloat16"),
@@ -513,6 +530,7 @@ def _validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={val!r} is not valid; choose one of {', '.join(choices)}")
     if cfg.rule not in available_rules():
         raise ConfigError(f"rule={cfg.rule!r} is not valid; choose one of {', '.join(available_rules())}")
+    _validate_estimator(cfg)
     _check_rule_pins(cfg)
     positive = [
         "rollout.tasks_per_step",
@@ -566,6 +584,32 @@ def _validate(cfg: DictConfig) -> None:
 #: run.seed's range: numpy's generators (the paper protocol's draws) take seeds below 2**32, and the
 #: rollout seeds derived from it ((seed * 100_000 + step) * ranks + rank) must stay in int64
 MAX_SEED = 2**31 - 1
+
+
+def _validate_estimator(cfg: DictConfig) -> None:
+    """``algo.estimator``, ``algo.policy_loss`` (the registries' names), their parameters, the
+    upper clip and dynamic sampling."""
+    from pcsd.ops.estimators import available_estimators
+    from pcsd.ops.policy_losses import available_policy_losses
+
+    for key, names in (("algo.estimator", available_estimators()), ("algo.policy_loss", available_policy_losses())):
+        if OmegaConf.select(cfg, key) not in names:
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r} is not valid; choose one of {', '.join(names)}")
+    g = cfg.algo.gigpo
+    if not 0 <= g.gamma <= 1:
+        raise ConfigError(f"algo.gigpo.gamma must be in [0, 1], got {g.gamma}")
+    if not g.step_weight >= 0:
+        raise ConfigError(f"algo.gigpo.step_weight must be >= 0, got {g.step_weight}")
+    high = cfg.algo.clip_eps_high
+    if high is not None and not high > 0:
+        raise ConfigError(f"algo.clip_eps_high must be > 0 (the upper clip is 1 + clip_eps_high), got {high}")
+    if cfg.rollout.max_sample_batches < 1:
+        raise ConfigError(f"rollout.max_sample_batches must be >= 1, got {cfg.rollout.max_sample_batches}")
+    if cfg.rollout.dynamic_sampling and cfg.rollout.group_size < 2:
+        raise ConfigError(
+            f"rollout.dynamic_sampling=true drops groups whose rewards are all equal, and a group of "
+            f"rollout.group_size={cfg.rollout.group_size} always is: use groups of >= 2 rollouts"
+        )
 
 
 def _validate_run_inputs(cfg: DictConfig) -> None:

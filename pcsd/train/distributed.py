@@ -323,8 +323,6 @@ def select_groups(rb, groups: range):
     """The sub-batch of ``rb`` (a :class:`pcsd.rollout.loop.RolloutBatch`) holding the GRPO groups
     ``groups`` (as :func:`split_groups` returns), trajectories and groups renumbered from 0.
     For launchers that collect rollouts centrally and hand each rank its share."""
-    from pcsd.rollout.loop import RolloutBatch
-
     g_lo, g_hi = groups.start, groups.stop
     keep_traj = ((rb.traj_group >= g_lo) & (rb.traj_group < g_hi)).nonzero().flatten()
     if keep_traj.numel() == 0:
@@ -332,24 +330,4 @@ def select_groups(rb, groups: range):
             f"groups {groups} select no trajectory (the batch has groups "
             f"0..{int(rb.traj_group.max()) if rb.traj_group.numel() else -1})"
         )
-    t_lo = int(keep_traj.min())
-    rows = [i for i, t in enumerate(rb.traj_id.tolist()) if g_lo <= int(rb.traj_group[t]) < g_hi]
-    idx = torch.tensor(rows, dtype=torch.int64)
-    pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
-    return RolloutBatch(
-        prompt_ids=pick(rb.prompt_ids),
-        teacher_prompt_ids=pick(rb.teacher_prompt_ids),
-        response_ids=pick(rb.response_ids),
-        behaviour_logprobs=pick(rb.behaviour_logprobs),
-        traj_id=rb.traj_id[idx] - t_lo,
-        group_id=rb.group_id[idx] - g_lo,
-        turn=rb.turn[idx],
-        action_valid=rb.action_valid[idx],
-        actions=pick(rb.actions),
-        reward=rb.reward[keep_traj],
-        won=rb.won[keep_traj],
-        length=rb.length[keep_traj],
-        traj_group=rb.traj_group[keep_traj] - g_lo,
-        task_type=[rb.task_type[i] for i in keep_traj.tolist()],
-        task=[rb.task[i] for i in keep_traj.tolist()],
-    )
+    return rb.take_groups(groups)

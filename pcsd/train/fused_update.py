@@ -1,69 +1,25 @@
-"""What :func:`pcsd.train.update.update_step` needs for its two faster paths (``optim.fused_lm_head``,
-``optim.joint_frozen_pass``), kept apart from the update's own ordering.
+"""Reference and teacher log-probs from one frozen-model forward per micro-batch
+(``optim.joint_frozen_pass``), kept apart from the update's own ordering (:mod:`pcsd.train.update`):
 
-* :func:`token_loss`: the micro-batch loss of the update as per-token terms, ``[n]`` with
-  ``sum(token_loss) == pg + kl_beta * kl + lambda * pcsd`` of the update's micro-batch, for
-  :func:`pcsd.ops.fused.fused_logprob_loss` (which needs the loss's derivative token by token in
-  its forward pass). The update computes the same loss the plain way from the fused pass's
-  log-probs for its statistics and :func:`check_fused_loss` compares the two, so a loss term
-  added to the update but not here fails loudly instead of training on a different loss.
-* :func:`joint_scores`: reference and teacher log-probs from one frozen-model forward per
-  micro-batch, the two contexts of every row side by side.
+* :func:`pair_microbatches`: rows grouped so that both contexts of each row fit the token budget;
+* :func:`joint_scores`: one forward per such micro-batch with the two contexts of every row side
+  by side.
+
+The update's other fast path, the fused lm-head (``optim.fused_lm_head``), needs nothing here: it
+hands the one per-token loss of both paths, :func:`pcsd.ops.losses.update_token_loss`, to
+:func:`pcsd.ops.fused.fused_score_loss`.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from pcsd.ops.grpo import grpo_token_terms
 from pcsd.ops.scoring import greedy_microbatches, score_packed
 
-__all__ = ["token_loss", "check_fused_loss", "pair_microbatches", "joint_scores"]
-
-
-def token_loss(
-    lp: Tensor,
-    old: Tensor,
-    ref: Optional[Tensor],
-    adv: Tensor,
-    coef: Tensor,
-    teacher: Optional[Tensor],
-    weights: Tensor,
-    mask: Tensor,
-    algo,
-    distill_scale: float,
-) -> Tensor:
-    """Per-token loss ``[n]`` of the update (all tensors ``[n]``, only ``lp`` differentiable):
-    ``c pg`` when ``algo.grpo``, ``c kl_beta kl`` when ``ref`` is given (OPSD keeps the KL term),
-    plus ``lambda_distill * distill_scale * m w (sg(teacher) - lp)`` when ``algo.distill`` with a weights rule (``distill_scale`` = the
-    micro-batch's ``1 / max(M_mb, 1) * n_mb / T_all`` of :func:`pcsd.ops.losses.pcsd_loss`;
-    pass ``teacher=None`` for rules that transform advantages instead)."""
-    out = torch.zeros_like(lp)
-    if algo.grpo or ref is not None:
-        pg, kl, _ = grpo_token_terms(lp, old, ref, adv, algo.clip_eps)
-        if algo.grpo:
-            out = out + coef * pg
-        out = out + algo.kl_beta * (coef * kl)
-    if teacher is not None:
-        m = mask.detach().to(lp.dtype)
-        out = out + algo.lambda_distill * distill_scale * (
-            m * weights.detach().to(lp.dtype) * (teacher.detach().to(lp.dtype) - lp)
-        )
-    return out
-
-
-def check_fused_loss(fused: Tensor, plain: Tensor) -> None:
-    """RuntimeError unless the fused per-token loss equals the update's micro-batch loss."""
-    a, b = float(fused.detach()), float(plain.detach())
-    if not abs(a - b) <= 1e-4 * max(abs(a), abs(b)) + 1e-6:
-        raise RuntimeError(
-            f"optim.fused_lm_head: the per-token loss ({a!r}) differs from the update's micro-batch "
-            f"loss ({b!r}); a loss term of pcsd.train.update is missing from "
-            "pcsd.train.fused_update.token_loss (set optim.fused_lm_head=false to train without it)"
-        )
+__all__ = ["pair_microbatches", "joint_scores"]
 
 
 def pair_microbatches(

@@ -47,7 +47,9 @@ from pcsd.rollout.loop import collect_rollouts
 from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
 from pcsd.train.metrics import MetricsLogger, step_record
+from pcsd.train.optim import make_adamw
 from pcsd.train.precision import export_model, frozen_copy, fsdp_policy, precision_of, prepare_student, torch_dtype
+from pcsd.train.sampling import sample_groups
 from pcsd.train.sft import game_corpus, sft_examples, sft_warmup
 from pcsd.train.update import update_step
 
@@ -200,9 +202,9 @@ def resume_point(job: Job) -> None:
 def uses_teacher(cfg: DictConfig) -> bool:
     """Whether a teacher scores the student (distillation, RLSD): the rule, the gap and the gate
     mean something; without one they are not shown or recorded."""
-    from pcsd.ops.weighting import get_rule
+    from pcsd.ops.weighting import active_rule
 
-    return bool(cfg.algo.distill) or get_rule(cfg.rule).kind == "advantage"
+    return active_rule(cfg.rule, bool(cfg.algo.distill)).needs_teacher
 
 
 def skill_repository(cfg: DictConfig, only_if_read: bool = False):
@@ -384,8 +386,11 @@ def build_models(job: Job) -> None:
     job.summary["backend"] = job.backend_name
     job.say(f"rollout backend: {job.backend_name}")
     job.progress = ProgressReporter(cfg.run.progress and ctx.is_main, console=job.console)
-    job.opt = torch.optim.AdamW(
-        [p for p in job.student.parameters() if p.requires_grad], lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+    job.opt = make_adamw(  # fused on CUDA (no parameter-sized temporary at the step), see pcsd.train.optim
+        [p for p in job.student.parameters() if p.requires_grad],
+        lr=cfg.optim.lr,
+        weight_decay=cfg.optim.weight_decay,
+        device=ctx.device,
     )
     job.rng = random.Random(cfg.run.seed)
     if cfg.run.get("record_gaps", False):
@@ -534,14 +539,29 @@ def save(job: Job, done: int) -> None:
     dist_utils.barrier(ctx)
 
 
-def rl_step(job: Job, step: int) -> dict[str, Any]:
-    """One RL step: rollouts on this rank's share of the sampled games, the update, the weight
-    sync. Returns the step's metrics record (batch totals over every rank)."""
+def rollout_seed(job: Job, step: int, batch: int = 0) -> int:
+    """The rollout seed of batch ``batch`` of RL step ``step`` on this rank: ``(run.seed * 100_000 +
+    step) * ranks + rank`` for the step's first batch; a hash of that and ``batch`` for the further
+    batches dynamic sampling plays (56 bits: never another step's first seed by construction)."""
+    ctx = job.ctx
+    base = (job.cfg.run.seed * 100_000 + step) * ctx.world_size + ctx.rank
+    if batch == 0:
+        return base
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(f"{base}/{batch}".encode(), digest_size=7).digest(), "little")
+
+
+def play_batch(job: Job, step: int, batch: int = 0, played: Optional[list] = None):
+    """This rank's share (whole groups) of the games of batch ``batch`` of step ``step``, played
+    (the games: the kind's draw, :meth:`pcsd.envs.kind.EnvRun.step_tasks`; ``played`` gets this
+    rank's games, one per group, in the batch's order)."""
     cfg, ctx, rb_builder = job.cfg, job.ctx, job.builder
-    t0 = time.time()
-    games = job.env.step_tasks(step, job.rng)  # the kind's draw (e.g. WebShop: verl-agent's training manager)
+    games = job.env.step_tasks(step, job.rng, batch)
     mine = dist_utils.split_groups(len(games), ctx)  # whole groups per rank
-    rb = collect_rollouts(
+    if played is not None:
+        played += games[mine.start : mine.stop]
+    return collect_rollouts(
         job.backend,
         rb_builder,
         games[mine.start : mine.stop],
@@ -550,7 +570,7 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
         max_response_tokens=cfg.rollout.max_response_tokens,
         temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
-        seed=(cfg.run.seed * 100_000 + step) * ctx.world_size + ctx.rank,
+        seed=rollout_seed(job, step, batch),
         stop_token_ids=[eos_id(rb_builder)],
         success_reward=cfg.algo.success_reward,
         invalid_action_penalty=cfg.rollout.invalid_action_penalty,
@@ -559,23 +579,50 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
         progress=job.progress.rollout("rollout"),
         pools=job.env.train_pools,
     )
-    job.backend.sleep()  # the rollouts are done: the engine's memory goes to the update
-    st = update_step(
-        job.student,
-        job.frozen,
-        job.opt,
-        rb,
-        cfg,
-        step,
-        ctx,
-        progress=job.progress.phase,
-        record=job.gap_recorder.for_step(step + 1) if job.gap_recorder else None,
+
+
+def rl_step(job: Job, step: int) -> dict[str, Any]:
+    """One RL step: rollouts on this rank's share of the sampled games (with
+    ``rollout.dynamic_sampling``, batches until enough groups carry a signal:
+    :mod:`pcsd.train.sampling`), the update, the weight sync. Returns the step's metrics record
+    (batch totals over every rank; rollout figures over every episode played). A step dynamic
+    sampling leaves without a group trains nothing (``skipped`` in its record) and still counts."""
+    cfg, ctx = job.cfg, job.ctx
+    t0 = time.time()
+    played: list = []  # this rank's games of every batch played, one per group, in the batches' order
+    sampled = sample_groups(
+        lambda b: play_batch(job, step, b, played),
+        target=cfg.rollout.tasks_per_step,
+        max_batches=cfg.rollout.max_sample_batches,
+        dynamic=bool(cfg.rollout.dynamic_sampling),
+        ctx=ctx,
     )
+    if sampled.warning:
+        job.say(f"warning: step {step + 1}: {sampled.warning}")
+    st: dict[str, Any] = {}
     t_sync = time.time()
-    refresh_generation(job)
+    if not sampled.skipped:
+        job.backend.sleep()  # the rollouts are done: the engine's memory goes to the update
+        st = update_step(
+            job.student,
+            job.frozen,
+            job.opt,
+            sampled.train,
+            cfg,
+            step,
+            ctx,
+            progress=job.progress.phase,
+            record=job.gap_recorder.for_step(step + 1) if job.gap_recorder else None,
+        )
+        t_sync = time.time()
+        refresh_generation(job)
+    rb = sampled.played
     rec = step_record(step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0)
+    rec.update(sampled.metrics())
+    if sampled.skipped:
+        rec["skipped"] = True
     rec.update(job.kind.step_fields(rb))  # the kind's figures of the batch (WebShop's Score, env errors)
-    _report_env_errors(job, step, games[mine.start : mine.stop], rb)
+    _report_env_errors(job, step, played, rb)
     if ctx.distributed:  # the batch's totals over every rank (per-category success: this rank's)
         n_traj, r_sum, won_sum, len_sum, n_rows, valid_sum = dist_utils.global_sum(
             [
@@ -631,10 +678,16 @@ def rl_loop(job: Job) -> None:
             ):
                 job.phases[ph] = job.phases.get(ph, 0.0) + float(rec.get(key, 0.0))
             teacher = f"gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} " if uses_teacher(cfg) else ""
-            job.say(
-                f"step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% reward {rec['reward']:.2f} "
-                f"{teacher}kl {rec['kl']:.4f} {rec['tokens_per_s']:.0f} tok/s {rec['step_seconds']:.1f}s"
-            )
+            if rec.get("skipped"):
+                job.say(
+                    f"step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% reward {rec['reward']:.2f} "
+                    f"no update (no group with a reward signal) {rec['step_seconds']:.1f}s"
+                )
+            else:
+                job.say(
+                    f"step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% reward {rec['reward']:.2f} "
+                    f"{teacher}kl {rec['kl']:.4f} {rec['tokens_per_s']:.0f} tok/s {rec['step_seconds']:.1f}s"
+                )
             stop = bool(cfg.run.stop_after) and done >= cfg.run.stop_after and done < cfg.optim.steps
             if (cfg.run.save_every and done % cfg.run.save_every == 0) or done == cfg.optim.steps or stop:
                 save(job, done)

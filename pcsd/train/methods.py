@@ -48,8 +48,15 @@ trained method, OPSD included.
 The gate sharpness is one setting, ``algo.pcsd.beta_gate``, read by every gated rule (``pcsd``
 and its ablations, ``sdar``, ``sdar-norm``; 5.0 in the paper's tables). :func:`unused_keys` names
 the method keys that have no effect under a config (e.g. ``algo.pcsd.gamma`` under ``sdar``,
-``algo.lambda_distill`` under ``grpo`` or ``rlsd``, ``algo.clip_eps`` under ``opsd``);
-:mod:`pcsd.train.config` warns once about each such key the user or the preset set.
+``algo.lambda_distill`` under ``grpo`` or ``rlsd``, ``algo.clip_eps`` under ``opsd``, the
+``algo.gigpo.*`` keys under another ``algo.estimator``, ``rollout.max_sample_batches`` without
+``rollout.dynamic_sampling``); :mod:`pcsd.train.config` warns once about each such key the user
+or the preset set.
+
+The advantage estimator (``algo.estimator``: grpo, rloo, gigpo) and the policy loss
+(``algo.policy_loss``: ppo, gspo) are not part of a method: every method with a policy-gradient
+term trains with any of them (``method=pcsd algo.estimator=gigpo`` is GiGPO + PCSD; under ``rlsd``
+the RLSD transform applies to the chosen estimator's advantages), see ``docs/estimators.md``.
 """
 
 from __future__ import annotations
@@ -130,6 +137,26 @@ def method_overrides(name: str) -> dict[str, Any]:
     return dict(METHODS[canonical_method(name)]["overrides"])
 
 
+def _estimator_keys(cfg) -> dict[str, str]:
+    """The estimator keys without effect under a config with a policy-gradient term: ``algo.gigpo.*``
+    under another estimator, ``algo.gigpo.gamma`` without the step advantage, ``algo.adv_eps`` where
+    nothing is divided by a std."""
+    from pcsd.ops.estimators import get_estimator
+
+    algo = cfg.algo
+    est = get_estimator(algo.estimator)
+    out: dict[str, str] = {}
+    for k in algo.gigpo:
+        if k not in est.defaults:
+            out[f"algo.gigpo.{k}"] = f"read only by algo.estimator=gigpo (the config has algo.estimator={est.name})"
+    if "gamma" in est.defaults and algo.gigpo.step_weight == 0:
+        out["algo.gigpo.gamma"] = "algo.gigpo.step_weight=0: no step-level advantage, no step returns"
+    if not est.uses_eps or ("norm" in est.defaults and algo.gigpo.norm == "mean"):
+        why = "algo.gigpo.norm=mean subtracts the mean only" if est.uses_eps else f"estimator {est.name} has no std"
+        out["algo.adv_eps"] = f"{why}: nothing is divided by a std"
+    return out
+
+
 def unused_keys(cfg) -> dict[str, str]:
     """``{key: why}`` for the method keys that have no effect on the update under ``cfg`` (its
     ``rule``, ``algo.grpo`` and ``algo.distill``), as if it trains (``optim.steps`` is not looked at).
@@ -137,16 +164,19 @@ def unused_keys(cfg) -> dict[str, str]:
     ``algo.kl_beta`` always has an effect (every trained method keeps the KL penalty); a rule reads
     the ``algo.pcsd`` keys among its parameters (``pcsd.ops.weighting.WeightRule.defaults``) and
     those that define it (``pins``)."""
-    from pcsd.ops.weighting import get_rule
+    from pcsd.ops.weighting import active_rule, get_rule
 
     algo = cfg.algo
     rule = get_rule(cfg.rule)
-    teacher = bool(algo.distill) or rule.kind == "advantage"
+    active = active_rule(cfg.rule, bool(algo.distill))  # what the update runs (pcsd.ops.weighting)
+    on = active is rule  # algo.distill=false turns a distillation rule off
     no_distill = "no distillation term (algo.distill=false)"
     out: dict[str, str] = {}
-    if not teacher:
-        out["rule"] = out["algo.teacher"] = no_distill
-    if not (algo.distill and rule.kind in ("weights", "loss")):
+    if not on:
+        out["rule"] = no_distill
+    if not active.needs_teacher:
+        out["algo.teacher"] = no_distill if not on else f"rule {rule.name} scores no teacher"
+    if not active.distills:  # no loss term to weight with lambda
         out["algo.lambda_distill"] = (
             no_distill
             if not algo.distill
@@ -154,17 +184,24 @@ def unused_keys(cfg) -> dict[str, str]:
             "loss (its own lambda decays from 0.5 to 0)"
         )
     warm_teacher = cfg.optim.sft_steps > 0 and cfg.optim.sft_teacher_share > 0  # the warm-up's teacher prompts
-    if not (teacher or algo.student_skills or cfg.eval.skills or warm_teacher):
+    if not (active.needs_teacher or algo.student_skills or cfg.eval.skills or warm_teacher):
         out["env.skills_dir"] = "no teacher reads skills and the student's prompts show none"
     if not algo.grpo:
-        out["algo.clip_eps"] = out["algo.adv_eps"] = "no policy-gradient term (algo.grpo=false)"
+        no_pg = "no policy-gradient term (algo.grpo=false)"
+        for k in ("algo.clip_eps", "algo.clip_eps_high", "algo.adv_eps", "algo.estimator", "algo.policy_loss"):
+            out[k] = no_pg
+        out.update({f"algo.gigpo.{k}": no_pg for k in algo.gigpo})
         if not algo.kl_beta > 0:
             out["algo.loss_agg"] = "no policy-gradient term (algo.grpo=false) and no KL term (algo.kl_beta=0)"
-    own = sorted(k for k in algo.pcsd if k in rule.defaults or k in rule.pins) if teacher else []
+    else:
+        out.update(_estimator_keys(cfg))
+    if not cfg.rollout.dynamic_sampling:
+        out["rollout.max_sample_batches"] = "read only with rollout.dynamic_sampling=true"
+    own = sorted(k for k in algo.pcsd if k in rule.defaults or k in rule.pins) if on else []
     for k in algo.pcsd:
         if k in own:
             continue
-        if not teacher:
+        if not on:
             out[f"algo.pcsd.{k}"] = no_distill
         elif rule.name == "uniform":
             out[f"algo.pcsd.{k}"] = "rule uniform is the gate at beta_gate = 0 by definition (a constant weight 0.5)"

@@ -49,6 +49,13 @@ TAGS: dict[str, str] = {
     "sync_seconds": "time/weight_sync",
     "step_seconds": "time/step",
     "val_success": "val/success",  # periodic validation (eval.every); per category val_success/<category>
+    # dynamic sampling (rollout.dynamic_sampling, pcsd.train.sampling): batches played, groups trained on,
+    # dropped (rewards all equal), left out beyond tasks_per_step; a step left without a group is skipped
+    "sample_batches": "sampling/batches",
+    "groups_kept": "sampling/groups_kept",
+    "groups_dropped": "sampling/groups_dropped",
+    "groups_surplus": "sampling/groups_surplus",
+    "skipped": "sampling/skipped",
 }
 
 
@@ -78,8 +85,9 @@ def step_record(
     step: int, rb, stats: Mapping[str, Any], *, step_seconds: float, sync_seconds: float = 0.0
 ) -> dict[str, Any]:
     """The flat per-step record: rollout results (reward, success overall and per category, turns,
-    valid actions, episodes ended by an over-long prompt), the update statistics, tokens/s and the
-    time per phase."""
+    valid actions, episodes ended by an over-long prompt) of ``rb``, every episode the step played
+    (with dynamic sampling the dropped groups too), the update statistics (none for a skipped step),
+    tokens/s and the time per phase."""
     won = rb.won.tolist()
     tokens = rb.num_tokens()
     rec: dict[str, Any] = dict(

@@ -16,9 +16,11 @@ context and allocator slack; with the ``hf`` backend on several GPUs, the full g
 *rollout*: ``vllm``: its share, ``rollout.gpu_memory_utilization`` of the device (bf16 weights, its
 CUDA graphs, which vLLM >= 0.21 profiles into the share, and the KV cache); ``hf``: ``generate`` on
 the model itself under autocast (the cast weights ``P b(compute)`` on one GPU), its KV cache for
-``min(64, sequences per rank)`` sequences of ``max_prompt + max_response`` tokens, one layer's
-prefill activations over the prompts, and one step's ``batch x V`` logits with their sampling copies
-(:data:`LOGIT_COPY_BYTES`; the backend keeps only the sampled tokens' log-probs).
+``min(64, sequences per rank)`` sequences of ``max_prompt + max_response`` tokens (in the residual
+stream's dtype: float32 under autocast), and the larger of the prefill (one layer's activations
+over the prompts, with the prompts' KV) and the last step (the whole KV cache and one step's
+``batch x V`` logits with their sampling copies, :data:`LOGIT_COPY_BYTES`; the backend keeps only
+the sampled tokens' log-probs): :func:`hf_generation_bytes`.
 
 *update, micro-batch*: weights in the compute dtype (autocast's cache of the cast weights on one
 device; under FSDP2 the unsharded root (embeddings, lm head) plus two decoder layers being
@@ -32,8 +34,10 @@ longest]`` batch, counted as at most :data:`PAD_RATIO` x the budget); the lm hea
 recomputing one); under FSDP2 the fused path's float32 copy of the gathered lm-head weight (once
 per micro-batch); vLLM's CUDA graphs, which stay while the engine sleeps.
 
-*update, optimizer step*: AdamW's foreach temporaries (``torch._foreach_sqrt`` of the second
-moments: ``P b(param) / N``), plus vLLM's CUDA graphs.
+*update, optimizer step*: AdamW's temporaries, none with the fused AdamW a GPU run uses
+(:mod:`pcsd.train.optim`: ``fused=True`` on CUDA updates in place); with ``foreach`` (torch's
+default, ``adamw="foreach"`` here) ``torch._foreach_sqrt`` of the second moments, ``P b(param) / N``;
+plus vLLM's CUDA graphs.
 
 Peak = static + max(rollout, micro-batch, optimizer step). The numbers are estimates (``python -m
 pcsd.bench gpu`` measures one update against :func:`predict_update`); the verdict names the
@@ -262,6 +266,7 @@ class Plan:
     world_size: int
     device_bytes: int
     rows: list[Row] = field(default_factory=list)
+    adamw: str = "fused"  # the optimizer's implementation the plan counts (pcsd.train.optim.adamw_kind)
     advice: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # not fatal (e.g. vLLM queues sequences)
 
@@ -380,8 +385,9 @@ def batch_microbatch(cfg: Any, prompt_lens: Sequence[int], response_lens: Sequen
     )
 
 
-def _update_rows(s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str) -> list[Row]:
-    """The update's lines (micro-batch, optimizer step, and what stays through both)."""
+def _update_rows(s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str, adamw: str = "fused") -> list[Row]:
+    """The update's lines (micro-batch, optimizer step, and what stays through both); ``adamw``:
+    the optimizer's implementation (:func:`pcsd.train.optim.adamw_kind`)."""
     m = cfg.model
     P, V, H = s.params(), s.vocab, s.hidden
     bp, bc = _BYTES[m.param_dtype], _BYTES[m.compute_dtype]
@@ -437,9 +443,17 @@ def _update_rows(s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str) -> li
                 "microbatch",
             )
         )
-    rows.append(
-        Row("AdamW step temporaries (foreach)", P * bp // n, f"sqrt of the 2nd moments, {m.param_dtype}, / {n}", "step")
-    )
+    if adamw == "fused":
+        rows.append(Row("AdamW step (fused)", 0, "fused=True on CUDA: in place, no temporaries", "step"))
+    else:
+        rows.append(
+            Row(
+                "AdamW step temporaries (foreach)",
+                P * bp // n,
+                f"sqrt of the 2nd moments, {m.param_dtype}, / {n}",
+                "step",
+            )
+        )
     if backend == "vllm":
         rows.append(
             Row(
@@ -452,27 +466,51 @@ def _update_rows(s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str) -> li
     return rows
 
 
-def hf_generation_bytes(s: Shape, cfg: Any, n: int) -> tuple[int, int, str]:
-    """(sequences per generate call, bytes, how) of the hf backend's generate (weights apart)."""
+def hf_generation_bytes(s: Shape, cfg: Any, n: int, varlen: bool = False) -> tuple[int, int, str]:
+    """(sequences per generate call, bytes, how) of the hf backend's generate (weights apart): the
+    larger of its two peaks, :func:`hf_generation_phases`."""
+    batch, at_prefill, at_decode, how = hf_generation_phases(s, cfg, n, varlen)
+    return batch, max(at_prefill, at_decode), how
+
+
+def hf_generation_phases(s: Shape, cfg: Any, n: int, varlen: bool = False) -> tuple[int, int, int, str]:
+    """(sequences per generate call, bytes at the prefill, bytes at the last step, how) of the hf
+    backend's generate, weights apart. The prefill: its activations at the widest point
+    (:func:`prefill_bytes_per_token`) with the prompts' KV cache; the last step: the whole KV cache
+    (and one layer's grown copy, which ``torch.cat`` makes before the old one is freed) and one
+    step's logits with their sampling copies.
+
+    The KV cache is held in the residual stream's dtype: float32 for an fp32 student under bf16
+    autocast (one GPU). The rotary cos/sin follow the fp32 hidden states, so K after the rotation
+    is float32, and transformers' ``DynamicLayer`` starts both caches empty in K's dtype, so the
+    bf16 V is promoted as it is appended: twice the bf16 estimate (``docs/gpu.md``). Without
+    flash-attention (``varlen`` False) the prefill also holds sdpa's ``[B, 1, L, L]`` bool mask."""
     m, r = cfg.model, cfg.rollout
     bc = _BYTES[m.compute_dtype]
     residual = 4 if (n == 1 and m.compute_dtype != m.param_dtype and _BYTES[m.param_dtype] == 4) else bc
     batch = min(HF_MAX_BATCH, math.ceil(r.tasks_per_step * r.group_size / n))
-    length = r.max_prompt_tokens + r.max_response_tokens
-    kv = batch * length * s.kv_bytes_per_token(bc)
-    prefill = batch * r.max_prompt_tokens * prefill_bytes_per_token(s, bc, residual)
+    prompt = int(r.max_prompt_tokens)
+    length = prompt + r.max_response_tokens
+    kv_tok = s.kv_bytes_per_token(residual)
+    prefill = batch * prompt * prefill_bytes_per_token(s, bc, residual) + (0 if varlen else batch * prompt * prompt)
+    kv = batch * length * kv_tok
+    grow = kv // s.layers  # each step torch.cat makes a layer's longer cache while the old one lives
     logits = batch * s.vocab * LOGIT_COPY_BYTES
     how = (
-        f"{batch} sequences of {length} tokens: KV {kv / GiB:.2f} + prefill {prefill / GiB:.2f} "
-        f"+ logits {logits / GiB:.2f} GiB"
+        f"{batch} sequences of {length} tokens, the larger of prefill {prefill / GiB:.2f} + its KV "
+        f"{batch * prompt * kv_tok / GiB:.2f} and KV {kv / GiB:.2f} + logits {logits / GiB:.2f} GiB "
+        f"(KV in {'float32' if residual == 4 else 'the compute dtype'})"
     )
-    return batch, kv + prefill + logits, how
+    return batch, batch * prompt * kv_tok + prefill, kv + grow + logits, how
 
 
 def prefill_bytes_per_token(s: Shape, compute: int, residual: int) -> int:
-    """Bytes per prompt token of a no-grad prefill at its widest point: the residual stream and its
-    normed copy, and one layer's MLP at once (gate, up and their product)."""
-    return 2 * residual * s.hidden + 3 * compute * s.intermediate
+    """Bytes per prompt token of a no-grad prefill at its widest point, one layer's MLP: four
+    tensors of the residual stream (the embeddings, which the model's forward keeps to its end;
+    the layer's input, which the loop over layers keeps; the residual after attention; its normed
+    copy), the rotary cos and sin (the residual's dtype), and the MLP's gate, up and their product
+    at once (transformers' Qwen2/Qwen3 code, measured on CPU in ``tests/test_plan.py``)."""
+    return 4 * residual * s.hidden + 2 * residual * s.head_dim + 3 * compute * s.intermediate
 
 
 def memory_plan(
@@ -483,10 +521,12 @@ def memory_plan(
     *,
     varlen: Optional[bool] = None,
     backend: Optional[str] = None,
+    adamw: Optional[str] = None,
 ) -> Plan:
     """The plan of ``cfg`` on ``world_size`` GPUs of ``device_bytes`` each (see the module doc).
     ``varlen``: whether attention is flash-attention's (packed micro-batches; default: whether
-    ``flash_attn`` is installed here); ``backend``: the rollout backend (default ``rollout.backend``)."""
+    ``flash_attn`` is installed here); ``backend``: the rollout backend (default ``rollout.backend``);
+    ``adamw``: ``fused`` (default: what a run on GPUs uses) or ``foreach``."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if device_bytes <= 0:
@@ -494,11 +534,17 @@ def memory_plan(
     s = shape or model_shape(cfg)
     varlen = attention_is_varlen() if varlen is None else varlen
     backend = backend or cfg.rollout.backend
+    if adamw is None:
+        from pcsd.train.optim import plan_adamw_kind
+
+        adamw = plan_adamw_kind()
+    if adamw not in ("fused", "foreach"):
+        raise ValueError(f"adamw must be fused or foreach, got {adamw!r}")
     m, n = cfg.model, world_size
     P = s.params()
     bp, bc, bt = _BYTES[m.param_dtype], _BYTES[m.compute_dtype], _BYTES[m.teacher_dtype]
     mixed = m.compute_dtype != m.param_dtype
-    plan = Plan(s, n, device_bytes)
+    plan = Plan(s, n, device_bytes, adamw=adamw)
     trains = cfg.optim.steps > 0
     frozen = cfg.algo.distill or (cfg.algo.grpo and cfg.algo.kl_beta > 0)
     rows = [Row("master weights", P * bp // n, f"{m.param_dtype}, / {n}", "static")]
@@ -540,9 +586,9 @@ def memory_plan(
                     "rollout",
                 )
             )
-        _, gen, how = hf_generation_bytes(s, cfg, n)
+        _, gen, how = hf_generation_bytes(s, cfg, n, varlen)
         rows.append(Row("hf generation (KV, prefill, logits)", gen, how, "rollout"))
-    rows += _update_rows(s, cfg, n, config_microbatch(cfg, varlen), backend)
+    rows += _update_rows(s, cfg, n, config_microbatch(cfg, varlen), backend, adamw)
     plan.rows = rows
     if backend == "vllm":
         need = P * 2 + VLLM_ACTIVATION_BYTES + VLLM_CUDA_GRAPH_BYTES + s.kv_bytes_per_token() * max_len
@@ -587,7 +633,8 @@ def _advise(plan: Plan, cfg: Any, varlen: bool, backend: str) -> None:
     if plan.static_bytes + plan.update_bytes > device and cfg.optim.steps > 0:
 
         def update(budget: int) -> int:
-            probe = Plan(s, n, device, _update_rows(s, cfg, n, config_microbatch(cfg, varlen, budget), backend))
+            mb = config_microbatch(cfg, varlen, budget)
+            probe = Plan(s, n, device, _update_rows(s, cfg, n, mb, backend, plan.adamw), plan.adamw)
             return probe.update_bytes
 
         lo, hi, fit = max_len, int(cfg.optim.tokens_per_microbatch) - 1, None
@@ -614,6 +661,7 @@ def predict_update(
     varlen: Optional[bool] = None,
     world_size: int = 1,
     backend: str = "none",
+    adamw: Optional[str] = None,
 ) -> Plan:
     """The plan's lines for one update of a batch with these row lengths (student prompts and
     responses): the static training state and the update phase, no rollout (``backend="vllm"``
@@ -622,10 +670,11 @@ def predict_update(
     after the first (AdamW's state exists). ``python -m pcsd.bench gpu`` compares the two."""
     s = shape or model_shape(cfg)
     varlen = attention_is_varlen() if varlen is None else varlen
-    full = memory_plan(cfg, world_size, 1 << 62, s, varlen=varlen, backend=backend)
+    full = memory_plan(cfg, world_size, 1 << 62, s, varlen=varlen, backend=backend, adamw=adamw)
     keep = [r for r in full.rows if r.phase == "static" and r.item != "CUDA context + slack"]
     mb = batch_microbatch(cfg, prompt_lens, response_lens, varlen)
-    return Plan(s, world_size, full.device_bytes, keep + _update_rows(s, cfg, world_size, mb, backend))
+    rows = keep + _update_rows(s, cfg, world_size, mb, backend, full.adamw)
+    return Plan(s, world_size, full.device_bytes, rows, adamw=full.adamw)
 
 
 def device_memory_bytes() -> Optional[int]:

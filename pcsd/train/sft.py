@@ -26,6 +26,7 @@ import torch
 
 from pcsd.envs.experts import ExpertEpisode, expert_episodes, skill_search_first
 from pcsd.ops.scoring import score_packed
+from pcsd.train.optim import make_adamw
 
 __all__ = [
     "expert_episodes",
@@ -246,7 +247,7 @@ def sft_warmup(
         raise ValueError("examples is empty: the expert produced no SFT examples (no game, or env.max_steps too small)")
     lr_factor(0, max(steps, 1), schedule)  # validates the schedule name
     rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = make_adamw(model.parameters(), lr=lr, device=next(model.parameters()).device)
     model.train()
     losses = []
     for step in range(steps):

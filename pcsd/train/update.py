@@ -1,29 +1,45 @@
-"""One training update: score a rollout batch with the old policy, the frozen reference and the
-frozen teacher, turn the teacher-student gaps into token weights with the configured rule, and
-apply GRPO + lambda * distillation over token-budget micro-batches (the paper's Algorithm 1, steps
-2-4). The per-token algebra lives in :mod:`pcsd.ops` (advantages, clipped ratio terms, the
-weighting rules, the distillation loss); this module only orders it and reduces over ranks."""
+"""One training update (the paper's Algorithm 1, steps 2-4), in four phases:
+
+1. **score** (:func:`score`): the packed ``[T]`` log-probs of every response token under the old
+   policy (skipped with one PPO epoch: the update's own forward gives them), the frozen reference
+   and the teacher (the frozen copy, or the student with ``algo.teacher=current``);
+2. **per-token terms** (:class:`Terms`): the advantages (:func:`estimate_advantages`, the one call
+   that gives them), the aggregation coefficients and normalisers over every rank, and per
+   micro-batch a :class:`pcsd.ops.losses.TokenTerms` with the weighting rule's contribution
+   (:meth:`pcsd.ops.weighting.WeightRule.terms`: advantages, weights, a loss term);
+3. **loss** (:func:`micro_batch_loss`): per micro-batch the student's forward and the one per-token
+   loss :func:`pcsd.ops.losses.update_token_loss` (policy term chosen by name, k3 KL, the rule's
+   term), summed with autograd, or inside the fused lm-head (``optim.fused_lm_head``);
+4. **step** (:func:`train_epochs`): ``optim.ppo_epochs`` passes over the micro-batches, each ended
+   by gradient clipping and the optimizer's step; the statistics summed over ranks
+   (:func:`finish_stats`).
+
+The per-token algebra lives in :mod:`pcsd.ops`; this module only orders it and reduces over ranks."""
 
 from __future__ import annotations
 
 import time
-from typing import Optional
+from dataclasses import dataclass, replace
+from typing import Callable, NamedTuple, Optional
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+from torch import Tensor
 
 from pcsd.models import compute_context
+from pcsd.ops.estimators import AdvantageInputs, get_estimator
 from pcsd.ops.fused import fused_score_loss
-from pcsd.ops.grpo import group_advantages, grpo_token_terms, token_coefficients
-from pcsd.ops.losses import pcsd_loss
+from pcsd.ops.grpo import token_coefficients
+from pcsd.ops.losses import LossParts, LossSpec, TokenTerms, update_token_loss
+from pcsd.ops.policy_losses import get_policy_loss
 from pcsd.ops.scoring import greedy_microbatches, score_packed, uses_varlen_attention
-from pcsd.ops.weighting import get_rule
+from pcsd.ops.weighting import WeightRule, active_rule
 from pcsd.rollout.loop import RolloutBatch
 from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
-from pcsd.train.fused_update import check_fused_loss, joint_scores, pair_microbatches, token_loss
+from pcsd.train.fused_update import joint_scores, pair_microbatches
 
-__all__ = ["microbatches", "scores", "update_step"]
+__all__ = ["microbatches", "scores", "estimate_advantages", "update_step"]
 
 
 def microbatches(rb: RolloutBatch, budget: int) -> list[list[int]]:
@@ -35,7 +51,7 @@ def microbatches(rb: RolloutBatch, budget: int) -> list[list[int]]:
 _PAD_ROW = ([0], [0])  # a 2-token sequence for the padding passes of ranks with fewer micro-batches
 
 
-def _mb_logprobs(model, prompts, responses, rows: Optional[list[int]]) -> torch.Tensor:
+def _mb_logprobs(model, prompts, responses, rows: Optional[list[int]]) -> Tensor:
     """One packed forward pass over ``rows`` (None: a padding pass), log-probs of the responses."""
     with compute_context(model):  # bf16 autocast for an fp32 student (pcsd.train.precision)
         if rows is None:
@@ -48,7 +64,7 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device  # a DTensor's device under FSDP
 
 
-def scores(model, prompts, responses, mbs: list[list[int]], n_passes: int, T: int) -> torch.Tensor:
+def scores(model, prompts, responses, mbs: list[list[int]], n_passes: int, T: int) -> Tensor:
     """``[T]`` float32 log-probs of every packed response token, one forward per micro-batch,
     padded to ``n_passes`` forwards (FSDP: every rank runs the same number of passes)."""
     out = torch.zeros(T, device=_device(model))
@@ -65,6 +81,306 @@ def scores(model, prompts, responses, mbs: list[list[int]], n_passes: int, T: in
     return out
 
 
+@dataclass
+class Layout:
+    """Where each row's response tokens sit in the packed ``[T]`` arrays, and the micro-batches."""
+
+    mbs: list[list[int]]  # rows per micro-batch: whole response turns, optim.tokens_per_microbatch
+    n_passes: int  # forwards per epoch on every rank (FSDP: the most any rank needs)
+    offsets: list[int]  # [R+1]: row r's tokens are offsets[r]:offsets[r+1]
+    dev: torch.device  # where every per-token tensor lives (beside the model)
+
+    @property
+    def T(self) -> int:
+        return self.offsets[-1]
+
+    def rows(self, k: int) -> Optional[list[int]]:
+        """Micro-batch ``k``'s rows; None for a padding pass."""
+        return self.mbs[k] if k < len(self.mbs) else None
+
+    def index(self, rows: list[int]) -> Tensor:
+        """``[n]`` the packed positions of ``rows``' tokens, in order."""
+        return torch.cat([torch.arange(self.offsets[i], self.offsets[i + 1]) for i in rows]).to(self.dev)
+
+    def segments(self, rows: list[int]) -> tuple[int, ...]:
+        """Offsets ``[0, ..., n]`` of ``rows``' turns within their tokens (their ``cu_seqlens``)."""
+        cu = [0]
+        for i in rows:
+            cu.append(cu[-1] + self.offsets[i + 1] - self.offsets[i])
+        return tuple(cu)
+
+    def sub_rows(self, rows: list[int], lo: int, hi: int) -> list[int]:
+        """The rows of ``rows`` that start within their tokens ``lo:hi`` (whole turns)."""
+        return [i for i, a in zip(rows, self.segments(rows)) if lo <= a < hi]
+
+
+def plan_layout(rb: RolloutBatch, cfg: DictConfig, ctx: DistContext, dev: torch.device) -> Layout:
+    mbs = microbatches(rb, cfg.optim.tokens_per_microbatch)
+    offsets = [0]
+    for r in rb.response_ids:
+        offsets.append(offsets[-1] + len(r))
+    return Layout(mbs, dist_utils.global_max(len(mbs), ctx), offsets, dev)  # every rank: as many forwards
+
+
+# ----------------------------------------------------------------------------- 1. score
+class Scores(NamedTuple):
+    """The scoring phase's packed ``[T]`` float32 log-probs."""
+
+    old: Optional[Tensor]  # log pi_old; None: taken from the update's own pass (one PPO epoch)
+    ref: Optional[Tensor]  # log pi_ref on the student prompts; None without the KL term (algo.kl_beta = 0)
+    teacher: Optional[Tensor]  # log pi_teacher on the teacher prompts; None when the rule reads no teacher
+    seconds: float
+
+
+def score(
+    student, frozen, rb: RolloutBatch, cfg: DictConfig, layout: Layout, ctx, rule: WeightRule, progress
+) -> Scores:
+    """Phase 1: the old policy's, the reference's and the teacher's log-probs (:class:`Scores`).
+    ``progress("scoring", n)`` may return a ``cb(done, n)`` called after each of the n scorings."""
+    need_ref = cfg.algo.kl_beta > 0  # the KL term, policy-gradient term or not
+    need_old = cfg.optim.ppo_epochs > 1  # one epoch: the update's own forward pass gives log pi_old exactly
+    n = int(need_old) + int(need_ref) + int(rule.needs_teacher)
+    cb: Callable[[int, int], object] = (progress("scoring", n) if progress and n else None) or (lambda d, t: None)
+    t0 = time.perf_counter()
+    student.eval()
+    old = None
+    if need_old:
+        old = scores(student, rb.prompt_ids, rb.response_ids, layout.mbs, layout.n_passes, layout.T)
+        cb(1, n)
+    ref, teacher = _frozen_scores(student, frozen, rb, cfg, layout, ctx, need_ref, rule.needs_teacher, cb, n)
+    return Scores(old, ref, teacher, time.perf_counter() - t0)
+
+
+def _frozen_scores(student, frozen, rb, cfg, layout: Layout, ctx, need_ref: bool, use_teacher: bool, cb, n: int):
+    """``(ref, teacher)``: two passes, or one frozen forward per micro-batch with both contexts of
+    each row side by side (``optim.joint_frozen_pass``)."""
+    teacher_model = student if cfg.algo.teacher == "current" else frozen
+    jf = cfg.optim.get("joint_frozen_pass", "never")
+    joint = (
+        need_ref
+        and use_teacher
+        and teacher_model is frozen
+        and (jf == "always" or (jf == "auto" and uses_varlen_attention(frozen)))
+    )
+    args = (rb.response_ids, layout.mbs, layout.n_passes, layout.T)
+    teacher = None
+    if joint:
+        pairs = pair_microbatches(
+            rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, cfg.optim.tokens_per_microbatch
+        )
+        n_pairs = dist_utils.global_max(len(pairs), ctx)
+        ref, teacher = joint_scores(
+            frozen, rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, pairs, n_pairs, layout.T
+        )
+    else:
+        ref = scores(frozen, rb.prompt_ids, *args) if need_ref else None
+    if need_ref:
+        cb(n - int(use_teacher), n)
+    if use_teacher and not joint:
+        teacher = scores(teacher_model, rb.teacher_prompt_ids, *args)
+    if use_teacher:
+        cb(n, n)
+    return ref, teacher
+
+
+# ----------------------------------------------------------------------------- 2. per-token terms
+def estimate_advantages(rb: RolloutBatch, cfg: DictConfig, tok_traj: Tensor) -> Tensor:
+    """``[T]`` float32 per-token advantages of this rank's rows: the one call the update takes them
+    from. The estimator ``algo.estimator`` names (:mod:`pcsd.ops.estimators`: grpo, rloo, gigpo)
+    with its parameters from ``algo.<estimator>`` (``algo.gigpo.*``) and ``algo.adv_eps`` gives one
+    advantage per response turn, spread over the turn's tokens (``tok_traj`` ``[T]``: each token's
+    trajectory, for the device). ``rb`` holds whole groups on every rank, so no collective is
+    needed (GiGPO's anchor groups lie within a task group)."""
+    dev = tok_traj.device
+    est = get_estimator(cfg.algo.get("estimator", "grpo"))
+    section = cfg.algo.get(est.name) if est.defaults else None  # e.g. algo.gigpo (grpo reads none)
+    params = {k: section[k] for k in est.defaults if k in section} if section is not None else {}
+    if est.needs_anchor and rb.anchor is None:
+        raise ValueError(
+            f"algo.estimator={est.name} needs each row's anchor state (RolloutBatch.anchor), and this batch has "
+            "none (it was not made by pcsd.rollout.loop.collect_rollouts)"
+        )
+    rows = AdvantageInputs(
+        reward=rb.reward.to(dev),
+        traj_group=rb.traj_group.to(dev),
+        row_traj=rb.traj_id.to(dev),
+        row_turn=rb.turn.to(dev),
+        step_reward=rb.row_step_rewards().to(dev),
+        anchor=(rb.anchor if rb.anchor is not None else torch.zeros_like(rb.traj_id)).to(dev),
+    )
+    adv = est(rows, eps=cfg.algo.adv_eps, **params)
+    lengths = torch.tensor([len(r) for r in rb.response_ids], dtype=torch.int64, device=dev)
+    return torch.repeat_interleave(adv, lengths)
+
+
+class Terms:
+    """Phase 2: the per-token terms. The batch's (advantages, aggregation coefficients, the
+    normalisers summed over ranks) at construction; a micro-batch's :class:`TokenTerms`, the rule
+    applied, by :meth:`micro`, kept for the later PPO epochs and the statistics."""
+
+    def __init__(self, rb: RolloutBatch, cfg: DictConfig, layout: Layout, sc: Scores, rule: WeightRule, step: int, ctx):
+        T, dev, algo = layout.T, layout.dev, cfg.algo
+        self.layout, self.scores, self.rule = layout, sc, rule
+        self.params = rule.params_from(algo.pcsd)
+        self.step = step + 1  # the update's number: 1 at the first (the public RLSD trainer's global_steps)
+        self.traj = rb.token_traj_ids().to(dev)
+        self.advantages = estimate_advantages(rb, cfg, self.traj)
+        self.mask = torch.ones(T, dtype=torch.bool, device=dev)
+        coef = token_coefficients(self.mask, self.traj, rb.num_trajectories, algo.loss_agg)
+        # global normalisers: the aggregation's denominator (trajectories with tokens, or tokens)
+        # and the distillation's M are counts over the whole batch, i.e. over every rank
+        n_seq = int((torch.bincount(self.traj, minlength=rb.num_trajectories) > 0).sum()) if T else 0
+        local_norm = T if algo.loss_agg == "token-mean" else n_seq
+        g_norm, T_all = dist_utils.global_sum([local_norm, T], ctx)
+        self.coef = (coef * (local_norm / max(g_norm, 1.0))).float()
+        self.tokens = max(T_all, 1.0)  # valid tokens over every rank (every response token is valid)
+        self.cache: dict[int, TokenTerms] = {}  # micro-batch -> its terms (computed once)
+        self.sums = dict(gap=0.0, w=0.0, gate=0.0, nll=0.0)  # over the batch's tokens
+        self.valid: dict[int, float] = {}  # micro-batch -> its valid-token count M_mb
+
+    def micro(self, rows: list[int], idx: Tensor, old: Tensor) -> TokenTerms:
+        """The terms of the whole turns ``rows`` (packed positions ``idx``) given their log pi_old
+        ``old``. Windows never cross a turn, so per micro-batch (or chunk) equals the whole batch."""
+        sc = self.scores
+        teacher = None if sc.teacher is None else sc.teacher[idx]
+        t = TokenTerms(
+            old_logp=old,
+            advantages=self.advantages[idx],
+            coef=self.coef[idx],
+            mask=self.mask[idx],
+            traj_ids=self.traj[idx],
+            segments=self.layout.segments(rows),
+            gap=torch.zeros_like(old) if teacher is None else teacher - old,
+            ref_logp=None if sc.ref is None else sc.ref[idx],
+            teacher_logp=teacher,
+        )
+        r = self.rule.terms(t, self.step, **self.params)
+        return replace(t, advantages=r.advantages, weights=r.weights, rule_loss=r.loss)
+
+    def known(self, k: int, rows: list[int], idx: Tensor) -> Optional[TokenTerms]:
+        """Micro-batch ``k``'s terms if they can be had before its forward pass (None when log pi_old
+        comes from that pass)."""
+        if k in self.cache or self.scores.old is None:
+            return self.cache.get(k)
+        return self.of(k, rows, idx, self.scores.old[idx])
+
+    def of(self, k: int, rows: list[int], idx: Tensor, old: Tensor) -> TokenTerms:
+        """Micro-batch ``k``'s terms, computed once (with its share of the token statistics)."""
+        if k not in self.cache:
+            t = self.cache[k] = self.micro(rows, idx, old)
+            w = torch.zeros_like(old) if t.weights is None else t.weights
+            vals = torch.stack([t.gap.sum(), w.sum(), (w > 0.5).float().sum(), -old.sum(), t.mask.sum()]).tolist()
+            for key, v in zip(("gap", "w", "gate", "nll"), vals):
+                self.sums[key] += v
+            self.valid[k] = vals[-1]
+        return self.cache[k]
+
+    def distill(self, k: int, parts: LossParts) -> Tensor:
+        """Micro-batch ``k``'s share of the rule's token-mean over the batch: its own token-mean
+        times its share of the batch's valid tokens (``sum / M``, rounded as pcsd_loss rounds it)."""
+        m_mb = self.valid[k]
+        return (parts.distill.sum() / max(m_mb, 1.0)) * (m_mb / self.tokens)
+
+
+def loss_spec(cfg: DictConfig, terms: Terms) -> LossSpec:
+    """The update's per-token loss constants: the policy loss chosen by name (``ppo``: GRPO's
+    clipped ratio; none without ``algo.grpo``), the KL and rule coefficients, the rule's normaliser."""
+    algo = cfg.algo
+    policy = get_policy_loss(algo.get("policy_loss", "ppo")) if algo.grpo else None
+    return LossSpec(policy, algo, float(algo.kl_beta), float(algo.lambda_distill), terms.tokens)
+
+
+# ----------------------------------------------------------------------------- 3. loss
+def micro_batch_loss(student, rb: RolloutBatch, terms: Terms, spec: LossSpec, k: int, rows: list[int], fused: bool):
+    """Phase 3: micro-batch ``k``'s loss (0-dim, with the graph to the student's parameters) and its
+    :class:`pcsd.ops.losses.LossParts` (detached, for the statistics). The plain path sums
+    :func:`update_token_loss` of the forward's log-probs; the fused path hands the same function to
+    the fused lm-head, chunk by chunk of whole turns."""
+    layout = terms.layout
+    idx = layout.index(rows)
+    t = terms.known(k, rows, idx)
+    if not fused:
+        lp = _mb_logprobs(student, rb.prompt_ids, rb.response_ids, rows)
+        t = terms.of(k, rows, idx, lp.detach().float()) if t is None else t
+        parts = update_token_loss(lp, t, spec)
+        # the sum of parts.total, added up term by term (each term's sum is also its statistic)
+        loss = parts.pg.sum() + spec.kl_beta * parts.kl.sum() + spec.lambda_distill * terms.distill(k, parts)
+        return loss, LossParts(*(x.detach() for x in parts))
+    known = t
+
+    def chunk_loss(lp_c: Tensor, lo: int, hi: int) -> Tensor:
+        if known is not None:
+            tc = known.slice(lo, hi)
+        else:  # log pi_old is this pass's (one PPO epoch): the chunk's terms from its own log-probs
+            tc = terms.micro(layout.sub_rows(rows, lo, hi), idx[lo:hi], lp_c.detach())
+        return update_token_loss(lp_c, tc, spec).total
+
+    with compute_context(student):  # the student's forward in the compute dtype, as the plain path's
+        loss, lp = fused_score_loss(
+            student, [rb.prompt_ids[i] for i in rows], [rb.response_ids[i] for i in rows], chunk_loss
+        )
+    t = terms.of(k, rows, idx, lp.detach().float()) if t is None else t
+    with torch.no_grad():  # the statistics: the same per-token loss on the pass's log-probs
+        return loss, update_token_loss(lp.detach(), t, spec)
+
+
+# ----------------------------------------------------------------------------- 4. step
+STAT_KEYS = ("loss", "pg", "kl", "pcsd", "clip_frac")
+
+
+def train_epochs(student, opt, rb: RolloutBatch, cfg: DictConfig, terms: Terms, spec: LossSpec, ctx, progress) -> dict:
+    """Phase 4: ``optim.ppo_epochs`` passes over the micro-batches (padding passes where this rank
+    has fewer than another), each ended by gradient clipping and ``opt.step()``. Returns this
+    rank's sums of :data:`STAT_KEYS` and the last epoch's gradient norm."""
+    layout, epochs = terms.layout, cfg.optim.ppo_epochs
+    fused = cfg.optim.get("fused_lm_head", False)
+    gscale = dist_utils.grad_scale(ctx)  # FSDP averages over ranks; the global loss is their sum
+    stats = dict.fromkeys(STAT_KEYS, 0.0)
+    n_mb = len(layout.mbs) * epochs
+    cb = progress("update", n_mb) if progress else None
+    student.train()
+    for epoch in range(epochs):
+        opt.zero_grad(set_to_none=True)
+        for k in range(layout.n_passes):
+            rows = layout.rows(k)
+            if rows is None:  # padding pass: joins the collectives, adds nothing
+                (_mb_logprobs(student, rb.prompt_ids, rb.response_ids, None).sum() * 0.0).backward()
+                continue
+            loss, parts = micro_batch_loss(student, rb, terms, spec, k, rows, fused)
+            (loss * gscale).backward()
+            sums = (loss.detach(), parts.pg.sum(), parts.kl.sum(), terms.distill(k, parts), parts.clipped.sum())
+            vals = torch.stack([v.to(torch.float64) for v in sums]).tolist()  # one host sync
+            vals[-1] /= terms.tokens  # clip_frac: a share of the batch's tokens
+            for key, v in zip(STAT_KEYS, vals):
+                stats[key] += v
+            cb and cb(epoch * len(layout.mbs) + k + 1, n_mb)
+        gn = torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.optim.grad_clip)
+        stats["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+        opt.step()
+    student.eval()
+    return stats
+
+
+def finish_stats(stats: dict, terms: Terms, ctx, t_update: float) -> dict:
+    """The statistics summed over ranks, the token statistics as means over the batch's tokens."""
+    sums = dist_utils.global_sum(
+        [stats[k] for k in STAT_KEYS] + [terms.sums[k] for k in ("gap", "w", "gate", "nll")], ctx
+    )
+    stats.update(zip(STAT_KEYS, sums[: len(STAT_KEYS)]))
+    gap, w, gate, nll = sums[len(STAT_KEYS) :]
+    n = terms.tokens
+    stats.update(
+        score_seconds=terms.scores.seconds,
+        update_seconds=t_update,
+        tokens=int(n),
+        gap_mean=gap / n if terms.scores.teacher is not None else 0.0,
+        weight_mean=w / n,
+        gate_activation=gate / n,
+        entropy_proxy=nll / n,
+    )
+    return stats
+
+
 def update_step(
     student,
     frozen,
@@ -76,14 +392,16 @@ def update_step(
     progress=None,
     record=None,
 ) -> dict:
-    """Scores the batch and applies one GRPO + lambda * PCSD update (ppo_epochs passes).
+    """Scores the batch and applies one GRPO + lambda * distillation update (``optim.ppo_epochs``
+    passes): the four phases of the module docstring.
 
-    ``step`` is the RL step's 0-based index; an ``advantage`` rule (RLSD) gets the update's number
-    ``step + 1`` (1 at the first update, as the public RLSD trainer's ``global_steps``).
+    ``step`` is the RL step's 0-based index; the rule gets the update's number ``step + 1`` (1 at
+    the first update, as the public RLSD trainer's ``global_steps``).
 
     ``algo.grpo`` switches the policy-gradient term only: the k3 KL penalty to the frozen
     reference (``algo.kl_beta`` > 0) applies with or without it (OPSD keeps it, as the SDAR code's
-    OPSD: ``pg_loss_coef=0`` with ``use_kl_loss``).
+    OPSD: ``pg_loss_coef=0`` with ``use_kl_loss``). ``algo.distill=false`` turns a distillation
+    rule off (:func:`pcsd.ops.weighting.active_rule`).
 
     ``progress(name, total)`` (e.g. :meth:`pcsd.progress.ProgressReporter.phase`) may return a
     ``cb(done, total)`` that is called after each scoring pass and each micro-batch.
@@ -91,257 +409,49 @@ def update_step(
     ``record(arrays)`` (``run.record_gaps``, see :mod:`pcsd.train.gaps`), when given, is called
     once with this rank's per-token gaps, weights, mask, log-probs and segment boundaries.
 
-    The rule's kind decides how the teacher enters: ``weights`` rules give the tokens of the
-    distillation loss :func:`pcsd.ops.losses.pcsd_loss` their weights, ``advantage`` rules
-    transform GRPO's per-token advantages, ``loss`` rules (Skill-SD) add their own per-token loss
-    as ``lambda`` x its token-mean over the batch.
-
     Distributed (``ctx`` with world_size > 1, FSDP2-sharded ``student``/``frozen``): ``rb`` holds
     this rank's whole groups; the loss normalisers (trajectory count, valid-token count) are
     summed over ranks so that the summed gradient is the one-process gradient of the whole batch.
     """
     ctx = ctx or single_process()
-    algo = cfg.algo
-    budget = cfg.optim.tokens_per_microbatch
-    rule = get_rule(cfg.rule)
-    T = rb.num_tokens()
-    mbs = microbatches(rb, budget)
-    n_passes = dist_utils.global_max(len(mbs), ctx)  # every rank runs as many forwards (FSDP)
+    rule = active_rule(cfg.rule, cfg.algo.distill)
+    layout = plan_layout(rb, cfg, ctx, _device(student))
+    sc = score(student, frozen, rb, cfg, layout, ctx, rule, progress)
+    terms = Terms(rb, cfg, layout, sc, rule, step, ctx)
     t0 = time.perf_counter()
-    student.eval()
-    need_ref = algo.kl_beta > 0  # the KL term, policy-gradient term or not
-    use_teacher = algo.distill or rule.kind == "advantage"
-    # one PPO epoch: the parameters do not change before the update's own forward pass, so that
-    # pass gives log pi_old exactly (ratio 1) and a separate scoring pass of the student is skipped
-    reuse_old = cfg.optim.ppo_epochs == 1
-    n_score = int(not reuse_old) + int(need_ref) + int(use_teacher)
-    score_cb = progress("scoring", n_score) if progress and n_score else None
-    done_passes = 0
-    old = None
-    if not reuse_old:
-        old = scores(student, rb.prompt_ids, rb.response_ids, mbs, n_passes, T)  # log pi_old, student prompt
-        done_passes += 1
-        score_cb and score_cb(done_passes, n_score)
-    teacher_model = student if algo.teacher == "current" else frozen
-    # optim.joint_frozen_pass: reference and teacher from one frozen forward per micro-batch
-    jf = cfg.optim.get("joint_frozen_pass", "never")
-    joint = (
-        need_ref
-        and use_teacher
-        and teacher_model is frozen
-        and (jf == "always" or (jf == "auto" and uses_varlen_attention(frozen)))
-    )
-    if joint:
-        pair_mbs = pair_microbatches(rb.prompt_ids, rb.teacher_prompt_ids, rb.response_ids, budget)
-        ref, teacher = joint_scores(
-            frozen,
-            rb.prompt_ids,
-            rb.teacher_prompt_ids,
-            rb.response_ids,
-            pair_mbs,
-            dist_utils.global_max(len(pair_mbs), ctx),
-            T,
-        )
-    else:
-        ref = scores(frozen, rb.prompt_ids, rb.response_ids, mbs, n_passes, T) if need_ref else None
-    done_passes += int(need_ref)
-    score_cb and need_ref and score_cb(done_passes, n_score)
-    if not joint:
-        teacher = (
-            scores(teacher_model, rb.teacher_prompt_ids, rb.response_ids, mbs, n_passes, T) if use_teacher else None
-        )
-    score_cb and use_teacher and score_cb(n_score, n_score)
-    t_score = time.perf_counter() - t0
-
-    dev = _device(student)  # every per-token tensor lives beside the model
-    tok_traj = rb.token_traj_ids().to(dev)
-    adv_traj = group_advantages(rb.reward.to(dev), rb.traj_group.to(dev), eps=algo.adv_eps)
-    tok_adv_all = adv_traj[tok_traj].float()
-    mask_all = torch.ones(T, dtype=torch.bool, device=dev)
-    coef = token_coefficients(mask_all, tok_traj, rb.num_trajectories, algo.loss_agg)
-    # global normalisers: the aggregation's denominator (trajectories with tokens, or tokens) and
-    # PCSD's M are counts over the whole batch, i.e. over every rank
-    n_seq = int((torch.bincount(tok_traj, minlength=rb.num_trajectories) > 0).sum()) if T else 0
-    local_norm = T if algo.loss_agg == "token-mean" else n_seq
-    g_norm, T_all = dist_utils.global_sum([local_norm, T], ctx)
-    coef = (coef * (local_norm / max(g_norm, 1.0))).float()
-    T_all = max(T_all, 1.0)
-    pcsd_params = {k: v for k, v in OmegaConf.to_container(algo.pcsd).items() if k in rule.defaults}
-    lengths = [len(r) for r in rb.response_ids]
-    offsets = [0]
-    for n in lengths:
-        offsets.append(offsets[-1] + n)
-
-    def token_terms(rows: list[int], idx: torch.Tensor, old_mb: torch.Tensor):
-        """Advantages, PCSD weights and gaps of a micro-batch's tokens. Its rows are whole response
-        turns and the weights' windows never cross a turn, so per micro-batch equals the whole batch."""
-        mask = mask_all[idx]
-        gap = (teacher[idx] - old_mb) if teacher is not None else torch.zeros_like(old_mb)
-        tok_adv = tok_adv_all[idx]
-        weights = torch.zeros_like(old_mb)
-        if rule.kind == "advantage":
-            tok_adv = rule(tok_adv, gap, mask, step + 1)
-        elif algo.distill and rule.kind == "weights":
-            cu = torch.tensor([0] + [lengths[i] for i in rows], device=dev).cumsum(0)
-            weights = rule(gap, cu, mask, **pcsd_params)
-        return tok_adv, weights, gap, mask
-
-    fused = cfg.optim.get("fused_lm_head", False)
-    n_valid = {}  # micro-batch -> its valid-token count M_mb (pcsd_loss's normaliser)
-
-    def chunk_loss(k: int, rows: list[int], idx: torch.Tensor, lp: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-        """Per-token loss of micro-batch ``k``'s tokens ``lo:hi`` (whole turns) for the fused lm-head."""
-        cu = [0]
-        for i in rows:
-            cu.append(cu[-1] + lengths[i])
-        sub = [i for i, a in zip(rows, cu) if lo <= a < hi]
-        sub_idx = idx[lo:hi]
-        old_c = lp.detach() if old is None else old[sub_idx]
-        tok_adv, w, _gap, mask = token_terms(sub, sub_idx, old_c)
-        distill = algo.distill and rule.kind == "weights"
-        scale = len(idx) / T_all / max(n_valid[k], 1.0)
-        out = token_loss(
-            lp,
-            old_c,
-            None if ref is None else ref[sub_idx],
-            tok_adv,
-            coef[sub_idx],
-            teacher[sub_idx] if distill else None,
-            w,
-            mask,
-            algo,
-            scale,
-        )
-        if algo.distill and rule.kind == "loss":  # Skill-SD's auxiliary term, token-mean over the batch
-            out = out + algo.lambda_distill * rule(lp, teacher[sub_idx], old_c, mask, **pcsd_params) / T_all
-        return out
-
-    gscale = dist_utils.grad_scale(ctx)
-    student.train()
-    stats = dict(loss=0.0, pg=0.0, kl=0.0, pcsd=0.0, clip_frac=0.0, grad_norm=0.0)
-    tok_sums = dict(gap=0.0, w=0.0, gate=0.0, nll=0.0)  # over the batch's tokens (first epoch)
-    t0 = time.perf_counter()
-    n_mb = len(mbs) * cfg.optim.ppo_epochs
-    update_cb = progress("update", n_mb) if progress else None
-    cached: dict[int, tuple] = {}  # micro-batch -> its token terms (computed once)
-    for _epoch in range(cfg.optim.ppo_epochs):
-        opt.zero_grad(set_to_none=True)
-        for k in range(n_passes):
-            rows = mbs[k] if k < len(mbs) else None
-            fused_loss = None
-            if fused and rows is not None:  # lm-head + per-token loss in one pass; lp is detached
-                idx = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows]).to(dev)
-                n_valid[k] = float(mask_all[idx].sum())
-                with compute_context(student):  # the student's forward in the compute dtype, as below
-                    fused_loss, lp = fused_score_loss(
-                        student,
-                        [rb.prompt_ids[i] for i in rows],
-                        [rb.response_ids[i] for i in rows],
-                        lambda lp_c, lo, hi: chunk_loss(k, rows, idx, lp_c, lo, hi),
-                    )
-            else:
-                lp = _mb_logprobs(student, rb.prompt_ids, rb.response_ids, rows)
-            if rows is None:  # padding pass: joins the collectives, adds nothing
-                (lp.sum() * 0.0).backward()
-                continue
-            idx = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows]).to(dev)
-            if k not in cached:
-                old_mb = lp.detach().float() if old is None else old[idx]
-                cached[k] = (old_mb, *token_terms(rows, idx, old_mb))
-                _, _, w_mb, gap_mb, _ = cached[k]
-                tok_sums["gap"] += float(gap_mb.sum())
-                tok_sums["w"] += float(w_mb.sum())
-                tok_sums["gate"] += float((w_mb > 0.5).float().sum())
-                tok_sums["nll"] += float(-old_mb.sum())
-            old_mb, tok_adv, w_mb, _gap, mask = cached[k]
-            loss = lp.sum() * 0.0
-            if algo.grpo or ref is not None:
-                pg, kl, clipped = grpo_token_terms(
-                    lp, old_mb, None if ref is None else ref[idx], tok_adv, algo.clip_eps
-                )
-                c = coef[idx]
-                if algo.grpo:
-                    pg_l = (c * pg).sum()
-                    loss = loss + pg_l
-                    stats["pg"] += float(pg_l.detach())
-                    stats["clip_frac"] += float(clipped.float().sum()) / T_all
-                kl_l = (c * kl).sum()  # 0 without a reference
-                loss = loss + algo.kl_beta * kl_l
-                stats["kl"] += float(kl_l.detach())
-            if algo.distill and rule.kind == "weights":
-                # sum over this micro-batch of m w (T - S) / M, M = all valid tokens of the batch
-                d = pcsd_loss(lp, teacher[idx], w_mb, mask) * (len(idx) / T_all)
-                loss = loss + algo.lambda_distill * d
-                stats["pcsd"] += float(d.detach())
-            if algo.distill and rule.kind == "loss":
-                # token-mean over all valid tokens of the batch: this micro-batch's sum / M
-                d = rule(lp, teacher[idx], old_mb, mask, **pcsd_params).sum() / T_all
-                loss = loss + algo.lambda_distill * d
-                stats["pcsd"] += float(d.detach())
-            if fused_loss is not None:  # the stats above came from the same loss on lp (no graph)
-                check_fused_loss(fused_loss, loss)
-                loss = fused_loss
-            (loss * gscale).backward()  # FSDP averages over ranks; the global loss is their sum
-            stats["loss"] += float(loss.detach())
-            update_cb and update_cb(_epoch * len(mbs) + k + 1, n_mb)
-        gn = torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.optim.grad_clip)
-        stats["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
-        opt.step()
-    student.eval()
+    stats = train_epochs(student, opt, rb, cfg, terms, loss_spec(cfg, terms), ctx, progress)
     if record is not None:
-        record(_record_arrays(cached, mbs, offsets, teacher, T, rb))
-    sums = dist_utils.global_sum(
-        [
-            stats["loss"],
-            stats["pg"],
-            stats["kl"],
-            stats["pcsd"],
-            stats["clip_frac"],
-            tok_sums["gap"],
-            tok_sums["w"],
-            tok_sums["gate"],
-            tok_sums["nll"],
-        ],
-        ctx,
-    )
-    for key, v in zip(("loss", "pg", "kl", "pcsd", "clip_frac"), sums[:5]):
-        stats[key] = v
-    stats.update(
-        score_seconds=t_score,
-        update_seconds=time.perf_counter() - t0,
-        tokens=int(T_all),
-        gap_mean=sums[5] / T_all if teacher is not None else 0.0,
-        weight_mean=sums[6] / T_all,
-        gate_activation=sums[7] / T_all,
-        entropy_proxy=sums[8] / T_all,
-    )
-    return stats
+        record(_record_arrays(terms, rb))
+    return finish_stats(stats, terms, ctx, time.perf_counter() - t0)
 
 
-def _record_arrays(cached: dict, mbs: list[list[int]], offsets: list[int], teacher, T: int, rb: RolloutBatch) -> dict:
+def _record_arrays(terms: Terms, rb: RolloutBatch) -> dict:
     """The batch's per-token terms as numpy arrays (``run.record_gaps``): gap, weight, mask,
     log pi_old, log pi_teacher ``[T]``; ``cu_seqlens`` ``[R+1]`` (one segment per response turn),
     each row's trajectory and turn, each trajectory's reward."""
     import numpy as np
 
+    layout, T = terms.layout, terms.layout.T
     gap, w, old = (np.zeros(T, dtype=np.float32) for _ in range(3))
     mask = np.zeros(T, dtype=bool)
-    for k, rows in enumerate(mbs):
-        if k not in cached:
+    for k, rows in enumerate(layout.mbs):
+        t = terms.cache.get(k)
+        if t is None:
             continue
-        idx = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in rows])
-        old_mb, _adv, w_mb, gap_mb, m_mb = cached[k]
-        gap[idx] = gap_mb.detach().float().cpu().numpy()
-        w[idx] = w_mb.detach().float().cpu().numpy()
-        old[idx] = old_mb.detach().float().cpu().numpy()
-        mask[idx] = m_mb.detach().cpu().numpy().astype(bool)
+        idx = np.concatenate([np.arange(layout.offsets[i], layout.offsets[i + 1]) for i in rows])
+        gap[idx] = t.gap.detach().float().cpu().numpy()
+        if t.weights is not None:
+            w[idx] = t.weights.detach().float().cpu().numpy()
+        old[idx] = t.old_logp.detach().float().cpu().numpy()
+        mask[idx] = t.mask.detach().cpu().numpy().astype(bool)
+    teacher = terms.scores.teacher
     return dict(
         gap=gap,
         weights=w,
         mask=mask,
         student_logp=old,
         teacher_logp=(teacher.detach().float().cpu().numpy() if teacher is not None else np.zeros(T, dtype=np.float32)),
-        cu_seqlens=np.asarray(offsets, dtype=np.int64),
+        cu_seqlens=np.asarray(layout.offsets, dtype=np.int64),
         row_traj=rb.traj_id.cpu().numpy(),
         row_turn=rb.turn.cpu().numpy(),
         traj_reward=rb.reward.float().cpu().numpy(),

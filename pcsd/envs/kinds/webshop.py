@@ -290,9 +290,15 @@ class WebShopRun(EnvRun):
     def eval_pools(self) -> Pools:
         return self._eval
 
-    def step_tasks(self, step: int, rng: Any) -> list[Any]:
-        """Draw ``step`` of verl-agent's training manager (the run's task sampler is not used)."""
-        return train_goals(self.cfg, self.train_shop, step)
+    def step_tasks(self, step: int, rng: Any, batch: int = 0) -> list[Any]:
+        """The step's first batch: draw ``step`` of verl-agent's training manager (the run's task
+        sampler is not used); a further batch of ``rollout.dynamic_sampling``: distinct training goals
+        from the run's task sampler."""
+        if batch == 0:
+            return train_goals(self.cfg, self.train_shop, step)
+        from pcsd.envs.webshop import train_goal_indices
+
+        return rng.sample(list(train_goal_indices(self.train_shop.num_goals)), int(self.cfg.rollout.tasks_per_step))
 
     def eval_tasks(self, index: int) -> list[Any]:
         cfg = self.cfg
