@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -211,21 +212,24 @@ def test_resume_skips_a_damaged_checkpoint_with_one_warning(tmp_path, tiny_dir, 
 
 
 # ----------------------------------------------------------------------------- 1.4 the warm-up
-def _until(proc: subprocess.Popen, text: str, seen: list[str], timeout: float = 1800) -> None:
+def _until(
+    proc: subprocess.Popen, text: str, seen: list[str], timeout: float = 1800, err_path: Optional[Path] = None
+) -> None:
     deadline = time.time() + timeout
     for line in proc.stdout:
         seen.append(line)
         if text in line:
             return
         assert time.time() < deadline, "".join(seen[-20:])
-    raise AssertionError(f"{text!r} never came: " + "".join(seen[-20:]) + proc.stderr.read()[-3000:])
+    err = err_path.read_text() if err_path is not None else proc.stderr.read()
+    raise AssertionError(f"{text!r} never came: " + "".join(seen[-20:]) + err[-3000:])
 
 
 #: ``python -c`` body: the trainer, paused where a Ctrl-C is to land (``warm-up``: halfway through the
 #: warm-up's steps; ``built``: after the warm-up was saved, before the models are built), printing
 #: ``PAUSED`` and waiting for the signal there, so that where it lands does not depend on timing
 _PAUSING = """
-import signal, sys
+import sys, time
 import pcsd.train.job as job
 
 at, args = sys.argv[1], sys.argv[2:]
@@ -233,7 +237,8 @@ at, args = sys.argv[1], sys.argv[2:]
 
 def pause():
     print("PAUSED", flush=True)
-    signal.pause()  # the SIGINT handler raises KeyboardInterrupt here
+    while True:  # the SIGINT handler raises KeyboardInterrupt here: in a sleep, or before the next one
+        time.sleep(0.05)  # (signal.pause() would miss a signal that came before it was entered)
 
 
 if at == "warm-up":
@@ -273,23 +278,26 @@ def _interrupt(args: list[str], at: str, cwd: Path, env: dict) -> tuple[list[str
     """Runs the trainer with ``args``, paused at ``at`` (:data:`_PAUSING`), and sends SIGINT (Ctrl-C)
     once it says it is waiting there."""
     env = dict(env, PYTHONUNBUFFERED="1")  # each line as it is printed
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _PAUSING, at, *args],
-        cwd=cwd,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=_default_sigint,
-    )
-    seen: list[str] = []
-    try:
-        _until(proc, "PAUSED", seen)
-        proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err_path = cwd / f"interrupt-{at}.err"  # a file, not a pipe nobody reads while waiting (it could fill)
+    with open(err_path, "w") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _PAUSING, at, *args],
+            cwd=cwd,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=err_file,
+            preexec_fn=_default_sigint,
+        )
+        seen: list[str] = []
+        try:
+            _until(proc, "PAUSED", seen, err_path=err_path)
+            proc.send_signal(signal.SIGINT)
+            rest, _ = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    err = err_path.read_text()
     assert proc.returncode == 130, err[-3000:]
     return seen + rest.splitlines(keepends=True), err
 
@@ -334,30 +342,54 @@ def test_ctrl_c_during_then_after_the_warm_up_and_resume(tmp_path, child_env):
 
 
 # ----------------------------------------------------------------------------- issue 30, part 4
-@pytest.mark.parametrize(
-    "override,what",
-    [
-        ("rollout.max_prompt_tokens=0", "rollout.max_prompt_tokens must be > 0"),  # at config read
-        ("rollout.max_prompt_tokens=50", "rollout.max_prompt_tokens=50 cannot hold a single prompt"),  # tokenizer
-        ("rollout.max_response_tokens=4", "rollout.max_response_tokens=4 is shorter than the warm-up's targets"),
-    ],
-)
-def test_a_refused_run_writes_nothing_and_the_corrected_one_starts_there(tmp_path, capsys, override, what):
+#: one command per class of error found "at config read" (the key's own value, an unknown key, a
+#: value of the wrong type, a choice, a preset, the env kind's keys, its entry point that does not
+#: import or build, a data folder, a skills folder, a model folder, the device), and the two checks
+#: that need the run's generated tiny tokenizer (the prompt budget, the warm-up's targets)
+_REFUSED = [
+    (["rollout.max_prompt_tokens=0"], "rollout.max_prompt_tokens must be > 0"),
+    (["algo.clip_eps=0"], "algo.clip_eps must be in (0, 1), got 0.0"),
+    (["rollout.tasks_per_stepp=2"], "did you mean rollout.tasks_per_step"),
+    (["rollout.group_size=abc"], "rollout.group_size"),
+    (["rollout.backend=tpu"], "rollout.backend='tpu' is not valid; choose one of vllm, hf"),
+    (["preset=nosuch"], "unknown preset 'nosuch'"),
+    (["env.name=nosuch"], "env.name='nosuch' is not valid"),
+    (["env.name=gym"], "env.name=gym needs exactly one of env.entry_point"),
+    (["env.name=gym", "env.entry_point=nosuch_module:Env"], "no module named 'nosuch_module'"),
+    (["env.name=gym", "env.entry_point=textenv_faults:NeedsArg"], "missing 1 required positional argument"),
+    (["env.name=webshop", "env.webshop_data=/nonexistent/webshop"], "env.webshop_data=/nonexistent/webshop"),
+    (["method=pcsd", "env.skills_dir=/nonexistent/skills"], "env.skills_dir=/nonexistent/skills"),
+    (["model.path=/nonexistent/model"], "model.path=/nonexistent/model"),
+    (["run.device=cuda"], "run.device=cuda"),
+    (["rollout.max_prompt_tokens=50"], "rollout.max_prompt_tokens=50 cannot hold a single prompt"),  # tokenizer
+    (["rollout.max_response_tokens=4"], "rollout.max_response_tokens=4 is shorter than the warm-up's targets"),
+]
+
+
+@pytest.mark.parametrize("overrides,what", _REFUSED, ids=[" ".join(o) for o, _ in _REFUSED])
+def test_a_refused_run_writes_nothing_and_the_corrected_one_starts_there(
+    tmp_path, capsys, monkeypatch, overrides, what
+):
     """Every class of config-read error refuses the run before anything stays in ``run.dir``: the
     ones found when the config is read write nothing; the ones that need the run's generated tiny
     tokenizer (the prompt budget, the warm-up's targets) remove what the new run wrote, so that the
     corrected command is not refused as "not empty" (before: base-model/, config.yaml, games/ stayed)."""
+    import torch
+
     from pcsd.train.cli import main
     from pcsd.train.rundir import claim_run_dir
 
+    if "run.device=cuda" in overrides and torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: run.device=cuda is valid")
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # textenv_faults
     run = tmp_path / "run"
     small = ["rollout.backend=hf", "model.tiny_layers=1", "model.tiny_hidden_size=64", "eval.episodes=1"]
     warm = ["optim.sft_steps=2", "optim.sft_games=2", "env.max_steps=2"]
-    assert main([*small, *warm, override, f"run.dir={run}"]) == 2
+    assert main([*small, *warm, *overrides, f"run.dir={run}"]) == 2
     _one_line_error(capsys.readouterr().err, what)
     assert not run.exists()
     run.mkdir()  # an empty folder the user made: it stays, empty
-    assert main([*small, *warm, override, f"run.dir={run}"]) == 2
+    assert main([*small, *warm, *overrides, f"run.dir={run}"]) == 2
     assert [p.name for p in run.iterdir() if p.name != LOCK_NAME] == []
     lock, aside = claim_run_dir(run, resume=False)  # what the corrected command does first: accepted
     assert aside is None

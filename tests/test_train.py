@@ -185,6 +185,11 @@ def test_a_new_rule_is_a_registration(tiny_dir):
 def test_unknown_key_lists_valid_keys():
     with pytest.raises(ConfigError, match=r"unknown config key 'optim\.lrr'.*optim\.lr"):
         load_config(["optim.lrr=1"])
+    with pytest.raises(ConfigError) as exc:  # "did you mean" and the keys of its group, not every key
+        load_config(["optim.lrr=1"])
+    msg = str(exc.value)
+    assert "did you mean optim.lr" in msg and "(the keys of optim: " in msg and "optim.sft_steps" in msg
+    assert "rollout." not in msg and "algo." not in msg and "env." not in msg
     with pytest.raises(ConfigError, match="not key=value"):
         load_config(["optim.lr"])
 
