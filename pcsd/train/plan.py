@@ -194,7 +194,7 @@ def _builtin_for_unreachable_id(spec: str) -> Optional[Shape]:
     import sys
     from urllib.parse import urlparse
 
-    from pcsd.models import is_model_id
+    from pcsd.models import _offline, hub_kwargs, is_model_id
 
     name = re.sub(r"[^a-z0-9.]", "", spec.split("/")[-1].lower())
     key = next((k for k in BUILTIN_SHAPES if name.startswith(k.replace("-", ""))), None)
@@ -202,10 +202,11 @@ def _builtin_for_unreachable_id(spec: str) -> Optional[Shape]:
         return None
     from huggingface_hub import constants, try_to_load_from_cache
 
-    if isinstance(try_to_load_from_cache(spec, "config.json"), str):
+    hub = hub_kwargs()  # the environment as it is now (huggingface_hub read it once, at import)
+    if isinstance(try_to_load_from_cache(spec, "config.json", cache_dir=hub.get("cache_dir")), str):
         return None  # cached: the real one
-    if not constants.HF_HUB_OFFLINE:
-        url = urlparse(constants.ENDPOINT)
+    if not _offline():
+        url = urlparse(hub.get("endpoint") or constants.ENDPOINT)
         try:
             socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=3).close()
             return None  # reachable: the real one
