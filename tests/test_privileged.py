@@ -161,3 +161,7 @@ def test_a_skills_folder_is_read_from_the_current_folder_and_only_when_read(tmp_
     said = [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]
     assert said == ["env.skills_dir=no/such/folder has no effect under method=grpo: no teacher reads skills and the "
                     "student's prompts show none"]  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:  # the preset's own folder: no word (and not checked)
+        warnings.simplefilter("always")
+        load_config([*gym, "method=grpo"])
+    assert not [w for w in caught if issubclass(w.category, ConfigWarning)]

@@ -513,7 +513,10 @@ def _check_method_keys(cfg: DictConfig, cli_keys: set[str]) -> None:
     defaults = _flatten(dataclasses.asdict(TrainConfig()))
     for key, why in unused_keys(cfg).items():
         val = OmegaConf.select(cfg, key)
-        if key in cli_keys or val != defaults.get(key):
+        # a preset's skills folder serves its methods with a teacher: switching to one without is
+        # said only when the command line names the folder (the folder is then not checked either)
+        from_preset_only = key == "env.skills_dir" and key not in cli_keys
+        if key in cli_keys or (val != defaults.get(key) and not from_preset_only):
             warnings.warn(f"{key}={val} has no effect under method={cfg.method}: {why}", ConfigWarning, stacklevel=3)
 
 
