@@ -261,3 +261,24 @@ def test_the_saved_warm_up_is_atomic_and_checked(tmp_path):
         ck.load_model_dir_state(out)
     (out / ck.COMPLETE_MARKER).unlink()  # never completed: as if absent
     assert ck.load_model_dir_state(out) is None and ck.load_model_dir_state(tmp_path / "none") is None
+
+
+def test_a_checkpoint_without_its_checksums_is_damaged(tmp_path):
+    """A COMPLETE checkpoint whose checksums.json is gone cannot be checked: skipped with one warning
+    for the newest intact one, even when its files load (before: loaded unchecked, so a flipped
+    weight byte passed); the warm-up's folder alike (issue 30, part 4)."""
+    model = _model()
+    opt = _stepped(model)
+    _save(tmp_path, 1, model, opt)
+    p2 = _save(tmp_path, 2, model, opt)
+    (p2 / ck.CHECKSUMS).unlink()
+    _damage(p2 / "model" / "model.safetensors", "flip")  # still loads: only a checksum would tell
+    said: list[str] = []
+    assert ck.load_checkpoint(tmp_path, warn=said.append).step == 1
+    assert said == [f"checkpoint {p2} is damaged (checksums.json is missing (its files cannot be checked)); skipped"]
+    with pytest.raises(ck.CheckpointError, match="checksums.json is missing"):
+        ck.load_checkpoint(p2)
+    out = ck.save_model_dir(tmp_path / "sft-model", model)
+    (out / ck.CHECKSUMS).unlink()
+    with pytest.raises(ck.CheckpointError, match="sft-model is damaged: checksums.json is missing"):
+        ck.load_model_dir_state(out)

@@ -41,6 +41,8 @@ def test_pcsd_parameters_with_the_ops_messages(override, message):
     "override,message",
     [
         ("algo.clip_eps=1.5", "algo.clip_eps must be in (0, 1)"),
+        ("algo.clip_eps=0", "algo.clip_eps must be in (0, 1), got 0.0"),  # the open lower bound
+        ("algo.clip_eps=1", "algo.clip_eps must be in (0, 1), got 1.0"),
         ("algo.kl_beta=-0.1", "algo.kl_beta must be >= 0"),
         ("algo.lambda_distill=-1", "algo.lambda_distill must be >= 0"),
         ("rollout.group_size=1", "GRPO needs groups of >= 2"),

@@ -95,6 +95,21 @@ def test_alfworld_downloads_checks_installs_and_prints_the_variable(alf, tmp_pat
     assert rc == 0 and srv.log == [] and "export ALFWORLD_DATA" in out
 
 
+def test_the_printed_line_is_quoted_for_the_shell(alf, tmp_path, capsys):
+    """A destination with spaces prints a line a shell reads as one assignment (issue 30, part 4)."""
+    import shlex
+    import subprocess
+
+    srv, man = alf
+    dest = tmp_path / "my data" / "alf world"
+    rc, out, err = run_cli(["alfworld", "--dest", dest, "--manifest", man], capsys)
+    assert rc == 0, err
+    line = out.strip().splitlines()[-1]
+    assert line == f"export ALFWORLD_DATA={shlex.quote(str(dest.resolve()))}" and "'" in line
+    got = subprocess.run(["bash", "-c", f'{line}; printf %s "$ALFWORLD_DATA"'], capture_output=True, text=True)
+    assert got.stdout == str(dest.resolve())
+
+
 def test_alfworld_default_destination_is_alfworld_data(alf, tmp_path, capsys, monkeypatch):
     _, man = alf
     monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "env-dest"))
@@ -168,6 +183,29 @@ def test_the_wrong_number_of_games_is_refused(tmp_path, capsys, monkeypatch):
             ["alfworld", "--dest", tmp_path / "d", "--manifest", manifest(tmp_path, "alfworld", splits=COUNTS)], capsys
         )
     assert rc == 1 and "train 2 (expected 3)" in one_line(err)
+
+
+@pytest.mark.parametrize("key", ["pddl_domain", "pddl_problem", "grammar"])
+def test_a_game_file_without_its_keys_is_refused(tmp_path, capsys, monkeypatch, key):
+    """Valid JSON that is not a game (one of the three keys the engine needs is missing): refused,
+    nothing installed (issue 30, part 4: the check had no test)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(alfworld_zip())) as src, zipfile.ZipFile(buf, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("game.tw-pddl") and "/valid_seen/" in info.filename:
+                game = json.loads(data)
+                del game[key]
+                data = json.dumps(game).encode()
+            dst.writestr(info, data)
+    with FileServer({ARCHIVE: buf.getvalue()}) as srv:
+        monkeypatch.setenv("PCSD_ALFWORLD_URL", srv.url)
+        rc, _, err = run_cli(
+            ["alfworld", "--dest", tmp_path / "d", "--manifest", manifest(tmp_path, "alfworld", splits=COUNTS)], capsys
+        )
+    line = one_line(err)
+    assert rc == 1 and "is not a game file (expected the keys pddl_domain, pddl_problem, grammar)" in line
+    assert not (tmp_path / "d" / "json_2.1.1").exists()
 
 
 def test_a_404_is_one_line(tmp_path, capsys, monkeypatch):

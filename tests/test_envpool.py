@@ -440,6 +440,16 @@ def test_gil_is_released_while_waiting():
 
 
 def test_ctrl_c_during_a_wait_raises_keyboard_interrupt():
+    # Python's own SIGINT handler, also when pytest started with SIGINT ignored (a background job
+    # of a non-interactive shell), where Python installs none
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _ctrl_c_during_a_wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _ctrl_c_during_a_wait() -> None:
     p = pool(2)
     p.reset()
     p.send(["sleep 1500", "sleep 1500"], [0, 1])

@@ -248,10 +248,10 @@ def test_rl_step_sleeps_after_rollouts_and_wakes_in_stages_after_releasing_the_c
         cfg=cfg,
         ctx=single_process(),
         builder=None,
-        webshop=False,
-        train_games=["g"],
-        train_env_options=None,
-        text_env=False,
+        env=SimpleNamespace(
+            step_tasks=lambda step, rng, batch=0: ["g"], train_pools=None
+        ),  # the env side (pcsd.envs.kind)
+        kind=SimpleNamespace(step_fields=lambda rb: {}),
         rng=random.Random(0),
         backend=backend,
         backend_name="vllm",

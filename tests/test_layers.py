@@ -14,7 +14,7 @@ PKG = Path(__file__).resolve().parents[1] / "pcsd"
 #: what each layer may import (besides itself); the native modules and ``pcsd`` itself are open to all
 ALLOWED: dict[str, set[str]] = {
     "ops": set(),
-    "envs": set(),
+    "envs": {"text"},  # an env kind owns its prompt family (pcsd.envs.kinds)
     "text": set(),
     "models": set(),
     "lora": set(),

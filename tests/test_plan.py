@@ -266,3 +266,30 @@ def test_a_run_whose_plan_cannot_fit_stops_before_loading(capsys, monkeypatch):
     assert cli.main(["preset=alfworld-qwen2.5-3b", "run.device=cuda"]) == 2
     err = capsys.readouterr().err
     assert "does NOT fit" in err and "does not fit this GPU" in err
+
+
+def test_a_known_hub_id_offline_plans_with_its_built_in_shape(capsys, monkeypatch, tmp_path):
+    """``model.path=Qwen/Qwen2.5-3B-Instruct --plan`` with the Hub unreachable and nothing cached:
+    the built-in shape of that model, one line saying so (before: six retries, then an error); an id
+    of no built-in shape is looked up as before."""
+    import socket
+
+    import huggingface_hub.constants as hc
+
+    from pcsd.train.cli import main
+
+    def unreachable(*a, **k):
+        raise OSError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hub"))  # nothing cached
+    monkeypatch.setattr(socket, "create_connection", unreachable)  # no network
+    assert main(["preset=alfworld-qwen2.5-3b", "model.path=Qwen/Qwen2.5-3B-Instruct", "--plan"]) == 0
+    out, err = capsys.readouterr()
+    assert "memory plan per GPU: qwen2.5-3b (built-in), 3.09 B parameters" in out
+    assert err.splitlines() == [
+        "pcsd.train: model.path=Qwen/Qwen2.5-3B-Instruct: not cached and the Hugging Face Hub cannot be reached; "
+        "the plan uses the built-in shape of qwen2.5-3b"
+    ]
+    from pcsd.train.plan import _builtin_for_unreachable_id
+
+    assert _builtin_for_unreachable_id("acme/other-7b") is None  # no built-in shape: the Hub's or the error

@@ -364,9 +364,19 @@ print(" ".join(map(str, pool.workers.pids())), flush=True)
 """
 
 
-def test_ctrl_c_during_a_call_ends_every_worker():
+def test_ctrl_c_during_a_call_ends_every_worker(tmp_path):
+    """Deterministic: SIGINT's default action in the child whatever the calling shell set (a
+    background job of a non-interactive shell ignores SIGINT), and the signal is sent once the hung
+    env says it is hung (a file), not after a sleep."""
     then = textwrap.dedent("""
-        threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        mark = os.environ["PCSD_TEST_HANG_MARK"]
+
+        def interrupt_when_hung():
+            while not any(p.startswith(os.path.basename(mark) + ".") for p in os.listdir(os.path.dirname(mark))):
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt_when_hung, daemon=True).start()
         try:
             pool.step(["go", "go"])
         except KeyboardInterrupt:
@@ -378,6 +388,8 @@ def test_ctrl_c_during_a_call_ends_every_worker():
         text=True,
         timeout=120,
         cwd=HERE.parent,
+        env=dict(os.environ, PCSD_TEST_HANG_MARK=str(tmp_path / "hung")),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines = r.stdout.split("\n")
     assert lines[1] == "interrupted True", r.stdout + r.stderr
@@ -484,3 +496,36 @@ def test_bench_env_python_reports_overhead_and_scaling(tmp_path):
     assert over and all(r["pool_us_per_step"] > 0 and "cpu_overhead_us_per_step" in r for r in over)
     assert [r["workers"] for r in scale] == [1, 2] and scale[0]["speedup_vs_1_worker"] == 1.0
     assert scale[1]["speedup_vs_1_worker"] > 0
+
+
+def test_hung_envs_of_a_worker_time_out_together():
+    """4 envs of one worker hang at the same step: one ``step_timeout`` (and a fraction per further
+    hung env), not 4 one after another (issue 30, part 3); every other env of the worker plays on."""
+    timeout = 3.0
+    # 8 envs on one worker: group 1 (seed 13, envs 4..7) hangs at its 2nd step, group 0 (seed 12) not
+    with PythonEnvPool(
+        f("Hangs", length=4), 8, group_size=4, seeds=[12, 13], num_workers=1, step_timeout=timeout
+    ) as pool:
+        pool.reset()
+        assert not any(pool.step(["go"] * 8).error)
+        t0 = time.monotonic()
+        s = pool.step(["go"] * 8)
+        took = time.monotonic() - t0
+        assert all("did not return within 3 s" in e for e in s.error[4:]) and not any(s.error[:4])
+        assert s.obs[:4] == ["12:2:go"] * 4
+        assert took < 2 * timeout, took  # one after another: >= 4 * timeout
+        third = pool.step(["go"] * 4, [0, 1, 2, 3])  # replayed on the worker that replaced it
+        assert third.obs == ["12:3:go"] * 4 and not any(third.error)
+
+
+def test_text_that_is_not_valid_unicode_is_that_envs_error():
+    """A lone surrogate in an observation (a str no UTF-8 can hold) is that env's error, the others
+    play on (before: the type check passed it, and the prompt builder's failure ended the run); the
+    config's env check says so in one line."""
+    with PythonEnvPool(f("Surrogate", at=1), 2, seeds=[12, 13], num_workers=1) as pool:
+        pool.reset()
+        s = pool.step(["go", "go"])
+        assert not s.error[0] and s.obs[0] == "12:1:go"
+        assert "returned an observation that is not valid text ('\\ud800' at position 7" in s.error[1] and s.done[1]
+    with pytest.raises(ProtocolError, match=r"step\('go'\) returned an observation that is not valid text"):
+        check_env(f("Surrogate", bad_seed=0, at=1))

@@ -94,6 +94,18 @@ def test_take_groups_and_concat(setup):
     assert one.num_trajectories == 3 and one.traj_group.tolist() == [0, 0, 0]
     assert one.response_ids == [r for r, t in zip(a.response_ids, a.traj_id.tolist()) if t >= 3]
     assert torch.equal(one.traj_id, a.traj_id[a.traj_id >= 3] - 3)
+    # each trajectory's env error (and its step) follows its trajectory through both
+    a.env_error, a.env_error_step = ["", "", "boom", "", "late", ""], [0, 0, 2, 0, 3, 0]
+    b.env_error, b.env_error_step = [""] * 5 + ["last"], [0] * 5 + [1]
+    both = type(a).concat([a, b])
+    assert both.env_error == a.env_error + b.env_error and both.env_error_step == a.env_error_step + b.env_error_step
+    assert a.take_groups([1]).env_error == ["", "late", ""] and both.take_groups([4, 0]).env_error_step == [
+        0,
+        1,
+        0,
+        0,
+        2,
+    ]
 
 
 def test_seeded_rollouts_repeat(setup):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -211,35 +212,92 @@ def test_resume_skips_a_damaged_checkpoint_with_one_warning(tmp_path, tiny_dir, 
 
 
 # ----------------------------------------------------------------------------- 1.4 the warm-up
-def _until(proc: subprocess.Popen, text: str, seen: list[str], timeout: float = 1800) -> None:
+def _until(
+    proc: subprocess.Popen, text: str, seen: list[str], timeout: float = 1800, err_path: Optional[Path] = None
+) -> None:
     deadline = time.time() + timeout
     for line in proc.stdout:
         seen.append(line)
         if text in line:
             return
         assert time.time() < deadline, "".join(seen[-20:])
-    raise AssertionError(f"{text!r} never came: " + "".join(seen[-20:]) + proc.stderr.read()[-3000:])
+    err = err_path.read_text() if err_path is not None else proc.stderr.read()
+    raise AssertionError(f"{text!r} never came: " + "".join(seen[-20:]) + err[-3000:])
+
+
+#: ``python -c`` body: the trainer, paused where a Ctrl-C is to land (``warm-up``: halfway through the
+#: warm-up's steps; ``built``: after the warm-up was saved, before the models are built), printing
+#: ``PAUSED`` and waiting for the signal there, so that where it lands does not depend on timing
+_PAUSING = """
+import sys, time
+import pcsd.train.job as job
+
+at, args = sys.argv[1], sys.argv[2:]
+
+
+def pause():
+    print("PAUSED", flush=True)
+    while True:  # the SIGINT handler raises KeyboardInterrupt here: in a sleep, or before the next one
+        time.sleep(0.05)  # (signal.pause() would miss a signal that came before it was entered)
+
+
+if at == "warm-up":
+    sft = job.sft_warmup
+
+    def paused_sft(*a, progress=None, **k):
+        def each(s, n, loss):
+            if progress is not None:
+                progress(s, n, loss)
+            if s == n // 2:
+                pause()
+
+        return sft(*a, progress=each, **k)
+
+    job.sft_warmup = paused_sft
+else:
+    build = job.build_models
+
+    def paused_build(j):
+        pause()
+        return build(j)
+
+    job.build_models = paused_build
+from pcsd.train.cli import main
+
+sys.exit(main(args))
+"""
+
+
+def _default_sigint() -> None:
+    """In the child before it starts: SIGINT's default action, whatever the calling shell set (a
+    background job of a non-interactive shell ignores SIGINT, and Python then installs no handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _interrupt(args: list[str], at: str, cwd: Path, env: dict) -> tuple[list[str], str]:
-    """Runs ``python -m pcsd.train args``, sends SIGINT (Ctrl-C) once a stdout line holds ``at``."""
+    """Runs the trainer with ``args``, paused at ``at`` (:data:`_PAUSING`), and sends SIGINT (Ctrl-C)
+    once it says it is waiting there."""
     env = dict(env, PYTHONUNBUFFERED="1")  # each line as it is printed
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pcsd.train", *args],
-        cwd=cwd,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    seen: list[str] = []
-    try:
-        _until(proc, at, seen)
-        proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err_path = cwd / f"interrupt-{at}.err"  # a file, not a pipe nobody reads while waiting (it could fill)
+    with open(err_path, "w") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _PAUSING, at, *args],
+            cwd=cwd,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=err_file,
+            preexec_fn=_default_sigint,
+        )
+        seen: list[str] = []
+        try:
+            _until(proc, "PAUSED", seen, err_path=err_path)
+            proc.send_signal(signal.SIGINT)
+            rest, _ = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    err = err_path.read_text()
     assert proc.returncode == 130, err[-3000:]
     return seen + rest.splitlines(keepends=True), err
 
@@ -260,18 +318,19 @@ def test_ctrl_c_during_then_after_the_warm_up_and_resume(tmp_path, child_env):
         "model.tiny_layers=1",
         "rollout.tasks_per_step=1",
         "rollout.group_size=2",
-        "rollout.max_response_tokens=8",
+        "rollout.max_response_tokens=40",  # holds the warm-up's targets (a shorter budget is refused)
         "env.max_steps=2",
         "eval.episodes=2",
         "run.save_every=0",
     ]
-    _, err = _interrupt(args, "sft 25/50", tmp_path, child_env)  # during the warm-up
+    out, err = _interrupt(args, "warm-up", tmp_path, child_env)  # during the warm-up
+    assert "sft 25/50" in "".join(out) and "sft 50/50" not in "".join(out)
     assert "Traceback" not in err and f"interrupted; continue with python -m pcsd.train --resume {run}" in err
     assert not (run / "sft-model").exists() and not list(run.glob(".tmp-*"))
 
-    out, err = _interrupt(["--resume", str(run)], "warm-up saved to", tmp_path, child_env)  # after it
+    out, err = _interrupt(["--resume", str(run)], "built", tmp_path, child_env)  # after it
     text = "".join(out)
-    assert "the run starts over with the warm-up" in text and "sft 50/50" in text
+    assert "the run starts over with the warm-up" in text and "sft 50/50" in text and "warm-up saved to" in text
     assert (run / "sft-model" / "COMPLETE").is_file() and not (run / "checkpoints").exists()
 
     done = _train(["--resume", str(run)], tmp_path, child_env)
@@ -280,3 +339,82 @@ def test_ctrl_c_during_then_after_the_warm_up_and_resume(tmp_path, child_env):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 1 and summary["sft_examples"] > 0 and len(summary["sft_loss_first_last"]) == 2
     assert _steps(run) == [1]
+
+
+# ----------------------------------------------------------------------------- issue 30, part 4
+#: one command per class of error found "at config read" (the key's own value, an unknown key, a
+#: value of the wrong type, a choice, a preset, the env kind's keys, its entry point that does not
+#: import or build, a data folder, a skills folder, a model folder, the device), and the two checks
+#: that need the run's generated tiny tokenizer (the prompt budget, the warm-up's targets)
+_REFUSED = [
+    (["rollout.max_prompt_tokens=0"], "rollout.max_prompt_tokens must be > 0"),
+    (["algo.clip_eps=0"], "algo.clip_eps must be in (0, 1), got 0.0"),
+    (["rollout.tasks_per_stepp=2"], "did you mean rollout.tasks_per_step"),
+    (["rollout.group_size=abc"], "rollout.group_size"),
+    (["rollout.backend=tpu"], "rollout.backend='tpu' is not valid; choose one of vllm, hf"),
+    (["preset=nosuch"], "unknown preset 'nosuch'"),
+    (["env.name=nosuch"], "env.name='nosuch' is not valid"),
+    (["env.name=gym"], "env.name=gym needs exactly one of env.entry_point"),
+    (["env.name=gym", "env.entry_point=nosuch_module:Env"], "no module named 'nosuch_module'"),
+    (["env.name=gym", "env.entry_point=textenv_faults:NeedsArg"], "missing 1 required positional argument"),
+    (["env.name=webshop", "env.webshop_data=/nonexistent/webshop"], "env.webshop_data=/nonexistent/webshop"),
+    (["method=pcsd", "env.skills_dir=/nonexistent/skills"], "env.skills_dir=/nonexistent/skills"),
+    (["model.path=/nonexistent/model"], "model.path=/nonexistent/model"),
+    (["run.device=cuda"], "run.device=cuda"),
+    (["rollout.max_prompt_tokens=50"], "rollout.max_prompt_tokens=50 cannot hold a single prompt"),  # tokenizer
+    (["rollout.max_response_tokens=4"], "rollout.max_response_tokens=4 is shorter than the warm-up's targets"),
+]
+
+
+@pytest.mark.parametrize("overrides,what", _REFUSED, ids=[" ".join(o) for o, _ in _REFUSED])
+def test_a_refused_run_writes_nothing_and_the_corrected_one_starts_there(
+    tmp_path, capsys, monkeypatch, overrides, what
+):
+    """Every class of config-read error refuses the run before anything stays in ``run.dir``: the
+    ones found when the config is read write nothing; the ones that need the run's generated tiny
+    tokenizer (the prompt budget, the warm-up's targets) remove what the new run wrote, so that the
+    corrected command is not refused as "not empty" (before: base-model/, config.yaml, games/ stayed)."""
+    import torch
+
+    from pcsd.train.cli import main
+    from pcsd.train.rundir import claim_run_dir
+
+    if "run.device=cuda" in overrides and torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: run.device=cuda is valid")
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # textenv_faults
+    run = tmp_path / "run"
+    small = ["rollout.backend=hf", "model.tiny_layers=1", "model.tiny_hidden_size=64", "eval.episodes=1"]
+    warm = ["optim.sft_steps=2", "optim.sft_games=2", "env.max_steps=2"]
+    assert main([*small, *warm, *overrides, f"run.dir={run}"]) == 2
+    _one_line_error(capsys.readouterr().err, what)
+    assert not run.exists()
+    run.mkdir()  # an empty folder the user made: it stays, empty
+    assert main([*small, *warm, *overrides, f"run.dir={run}"]) == 2
+    assert [p.name for p in run.iterdir() if p.name != LOCK_NAME] == []
+    lock, aside = claim_run_dir(run, resume=False)  # what the corrected command does first: accepted
+    assert aside is None
+    lock.release()
+
+
+def test_resume_removes_what_an_interrupted_write_left(tmp_path, capsys, monkeypatch):
+    """A kill during the warm-up's save leaves ``.tmp-sft-model-<pid>/`` (and during a checkpoint,
+    ``checkpoints/.tmp-step-*``): ``--resume`` removes them, saying so, before the run goes on."""
+    from omegaconf import OmegaConf
+
+    from pcsd.train import cli
+    from pcsd.train.config import load_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    OmegaConf.save(load_config([f"run.dir={run}", "rollout.backend=hf"]), run / "config.yaml", resolve=True)
+    (run / ".tmp-sft-model-4242").mkdir()
+    (run / ".tmp-sft-model-4242" / "model.safetensors").write_bytes(b"half")
+    (run / "checkpoints" / ".tmp-step-00000003-77").mkdir(parents=True)
+    (run / "sft-model").mkdir()  # what is not a temporary stays
+    seen = {}
+    monkeypatch.setattr("pcsd.train.job.train", lambda cfg, run_dir, ctx: seen.setdefault("ran", {"steps": 0}))
+    assert cli.main(["--resume", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert seen and not list(run.glob(".tmp-*")) and not list((run / "checkpoints").glob(".tmp-*"))
+    assert (run / "sft-model").is_dir()
+    assert f"[pcsd] removed {run / '.tmp-sft-model-4242'}, left by an interrupted write" in out

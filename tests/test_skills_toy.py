@@ -174,7 +174,7 @@ def test_smoke_of_the_toy_preset_without_the_evaluation_before(tmp_path):
                 "optim.steps=1",
                 "rollout.tasks_per_step=1",
                 "rollout.group_size=2",
-                "rollout.max_response_tokens=8",
+                "rollout.max_response_tokens=40",  # holds the warm-up's targets (a shorter budget is refused)
                 "env.max_steps=2",
                 "eval.episodes=2",
                 "eval.before=false",

@@ -125,8 +125,8 @@ def test_teacher_prompt_has_the_category_skills() -> None:
 def test_validation_draw_is_verl_agents(webshop_data: Path) -> None:
     """verl-agent's first validation batch: worker i plays RandomState(1000).choice(range(500), 128)[i]
     (recorded in the traces as `verl_valbatch`); worker 0 (seed 1000) is our validation shop's env 0."""
+    from pcsd.envs.kinds.webshop import webshop_validation_goals
     from pcsd.envs.webshop import WebShop
-    from pcsd.eval.protocol import webshop_validation_goals
 
     draw = webshop_validation_goals("paper", 0, seed=0, validation_index=0)
     assert len(draw) == 128 == len(set(draw)) and all(0 <= g < 500 for g in draw)
@@ -143,9 +143,9 @@ def test_validation_draw_is_verl_agents(webshop_data: Path) -> None:
 
 
 def test_train_draws(webshop_data: Path) -> None:
+    from pcsd.envs.kinds.webshop import train_goals
     from pcsd.envs.webshop import WebShop
     from pcsd.train.config import load_config
-    from pcsd.train.webshop import train_goals
 
     cfg = load_config(["preset=webshop-qwen2.5-3b", f"env.webshop_data={webshop_data}"])
     shop = WebShop.load(webshop_data, seed=0, variant="verl")
@@ -155,9 +155,9 @@ def test_train_draws(webshop_data: Path) -> None:
 
 
 def test_bad_draw_arguments() -> None:
+    from pcsd.envs.kinds.webshop import webshop_validation_goals
     from pcsd.envs.webshop import draw_goals
     from pcsd.eval.games import EvalError
-    from pcsd.eval.protocol import webshop_validation_goals
 
     with pytest.raises(ValueError, match="count"):
         draw_goals(range(10), 11, 0)
@@ -378,7 +378,7 @@ def test_eval_cli_webshop_split(webshop_data: Path, tmp_path: Path, capsys, monk
     doc = json.loads((tmp_path / "a" / "results.json").read_text())
     (res,) = doc["results"]
     assert res["env"] == "webshop" and res["episodes"] == 2 and res["score"] is not None
-    from pcsd.eval.protocol import webshop_validation_goals
+    from pcsd.envs.kinds.webshop import webshop_validation_goals
 
     assert [g["game"] for g in res["games"]] == [str(g) for g in webshop_validation_goals("full")[:2]]
     assert "| **Method** | **Score** | **Acc** |" in (tmp_path / "a" / "table.md").read_text()
@@ -418,7 +418,7 @@ def test_training_smoke_run(webshop_data: Path, tmp_path: Path, child_env: dict)
         "rollout.tasks_per_step=1",
         "rollout.group_size=2",
         "env.max_steps=8",
-        "rollout.max_response_tokens=8",
+        "rollout.max_response_tokens=96",  # holds the warm-up's search[...] targets (91 tokens; shorter is refused)
         "eval.episodes=2",
         "model.tiny_layers=1",
         f"run.dir={tmp_path / 'run'}",

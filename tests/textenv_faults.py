@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from pathlib import Path
 
 
 class Counter:
@@ -53,6 +54,9 @@ class Raises(Counter):
 
 class Hangs(Counter):
     def fault(self):
+        mark = os.environ.get("PCSD_TEST_HANG_MARK")
+        if mark:  # tells a test it is hung now (a readiness signal instead of a sleep)
+            Path(f"{mark}.{os.getpid()}").touch()
         time.sleep(3600)
 
 
@@ -142,3 +146,32 @@ class NoExpert(Counter):
     """No expert_action: the trainer skips the warm-up with a message."""
 
     expert_action = None
+
+
+class Surrogate(Counter):
+    """Returns an observation that is not valid text (a lone surrogate) at the bad seed's step ``at``."""
+
+    def step(self, action):
+        obs, r, term, trunc, info = super().step(action)
+        if self.seed == self.bad_seed and self.t == self.at:
+            obs = "broken \ud800 text"
+        return obs, r, term, trunc, info
+
+
+class Flaky(Counter):
+    """Every episode's step ``fail_step`` raises (for every seed; 0: never); a reset with a seed of
+    at least ``fail_reset_from`` raises (the evaluation seeds are 10**9 and up)."""
+
+    def __init__(self, length: int = 3, fail_step: int = 0, fail_reset_from: int = 0) -> None:
+        super().__init__(length=length)
+        self.fail_step, self.fail_reset_from = fail_step, fail_reset_from
+
+    def reset(self, *, seed=None, options=None):
+        if self.fail_reset_from and seed is not None and seed >= self.fail_reset_from:
+            raise RuntimeError(f"no such level {seed}")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.fail_step and self.t + 1 == self.fail_step:
+            raise ValueError(f"the floor gave way at step {self.fail_step}")
+        return super().step(action)

@@ -137,6 +137,7 @@ def _sync_rows(full, lora, bucket: int, repeats: int, use_vllm: bool, tmp: Path)
 
 def _step_rows(name: str, rank: int, tasks: int, group: int, repeats: int) -> list[dict]:
     from pcsd.train.config import load_config
+    from pcsd.train.optim import make_adamw
     from pcsd.train.update import update_step
 
     spec = dict(tasks=tasks, group_size=group, max_turns=2, prompt_len=[48, 128], response_len=[4, 24], skill_len=24)
@@ -152,7 +153,7 @@ def _step_rows(name: str, rank: int, tasks: int, group: int, repeats: int) -> li
             ["method=pcsd", "rollout.backend=hf", "optim.tokens_per_microbatch=8192", "optim.lr=1e-4", *extra]
         )
         trained = [p for p in student.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(trained, lr=1e-4)
+        opt = make_adamw(trained, lr=1e-4, device=trained[0].device)
         m = measure(lambda: update_step(student, frozen, opt, rb, cfg, step=0), repeats)
         adam = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
         rows.append(

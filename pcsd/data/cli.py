@@ -14,6 +14,7 @@ naming what was tried; the exit status is 1.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -70,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, console: Console) -> str:
-    """Installs what ``args`` asks for; returns the line that says what to set."""
+    """Installs what ``args`` asks for; returns the line that says what to set (shell-quoted: a path
+    with spaces pastes as one word)."""
     if args.source == "alfworld":
         from pcsd.data import alfworld
         from pcsd.data.fetch import load_manifest
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace, console: Console) -> str:
             force=args.force,
             console=console,
         )
-        return f"export ALFWORLD_DATA={dest}"
+        return f"export ALFWORLD_DATA={shlex.quote(str(dest))}"
     if args.source == "webshop":
         from pcsd.data import webshop
         from pcsd.data.fetch import load_manifest
@@ -96,7 +98,7 @@ def run(args: argparse.Namespace, console: Console) -> str:
             force=args.force,
             console=console,
         )
-        return f"export WEBSHOP_DATA={dest}"
+        return f"export WEBSHOP_DATA={shlex.quote(str(dest))}"
     from pcsd.data import model
 
     where = model.install(
@@ -107,7 +109,7 @@ def run(args: argparse.Namespace, console: Console) -> str:
         force=args.force,
         console=console,
     )
-    return f"model.path={where}"
+    return f"model.path={shlex.quote(str(where))}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

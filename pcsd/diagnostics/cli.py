@@ -148,8 +148,8 @@ def _scored(args, console):
         src = args.episodes
     else:
         from pcsd.diagnostics.report import out_dir_for
+        from pcsd.envs.kinds.alfworld import procedural_knobs
         from pcsd.envs.procedural import write_games
-        from pcsd.train.job import procedural_knobs
         from pcsd.train.sft import expert_episodes
 
         base = Path(args.run_dir) if args.run_dir else out_dir_for(args.out, None)
@@ -190,13 +190,13 @@ def _rollout_gaps(args, console):
     import torch
 
     from pcsd.diagnostics.robustness import GapSet
+    from pcsd.envs.kinds.alfworld import procedural_knobs
     from pcsd.envs.procedural import write_games
     from pcsd.models import eos_id, load_model, resolve_device
     from pcsd.ops.scoring import score_packed
     from pcsd.rollout.backends import make_backend
     from pcsd.rollout.loop import collect_rollouts
     from pcsd.text.prompts import PromptBuilder
-    from pcsd.train.job import procedural_knobs
 
     cfg = _run_config(args)
     model_dir = _model_dir(args)

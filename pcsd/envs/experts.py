@@ -29,7 +29,7 @@ the goal named in the task directly).
 
 ``search_first`` (``plan`` navigation): receptacle types (the name without its number, e.g.
 ``"dresser"``) that the search visits before the others, e.g. the types a skill text names as
-where such objects are usually kept (:func:`pcsd.train.sft.skill_search_first`); the search is
+where such objects are usually kept (:func:`skill_search_first`); the search is
 otherwise the same (sorted order, unvisited receptacles only).
 """
 
@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Optional
+from typing import Any, Callable, Collection, Optional, Sequence
 
 from pcsd.envs.alfworld import AlfworldGame
 
-__all__ = ["ObservationExpert", "ExpertEpisode", "play_expert", "NAVIGATIONS"]
+__all__ = ["ObservationExpert", "ExpertEpisode", "expert_episodes", "play_expert", "skill_search_first", "NAVIGATIONS"]
 
 #: how the expert moves between receptacles (see the module docstring)
 NAVIGATIONS = ("plan", "sweep")
@@ -158,3 +158,29 @@ def play_expert(
             ep.won = bool(info["won"])
             break
     return ep
+
+
+def expert_episodes(
+    games: Sequence[str],
+    max_steps: int,
+    navigation: str = "plan",
+    search_first: Optional[Callable[[str], Collection[str]]] = None,
+) -> list[ExpertEpisode]:
+    """One :class:`ObservationExpert` episode per game file, in order (``navigation``: ``plan`` or
+    ``sweep``; ``search_first``: task -> receptacle types searched first, e.g.
+    :func:`skill_search_first`)."""
+    return [play_expert(path, max_steps, navigation, search_first) for path in games]
+
+
+def skill_search_first(skills: Any) -> Callable[[str], frozenset[str]]:
+    """For the expert of the teacher's-prompt examples (``optim.sft_teacher_demos=skills``): task ->
+    the words of the task's retrieved skills (``skills``: a :class:`pcsd.text.prompts.SkillRepository`,
+    or None for the built-in skills); the expert searches first the receptacles whose type is one
+    of them (a skill saying "keychains are usually kept in a dresser" sends it to the dressers)."""
+    from pcsd.text.prompts import retrieve_skills
+
+    def words(task: str) -> frozenset[str]:
+        text = skills.retrieve(task) if skills is not None else retrieve_skills(task)
+        return frozenset(re.findall(r"[a-z]+", text.lower()))
+
+    return words

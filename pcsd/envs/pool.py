@@ -77,6 +77,9 @@ class StepBatch:
     step_count: np.ndarray  # int64, steps in the current episode
     error: list[str]
     has_search_bar: np.ndarray  # bool, WebShop: search[...] is offered (False for the other kinds)
+    #: per env, the env's privileged text for the teacher ("" none; a Python env's
+    #: ``info["privileged"]``, the latest given); None: the kind gives none (the native envs)
+    privileged: Optional[list[str]] = None
     # Python envs: info["anchor"] per entry (None where the env gave none); None for native envs, whose
     # observations are their anchors (GiGPO's step-level groups)
     anchor: Optional[list[Optional[str]]] = None

@@ -15,10 +15,18 @@ An environment is an object with Gymnasium's two methods, on text::
 ``"won"`` (bool)            success, when the env knows it (else success = the episode's summed
                             reward >= the success threshold, ``env.success_threshold``)
 ``"task_type"`` (str)       the task's type, for task-type skills (``<task_type>.md``)
+``"privileged"`` (str)      what a privileged teacher should know and the student must not (the
+                            hidden target, the map, the solution): the teacher's prompt shows it
+                            (beside the skills), the student's never; read at ``reset`` and replaced
+                            whenever a step's info gives it
 ``"anchor"`` (str)          the state as GiGPO's step-level groups compare it (``algo.estimator=
                             gigpo``): the current observation without history; without it, the
                             observation itself (read at ``reset`` and after every step)
 ==========================  =====================================================================
+
+Every text pcsd reads (the observation, the task, the actions, ...) must be valid Unicode text:
+a string that cannot be encoded as UTF-8 (a lone surrogate such as ``"\ud800"``) is outside the
+protocol, that env's error like any other.
 
 Optional methods: ``expert_action(self) -> str`` (the next action of an expert, for the warm-up's
 demonstrations) and ``close(self) -> None``. Any ``gymnasium.Env`` whose observations and actions
@@ -55,7 +63,7 @@ __all__ = [
 ]
 
 #: the ``info`` keys pcsd reads
-INFO_KEYS = ("task", "admissible_actions", "won", "task_type", "anchor")
+INFO_KEYS = ("task", "admissible_actions", "won", "task_type", "privileged", "anchor")
 
 
 class ProtocolError(ValueError):
@@ -182,6 +190,7 @@ class Observation:
     admissible: Optional[list[str]] = None  # info["admissible_actions"]
     won: Optional[bool] = None  # info["won"]
     task_type: Optional[str] = None  # info["task_type"]
+    privileged: Optional[str] = None  # info["privileged"]
     anchor: Optional[str] = None  # info["anchor"]
 
 
@@ -194,7 +203,7 @@ def _is_bool(v: Any) -> bool:
 
 
 def _info(where: str, info: Any) -> tuple:
-    """``(task, admissible, won, task_type, anchor)`` of an info dict, checked."""
+    """``(task, admissible, won, task_type, privileged, anchor)`` of an info dict, checked."""
     if type(info) is not dict and not isinstance(info, Mapping):
         raise ProtocolError(f"{where} returned info of type {_type(info)}, expected a dict")
     task = info.get("task")
@@ -226,12 +235,47 @@ def _info(where: str, info: Any) -> tuple:
         if not isinstance(tt, str):
             raise ProtocolError(f"{where} returned info['task_type'] of type {_type(tt)}, expected str")
         tt = str.__str__(tt)
+    priv = info.get("privileged")
+    if priv is not None and type(priv) is not str:
+        if not isinstance(priv, str):
+            raise ProtocolError(f"{where} returned info['privileged'] of type {_type(priv)}, expected str")
+        priv = str.__str__(priv)
     anchor = info.get("anchor")
     if anchor is not None and type(anchor) is not str:
         if not isinstance(anchor, str):
             raise ProtocolError(f"{where} returned info['anchor'] of type {_type(anchor)}, expected str")
         anchor = str.__str__(anchor)
-    return task, adm, won, tt, anchor
+    return task, adm, won, tt, priv, anchor
+
+
+def _check_text(
+    where: str,
+    obs: str,
+    task: Optional[str],
+    adm: Optional[list],
+    tt: Optional[str],
+    priv: Optional[str],
+    anchor: Optional[str] = None,
+) -> None:
+    """Every text of one result must be valid Unicode (encodable as UTF-8): one check of all of them
+    (the common case), then the one that is not, named."""
+    try:
+        "".join((obs, task or "", tt or "", priv or "", anchor or "", *(adm or ()))).encode("utf-8")
+        return
+    except UnicodeEncodeError:
+        pass
+    named = [("an observation", obs), ("info['task']", task), ("info['task_type']", tt), ("info['privileged']", priv)]
+    named += [("info['anchor']", anchor)]
+    named += [(f"info['admissible_actions'][{k}]", a) for k, a in enumerate(adm or ())]
+    for what, text in named:
+        try:
+            (text or "").encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = text[exc.start : exc.end] if text else ""
+            raise ProtocolError(
+                f"{where} returned {what} that is not valid text ({bad!r} at position {exc.start} cannot be "
+                "encoded: a lone surrogate?), expected a str of Unicode characters"
+            ) from None
 
 
 def _text(where: str, obs: Any) -> str:
@@ -247,17 +291,20 @@ def _text(where: str, obs: Any) -> str:
 
 def check_reset(result: Any) -> tuple:
     """``env.reset(...)``'s result ``(observation, info)``, checked, as the tuple
-    ``(obs, 0.0, False, False, task, admissible, won, task_type, anchor)``."""
+    ``(obs, 0.0, False, False, task, admissible, won, task_type, privileged, anchor)``."""
     if type(result) is not tuple or len(result) != 2:
         raise ProtocolError(f"reset() returned {_shape(result)}, expected (observation, info)")
     obs, info = result
-    return (_text("reset()", obs), 0.0, False, False) + _info("reset()", info)
+    text = _text("reset()", obs)
+    task, adm, won, tt, priv, anchor = _info("reset()", info)
+    _check_text("reset()", text, task, adm, tt, priv, anchor)
+    return (text, 0.0, False, False, task, adm, won, tt, priv, anchor)
 
 
 def check_step(result: Any) -> tuple:
     """``env.step(action)``'s result ``(observation, reward, terminated, truncated, info)``,
     checked, as the tuple ``(obs, reward, terminated, truncated, None, admissible, won, task_type,
-    anchor)`` (the task is read at reset only)."""
+    privileged, anchor)`` (the task is read at reset only)."""
     if type(result) is not tuple or len(result) != 5:
         hint = (
             " (the old Gym API's 4-tuple? Gymnasium splits done into terminated, truncated)"
@@ -277,8 +324,10 @@ def check_step(result: Any) -> tuple:
     for name, v in (("terminated", terminated), ("truncated", truncated)):
         if type(v) is not bool and not _is_bool(v):
             raise ProtocolError(f"step() returned {name} of type {_type(v)}, expected a bool")
-    _, adm, won, tt, anchor = _info("step()", info)
-    return (_text("step()", obs), reward, bool(terminated), bool(truncated), None, adm, won, tt, anchor)
+    _, adm, won, tt, priv, anchor = _info("step()", info)
+    text = _text("step()", obs)
+    _check_text("step()", text, None, adm, tt, priv, anchor)
+    return (text, reward, bool(terminated), bool(truncated), None, adm, won, tt, priv, anchor)
 
 
 def read_reset(result: Any) -> Observation:

@@ -54,7 +54,6 @@ import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -63,6 +62,7 @@ from pcsd.envs.experts import ExpertEpisode
 from pcsd.envs.pool import StepBatch, _actions, _env_ids, _int_arg
 from pcsd.envs.protocol import EnvBuildError, ProtocolError
 from pcsd.envs.pyworker import MARK as _MARK
+from pcsd.envs.pyworker import Channel
 from pcsd.envs.pyworker import first_line as _first_line
 
 __all__ = ["EnvWorkers", "PythonEnvPool", "check_env", "EnvCheck", "play_experts"]
@@ -81,7 +81,7 @@ class _Fault:
 
 
 class _Proc:
-    def __init__(self, proc: subprocess.Popen, conn: Connection) -> None:
+    def __init__(self, proc: subprocess.Popen, conn: Channel) -> None:
         self.proc, self.conn, self.ready = proc, conn, False
 
 
@@ -90,7 +90,7 @@ def _kill(procs: list) -> None:
         if p is None:
             continue
         try:
-            p.conn.send_bytes(pickle.dumps(None))
+            p.conn.send(None)
         except (OSError, ValueError):
             pass
     deadline = time.monotonic() + 2.0
@@ -171,12 +171,12 @@ class EnvWorkers:
 
         _MARK.pack_into(self._marks, w * _MARK.size, 0, 0)
         a, b = socket.socketpair()
-        parent = Connection(a.detach())
+        parent = Channel(a.detach())
         child_fd = b.detach()
         path = [p if p else os.getcwd() for p in sys.path]
         code = (
             "import sys; sys.path[:0] = " + repr(path) + "; from pcsd.envs.pyworker import main; "
-            f"main({child_fd}, {self._marks_file.fileno()}, {w})"
+            f"main({child_fd}, {self._marks_file.fileno()}, {w}, {self.step_timeout!r})"
         )
         try:
             proc = subprocess.Popen(
@@ -189,7 +189,7 @@ class EnvWorkers:
             )
         finally:
             os.close(child_fd)
-        parent.send_bytes(self._factory)
+        parent.send_pickled(self._factory)
         self._procs[w] = _Proc(proc, parent)
 
     def _proc(self, w: int) -> _Proc:
@@ -222,15 +222,33 @@ class EnvWorkers:
         for w, ops in batches.items():
             start[w] = self._mark(w)
             try:
-                self._proc(w).conn.send_bytes(pickle.dumps(ops, pickle.HIGHEST_PROTOCOL))
+                self._proc(w).conn.send(ops)
                 pending.add(w)
             except (OSError, ValueError):  # it had died while idle: nothing of this call started
                 self._replace(w)
                 out[w] = _Fault(None, "its worker process had exited; a new one took its place", retry=True)
-        seen = {w: (start[w], time.monotonic()) for w in pending}
+        # the worker times its requests out itself (all its hung envs together, pcsd.envs.pyworker); this
+        # limit is for a worker that cannot even do that (stuck in C code holding the GIL, or starting)
+        grace = self.step_timeout + max(1.0, 0.25 * self.step_timeout)
+        sent = time.monotonic()
+        if len(pending) == 1:  # the quick way for one worker already started: wait on its socket alone
+            (w,) = pending
+            p = self._proc(w)
+            if p.ready and (p.conn.buffered() or select.select([p.conn.fd], [], [], grace)[0]):
+                try:
+                    msg = p.conn.recv()
+                except (EOFError, OSError):
+                    out[w] = self._fault(w, start[w], len(batches[w]), hung=False)
+                    return out
+                if type(msg) is tuple and msg[0] == "replace":  # some env of it hung: it runs in there still
+                    self._replace(w)
+                    msg = msg[1]
+                out[w] = msg
+                return out
+        seen = {w: (start[w], sent) for w in pending}
 
         def limit(w: int) -> float:  # a worker's start (Python, imports) is not a request's time
-            return self.step_timeout if self._proc(w).ready else max(self.step_timeout, START_TIMEOUT)
+            return grace if self._proc(w).ready else max(grace, START_TIMEOUT)
 
         poller = select.poll()  # one poll() over the workers' sockets (an answer, or EOF of a dead one)
         by_fd = {}
@@ -250,7 +268,7 @@ class EnvWorkers:
                 w = by_fd[fd]
                 p = self._proc(w)
                 try:
-                    msg = pickle.loads(p.conn.recv_bytes())
+                    msg = p.conn.recv()
                 except (EOFError, OSError):
                     done(w)
                     out[w] = self._fault(w, start[w], len(batches[w]), hung=False)
@@ -258,9 +276,14 @@ class EnvWorkers:
                 if not p.ready:  # its first message says it started; the answer follows
                     p.ready = True
                     seen[w] = (self._mark(w), time.monotonic())
-                    continue
-                out[w] = msg
+                    if not p.conn.buffered():  # (the answer may have come in the same read)
+                        continue
+                    msg = p.conn.recv()
                 done(w)
+                if type(msg) is tuple and msg[0] == "replace":  # some env of it hung: it runs in there still
+                    self._replace(w)
+                    msg = msg[1]
+                out[w] = msg
             now = time.monotonic()
             for w in list(pending):
                 m = self._mark(w)
@@ -418,6 +441,7 @@ class PythonEnvPool:
         self._steps = [0] * num_envs
         self._task = [""] * num_envs
         self._task_type = [""] * num_envs
+        self._privileged = [""] * num_envs  # the env's latest info["privileged"]
         self._stale = [False] * num_envs  # lost with a replaced worker: replay before its next step
         self._closed = False
 
@@ -622,6 +646,8 @@ class PythonEnvPool:
         return results  # type: ignore[return-value]
 
     def _note_replacements(self) -> None:
+        if self._workers.generation == self._gen:  # the common case: no worker was replaced
+            return
         for w, g in enumerate(self._workers.generation):
             if g != self._gen[w]:
                 self._gen[w] = g
@@ -681,13 +707,14 @@ class PythonEnvPool:
                 self._stale[e] = False
                 cols.error(row, f"env {e}: {r[1]}")
                 continue
-            obs, reward, terminated, truncated, task, adm, won, task_type, anchor = r[1]
+            obs, reward, terminated, truncated, task, adm, won, task_type, privileged, anchor = r[1]
             if op[0] == _RESET:
                 state[e] = "live"
                 self._actions[e] = []
                 self._score[e], self._steps[e] = 0.0, 0
                 self._task[e] = task if task is not None else obs
                 self._task_type[e] = task_type or ""
+                self._privileged[e] = privileged or ""
                 self._stale[e] = False
                 done = False
             else:
@@ -699,6 +726,8 @@ class PythonEnvPool:
                 truncated = truncated or (limit and not terminated)
                 if done:
                     state[e] = "done"
+                if privileged is not None:
+                    self._privileged[e] = privileged
             self._last_obs[e] = obs
             if won is None:
                 won = done and threshold is not None and self._score[e] >= threshold
@@ -713,6 +742,7 @@ class PythonEnvPool:
                 truncated,
                 task_type or self._task_type[e],
                 self._steps[e],
+                self._privileged[e],
                 anchor,
             )
         return cols.batch(ids)
@@ -731,17 +761,20 @@ class _Columns:
         self.truncated = [False] * n
         self.task_type = [""] * n
         self.steps = [0] * n
+        self.privileged = [""] * n
         self.err = [""] * n
         self.anchor: list[Optional[str]] = [None] * n  # info["anchor"] where the env gave one
 
     def error(self, row: int, message: str) -> None:
         self.err[row] = message
 
-    def put(self, row, obs, adm, reward, score, done, won, truncated, task_type, steps, anchor=None) -> None:
+    def put(
+        self, row, obs, adm, reward, score, done, won, truncated, task_type, steps, privileged, anchor=None
+    ) -> None:
         self.obs[row], self.adm[row], self.anchor[row] = obs, adm, anchor
         self.reward[row], self.score[row] = reward, score
         self.done[row], self.won[row], self.truncated[row] = done, won, truncated
-        self.task_type[row], self.steps[row] = task_type, steps
+        self.task_type[row], self.steps[row], self.privileged[row] = task_type, steps, privileged
 
     def batch(self, ids: list[int]) -> StepBatch:
         return StepBatch(
@@ -757,6 +790,7 @@ class _Columns:
             step_count=np.array(self.steps, dtype=np.int64),
             error=self.err,
             has_search_bar=np.zeros(len(ids), dtype=np.bool_),
+            privileged=self.privileged,
             anchor=self.anchor,
         )
 
@@ -765,13 +799,15 @@ class _Columns:
 @dataclass(frozen=True)
 class EnvCheck:
     """What :func:`check_env` saw of one env: the task and observation at reset, the admissible
-    actions (None: the env lists none), the action it stepped with and whether there is an expert."""
+    actions (None: the env lists none), the action it stepped with, whether there is an expert and
+    whether the env gave privileged text (``info["privileged"]``, at the reset or the step)."""
 
     task: str
     observation: str
     admissible: Optional[list[str]]
     action: str
     has_expert: bool
+    privileged: bool = False
 
 
 def check_env(make_env: Callable[[], Any], *, seed: int = 0, timeout: float = 60.0) -> EnvCheck:
@@ -795,18 +831,19 @@ def check_env(make_env: Callable[[], Any], *, seed: int = 0, timeout: float = 60
         return res[1]
 
     with EnvWorkers(make_env, 1, step_timeout=timeout, quiet=True) as workers:
-        obs, _, _, _, task, adm, _, _, _ = call(("reset", 0, seed, None), "reset()")
+        obs, _, _, _, task, adm, _, _, privileged, _ = call(("reset", 0, seed, None), "reset()")
         has_expert = call(("has_expert", 0), "expert_action()")
         action = call(("expert", 0), "expert_action()") if has_expert else None
         if action is None:
             action = adm[0] if adm else "help"
-        call(("step", 0, action), f"step({action!r})")
+        stepped = call(("step", 0, action), f"step({action!r})")
     return EnvCheck(
         task=task if task is not None else obs,
         observation=obs,
         admissible=adm or None,
         action=action,
         has_expert=has_expert,
+        privileged=bool(privileged) or bool(stepped[8]),
     )
 
 

@@ -32,6 +32,13 @@ How the game's API maps onto the protocol (``textarena/core.py``: ``Env.reset(nu
 - ``info["task_type"]`` is the game id; ``expert_action()`` exists for the games that have a cheap
   expert (:data:`EXPERTS`: GuessTheNumber's binary search on the game's hints, TowerOfHanoi's
   optimal move from any position).
+- ``info["privileged"]``: the game's hidden state, for a privileged teacher (never the student), at
+  reset and after every step, for the games that have one (:data:`PRIVILEGED`): GuessTheNumber
+  (the number), Mastermind (the code), Minesweeper (where the mines are, once the first move has
+  placed them), Bandit (each button's win probability), Blackjack (the dealer's hand), Crosswords
+  (the words and where they go), LogicPuzzle (the solution), Sudoku (the solved grid),
+  ThreeCardMonte (the ball's cup), Secretary (the values still to come). Games whose board is the
+  whole state (TowerOfHanoi, Sokoban, FifteenPuzzle, LightsOut, ...) have none.
 
 TextArena draws its randomness from the functions of Python's ``random`` module
 (``random.seed(seed)`` at reset, ``random.choice`` ...). Each env has its own ``random.Random``,
@@ -57,7 +64,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TextArenaEnv", "TextArenaGame", "check", "EXPERTS", "PACKAGE_HINT"]
+__all__ = ["TextArenaEnv", "TextArenaGame", "check", "EXPERTS", "PRIVILEGED", "PACKAGE_HINT"]
 
 PACKAGE_HINT = "pip install 'pcsd[textarena]' (textarena==0.7.4)"
 
@@ -148,6 +155,57 @@ def _tower_of_hanoi(game: Any) -> str:
 EXPERTS: dict[str, Callable[[Any], str]] = {
     "GuessTheNumberEnv": _guess_the_number,
     "TowerOfHanoiEnv": _tower_of_hanoi,
+}
+
+
+# --- privileged text: the game's hidden state ------------------------------------------------------
+
+
+def _rows(grid: Any) -> str:
+    return "\n".join(" ".join(str(c) for c in row) for row in grid)
+
+
+def _minesweeper(game: Any) -> str | None:
+    mines = [f"({r} {c})" for r, row in enumerate(game.grid) for c, v in enumerate(row) if v == -1]
+    return f"The mines are at (row col): {', '.join(mines)}." if mines else None  # placed by the first move
+
+
+def _logic_puzzle(game: Any) -> str:
+    out = []
+    for table in game.game_board_solution.values():
+        for item, marks in table.items():
+            out += [f"{item} goes with {who}" for who, mark in marks.items() if mark == "O"]
+    return "The solution: " + "; ".join(out) + "."
+
+
+def _secretary(game: Any) -> str:
+    gs = game.state.game_state
+    ahead = gs["draws"][gs["current_idx"] + 1 :]
+    best = max(gs["draws"])
+    return f"The values still to come: {', '.join(f'{v:.4f}' for v in ahead) or 'none'}; the best of all is {best:.4f}."
+
+
+#: The hidden state of the games that have one, by the game's class name: game -> the privileged
+#: text (None: nothing hidden yet).
+PRIVILEGED: dict[str, Callable[[Any], str | None]] = {
+    "GuessTheNumberEnv": lambda g: f"The secret number is {g.game_number}.",
+    "MastermindEnv": lambda g: "The secret code is " + " ".join(map(str, g.state.game_state["secret_code"])) + ".",
+    "MinesweeperEnv": _minesweeper,
+    "BanditEnv": lambda g: (
+        "Win probability of each button: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in g.state.game_state["ground_truth"].items())
+        + "."
+    ),
+    "BlackjackEnv": lambda g: "The dealer's hand: " + ", ".join(g.state.game_state["dealer_hand"]) + ".",
+    "CrosswordsEnv": lambda g: (
+        "The words (row, column, direction): "
+        + "; ".join(f"{w} at ({r}, {c}) {d}" for w, (r, c, d) in g.state.game_state["placed_words"].items())
+        + "."
+    ),
+    "LogicPuzzleEnv": _logic_puzzle,
+    "SudokuEnv": lambda g: "The solved grid:\n" + _rows(g.full_grid),
+    "ThreeCardMonteEnv": lambda g: f"The ball is under cup {g.ball_pos}.",
+    "SecretaryEnv": _secretary,
 }
 
 
@@ -251,6 +309,7 @@ class TextArenaEnv:
         expert = EXPERTS.get(type(game).__name__)
         if expert is not None:
             self.expert_action = lambda: self._expert(expert)
+        self._privileged = PRIVILEGED.get(type(game).__name__)
 
     def __repr__(self) -> str:
         return f"TextArenaEnv({self.env_id!r})"
@@ -271,7 +330,15 @@ class TextArenaEnv:
         prompt_type = self._ta.ObservationType.PROMPT
         task = "\n".join(text for _, text, kind in messages if kind == prompt_type)
         self._live = True
-        return self._text(messages), {"task": task, "task_type": self.env_id}
+        info = {"task": task, "task_type": self.env_id}
+        self._add_privileged(info)
+        return self._text(messages), info
+
+    def _add_privileged(self, info: dict[str, Any]) -> None:
+        if self._privileged is not None:
+            text = self._privileged(self._game)
+            if text:
+                info["privileged"] = text
 
     def _text(self, messages: list[tuple[int, str, Any]]) -> str:
         action_type = self._ta.ObservationType.PLAYER_ACTION
@@ -286,6 +353,7 @@ class TextArenaEnv:
         done, _ = _with_random(self._random, self._env.step, action)
         obs = self._text(self._messages())
         info: dict[str, Any] = {"task_type": self.env_id}
+        self._add_privileged(info)
         if not done:
             info["invalid_move"] = self._game.state.error_count > errors_before
             return obs, 0.0, False, False, info

@@ -71,16 +71,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pcsd.eval.games import (
-    DEFAULT_SEED,
-    RULE_LABELS,
-    SPLITS,
-    EvalError,
-    procedural_eval_games,
-    read_games_file,
-    select_games,
-    split_games,
-)
+from pcsd.envs import registry
+from pcsd.eval.games import DEFAULT_SEED, RULE_LABELS, EvalError
 from pcsd.eval.run import EvalResult, play_games, render_table
 from pcsd.lora import ADAPTER_CONFIG, adapter_base, is_adapter_dir, load_merged
 from pcsd.models import ModelNotFound, is_model_id, resolve_model_path
@@ -283,16 +275,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--split",
         default=None,
-        help=f"comma-separated, of {', '.join(SPLITS + (WEBSHOP, TEXT_ENV))} (default: env for a run "
-        "trained on a Python env, else valid_seen)",
-    )
-    ap.add_argument(
-        "--env",
-        action="append",
-        default=None,
-        metavar="KEY=VALUE",
-        help="split=env: a key of the run's env section to override (repeat), e.g. name=gym, "
-        "entry_point=examples.keydoor:KeyDoorEnv, kwargs.colors=4, template=my.jinja",
+        help=f"comma-separated, of {', '.join(registry.eval_splits())} (default: the first split of the env the "
+        f"run trained on, else {registry.default().eval_splits[0]})",
     )
     ap.add_argument("--count", type=int, default=0, help="only the first N games (after --task-types)")
     ap.add_argument(
@@ -322,33 +306,6 @@ def _parser() -> argparse.ArgumentParser:
         choices=["true", "false"],
         help="the chat template's enable_thinking (Qwen3); default: the run's model.enable_thinking",
     )
-    ap.add_argument("--task-types", default=None, help="comma-separated categories, e.g. Pick,Heat")
-    ap.add_argument("--games-file", default=None, help="a file listing game paths, one a line")
-    ap.add_argument(
-        "--procedural-games",
-        type=int,
-        default=0,
-        help="split=procedural: size of the fixed generated list (default: the run's "
-        "eval.episodes, else 48); with a tiny-preset run the list is the trainer's own",
-    )
-    ap.add_argument("--games-dir", default=None, help="where split=procedural writes its games")
-    ap.add_argument(
-        "--distractors",
-        type=int,
-        default=None,
-        help="split=procedural: distractor objects (default: the run's env.distractors, else drawn)",
-    )
-    ap.add_argument(
-        "--receptacles",
-        type=int,
-        default=None,
-        help="split=procedural: receptacles per game (default: the run's env.receptacles, else drawn)",
-    )
-    ap.add_argument(
-        "--webshop-data",
-        default=None,
-        help="split=webshop: the WebShop folder (default: the run's env.webshop_data, else $WEBSHOP_DATA)",
-    )
     ap.add_argument("--temperature", type=float, default=0.4)
     ap.add_argument("--greedy", action="store_true", help="temperature 0")
     ap.add_argument("--skills", action="store_true", help="skills in the student prompt (starred rows)")
@@ -362,52 +319,18 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-size", type=int, default=0, help="games played together (0 = all)")
     ap.add_argument("--backend", default="vllm", choices=["vllm", "hf"])
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--max-steps", type=int, default=None, help="default: the run's env.max_steps, else 50")
+    ap.add_argument("--max-steps", type=int, default=None, help="default: the run's env.max_steps, else the env's")
     ap.add_argument("--max-response-tokens", type=int, default=None, help="default: the run's, else 512")
-    ap.add_argument("--max-prompt-tokens", type=int, default=None, help="default: the run's, else 2048")
+    ap.add_argument("--max-prompt-tokens", type=int, default=None, help="default: the run's, else the env's")
     ap.add_argument("--history-length", type=int, default=None, help="default: the run's, else 2")
     ap.add_argument("--out", default=None, help="output folder (default <run>/eval or eval-<time>)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    seen: set[type] = set()
+    for kind in registry.kinds():  # each kind's own options (once per kind class)
+        if kind.eval_splits and type(kind) not in seen:
+            seen.add(type(kind))
+            kind.add_eval_arguments(ap)
     return ap
-
-
-WEBSHOP = "webshop"  # the --split name of the WebShop validation goals
-TEXT_ENV = "env"  # the --split name of a Python text environment's evaluation seeds
-
-
-def _family(name: str) -> str:
-    """The prompt family (``alfworld``, ``webshop``, ``text``) of an ``env.name``."""
-    from pcsd.envs.registry import get as get_env
-
-    try:
-        return get_env(name).prompt
-    except ValueError as exc:
-        raise EvalError(str(exc)) from None
-
-
-def _text_env_section(args: argparse.Namespace, run_cfg: dict) -> dict:
-    """The env section of ``--split env``: the run's (when it trained on a Python env) with the
-    ``--env`` overrides."""
-    from omegaconf import OmegaConf
-
-    run_env = dict(run_cfg.get("env") or {})
-    base = run_env if run_env.get("name") and _family(str(run_env["name"])) == "text" else {}
-    over = []
-    for o in args.env or []:
-        if "=" not in o:
-            raise EvalError(f"env={o!r}: expected KEY=VALUE, e.g. entry_point=examples.keydoor:KeyDoorEnv")
-        k, v = o.split("=", 1)
-        over.append(f"{k.strip().removeprefix('env.')}={v}")
-    try:
-        env = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(base), OmegaConf.from_dotlist(over)))
-    except Exception as exc:
-        raise EvalError(f"env: {str(exc).splitlines()[0]}") from None
-    if not env.get("name"):
-        raise EvalError(
-            "split=env needs a Python environment: evaluate a run trained on one, or name it with "
-            "--env name=gym --env entry_point=module:Class (or --env id=<Gymnasium id>)"
-        )
-    return env
 
 
 def _run_config(run_dir: Optional[Path]) -> dict:
@@ -419,61 +342,22 @@ def _run_config(run_dir: Optional[Path]) -> dict:
     return OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
 
 
-def _text_env_setup(
-    args: argparse.Namespace, run_dir: Optional[Path], run_cfg: dict
-) -> tuple[list[int], dict, str, str, Optional[str]]:
-    """The seeds ``--split env`` plays, the rollout loop's ``env_options``, the env kind, the
-    row's split name and the prompt template's source (``--env template=FILE``, else the run's
-    copy, else None)."""
-    from pcsd.envs.protocol import EnvBuildError, ProtocolError
-    from pcsd.envs.pypool import check_env
-    from pcsd.envs.registry import get as get_env
-    from pcsd.eval.games import text_env_eval_seeds
-
-    env = _text_env_section(args, run_cfg)
-    spec = get_env(str(env["name"])) if _family(str(env["name"])) == "text" else None
-    if spec is None or not spec.python:
-        raise EvalError(f"env: name={env['name']} is not a Python environment (split=env); use its own --split")
-    section = dict(env, kwargs={**(env.get("kwargs") or {}), **(env.get("eval_kwargs") or {})})
+def _run_kind(run_cfg: dict):
+    """The env kind a run trained on (the default kind for a model that is not a run)."""
+    name = (run_cfg.get("env") or {}).get("name")
     try:
-        factory = spec.factory(section)
-        timeout = float(env.get("step_timeout") or 60.0)
-        check_env(factory, timeout=timeout)
-    except (ValueError, EnvBuildError, ProtocolError) as exc:
-        raise EvalError(f"env: {exc}") from None
-    template = None
-    if env.get("template") and any(
-        o.split("=", 1)[0].strip().removeprefix("env.") == "template" for o in args.env or []
-    ):
-        path = Path(str(env["template"])).expanduser()
-        if not path.is_file():
-            raise EvalError(f"env: template={path}: no such file")
-        template = path.read_text(encoding="utf-8")
-    elif run_dir is not None and (run_dir / "template.jinja").is_file():
-        template = (run_dir / "template.jinja").read_text(encoding="utf-8")
-    elif env.get("template"):
-        raise EvalError(
-            f"model={run_dir}: the run used env.template={env['template']} but holds no copy of it "
-            "(template.jinja); pass it as --env template=FILE"
-        )
-    seeds = text_env_eval_seeds(args.episodes or int((run_cfg.get("eval") or {}).get("episodes") or 0))
-    if args.count:
-        seeds = seeds[: args.count]
-    options = {
-        "make_env": factory,
-        "success_threshold": float(env.get("success_threshold", 1.0)),
-        "step_timeout": timeout,
-    }
-    return seeds, options, spec.name, f"{spec.name} {factory.describe()}", template
+        return registry.get(str(name)) if name else registry.default()
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
 
 
 def _skill_repositories(args: argparse.Namespace, run_dir: Optional[Path], run_cfg: dict, envs: Sequence[str]) -> dict:
-    """The skills each environment's prompts read with ``--skills``: ``--skills-dir`` for every
-    environment, else the run's own copy (``<run>/skills/``, written by the trainer when it ran with
-    ``env.skills_dir``) for the environment it trained on, else None (the built-in skills)."""
+    """The skills each prompt family's prompts read with ``--skills``: ``--skills-dir`` for every
+    family, else the run's own copy (``<run>/skills/``, written by the trainer when it ran with
+    ``env.skills_dir``) for the family it trained on, else None (the built-in skills)."""
     from pcsd.text.prompts import SkillRepository
 
-    repos: dict = {env: None for env in envs}  # by prompt family: alfworld, webshop, text
+    repos: dict = {env: None for env in envs}  # by prompt family
     if args.skills_dir is not None:
         for env in envs:
             try:
@@ -484,7 +368,7 @@ def _skill_repositories(args: argparse.Namespace, run_dir: Optional[Path], run_c
     run_env = run_cfg.get("env", {}) or {}
     if not args.skills or run_dir is None or run_env.get("skills_dir") is None:
         return repos
-    env = _family(str(run_env.get("name") or "alfworld"))
+    env = _run_kind(run_cfg).prompt
     if env not in repos:
         return repos
     own = run_dir / "skills"
@@ -504,90 +388,50 @@ def _draw_seed(args: argparse.Namespace, run_cfg: dict) -> int:
     return args.draw_seed if args.draw_seed is not None else int(run_cfg.get("run", {}).get("seed", 0) or 0)
 
 
-def _webshop_setup(args: argparse.Namespace, run_cfg: dict) -> tuple[list[int], dict]:
-    """The WebShop goal indices to play and the rollout loop's ``env_options`` (the validation shop)."""
-    from pcsd.envs.webshop import VALIDATION_SEED_OFFSET, WebShop, resolve_data_dir
-    from pcsd.eval.protocol import webshop_validation_goals
+def _resolve_games(split: str, args: argparse.Namespace, out_dir: Path, run_cfg: dict) -> list:
+    """The tasks ``--split split`` plays for a run of config ``run_cfg`` (its kind's evaluation plan)."""
+    from pcsd.envs.kind import TaskError
 
-    if args.games_file or args.task_types:
-        raise EvalError(
-            "games_file / task_types select ALFWorld games; split=webshop plays validation goals "
-            "(use --episodes / --count)"
-        )
-    run_env = run_cfg.get("env", {}) or {}
+    if args.draw_seed is None:
+        args.draw_seed = _draw_seed(args, run_cfg)
     try:
-        root = resolve_data_dir(args.webshop_data or run_env.get("webshop_data"), "webshop_data")
-    except ValueError as exc:
+        return registry.for_split(split).eval_plan(split, args, None, run_cfg, out_dir).tasks
+    except (TaskError, ValueError) as exc:
         raise EvalError(str(exc)) from None
-    seed = _draw_seed(args, run_cfg)
-    goals = webshop_validation_goals(args.protocol, args.episodes, seed, args.validation_index)
-    if args.count:
-        goals = goals[: args.count]
-    shop = WebShop.load(
-        root,
-        goals="synthetic",
-        seed=seed + VALIDATION_SEED_OFFSET,
-        variant=str(run_env.get("webshop_variant") or "verl"),
-    )
-    return goals, {"shop": shop}
 
 
-def _resolve_games(split: str, args: argparse.Namespace, out_dir: Path, run_cfg: dict) -> list[str]:
-    if args.games_file:
-        games = read_games_file(args.games_file)
-    elif split == "procedural":
-        # defaults from the run: the trainer's own evaluation list (its env.receptacles / env.distractors /
-        # env.task_types / env.rooms)
-        run_env = run_cfg.get("env", {}) or {}
-        knobs = {}
-        for k in ("receptacles", "distractors"):
-            v = getattr(args, k) if getattr(args, k) is not None else run_env.get(k)
-            if v is not None:
-                knobs[k] = int(v)
-        for k in ("task_types", "rooms"):  # the run's procedural task types and rooms
-            if run_env.get(k) is not None:
-                knobs[k] = list(run_env[k])
-        n = args.procedural_games or run_cfg.get("eval", {}).get("episodes") or 48
-        games = procedural_eval_games(Path(args.games_dir) if args.games_dir else out_dir / "games", n, **knobs)
-    else:
-        games = split_games(split)
-    from pcsd.eval.protocol import protocol_games
-
-    tts = args.task_types.split(",") if args.task_types else None
-    games = select_games(games, count=args.count, task_types=tts)
-    draw_seed = _draw_seed(args, run_cfg)
-    return protocol_games(games, args.protocol, args.episodes, seed=draw_seed, validation_index=args.validation_index)
+def _default_split(args: argparse.Namespace) -> str:
+    """The first split of the env the first ``--model`` trained on (``--env``: the Python env's)."""
+    if getattr(args, "env", None):
+        return registry.for_split("env").eval_splits[0]
+    return _run_kind(_run_config(resolve_model(args.model[0], getattr(args, "base", None))[2])).eval_splits[0]
 
 
 def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
     """Evaluates every ``--model`` on every split; returns (markdown, JSON document)."""
     import torch
 
+    from pcsd.envs.kind import TaskError
     from pcsd.models import eos_id, resolve_device
     from pcsd.progress import ProgressReporter
     from pcsd.rollout.backends import usable_backend
     from pcsd.text.prompts import PromptBuilder
 
-    if args.split is None:  # a run trained on a Python env evaluates on it; else ALFWorld's valid_seen
-        first_cfg = _run_config(resolve_model(args.model[0], args.base)[2])
-        run_name = str((first_cfg.get("env") or {}).get("name") or "alfworld")
-        args.split = TEXT_ENV if args.env or _family(run_name) == "text" else "valid_seen"
+    if args.split is None:  # a run evaluates on the env it trained on
+        args.split = _default_split(args)
     splits = [s.strip() for s in args.split.split(",") if s.strip()]
-    for s in splits:
-        if s not in SPLITS + (WEBSHOP, TEXT_ENV):
-            raise EvalError(f"split={s!r} is unknown: expected one of {', '.join(SPLITS + (WEBSHOP, TEXT_ENV))}")
-    if args.env and TEXT_ENV not in splits:
-        raise EvalError("env: --env sets the Python environment of split=env, which --split does not name")
-    if TEXT_ENV in splits and (args.protocol == "paper" or args.games_file or args.task_types):
-        raise EvalError(
-            "split=env plays a Python environment's fixed evaluation seeds (--episodes, --count); "
-            "--protocol paper, --games-file and --task-types select ALFWorld / WebShop episodes"
-        )
-    if args.games_file and len(splits) > 1:
-        raise EvalError("games_file names one list of games: give a single --split (its row label)")
+    try:
+        kinds = {s: registry.for_split(s) for s in splits}  # split -> the env kind that plays it
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
+    seen: set[type] = set()
+    for kind in registry.kinds():
+        if kind.eval_splits and type(kind) not in seen:
+            seen.add(type(kind))
+            kind.check_eval_arguments(splits, args)
     if args.label is not None and len(args.label) != len(args.model):
         raise EvalError(f"label: give one --label per --model ({len(args.model)}), got {len(args.label)}")
-    for name in ("count", "batch_size", "procedural_games", "episodes", "validation_index"):
+    for name in ("count", "batch_size", "episodes", "validation_index"):
         if getattr(args, name) < 0:
             raise EvalError(f"{name}={getattr(args, name)}: expected >= 0")
     for name in ("max_steps", "max_response_tokens", "max_prompt_tokens"):
@@ -596,8 +440,7 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
             raise EvalError(f"{name}={v}: expected > 0")
     if args.temperature < 0:
         raise EvalError(f"temperature={args.temperature}: expected >= 0")
-    family = {WEBSHOP: "webshop", TEXT_ENV: "text"}
-    envs = sorted({family.get(s, "alfworld") for s in splits})
+    envs = sorted({k.prompt for k in kinds.values()})  # the prompt families the splits need
     if args.skills_dir is not None:  # checked before any model loads
         args.skills = True
         _skill_repositories(args, None, {}, envs)
@@ -613,17 +456,12 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     first_run = _run_config(models[0][2])
-    game_lists: dict = {s: _resolve_games(s, args, out_dir, first_run) for s in splits if s not in family}
-    env_options: dict = {}
-    if WEBSHOP in splits:
-        game_lists[WEBSHOP], env_options[WEBSHOP] = _webshop_setup(args, first_run)
-    kind = {WEBSHOP: WEBSHOP}  # split -> the env kind it plays (pcsd.envs.registry), default alfworld
-    split_name = {}  # split -> the row's split name
-    text_template = None
-    if TEXT_ENV in splits:
-        game_lists[TEXT_ENV], env_options[TEXT_ENV], kind[TEXT_ENV], split_name[TEXT_ENV], text_template = (
-            _text_env_setup(args, models[0][2], first_run)
-        )
+    args.draw_seed = _draw_seed(args, first_run)
+    try:
+        plans = {s: kinds[s].eval_plan(s, args, models[0][2], first_run, out_dir) for s in splits}
+    except TaskError as exc:
+        raise EvalError(str(exc)) from None
+    templates = {k.prompt: plans[s].template for s, k in kinds.items() if plans[s].template is not None}
     temp = 0.0 if args.greedy else args.temperature
     device = resolve_device(args.device)
     results: list[EvalResult] = []
@@ -632,24 +470,20 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
         for k, (model_dir, tok_dir, run_dir) in enumerate(models):
             rc = _run_config(run_dir)
             env_c, roll_c = rc.get("env", {}), rc.get("rollout", {})
-            run_env = _family(str(env_c.get("name", "alfworld")))
+            run_family = _run_kind(rc).prompt
 
-            def setting(arg, run_value, alfworld: int, webshop: int, env: str) -> int:
-                # the flag, else the run's (when it trained on this env family), else the env's default
-                if arg:
-                    return arg
-                if run_value is not None and run_env == env:
-                    return run_value
-                return webshop if env == WEBSHOP else alfworld
-
-            def limits(env: str) -> tuple[int, int, int]:
+            def limits(split: str) -> tuple[int, int, int]:
+                # the flag, else the run's (when it trained on this prompt family), else the env's default
+                plan, mine = plans[split], run_family == kinds[split].prompt
                 return (
-                    setting(args.max_steps, env_c.get("max_steps"), 50, 15, env),
-                    setting(args.max_response_tokens, roll_c.get("max_response_tokens"), 512, 512, env),
-                    setting(args.max_prompt_tokens, roll_c.get("max_prompt_tokens"), 2048, 4096, env),
+                    args.max_steps or (mine and env_c.get("max_steps")) or plan.max_steps,
+                    args.max_response_tokens
+                    or (mine and roll_c.get("max_response_tokens"))
+                    or plan.max_response_tokens,
+                    args.max_prompt_tokens or (mine and roll_c.get("max_prompt_tokens")) or plan.max_prompt_tokens,
                 )
 
-            max_len = max(p + r for _, r, p in map(limits, envs))
+            max_len = max(p + r for _, r, p in map(limits, splits))
             hist = env_c.get("history_length", 2) if args.history_length is None else args.history_length
             thinking = (
                 {"true": True, "false": False}[args.enable_thinking]
@@ -657,31 +491,32 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
                 else rc.get("model", {}).get("enable_thinking")
             )
             repos = _skill_repositories(args, run_dir, rc, envs)
-            if args.skills and "text" in repos and repos["text"] is None:
-                raise EvalError(
-                    "skills: a Python environment has no built-in skills; evaluate a run that trained "
-                    "with env.skills_dir (its copy is used) or pass --skills-dir"
-                )
-            builders = {
-                env: PromptBuilder(
-                    env,
+            for s, kind in kinds.items():
+                if args.skills and not kind.builtin_skills and repos[kind.prompt] is None:
+                    raise EvalError(
+                        f"skills: env.name={plans[s].pools.kind.name} has no built-in skills; evaluate a run that "
+                        "trained with env.skills_dir (its copy is used) or pass --skills-dir"
+                    )
+            builders = {}
+            for s, kind in kinds.items():  # one builder per prompt family (its budget: the split's)
+                if kind.prompt in builders:
+                    continue
+                builders[kind.prompt] = PromptBuilder(
+                    kind.prompt,
                     history_length=hist,
-                    max_prompt_tokens=limits(env)[2],
+                    max_prompt_tokens=limits(s)[2],
                     tokenizer_dir=tok_dir,
                     enable_thinking=thinking,
-                    skills=repos[env],
-                    template=text_template if env == "text" else None,
+                    skills=repos[kind.prompt],
+                    template=templates.get(kind.prompt),
                 )
-                for env in envs
-            }
-            builder = builders[envs[0]]
-            for env, b in builders.items():  # a budget no prompt of the template fits in
-                least = b.min_prompt_tokens()
-                if least is not None and limits(env)[2] < least:
+                least = builders[kind.prompt].min_prompt_tokens()  # a budget no prompt of the template fits in
+                if least is not None and limits(s)[2] < least:
                     raise EvalError(
-                        f"max_prompt_tokens={limits(env)[2]} ({env}) cannot hold a single prompt: the "
+                        f"max_prompt_tokens={limits(s)[2]} ({kind.prompt}) cannot hold a single prompt: the "
                         f"template alone is {least} tokens with this tokenizer; give --max-prompt-tokens"
                     )
+            builder = next(iter(builders.values()))
             backend_name = usable_backend(args.backend, reporter.print)
             backend = start_backend(
                 backend_name, model_dir, args.base, device, builder=builder, seed=args.seed, max_model_len=max_len
@@ -689,14 +524,13 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
             label = args.label[k] if args.label else _run_label(run_dir, model_dir, args.skills)
             try:
                 for s in splits:
-                    games = game_lists[s]
-                    env = family.get(s, "alfworld")
-                    max_steps, max_resp, max_prompt = limits(env)
+                    plan, family = plans[s], kinds[s].prompt
+                    max_steps, max_resp, max_prompt = limits(s)
                     t0 = time.perf_counter()
                     res = play_games(
                         backend,
-                        builders[env],
-                        games,
+                        builders[family],
+                        plan.tasks,
                         max_steps=max_steps,
                         max_response_tokens=max_resp,
                         temperature=temp,
@@ -705,8 +539,7 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
                         batch_size=args.batch_size,
                         stop_token_ids=[eos_id(builder)],
                         progress=reporter.rollout(f"eval {label} {s}"),
-                        env=kind.get(s, "alfworld"),
-                        env_options=env_options.get(s),
+                        pools=plan.pools,
                     )
                     settings = dict(
                         model=str(model_dir),
@@ -716,23 +549,19 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
                         skills=args.skills,
                         batch_size=args.batch_size,
                         max_steps=max_steps,
-                        skills_dir=None if repos[env] is None else str(repos[env].folder),
+                        skills_dir=None if repos[family] is None else str(repos[family].folder),
                         max_response_tokens=max_resp,
                         max_prompt_tokens=max_prompt,
                         history_length=hist,
                         enable_thinking=thinking,
                         protocol=args.protocol,
                         validation_index=args.validation_index,
-                        draw_seed=_draw_seed(args, first_run),
+                        draw_seed=args.draw_seed,
                         seconds=time.perf_counter() - t0,
                     )
                     results.append(
                         EvalResult(
-                            label=label,
-                            split=split_name.get(s, s),
-                            games=res,
-                            settings=settings,
-                            env=kind.get(s, "alfworld"),
+                            label=label, split=plan.split, games=res, settings=settings, env=plan.pools.kind.name
                         )
                     )
             finally:
@@ -749,12 +578,13 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    from pcsd.envs.kind import EnvFailure
     from pcsd.models import ModelLoadError
 
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         table, doc = run_cli(args)
-    except (EvalError, FileNotFoundError, ModelLoadError) as exc:
+    except (EvalError, FileNotFoundError, ModelLoadError, EnvFailure) as exc:
         print(f"pcsd.eval: error: {exc}", file=sys.stderr)
         return 2
     print(table, end="")

@@ -8,8 +8,17 @@ extracts the action, and the pool steps every active environment at once. An env
 finishes leaves the batch immediately, so each turn only generates for environments still playing.
 
 What differs between environments lives below the loop: how the pool is built and what an
-episode's reward is (:mod:`pcsd.envs.registry`, by ``env_kind``), and what the prompt shows and how
-a response becomes an action (:mod:`pcsd.text.formats`, by the prompt builder's family).
+episode's reward is (the env kind's :class:`pcsd.envs.kind.Pools`), and what the prompt shows and
+how a response becomes an action (:mod:`pcsd.text.formats`, by the prompt builder's family).
+
+The teacher's prompt of a turn carries the env's privileged text (``StepBatch.privileged``: a
+Python env's ``info["privileged"]`` at reset, replaced when a step's info gives it) beside its
+skills; the student's never does.
+
+Env errors: where the kind says so, an env error (an exception, hang or crash of a Python env, a
+step the original WebShop raises on) ends that episode unwon; the batch keeps each one's message
+(``RolloutBatch.env_error``) and counts them. Every env of the batch failing at reset is an
+:class:`pcsd.envs.kind.EnvFailure` naming the first env and its error.
 
 Over-long prompts: the prompt builder drops the interaction history of a prompt over
 ``max_prompt_tokens`` (the no-history template, as verl-agent's WebShop manager does over 13,000
@@ -28,9 +37,10 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from pcsd.envs.kind import EnvFailure, Pools
 from pcsd.rollout.backends import GenerationBackend
 
-__all__ = ["RolloutBatch", "collect_rollouts", "RolloutTimings"]
+__all__ = ["EnvFailure", "RolloutBatch", "collect_rollouts", "RolloutTimings"]
 
 
 @dataclass
@@ -75,6 +85,9 @@ class RolloutBatch:
     env_errors: int = 0  # episodes ended by an env error (WebShop: a step the original raises on)
     # (N,) bool: the episode ended because its prompt exceeded max_prompt_tokens even without history
     prompt_overflow: Optional[Tensor] = None
+    # (N,) the env error that ended each episode ("" none) and the episode step it came at
+    env_error: list[str] = field(default_factory=list)
+    env_error_step: list[int] = field(default_factory=list)
     # (R,) int64 anchor state of each row (GiGPO): the env's observation the row's response answered,
     # without history; rows with equal ids saw identical observations. None where the batch was not
     # made by collect_rollouts
@@ -173,6 +186,8 @@ class RolloutBatch:
             prompt_overflow=None if self.prompt_overflow is None else self.prompt_overflow[tidx],
             anchor=None if self.anchor is None else self.anchor[ridx],
             step_reward=None if self.step_reward is None else self.step_reward[ridx],
+            env_error=[self.env_error[t] for t in trajs] if self.env_error else [],
+            env_error_step=[self.env_error_step[t] for t in trajs] if self.env_error_step else [],
         )
 
     @staticmethod
@@ -227,6 +242,8 @@ class RolloutBatch:
             prompt_overflow=opt("prompt_overflow"),
             anchor=torch.cat(anchor) if len(anchor) == len(batches) else None,
             step_reward=opt("step_reward"),
+            env_error=cat("env_error") if all(b.env_error for b in batches) else [],
+            env_error_step=cat("env_error_step") if all(b.env_error_step for b in batches) else [],
         )
 
 
@@ -269,6 +286,7 @@ def collect_rollouts(
     env_kind: str = "alfworld",
     env_options: Optional[dict] = None,
     progress=None,
+    pools: Optional[Pools] = None,
 ) -> RolloutBatch:
     """Plays ``len(games) * group_size`` episodes to the end (done or ``max_steps``).
 
@@ -279,6 +297,8 @@ def collect_rollouts(
             (``alfworld``), goal indices of the shop in ``env_options["shop"]`` (``webshop``), reset
             seeds (Python kinds such as ``gym``: ``env_options["make_env"]`` is the env factory or
             running :class:`pcsd.envs.pypool.EnvWorkers`), or the number of groups (``dummy``).
+        pools: the env kind's pools (:class:`pcsd.envs.kind.Pools`: a training run's, built once);
+            without them ``env_kind`` names the kind and ``env_options`` its pool options.
         env_kind: a name of :mod:`pcsd.envs.registry` (``alfworld``, the default; ``webshop``,
             ``gym``, ...). WebShop runs as verl-agent's wrapper does (:mod:`pcsd.text.formats`: the
             task is the page's instruction, the page and its clickables reformatted, the response
@@ -292,10 +312,13 @@ def collect_rollouts(
         teacher_prompts: also build the teacher prompts (needed for distillation).
         progress: optional callable ``progress(done_envs, total_envs)``.
     """
-    from pcsd.envs.registry import get as get_env
     from pcsd.text.formats import text_format
 
-    spec = get_env(env_kind)
+    if pools is None:
+        from pcsd.envs.registry import get as get_env
+
+        pools = get_env(env_kind).pools(env_options)
+    spec = pools.kind
     fmt = text_format(builder.env)
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -306,9 +329,7 @@ def collect_rollouts(
     timings = RolloutTimings()
     n_envs = num_groups * group_size
     t0 = time.perf_counter()
-    pool = spec.make_pool(
-        n_envs, group_size, games, max_steps=max_steps, num_threads=num_threads, seed=seed, options=env_options
-    )
+    pool = pools.make(n_envs, group_size, games, max_steps=max_steps, num_threads=num_threads, seed=seed)
     try:
         first = pool.reset()
     except BaseException:
@@ -321,24 +342,34 @@ def collect_rollouts(
     anchors: dict[str, int] = {}  # GiGPO's anchor states: the env's observation (no history) -> id
     anchor_now: dict[int, int] = {}  # each live env's current anchor id
     adm: dict[int, list[str]] = {}
+    secret: dict[int, str] = {}  # the env's privileged text (the teacher's prompt only)
+    errors = [""] * n_envs
+    error_step = [0] * n_envs
     env_errors = 0
     active = []
+    privileged = first.privileged
     for k, e in enumerate(ids):
         task_type, task = pool.task_of(e)
         if first.error[k]:  # an env that failed to reset: its episode ends before it starts
             if not spec.errors_end_episode:
                 pool.close()
-                raise RuntimeError(f"environment {e} failed: {first.error[k]}")
+                raise EnvFailure(f"environment {e} failed: {first.error[k]}")
             tasks[e] = (task_type, task)
+            errors[e] = first.error[k]
             env_errors += 1
             continue
         tasks[e] = (task_type, fmt.task(task, first.obs[k]))
         anchor_now[e] = anchors.setdefault(_anchor_of(first, k), len(anchors))
         obs[e], adm[e] = fmt.view(first.obs[k], first.admissible[k], tasks[e][1], first.has_search_bar[k])
+        if privileged is not None and privileged[k]:
+            secret[e] = privileged[k]
         active.append(e)
     if not active:
         pool.close()
-        raise RuntimeError(f"every environment failed at reset, e.g. environment {ids[0]}: {first.error[0]}")
+        raise EnvFailure(
+            f"every environment failed at reset ({n_envs} of {pools.describe()}), e.g. environment {ids[0]}: "
+            f"{first.error[0]}"
+        )
     history: dict[int, list[tuple[str, str]]] = {e: [] for e in range(n_envs)}
     won = torch.zeros(n_envs, dtype=torch.bool)
     score = torch.zeros(n_envs, dtype=torch.float64)
@@ -378,7 +409,11 @@ def collect_rollouts(
                         progress(n_envs, n_envs)
                     break
             student = [ids for ids in encoded if ids is not None]
-            teacher = builder.encode_batch(reqs, teacher=True) if teacher_prompts else student
+            if teacher_prompts:  # the env's privileged text goes to the teacher's prompts only
+                t_reqs = [dict(r, privileged=secret[e]) if e in secret else r for r, e in zip(reqs, active)]
+                teacher = builder.encode_batch(t_reqs, teacher=True)
+            else:
+                teacher = student
             timings.prompts += time.perf_counter() - t0
 
             t0 = time.perf_counter()
@@ -421,15 +456,19 @@ def collect_rollouts(
             res = pool.step(actions, env_ids=active)
             timings.env += time.perf_counter() - t0
             still = []
+            privileged = res.privileged
             for k, e in enumerate(res.env_id.tolist()):
                 if res.error[k] and not spec.errors_end_episode:
-                    raise RuntimeError(f"environment {e} failed: {res.error[k]}")
+                    raise EnvFailure(f"environment {e} failed: {res.error[k]}")
                 history[e].append((obs[e], actions[k]))
                 length[e] += 1
                 if res.error[k]:  # e.g. where the original WebShop raises (search[<a> ...]): episode over
+                    errors[e], error_step[e] = res.error[k], int(length[e])
                     env_errors += 1
                     continue
                 obs[e], adm[e] = fmt.view(res.obs[k], res.admissible[k], tasks[e][1], res.has_search_bar[k])
+                if privileged is not None and privileged[k]:
+                    secret[e] = privileged[k]
                 if spec.env_reward:
                     rows_env_reward[row_of[e]] = float(res.reward[k])
                 anchor_now[e] = anchors.setdefault(_anchor_of(res, k), len(anchors))
@@ -469,6 +508,8 @@ def collect_rollouts(
         score=score,
         env_errors=env_errors,
         prompt_overflow=overflow,
+        env_error=errors,
+        env_error_step=error_step,
         anchor=torch.tensor(rows_anchor, dtype=torch.int64),
         step_reward=step_reward,
     )

@@ -48,6 +48,14 @@ class TextFormat:
         """The action a response sends to the env, with its validity flags."""
         return parse_action(text, admissible)
 
+    def action_list(self, admissible: Sequence[str]) -> str:
+        """The admissible actions written as the prompts list them (tokenizer text)."""
+        return "[" + "\n ".join(f"'{c}'" for c in admissible) + "]"
+
+    def skill_key(self, task: str, task_type: str) -> str:
+        """What the built-in skills are retrieved by: one block per key (ALFWorld: the task type)."""
+        return task_type
+
     def __repr__(self) -> str:
         return f"text_format({self.name!r})"
 
@@ -66,12 +74,21 @@ class _WebShop(TextFormat):
     def parse(self, text: str, admissible: Sequence[str]) -> ParsedAction:
         return project_webshop_action(text)
 
+    def action_list(self, admissible: Sequence[str]) -> str:
+        return "[\n" + "\n".join(f"'{c}'," for c in admissible) + "\n]"
+
+    def skill_key(self, task: str, task_type: str) -> str:
+        return task  # WebShop's skills: per product category, from the task text
+
 
 class _Text(TextFormat):
     name = "text"
 
     def parse(self, text: str, admissible: Sequence[str]) -> ParsedAction:
         return parse_action(text, admissible if admissible else None)
+
+    def skill_key(self, task: str, task_type: str) -> str:
+        return task
 
 
 _FORMATS: dict[str, TextFormat] = {f.name: f for f in (TextFormat(), _WebShop(), _Text())}

@@ -9,6 +9,10 @@ Thin typed layer over the Rust implementation in ``pcsd._envpool`` (``rust_envpo
   of prompts in parallel with the GIL released.
 * :func:`parse_action` splits a response into reasoning and action with validity flags.
 * :func:`retrieve_skills` returns the keyword-retrieved privileged skills for a task.
+* An environment's own privileged text (a Python env's ``info["privileged"]``: a request's
+  ``privileged`` key) goes into the teacher prompt only, in its own block
+  (:data:`PRIVILEGED_HEADER` ... :data:`PRIVILEGED_FOOTER`) after the skills and before the student
+  prompt; a student prompt never shows it.
 
 Three prompt families (``env``): ``alfworld`` and ``webshop`` (the paper's appendix templates,
 fixed) and ``text`` (any other text environment: a Jinja template, the built-in
@@ -40,6 +44,8 @@ if TYPE_CHECKING:  # bound on first use by __getattr__ (the native module loads 
     TEXT_TEMPLATE_VARIABLES: tuple[str, ...]
 
 __all__ = [
+    "PRIVILEGED_FOOTER",
+    "PRIVILEGED_HEADER",
     "ChatTokenizer",
     "HistoryItem",
     "ParsedAction",
@@ -59,6 +65,9 @@ __all__ = [
 
 EnvName = Literal["alfworld", "webshop", "text"]
 ENV_NAMES = ("alfworld", "webshop", "text")
+#: Around an environment's privileged text in a teacher prompt (after the skills, before the student prompt).
+PRIVILEGED_HEADER = "[Privileged Environment Information]"
+PRIVILEGED_FOOTER = "[End of Environment Information]"
 #: One past step: ``(observation, action)`` or a mapping with ``observation`` and ``action`` keys.
 HistoryItem = Union[tuple[str, str], Mapping[str, str]]
 
@@ -413,14 +422,20 @@ class PromptBuilder:
         history: Sequence[HistoryItem] = (),
         step: int = 0,
         task_type: str | None = None,
+        privileged: str | None = None,
     ) -> str:
-        """The teacher prompt: retrieved skills, then exactly the student prompt (``task_type``:
-        a text env's type, for the skills folder's ``<task_type>.md``)."""
+        """The teacher prompt: retrieved skills, the env's ``privileged`` text (when given), then
+        exactly the student prompt (``task_type``: a text env's type, for the skills folder's
+        ``<task_type>.md``)."""
+        student = self.build(task, observation, admissible, history, step)
         if self.skills is not None:
-            return self.skills.block(task, task_type) + self.build(task, observation, admissible, history, step)
-        return self._inner.build_teacher(
-            task, observation, _str_list("admissible", admissible), _history(history), _step(step)
-        )
+            block = self.skills.block(task, task_type)
+        else:
+            full = self._inner.build_teacher(
+                task, observation, _str_list("admissible", admissible), _history(history), _step(step)
+            )
+            block = full[: len(full) - len(student)]
+        return block + privileged_block(privileged) + student
 
     def build_batch(
         self,
@@ -434,7 +449,9 @@ class PromptBuilder:
         Args:
             requests: mappings with keys ``task``, ``observation``, ``admissible`` and optionally
                 ``history`` (default empty), ``step`` (default 0) and ``task_type`` (a text env's,
-                for the skills folder's task-type files), as for :meth:`build`. Only
+                for the skills folder's task-type files) and ``privileged`` (the env's privileged
+                text: teacher prompts show it after the skills, student prompts never), as for
+                :meth:`build`. Only
                 the last ``history_length`` history entries are read (the prompt shows no more);
                 the history's length is still checked against ``step``.
             teacher: build teacher prompts (skills prepended) instead of student prompts.
@@ -464,11 +481,19 @@ class PromptBuilder:
             raise ValueError("tokenizer_dir: build_batch needs a PromptBuilder built with tokenizer_dir")
         if system is not None and not isinstance(system, str):
             raise ValueError(f"system: expected str or None, got {type(system).__name__}")
-        if teacher and self.skills is not None:
-            # the student prompts, each after its task's skill block from the user's folder
+        secrets = _privileged(requests) if teacher else None
+        if teacher and (self.skills is not None or secrets is not None):
+            # the student prompts, each after its task's skill block (from the user's folder, else the
+            # built-in one: the native teacher prompt minus the student prompt) and the env's privileged text
             students = self._inner.build_batch(requests, False, system, True)
+            if self.skills is not None:
+                blocks = [self.skills.block(str(r["task"]), r.get("task_type")) for r in requests]
+            else:
+                teachers = self._inner.build_batch(requests, True, system, True)
+                blocks = [t[: len(t) - len(s)] for (t, _), (s, _) in zip(teachers, students)]
             texts = [
-                self.skills.block(str(r["task"]), r.get("task_type")) + text for r, (text, _) in zip(requests, students)
+                b + privileged_block(p) + text
+                for b, p, (text, _) in zip(blocks, secrets or [None] * len(blocks), students)
             ]
             ids = self.encode_chat(texts, system)
             return list(zip(texts, ids)) if with_text else ids
@@ -487,6 +512,26 @@ class PromptBuilder:
         if self.tokenizer is None:
             raise ValueError("tokenizer_dir: encode_chat needs a PromptBuilder built with tokenizer_dir")
         return self.tokenizer.encode_chat(prompts, system)
+
+
+def privileged_block(text: str | None) -> str:
+    """An environment's privileged text as the teacher prompt shows it ("" for none)."""
+    if not text:
+        return ""
+    return f"{PRIVILEGED_HEADER}\n{text.strip()}\n{PRIVILEGED_FOOTER}\n\n"
+
+
+def _privileged(requests: Sequence[Mapping[str, object]]) -> list[str | None] | None:
+    """Each request's ``privileged`` text (checked), or None when no request has one."""
+    out: list[str | None] = []
+    any_text = False
+    for i, r in enumerate(requests):
+        p = r.get("privileged") if isinstance(r, Mapping) else None
+        if p is not None and not isinstance(p, str):
+            raise ValueError(f"requests[{i}]['privileged']: expected str or None, got {type(p).__name__}")
+        any_text = any_text or bool(p)
+        out.append(p)
+    return out if any_text else None
 
 
 @dataclass(frozen=True)

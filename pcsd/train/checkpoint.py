@@ -24,7 +24,8 @@ checkpoint is skipped rather than loaded.
 Damage after the fact (a truncated ``.safetensors`` or ``optimizer.pt``, a flipped bit): resuming
 from a run folder (:func:`load_checkpoint` of the run dir) checks every file against
 ``checksums.json`` and falls back to the newest intact checkpoint, with a one-line warning per
-damaged one; a checkpoint from before checksums existed counts as damaged when it fails to load.
+damaged one; a checkpoint without its ``checksums.json`` cannot be checked and counts as damaged
+(a flipped byte would pass unseen).
 The warm-up's model (``sft-model/``, :func:`save_model_dir`) is written and checked the same way.
 Checking costs one read of the files (CRC-32: 0.66 GB/s on one core of a busy 2-core EPYC; files
 are hashed in parallel).
@@ -182,11 +183,11 @@ def write_checksums(root: str | os.PathLike[str]) -> Path:
 def verify_checksums(root: str | os.PathLike[str]) -> Optional[str]:
     """What differs from ``root/checksums.json`` (a file missing, of another size or CRC-32), or
     None when every recorded file is intact. Sizes are compared first (a truncated file costs no
-    read); a folder without ``checksums.json`` gives None (nothing recorded to check)."""
+    read); a folder without ``checksums.json`` cannot be checked: that is its problem."""
     root = Path(root)
     path = root / CHECKSUMS
     if not path.is_file():
-        return None
+        return f"{CHECKSUMS} is missing (its files cannot be checked)"
     try:
         table = json.loads(path.read_text())["files"]
         expected = {name: (int(v["size"]), int(v["crc32"])) for name, v in table.items()}

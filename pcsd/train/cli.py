@@ -17,8 +17,13 @@ and at the end). ``--resume RUN_DIR`` (or ``run.resume=RUN_DIR``) continues a ru
 intact checkpoint (a damaged one is skipped with a warning), else from its saved warm-up, with the
 run's saved configuration; overrides that would change the run's meaning are refused.
 
-A bad value or file is one line on stderr and exit status 2; Ctrl-C one line with the ``--resume``
-command and exit status 130.
+A bad value or file is one line on stderr and exit status 2, before anything is written to the run
+folder: a check that needs what the run makes first (the generated tiny model's tokenizer: the
+prompt and response budgets) removes what this new run wrote before it says so, so that the
+corrected command starts in the same folder. An environment that fails as a whole (every env of an
+evaluation failing at reset) is one line naming the env and its first error. Ctrl-C is one line
+with the ``--resume`` command and exit status 130; ``--resume`` removes what an interrupted write
+left (``.tmp-*``).
 
 Under torchrun (``WORLD_SIZE`` > 1) the student and the frozen teacher/reference are sharded with
 FSDP2, each rank plays its share of the task groups, and rank 0 writes every file.
@@ -32,6 +37,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shlex
 import sys
 import time
 import warnings
@@ -169,12 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, PlanError) as exc:
         print(f"pcsd.train: {exc}", file=sys.stderr)
         return 2
+    from pcsd.envs.kind import EnvFailure
     from pcsd.models import ModelLoadError, ModelNotFound
     from pcsd.train import distributed as dist_utils
     from pcsd.train.checkpoint import CheckpointError
+    from pcsd.train.rundir import discard_new_run, remove_stale_tmp
 
-    # errors of the user's input or files, reported in one line (exit status 2)
-    user_errors = (ConfigError, RunDirError, CheckpointError, ModelLoadError, ModelNotFound)
+    # errors of the user's input, files or environment, reported in one line (exit status 2)
+    user_errors = (ConfigError, RunDirError, CheckpointError, ModelLoadError, ModelNotFound, EnvFailure)
     ctx = dist_utils.init_distributed(device=cfg.run.device)
     lock = None
     run_dir = None
@@ -184,11 +192,15 @@ def main(argv: list[str] | None = None) -> int:
             cfg.run.dir = dist_utils.broadcast_object(str(make_run_dir(cfg, create=False)), ctx)
         run_dir = make_run_dir(cfg, create=False)
         problem = None
+        new_folder = not run_dir.exists()
         if ctx.is_main:  # the folder is this run's alone (pcsd.train.rundir), then the config goes in
             try:
                 lock, aside = claim_run_dir(run_dir, resume=bool(cfg.run.resume), overwrite=bool(cfg.run.overwrite))
                 if aside is not None:
                     print(f"[pcsd] run.overwrite=true: the old content of {run_dir} was moved to {aside}")
+                if cfg.run.resume:  # what a write cut short left (a kill during a save)
+                    for gone in remove_stale_tmp(run_dir):
+                        print(f"[pcsd] removed {gone}, left by an interrupted write")
                 _write_config(cfg, run_dir)
             except RunDirError as exc:
                 problem = str(exc)
@@ -209,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
         except UnsupportedVLLM as exc:  # the installed vLLM, not the run, is at fault: one line
             print(f"pcsd.train: {exc}", file=sys.stderr)
             return 2
+        except ConfigError:  # a check of the config that needed the run's first files: a new run leaves none
+            if ctx.is_main and not cfg.run.resume and lock is not None:
+                discard_new_run(run_dir, lock, remove_folder=new_folder)
+                lock = None
+            raise
         summary.setdefault("wall_seconds", time.time() - t0)
         if ctx.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -222,13 +239,16 @@ def main(argv: list[str] | None = None) -> int:
         where = f" {exc.filename}" if exc.filename else ""
         print(
             f"pcsd.train: cannot write{where}: {exc.strerror or exc}; the run's complete checkpoints are intact "
-            f"(free space or fix the folder, then: python -m pcsd.train --resume {run_dir})",
+            f"(free space or fix the folder, then: python -m pcsd.train --resume {shlex.quote(str(run_dir))})",
             file=sys.stderr,
         )
         return 2
     except KeyboardInterrupt:
         if run_dir is not None and ctx.is_main:
-            print(f"\npcsd.train: interrupted; continue with python -m pcsd.train --resume {run_dir}", file=sys.stderr)
+            print(
+                f"\npcsd.train: interrupted; continue with python -m pcsd.train --resume {shlex.quote(str(run_dir))}",
+                file=sys.stderr,
+            )
         return 130
     finally:
         if lock is not None:
@@ -247,14 +267,16 @@ def _write_config(cfg: DictConfig, run_dir: Path) -> None:
             )
         else:
             OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-            if cfg.env.skills_dir is not None:  # what the teacher reads, for pcsd.eval --skills
-                from pcsd.train.job import skill_repository
+            from pcsd.train.job import skill_repository
 
-                skill_repository(cfg).save(run_dir / "skills")
-            if cfg.env.get("template") is not None:  # the prompts' template, for resume and pcsd.eval
-                from pcsd.train.textenv import template_source
+            skills = skill_repository(cfg, only_if_read=True)
+            if skills is not None:  # what the teacher reads, for pcsd.eval --skills
+                skills.save(run_dir / "skills")
+            from pcsd.envs import registry
 
-                (run_dir / "template.jinja").write_text(template_source(cfg), encoding="utf-8")
+            template = registry.get(str(cfg.env.name)).template(cfg)
+            if template is not None:  # the prompts' template, for resume and pcsd.eval
+                (run_dir / "template.jinja").write_text(template, encoding="utf-8")
     except OSError as exc:
         raise RunDirError(f"run.dir={run_dir}: cannot write there ({exc.strerror or exc})") from None
 

@@ -36,7 +36,7 @@ import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
@@ -72,36 +72,38 @@ class ModelConfig:
     lora_dropout: float = 0.0  # dropout on the adapters' input, in [0, 1)
 
 
-@dataclass
-class EnvConfig:
-    name: str = "alfworld"
-    source: str = "procedural"  # procedural | files
-    split: str = "train"  # train | valid_seen | valid_unseen (source=files)
-    max_steps: int = 50
-    history_length: int = 2
-    num_threads: int = 0  # env pool threads; 0 = all cores
-    # difficulty of procedural games (source=procedural); None = drawn as typical of the room
-    receptacles: Optional[int] = None  # total receptacles, at least the room's minimum
-    distractors: Optional[int] = None  # objects besides the task's own
-    task_types: Optional[List[str]] = None  # procedural task types (None = all six, in rotation)
-    rooms: Optional[List[str]] = None  # procedural rooms (None = any room the task type allows)
-    # WebShop (name=webshop; pcsd.train.webshop): the folder holding data/ and facts/ (None = $WEBSHOP_DATA)
-    webshop_data: Optional[str] = None  # synthetic goals (6,910 on the 1k set), as the agent setups
-    webshop_variant: str = "verl"  # verl (verl-agent/SDAR's seeding, the paper's) | upstream (princeton-nlp)
-    # probability that a procedural task object starts in its class's usual place (pcsd.envs.procedural)
-    usual_place: float = 0.0
-    # the teacher's skill repository: a folder replacing the built-in skills (pcsd.text.prompts.SkillRepository);
-    # a relative path is looked up in the current folder, then next to the presets (pcsd/train/configs/)
-    skills_dir: Optional[str] = None
-    # Python text environments (name=gym | textarena | openenv; pcsd.envs.registry, docs/environments.md)
-    entry_point: Optional[str] = None  # gym: module:Class, importable from the current folder or the installed packages
-    id: Optional[str] = None  # gym: a registered Gymnasium id; textarena: the game id
-    url: Optional[str] = None  # openenv: the environment server's address
-    kwargs: Dict[str, Any] = field(default_factory=dict)  # passed to the env's constructor
-    eval_kwargs: Dict[str, Any] = field(default_factory=dict)  # merged over kwargs for the evaluation envs (its splits)
-    template: Optional[str] = None  # a Jinja file for the prompts of a Python env (None: the built-in template)
-    success_threshold: float = 1.0  # success = info["won"] when the env reports it, else summed reward >= this
-    step_timeout: float = 60.0  # seconds one reset/step of one env may take (a hang past it is that env's error)
+def _kind_fields(where: str) -> list[tuple[str, Any, Any]]:
+    """The fields of the config group ``where`` that the env kinds own (pcsd.envs.registry)."""
+    import copy
+
+    from pcsd.envs import registry
+
+    def default(v: Any) -> Any:
+        return field(default_factory=lambda: copy.deepcopy(v)) if isinstance(v, (dict, list)) else field(default=v)
+
+    return [(k.name, k.type, default(k.default)) for k in registry.config_keys(where)]
+
+
+def _default_env() -> str:
+    from pcsd.envs import registry
+
+    return registry.default().name
+
+
+#: the env section: the keys every kind reads, then each kind's own (pcsd.envs.kind.Key, from the registry)
+EnvConfig = dataclasses.make_dataclass(
+    "EnvConfig",
+    [
+        ("name", str, field(default=_default_env())),  # a kind of pcsd.envs.registry
+        ("max_steps", int, field(default=50)),
+        ("history_length", int, field(default=2)),
+        ("num_threads", int, field(default=0)),  # env pool threads / Python env worker processes; 0 = all cores
+        # the teacher's skill repository: a folder replacing the built-in skills (pcsd.text.prompts.SkillRepository);
+        # a relative path given on the command line is read from the current folder, a preset's first next to it
+        ("skills_dir", Optional[str], field(default=None)),
+        *_kind_fields("env"),
+    ],
+)
 
 
 @dataclass
@@ -186,19 +188,22 @@ class OptimConfig:
     sft_teacher_demos: str = "same"
 
 
-@dataclass
-class EvalConfig:
-    split: str = "valid_seen"
-    protocol: str = (
-        "full"  # full (every game once) | paper (128 episodes drawn as verl-agent does; docs/eval-protocol.md)
-    )
-    episodes: int = 0  # 0 = the protocol's count; else a stratified subset (full) / that many draws (paper)
-    every: int = 0  # validation every N training steps (0 = only before and after RL)
-    temperature: float = 0.4
-    greedy: bool = False
-    skills: bool = False  # the starred variants: skills at evaluation
-    batch_size: int = 0  # games played together (0 = all at once; 1 = a seed per game, see pcsd.eval)
-    before: bool = True  # false: no evaluation before RL (e.g. the starting model was evaluated already)
+EvalConfig = dataclasses.make_dataclass(
+    "EvalConfig",
+    [
+        *_kind_fields("eval"),
+        # full (every game once) | paper (128 episodes drawn as verl-agent does; docs/eval-protocol.md)
+        ("protocol", str, field(default="full")),
+        ("episodes", int, field(default=0)),  # 0 = the protocol's count; else a stratified subset / that many draws
+        ("every", int, field(default=0)),  # validation every N training steps (0 = only before and after RL)
+        ("temperature", float, field(default=0.4)),
+        ("greedy", bool, field(default=False)),
+        ("skills", bool, field(default=False)),  # the starred variants: skills at evaluation
+        ("batch_size", int, field(default=0)),  # games played together (0 = all at once; 1 = a seed per game)
+        # false: no evaluation before RL (e.g. the starting model was evaluated already)
+        ("before", bool, field(default=True)),
+    ],
+)
 
 
 @dataclass
@@ -232,22 +237,22 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
 
 
-def _env_names() -> tuple[str, ...]:
-    from pcsd.envs.registry import available
+def _kind_choices() -> dict[str, tuple[Any, ...]]:
+    """``env.name`` and the choices of the env kinds' own keys (pcsd.envs.registry)."""
+    from pcsd.envs import registry
 
-    return tuple(n for n in available() if n != "dummy")  # dummy: the native pool's test game
+    out: dict[str, tuple[Any, ...]] = {"env.name": registry.choices()}
+    for where in ("env", "eval"):
+        out.update({k.dotted: k.choices for k in registry.config_keys(where) if k.choices})
+    return out
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "env.name": _env_names(),
-    "env.webshop_variant": ("verl", "upstream"),
-    "env.source": ("procedural", "files"),
-    "env.split": ("train", "valid_seen", "valid_unseen"),
+    **_kind_choices(),
     "rollout.backend": ("vllm", "hf"),
     "algo.loss_agg": ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum"),
     "algo.teacher": ("frozen", "current"),
     "algo.gigpo.norm": ("mean_std", "mean"),
-    "eval.split": ("valid_seen", "valid_unseen", "train"),
     "model.param_dtype": ("float32", "bfloat16"),
     "model.compute_dtype": ("float32", "bfloat16"),
     "model.teacher_dtype": ("float32", "bfloat16"),
@@ -296,6 +301,22 @@ def valid_keys() -> list[str]:
     return _keys(TrainConfig())
 
 
+def unknown_key_message(key: str) -> str:
+    """One line for a key the schema does not have: the closest keys ("did you mean"), and the keys
+    of its group (``optim.*``), not every key."""
+    import difflib
+
+    keys = valid_keys()
+    near = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
+    group = key.split(".")[0]
+    mine = [k for k in keys if k.startswith(group + ".")]
+    hint = f"; did you mean {' or '.join(near)}?" if near else ""
+    if mine:
+        return f"unknown config key {key!r}{hint} (the keys of {group}: {', '.join(mine)})"
+    groups = sorted({k.split(".")[0] for k in keys if "." in k})
+    return f"unknown config key {key!r}{hint} (the groups: {', '.join(groups)}; docs/configuration.md lists every key)"
+
+
 # Keys a resumed run may change without changing what the run computes.
 RESUME_MUTABLE = (
     "run.resume",
@@ -331,7 +352,11 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
     overrides = list(overrides or [])
     for o in overrides:
         if "=" not in o:
-            raise ConfigError(f"override {o!r} is not key=value; valid keys: {', '.join(valid_keys())}")
+            groups = sorted({k.split(".")[0] for k in valid_keys() if "." in k})
+            raise ConfigError(
+                f"override {o!r} is not key=value (e.g. optim.steps=10); the keys are in the groups "
+                f"{', '.join(groups)} (docs/configuration.md), and preset=, method="
+            )
     _check_replaced([o.split("=", 1)[0].strip() for o in overrides], "override")
     if base is not None:
         _check_replaced(list(_flatten(OmegaConf.to_container(base))), "saved config")
@@ -352,6 +377,14 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
             env_name = _cli_value(overrides, "env.name")
             if env_name is not None and env_name != cfg.env.name:  # another env than the preset's
                 cfg = _without_env_keys(cfg)
+            else:  # the preset's env kind; the settings of its env class go when the command line names another
+                from pcsd.envs import registry
+
+                named = {o.split("=", 1)[0].strip(): o.split("=", 1)[1].strip() for o in overrides}
+                kind = registry.get(str(cfg.env.name)) if cfg.env.name in registry.available() else None
+                gone = kind.replaced_keys(cfg, named) if kind is not None else ()
+                if gone:
+                    cfg = _without_env_keys(cfg, gone)
             method = _cli_value(overrides, "method") or cfg.method
             try:
                 method = canonical_method(method)
@@ -366,7 +399,7 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
     except (ConfigAttributeError, ConfigKeyError) as exc:
         key = getattr(exc, "full_key", None) or str(exc).split("\n")[0]
-        raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(valid_keys())}") from None
+        raise ConfigError(unknown_key_message(str(key))) from None
     except OmegaConfBaseException as exc:
         raise ConfigError(
             f"bad config value: {str(exc).splitlines()[0]} (key {getattr(exc, 'full_key', '?')!r})"
@@ -376,34 +409,20 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
     return cfg
 
 
-#: the keys of one kind of environment: ``env.name=X`` on the command line, naming another env than
-#: the preset's, returns them to their defaults (the preset's games, data, skills and env class are
-#: its own env's, not X's); every other key of the preset stays
-ENV_KIND_KEYS = (
-    "source",
-    "split",
-    "receptacles",
-    "distractors",
-    "task_types",
-    "rooms",
-    "usual_place",
-    "webshop_data",
-    "webshop_variant",
-    "skills_dir",
-    "entry_point",
-    "id",
-    "url",
-    "kwargs",
-    "eval_kwargs",
-    "template",
-    "success_threshold",
-)
+def env_kind_keys() -> tuple[str, ...]:
+    """The keys of one kind of environment (the kinds' own, and the skills folder): ``env.name=X``
+    on the command line, naming another env than the preset's, returns them to their defaults (the
+    preset's games, data, skills and env class are its own env's, not X's); every other key of the
+    preset stays."""
+    from pcsd.envs import registry
+
+    return tuple(k.name for k in registry.config_keys("env")) + ("skills_dir",)
 
 
-def _without_env_keys(cfg: DictConfig) -> DictConfig:
+def _without_env_keys(cfg: DictConfig, keys: Optional[tuple[str, ...]] = None) -> DictConfig:
     defaults = EnvConfig()
     out = OmegaConf.merge(cfg, {})
-    for k in ENV_KIND_KEYS:
+    for k in env_kind_keys() if keys is None else keys:
         OmegaConf.update(out, f"env.{k}", getattr(defaults, k), merge=False)
     for node in (out.env.kwargs, out.env.eval_kwargs):
         OmegaConf.set_struct(node, False)
@@ -500,7 +519,10 @@ def _check_method_keys(cfg: DictConfig, cli_keys: set[str]) -> None:
     defaults = _flatten(dataclasses.asdict(TrainConfig()))
     for key, why in unused_keys(cfg).items():
         val = OmegaConf.select(cfg, key)
-        if key in cli_keys or val != defaults.get(key):
+        # a preset's skills folder serves its methods with a teacher: switching to one without is
+        # said only when the command line names the folder (the folder is then not checked either)
+        from_preset_only = key == "env.skills_dir" and key not in cli_keys
+        if key in cli_keys or (val != defaults.get(key) and not from_preset_only):
             warnings.warn(f"{key}={val} has no effect under method={cfg.method}: {why}", ConfigWarning, stacklevel=3)
 
 
@@ -515,26 +537,6 @@ def _validate(cfg: DictConfig) -> None:
         val = OmegaConf.select(cfg, key)
         if val not in choices:
             raise ConfigError(f"{key}={val!r} is not valid; choose one of {', '.join(choices)}")
-    from pcsd.envs.procedural import ROOMS, TASK_TYPES, task_rooms
-    from pcsd.envs.registry import get as get_env
-
-    # the procedural games' knobs (a Python env refuses them below, by name)
-    knobs = () if get_env(cfg.env.name).python else (("env.task_types", TASK_TYPES), ("env.rooms", ROOMS))
-    for key, valid in knobs:
-        vals = OmegaConf.select(cfg, key)
-        if vals is not None:
-            if not len(vals):
-                raise ConfigError(f"{key} is empty; give null (all) or some of {', '.join(valid)}")
-            for v in vals:
-                if v not in valid:
-                    raise ConfigError(f"{key} has {v!r}, not valid; choose from {', '.join(valid)}")
-    if cfg.env.rooms is not None and knobs:
-        for tt in cfg.env.task_types or TASK_TYPES:
-            if not set(task_rooms(tt)) & set(cfg.env.rooms):
-                raise ConfigError(
-                    f"env.rooms={list(cfg.env.rooms)} has no room for task type {tt} "
-                    f"(it can be set in {', '.join(task_rooms(tt))}); add one or set env.task_types"
-                )
     if cfg.rule not in available_rules():
         raise ConfigError(f"rule={cfg.rule!r} is not valid; choose one of {', '.join(available_rules())}")
     _validate_estimator(cfg)
@@ -581,17 +583,7 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(f"algo.clip_eps must be in (0, 1), got {cfg.algo.clip_eps}")
     _validate_ranges(cfg)
     _validate_run_inputs(cfg)
-    if cfg.env.name == "webshop":
-        from pcsd.train.webshop import check_webshop_config
-
-        problem = check_webshop_config(cfg)
-        if problem:
-            raise ConfigError(problem)
-    from pcsd.train.textenv import check_text_env_config
-
-    problem = check_text_env_config(cfg)
-    if problem:
-        raise ConfigError(problem)
+    _validate_env(cfg)
     if not (cfg.algo.grpo or cfg.algo.distill or cfg.optim.steps == 0):
         raise ConfigError(
             "algo.grpo and algo.distill are both false: nothing to train (use optim.steps=0 for the Vanilla baseline)"
@@ -665,15 +657,22 @@ def _validate_run_inputs(cfg: DictConfig) -> None:
         if problem:
             raise ConfigError(f"model.path: {problem}")
         if (folder / "tokenizer.json").is_file():
+            from pcsd.envs import registry
             from pcsd.text.prompts import PromptBuilder
 
+            kind = registry.get(str(cfg.env.name))
+            try:
+                template = kind.template(cfg)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
             try:
                 builder = PromptBuilder(
-                    cfg.env.name,
+                    kind.prompt,
                     history_length=0,
                     max_prompt_tokens=None,
                     tokenizer_dir=str(folder),
                     enable_thinking=cfg.model.enable_thinking,
+                    template=template,
                 )
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"model.path={cfg.model.path}: its tokenizer does not load ({exc})") from None
@@ -714,6 +713,24 @@ def prompt_budget_problem(builder, max_prompt_tokens: int, key: str = "rollout.m
     )
 
 
+def response_budget_problem(builder, episodes, cfg: DictConfig) -> Optional[str]:
+    """Why ``rollout.max_response_tokens`` cannot hold the warm-up's longest target (the expert's
+    step as the warm-up teaches it: ``<think>…</think><action>…</action>`` and the end of turn,
+    under ``builder``'s tokenizer), or None: a response cut before ``</action>`` is never a valid
+    action, so a warm-up that teaches longer ones leaves the run at 0 valid actions."""
+    from pcsd.train.sft import longest_target
+
+    n, text = longest_target(builder, episodes)
+    budget = int(cfg.rollout.max_response_tokens)
+    if n <= budget:
+        return None
+    return (
+        f"rollout.max_response_tokens={budget} is shorter than the warm-up's targets: the longest is {n} tokens "
+        f"({text!r} and the end of turn); every sampled action would be cut before </action> (invalid): raise "
+        f"rollout.max_response_tokens to at least {n}"
+    )
+
+
 def resolve_skills_dir(value: str) -> Path:
     """``env.skills_dir`` as a folder: absolute, else relative to the current folder if it exists
     there, else relative to the presets' folder (``pcsd/train/configs/``)."""
@@ -721,22 +738,86 @@ def resolve_skills_dir(value: str) -> Path:
 
 
 def _validate_skills(cfg: DictConfig) -> None:
-    """``env.usual_place``, ``env.skills_dir`` (the folder must load as a skill repository) and
-    ``optim.sft_teacher_demos``."""
-    if not 0 <= cfg.env.usual_place <= 1:
-        raise ConfigError(f"env.usual_place must be a probability in [0, 1], got {cfg.env.usual_place}")
-    if cfg.env.skills_dir is not None:
-        from pcsd.envs.registry import get as get_env
-        from pcsd.text.prompts import SkillRepository
-
-        try:
-            SkillRepository(resolve_skills_dir(cfg.env.skills_dir), get_env(cfg.env.name).prompt)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"env.skills_dir={cfg.env.skills_dir}: {exc}") from None
+    """``optim.sft_teacher_demos``: the skill-reading expert's examples need a share of them."""
     if cfg.optim.sft_teacher_demos == "skills" and cfg.optim.sft_teacher_share <= 0:
         raise ConfigError(
             "optim.sft_teacher_demos=skills shows the skill-reading expert in the teacher's-prompt "
             "examples, of which there are none: set optim.sft_teacher_share > 0"
+        )
+
+
+def _check_response_budget(cfg: DictConfig, kind: Any) -> None:
+    """With a model whose tokenizer can be read now, the warm-up's target for the expert step the
+    env's check played (:meth:`pcsd.envs.kind.EnvKind.expert_sample`) must fit
+    ``rollout.max_response_tokens``; the generated tiny model's tokenizer is made with the run, which
+    checks every target then (:func:`response_budget_problem`, before the warm-up)."""
+    if cfg.optim.sft_steps <= 0:
+        return
+    sample = kind.expert_sample(cfg)
+    folder = _model_folder_now(cfg.model.path)
+    if sample is None or folder is None or not (folder / "tokenizer.json").is_file():
+        return
+    from pcsd.envs.experts import ExpertEpisode
+    from pcsd.text.prompts import PromptBuilder
+
+    task, observation, action = sample
+    builder = PromptBuilder(kind.prompt, history_length=0, max_prompt_tokens=None, tokenizer_dir=str(folder))
+    problem = response_budget_problem(builder, [ExpertEpisode(task, "", steps=[(observation, [], action)])], cfg)
+    if problem:
+        raise ConfigError(problem)
+
+
+def skills_readers(cfg: DictConfig) -> tuple[bool, bool]:
+    """``(teacher, student)``: whether a teacher's prompt reads privileged context (a method that
+    trains with distillation or RLSD; the warm-up's examples in the teacher's prompt), and whether
+    the student's prompts show the skills (Skill-GRPO, the starred evaluations)."""
+    trains = cfg.optim.steps > 0
+    warm_teacher = cfg.optim.sft_steps > 0 and cfg.optim.sft_teacher_share > 0
+    return (
+        bool((trains and cfg.algo.distill) or warm_teacher),
+        bool((trains and cfg.algo.student_skills) or cfg.eval.skills),
+    )
+
+
+def _validate_env(cfg: DictConfig) -> None:
+    """The env kind's keys and checks (pcsd.envs.kind), then the teacher's context: a skills folder
+    (checked when the method reads one), the kind's built-in skills, or the env's own privileged
+    text (a teacher only: the student never sees it)."""
+    from pcsd.envs import registry
+
+    kind = registry.get(str(cfg.env.name))
+    values = {
+        k.dotted: OmegaConf.select(cfg, k.dotted) for k in registry.config_keys("env") + registry.config_keys("eval")
+    }
+    problem = registry.foreign_key_problem(kind, values) or kind.check(cfg)
+    if problem:
+        raise ConfigError(problem)
+    _check_response_budget(cfg, kind)
+    teacher, student = skills_readers(cfg)
+    if cfg.env.skills_dir is not None:
+        if not (teacher or student):
+            return  # not read by this method (warned about: pcsd.train.methods.unused_keys)
+        from pcsd.text.prompts import SkillRepository
+
+        try:
+            SkillRepository(resolve_skills_dir(cfg.env.skills_dir), kind.prompt)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"env.skills_dir={cfg.env.skills_dir}: {exc}") from None
+        return
+    if kind.builtin_skills:
+        return
+    where = "set env.skills_dir to a skills folder (docs/environments.md, 'What the teacher knows')"
+    if student:
+        raise ConfigError(
+            f"env.skills_dir: method {cfg.method} shows the skills in the student's prompts, and env.name={kind.name} "
+            f"has none built in: {where} (an env's info['privileged'] is the teacher's alone), or train without "
+            "them (method=grpo)"
+        )
+    if teacher and not kind.gives_privileged(cfg):
+        raise ConfigError(
+            f"env.skills_dir: method {cfg.method} reads the teacher's skills, and env.name={kind.name} has none "
+            f"built in and the env gives no info['privileged']: {where}, have the env give the teacher its "
+            "privileged text (info['privileged']), or train without a teacher (method=grpo)"
         )
 
 
@@ -799,10 +880,6 @@ def _validate_ranges(cfg: DictConfig) -> None:
             f"optim.tokens_per_microbatch={cfg.optim.tokens_per_microbatch} is smaller than one "
             f"row (rollout.max_prompt_tokens + rollout.max_response_tokens = {row}); raise it to "
             f">= {row} or lower the prompt/response budgets"
-        )
-    if cfg.eval.protocol == "paper" and cfg.eval.split == "train" and cfg.env.name == "alfworld":
-        raise ConfigError(
-            "eval.protocol=paper draws validation episodes from valid_seen or valid_unseen, not eval.split=train"
         )
     problem = precision.check(cfg)
     if problem:

@@ -10,7 +10,10 @@ One step (the paper's Algorithm 1):
   4. micro-batches by token budget, loss = GRPO + lambda * L_PCSD, AdamW, gradient clipping;
   5. send the new weights to the generation engine.
 
-Steps 2-4 are :func:`pcsd.train.update.update_step`. :func:`train` runs the job as named phases,
+Steps 2-4 are :func:`pcsd.train.update.update_step`. The job names no environment: it holds the
+env side of the run (:attr:`Job.env`, an :class:`pcsd.envs.kind.EnvRun` of the kind ``env.name``
+names, :mod:`pcsd.envs.registry`) and asks it for the tasks of every phase, the pools, the warm-up's
+expert episodes and what the kind's results report. :func:`train` runs the job as named phases,
 each a function of the :class:`Job` it fills in: :func:`setup` (seeds, checkpoint, games),
 :func:`load_student` (the model and the prompt builder; the warm-up's expert episodes first when
 the tiny model is generated from their text), :func:`warm_up` (SFT), :func:`build_models`
@@ -25,6 +28,7 @@ import gc
 import json
 import os
 import random
+import shlex
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -34,9 +38,7 @@ from typing import Any, Optional, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from pcsd.envs.procedural import ProceduralGames, write_games
-from pcsd.eval.games import split_games
-from pcsd.eval.protocol import protocol_games, webshop_validation_goals
+from pcsd.envs import registry
 from pcsd.eval.run import evaluate, render_table
 from pcsd.lora import AdaptersOff, LoraSpec, save_adapter
 from pcsd.models import eos_id, load_model, resolve_device, resolve_model_path
@@ -57,35 +59,12 @@ from pcsd.train.precision import (
     torch_dtype,
 )
 from pcsd.train.sampling import sample_groups
-from pcsd.train.sft import (
-    expert_episodes,
-    game_corpus,
-    sft_examples,
-    sft_warmup,
-    skill_search_first,
-    webshop_expert_episodes,
-)
+from pcsd.train.sft import game_corpus, sft_examples, sft_warmup
 from pcsd.train.update import update_step
 
-__all__ = ["Job", "procedural_knobs", "train"]
+__all__ = ["Job", "train"]
 
-#: seeds of the generated game lists (train, evaluation, warm-up); the evaluation CLI uses the same
-TRAIN_GAMES_SEED, EVAL_GAMES_SEED, SFT_GAMES_SEED = 1000, 900_000, 500_000
 EVAL_SEED = 12345  # rollout seed of the evaluations before and after RL
-
-
-def procedural_knobs(cfg: DictConfig) -> dict[str, Any]:
-    """The generator's knobs set in the config (``env.receptacles``, ``env.distractors``,
-    ``env.task_types``, ``env.rooms``, ``env.usual_place``) as keyword arguments of
-    :func:`pcsd.envs.procedural.write_games`."""
-    kw: dict[str, Any] = {k: int(cfg.env[k]) for k in ("receptacles", "distractors") if cfg.env.get(k) is not None}
-    if cfg.env.get("usual_place"):
-        kw["usual_place"] = float(cfg.env.usual_place)
-    if cfg.env.get("task_types") is not None:
-        kw["task_types"] = tuple(cfg.env.task_types)
-    if cfg.env.get("rooms") is not None:
-        kw["rooms"] = tuple(cfg.env.rooms)
-    return kw
 
 
 @dataclass
@@ -101,19 +80,11 @@ class Job:
     ckpt: Any = None  # the checkpoint resumed from (pcsd.train.checkpoint.Checkpoint) or None
     # a resumed run without an RL checkpoint: the saved warm-up's state (RL starts from sft-model/), else None
     warmup_saved: Optional[dict] = None
-    # setup
-    train_games: Sequence = field(default_factory=list)  # game paths, ProceduralGames or (WebShop) goals
-    eval_pool: list[str] = field(default_factory=list)  # the games evaluations draw from
-    eval_games: list[str] = field(default_factory=list)  # the first evaluation's episodes
-    eval_split: str = "procedural"
-    # env.name=webshop (pcsd.train.webshop): the training shop (seed s) and the validation shop (s + 1000);
-    # train_games / eval_games then hold goal indices of those shops
-    train_shop: Any = None
-    val_shop: Any = None
-    # Python envs (env.name=gym, ...; pcsd.train.textenv): worker processes holding the training and the
-    # evaluation envs for the whole run; train_games / eval_games then hold reset seeds
-    train_workers: Any = None
-    eval_workers: Any = None
+    # setup: the env side of the run (pcsd.envs.kind.EnvRun: tasks, pools, warm-up) and its task lists
+    env: Any = None
+    train_games: Sequence = field(default_factory=list)  # the training tasks (game files, seeds, ...)
+    eval_games: list = field(default_factory=list)  # the first evaluation's tasks
+    eval_split: str = ""
     # load_student / warm_up
     episodes: list = field(default_factory=list)  # the warm-up's expert episodes (rank 0, new runs)
     teacher_episodes: Optional[list] = None  # the skill-following expert's (optim.sft_teacher_demos=skills)
@@ -140,33 +111,9 @@ class Job:
     gap_recorder: Any = None  # pcsd.train.gaps.GapRecorder with run.record_gaps
 
     @property
-    def webshop(self) -> bool:
-        return self.cfg.env.name == "webshop"
-
-    @property
-    def text_env(self) -> bool:
-        """A Python text environment (``env.name=gym``, ...: :mod:`pcsd.train.textenv`)."""
-        from pcsd.envs.registry import get as get_env
-
-        return get_env(self.cfg.env.name).python
-
-    def _python_env_options(self, workers: Any) -> dict:
-        return {"make_env": workers, "success_threshold": float(self.cfg.env.success_threshold)}
-
-    @property
-    def eval_env_options(self) -> Optional[dict]:
-        """The rollout loop's ``env_options`` of an evaluation (the validation shop for WebShop, the
-        evaluation envs' workers for a Python env)."""
-        if self.text_env:
-            return self._python_env_options(self.eval_workers)
-        return {"shop": self.val_shop} if self.webshop else None
-
-    @property
-    def train_env_options(self) -> Optional[dict]:
-        """The rollout loop's ``env_options`` of the RL steps."""
-        if self.text_env:
-            return self._python_env_options(self.train_workers)
-        return {"shop": self.train_shop} if self.webshop else None
+    def kind(self) -> Any:
+        """The env kind (:class:`pcsd.envs.kind.EnvKind`)."""
+        return registry.get(str(self.cfg.env.name))
 
     @property
     def warm_up_here(self) -> bool:
@@ -212,54 +159,15 @@ def setup(cfg: DictConfig, run_dir: Path, ctx: Optional[DistContext]) -> Job:
         )
     if cfg.run.resume:
         resume_point(job)
-
-    def games_at(out_dir: Path, count: int, seed: int, **kw) -> list[str]:
-        # rank 0 writes the files, the others read the same paths
-        if ctx.is_main:
-            write_games(out_dir, count, seed, **kw)
-        dist_utils.barrier(ctx)
-        return write_games(out_dir, count, seed, **kw)
-
-    knobs = procedural_knobs(cfg)
-    if cfg.env.name == "webshop":  # goal indices are drawn per step (pcsd.train.webshop.train_goals)
-        from pcsd.train.webshop import load_shops
-
-        job.train_shop, job.val_shop = load_shops(cfg)
-    elif job.text_env:  # reset seeds in disjoint ranges; the envs live in worker processes for the run
-        from pcsd.envs.pypool import EnvWorkers
-        from pcsd.train.textenv import eval_seeds, factories, train_seeds
-
-        train_f, eval_f = factories(cfg)
-        job.train_games = train_seeds(max(64, cfg.rollout.tasks_per_step * max(cfg.optim.steps, 1)))
-        job.eval_pool = eval_seeds(int(cfg.eval.episodes))
-        job.train_workers = EnvWorkers(train_f, cfg.env.num_threads, step_timeout=float(cfg.env.step_timeout))
-        job.eval_workers = (
-            EnvWorkers(eval_f, cfg.env.num_threads, step_timeout=float(cfg.env.step_timeout)) if ctx.is_main else None
-        )
-    elif cfg.env.source == "procedural":
-        # generated when played (pcsd.envs.procedural.ProceduralGames): no files, any length
-        pool_n = max(64, cfg.rollout.tasks_per_step * max(cfg.optim.steps, 1))
-        job.train_games = ProceduralGames(pool_n, TRAIN_GAMES_SEED, **knobs)
-        # protocol full: eval.episodes generated games, each once; paper: 128 draws from 48 games
-        n_pool = (cfg.eval.episodes or 48) if cfg.eval.protocol == "full" else 48
-        job.eval_pool = games_at(run_dir / "games" / "eval", n_pool, EVAL_GAMES_SEED, **knobs)
-    else:
-        job.train_games = split_games(cfg.env.split)
-        job.eval_pool = split_games(cfg.eval.split)
+    # the env side: task lists (files under games/ written by rank 0), shops, worker processes
+    job.env = job.kind.open(cfg, run_dir, main=ctx.is_main, barrier=lambda: dist_utils.barrier(ctx))
+    job.train_games = job.env.train_tasks
     job.eval_games = eval_episodes(job, 0)
-    job.eval_split = (
-        "webshop"
-        if job.webshop
-        else f"{cfg.env.name} {job.train_workers.describe}"
-        if job.text_env
-        else "procedural"
-        if cfg.env.source == "procedural"
-        else cfg.eval.split
-    )
+    job.eval_split = job.env.split
     job.summary = {
         "preset": cfg.preset,
         "method": cfg.method,
-        "rule": cfg.rule,
+        **({"rule": cfg.rule} if uses_teacher(cfg) else {}),
         "run_dir": str(run_dir),
         "world_size": ctx.world_size,
         "eval_episodes": len(job.eval_games),
@@ -302,48 +210,39 @@ def resume_point(job: Job) -> None:
         job.say("resuming: no RL checkpoint yet; RL starts at step 0")
 
 
-def skill_repository(cfg: DictConfig):
-    """The teacher's skills from ``env.skills_dir`` (a :class:`pcsd.text.prompts.SkillRepository`),
-    or None for the built-in ones."""
-    from pcsd.envs.registry import get as get_env
-    from pcsd.text.prompts import SkillRepository
-    from pcsd.train.config import resolve_skills_dir
+def uses_teacher(cfg: DictConfig) -> bool:
+    """Whether a teacher scores the student (distillation, RLSD): the rule, the gap and the gate
+    mean something; without one they are not shown or recorded."""
+    from pcsd.ops.weighting import active_rule
 
-    if cfg.env.get("skills_dir") is None:
+    return active_rule(cfg.rule, bool(cfg.algo.distill)).needs_teacher
+
+
+def skill_repository(cfg: DictConfig, only_if_read: bool = False):
+    """The teacher's skills from ``env.skills_dir`` (a :class:`pcsd.text.prompts.SkillRepository`),
+    or None for the built-in ones; with ``only_if_read``, None too when the method reads no skills
+    (its folder is then not checked, :func:`pcsd.train.config.skills_readers`)."""
+    from pcsd.text.prompts import SkillRepository
+    from pcsd.train.config import resolve_skills_dir, skills_readers
+
+    if cfg.env.get("skills_dir") is None or (only_if_read and not any(skills_readers(cfg))):
         return None
-    return SkillRepository(resolve_skills_dir(cfg.env.skills_dir), get_env(cfg.env.name).prompt)
+    return SkillRepository(resolve_skills_dir(cfg.env.skills_dir), registry.get(str(cfg.env.name)).prompt)
 
 
 def load_student(job: Job) -> None:
     """The student model and the prompt builder. Without ``model.path`` the tiny model is
     generated, its tokenizer trained on the text of the warm-up's expert episodes (played first)
     so that every name of the games is one token."""
-    from pcsd.envs.registry import get as get_env
     from pcsd.text.prompts import PromptBuilder
-    from pcsd.train.textenv import template_source
 
     cfg, ctx = job.cfg, job.ctx
-    if job.warm_up_here:
+    kind = job.kind
+    if job.warm_up_here:  # the kind's expert on the warm-up's tasks
         t0 = time.time()
-        if job.webshop:  # the native expert on training goals (its won episodes are the examples)
-            from pcsd.envs.webshop import draw_goals, train_goal_indices
-
-            goals = draw_goals(train_goal_indices(job.train_shop.num_goals), cfg.optim.sft_games, SFT_GAMES_SEED)
-            job.episodes = webshop_expert_episodes(job.train_shop, goals, cfg.env.max_steps)
-        elif job.text_env:  # the env's own expert_action, when it has one
-            job.episodes = text_env_expert_episodes(job)
-        else:
-            sft_games = write_games(
-                job.run_dir / "games" / "sft", cfg.optim.sft_games, SFT_GAMES_SEED, **procedural_knobs(cfg)
-            )
-            job.episodes = expert_episodes(sft_games, cfg.env.max_steps, cfg.optim.sft_navigation)
-            if cfg.optim.sft_teacher_demos == "skills":  # the expert that follows the teacher's skills
-                job.teacher_episodes = expert_episodes(
-                    sft_games, cfg.env.max_steps, cfg.optim.sft_navigation, skill_search_first(skill_repository(cfg))
-                )
-                job.summary["sft_skill_expert_success"] = (
-                    100.0 * sum(ep.won for ep in job.teacher_episodes) / len(job.teacher_episodes)
-                )
+        warm = job.env.warmup(cfg.optim.sft_games, skills=skill_repository(cfg, only_if_read=True))
+        job.episodes, job.teacher_episodes = warm.episodes, warm.teacher_episodes
+        job.summary.update(warm.summary)
         if job.episodes:
             job.summary["sft_expert_success"] = 100.0 * sum(ep.won for ep in job.episodes) / len(job.episodes)
         job.summary["sft_expert_seconds"] = time.time() - t0
@@ -358,19 +257,11 @@ def load_student(job: Job) -> None:
 
         job.model_dir = job.run_dir / "base-model"
         if ctx.is_main and not (job.model_dir / "config.json").exists():
-            # heads of 32 dimensions (the smallest vLLM's CPU attention takes): more heads to copy with
-            # WebShop: every product id one token (as the clickables write them), so that a click
-            # copies one token from the action list instead of an id cut digit by digit
-            ids = sorted({a.lower() for a in job.train_shop.product_ids}) if job.webshop else []
-            corpus = game_corpus(job.episodes, skill_repository(cfg), env=get_env(cfg.env.name).prompt)
-            if job.text_env and not job.episodes:  # no expert: the tokenizer learns the envs' first pages
-                from pcsd.envs.pypool import PythonEnvPool
-                from pcsd.train.textenv import corpus_of_resets
-
-                with PythonEnvPool(
-                    job.train_workers, min(64, len(job.train_games)), seeds=job.train_games[:64]
-                ) as pool:
-                    corpus += corpus_of_resets(pool)
+            # heads of 32 dimensions (the smallest vLLM's CPU attention takes): more heads to copy with.
+            # The kind's words stay one token each (e.g. WebShop's product ids, as the clickables write them)
+            ids = job.env.tokenizer_words()
+            corpus = game_corpus(job.episodes, skill_repository(cfg, only_if_read=True), env=kind.prompt)
+            corpus += job.env.tokenizer_corpus(job.episodes)  # e.g. without an expert: the envs' first pages
             tmp = job.run_dir / f".tmp-base-model-{os.getpid()}"  # renamed into place when whole
             make_tiny_model(
                 tmp,
@@ -388,17 +279,20 @@ def load_student(job: Job) -> None:
         job.say(f"tiny model written to {job.model_dir}")
     job.student = load_model(job.model_dir, ctx.device, cfg.model.param_dtype)
     job.builder = PromptBuilder(
-        get_env(cfg.env.name).prompt,
+        kind.prompt,
         history_length=cfg.env.history_length,
         max_prompt_tokens=cfg.rollout.max_prompt_tokens,
         tokenizer_dir=job.model_dir,
         enable_thinking=cfg.model.enable_thinking,  # student and teacher prompts alike
-        skills=skill_repository(cfg),
-        template=template_source(cfg, job.run_dir),
+        skills=skill_repository(cfg, only_if_read=True),
+        template=kind.template(cfg, job.run_dir),
     )
-    from pcsd.train.config import ConfigError, prompt_budget_problem
+    from pcsd.train.config import ConfigError, prompt_budget_problem, response_budget_problem
 
     problem = prompt_budget_problem(job.builder, cfg.rollout.max_prompt_tokens)  # the tiny model's tokenizer is new
+    if problem is None and job.warm_up_here and cfg.optim.sft_steps > 0:  # the warm-up's targets, tokenized
+        problem = response_budget_problem(job.builder, job.env.demonstrations(job.episodes), cfg)
+    problem = dist_utils.broadcast_object(problem, ctx)  # rank 0 alone has the warm-up's episodes
     if problem:
         raise ConfigError(problem)
     job.base_dir = job.model_dir
@@ -412,18 +306,17 @@ def warm_up(job: Job) -> None:
     cfg, ctx = job.cfg, job.ctx
     if cfg.optim.sft_steps <= 0:
         return
-    if job.text_env and not _has_expert(job):
+    why = job.env.no_expert()
+    if why is not None:
         job.say(
-            f"warm-up skipped: {job.train_workers.describe} has no expert_action() to learn from "
-            f"(optim.sft_steps={cfg.optim.sft_steps} ignored; RL starts from the base model)"
+            f"warm-up skipped: {why} (optim.sft_steps={cfg.optim.sft_steps} ignored; RL starts from the base model)"
         )
         job.summary["sft_skipped"] = "no expert"
         return
     policy_dir = job.run_dir / "sft-model"
     if job.warm_up_here:
         t0 = time.time()
-        won = [ep for ep in job.episodes if ep.won]
-        episodes = won if job.webshop or (job.text_env and won) else job.episodes
+        episodes = job.env.demonstrations(job.episodes)
         examples = sft_examples(
             job.builder,
             episodes,
@@ -535,32 +428,6 @@ def build_models(job: Job) -> None:
         job.gap_recorder = GapRecorder(job.run_dir, cfg.rule, cfg.run.log_every, rank=ctx.rank)
 
 
-def _has_expert(job: Job) -> bool:
-    """Whether a Python env offers ``expert_action()`` (the config check asked one env)."""
-    from pcsd.train.textenv import env_check, factories
-
-    return env_check(factories(job.cfg)[0], float(job.cfg.env.step_timeout)).has_expert
-
-
-def text_env_expert_episodes(job: Job) -> list:
-    """The warm-up's demonstrations of a Python env: its ``expert_action()`` on ``optim.sft_games``
-    warm-up seeds (none when the env has no expert: the warm-up is then skipped)."""
-    from pcsd.envs.pypool import PythonEnvPool, play_experts
-    from pcsd.train.textenv import sft_seeds
-
-    cfg = job.cfg
-    if not _has_expert(job):
-        return []
-    with PythonEnvPool(
-        job.train_workers,
-        cfg.optim.sft_games,
-        seeds=sft_seeds(cfg.optim.sft_games),
-        max_steps=cfg.env.max_steps,
-        success_threshold=float(cfg.env.success_threshold),
-    ) as pool:
-        return play_experts(pool)
-
-
 def sync_generation_weights(job: Job) -> None:
     """Sends the student's weights to the generation engine in the engine's dtype, streamed in
     buckets of ``rollout.sync_bucket_mb`` (:func:`pcsd.train.distributed.iter_weights`: device to
@@ -596,17 +463,11 @@ def refresh_generation(job: Job) -> None:
     job.backend.wake(("kv_cache",))
 
 
-def eval_episodes(job: Job, index: int) -> list[str]:
-    """The episodes of validation number ``index`` (0 = before RL) under ``eval.protocol``: ``full``
-    every game of the pool (``eval.episodes``: a stratified subset), ``paper`` the draw verl-agent's
-    validation ``index`` makes with ``env.seed = run.seed`` (:mod:`pcsd.eval.protocol`)."""
-    cfg = job.cfg
-    if job.webshop:
-        return webshop_validation_goals(cfg.eval.protocol, int(cfg.eval.episodes), int(cfg.run.seed), index)
-    if job.text_env:  # fixed seeds, the same at every evaluation
-        return list(job.eval_pool)
-    episodes = cfg.eval.episodes if (cfg.eval.protocol == "paper" or cfg.env.source != "procedural") else 0
-    return protocol_games(job.eval_pool, cfg.eval.protocol, episodes, seed=cfg.run.seed, validation_index=index)
+def eval_episodes(job: Job, index: int) -> list:
+    """The tasks of validation number ``index`` (0 = before RL), the kind's (``eval.protocol``:
+    ``full``, the same list every time; ``paper``, the draw verl-agent's validation ``index`` makes
+    with ``env.seed = run.seed``)."""
+    return job.env.eval_tasks(index)
 
 
 def validation_index(cfg: DictConfig, step: int) -> int:
@@ -626,7 +487,7 @@ def _evaluate(job: Job, label: str, bar: str, step: int = 0) -> dict:
         label=label,
         split=job.eval_split,
         progress=job.progress.rollout(bar),
-        env_options=job.eval_env_options,
+        pools=job.env.eval_pools,
     )
     out["settings"].update(validation_index=index, draw_seed=job.cfg.run.seed)
     return out
@@ -642,15 +503,9 @@ def start(job: Job) -> None:
             _cut_records(job, -1)
         if ctx.is_main and job.cfg.eval.before:
             job.before = _evaluate(job, "before RL", "eval before")
-            job.say(
-                f"success before RL: {job.before['overall']:.1f}% {job.before['per_category']}"
-                + _webshop_text(job.before)
-            )
+            job.say(f"success before RL: {_result_text(job, job.before)}")
             job.summary["success_before"] = job.before["overall"]
-            if job.webshop:
-                job.summary.update(score_before=job.before["score"], acc_before=job.before["acc"])
-            if job.text_env:
-                job.summary["mean_reward_before"] = job.before["mean_reward"]
+            job.summary.update(job.kind.summary_fields(job.before, "before"))
             job.summary["success_before_per_task"] = job.before["per_task"]
         job.summary = dist_utils.broadcast_object(job.summary, ctx)
         return
@@ -680,7 +535,8 @@ def start(job: Job) -> None:
 
 
 def _cut_records(job: Job, last_step: int) -> None:
-    """Keeps the lines of ``metrics.jsonl`` and ``evals.jsonl`` up to step ``last_step`` (-1: none);
+    """Keeps the lines of ``metrics.jsonl``, ``evals.jsonl`` and ``env_errors.jsonl`` up to step ``last_step``
+    (-1: none);
     a line cut short by a crash is dropped."""
 
     def step_of(line: str) -> float:
@@ -689,7 +545,7 @@ def _cut_records(job: Job, last_step: int) -> None:
         except ValueError:
             return float("inf")
 
-    for path in (job.metrics_path, job.run_dir / "evals.jsonl"):
+    for path in (job.metrics_path, job.run_dir / "evals.jsonl", job.run_dir / "env_errors.jsonl"):
         if path.exists():
             keep = [ln for ln in path.read_text().splitlines() if ln.strip() and step_of(ln) <= last_step]
             path.write_text("".join(ln + "\n" for ln in keep))
@@ -756,29 +612,15 @@ def rollout_seed(job: Job, step: int, batch: int = 0) -> int:
     return int.from_bytes(hashlib.blake2b(f"{base}/{batch}".encode(), digest_size=7).digest(), "little")
 
 
-def step_games(job: Job, step: int, batch: int = 0) -> list:
-    """The ``rollout.tasks_per_step`` games of batch ``batch`` of RL step ``step`` (every rank draws
-    the same): WebShop's first batch is draw ``step`` of verl-agent's training manager
-    (:mod:`pcsd.train.webshop`), every other batch draws from the job's game generator (saved in the
-    checkpoints)."""
-    cfg = job.cfg
-    n = cfg.rollout.tasks_per_step
-    if job.webshop:
-        from pcsd.train.webshop import train_goals
-
-        if batch == 0:
-            return train_goals(cfg, job.train_shop, step)
-        from pcsd.envs.webshop import train_goal_indices
-
-        return job.rng.sample(list(train_goal_indices(job.train_shop.num_goals)), n)
-    return [job.train_games[job.rng.randrange(len(job.train_games))] for _ in range(n)]
-
-
-def play_batch(job: Job, step: int, batch: int = 0):
-    """This rank's share (whole groups) of the games of batch ``batch`` of step ``step``, played."""
+def play_batch(job: Job, step: int, batch: int = 0, played: Optional[list] = None):
+    """This rank's share (whole groups) of the games of batch ``batch`` of step ``step``, played
+    (the games: the kind's draw, :meth:`pcsd.envs.kind.EnvRun.step_tasks`; ``played`` gets this
+    rank's games, one per group, in the batch's order)."""
     cfg, ctx, rb_builder = job.cfg, job.ctx, job.builder
-    games = step_games(job, step, batch)
+    games = job.env.step_tasks(step, job.rng, batch)
     mine = dist_utils.split_groups(len(games), ctx)  # whole groups per rank
+    if played is not None:
+        played += games[mine.start : mine.stop]
     return collect_rollouts(
         job.backend,
         rb_builder,
@@ -795,8 +637,7 @@ def play_batch(job: Job, step: int, batch: int = 0):
         student_skills=cfg.algo.student_skills,
         num_threads=cfg.env.num_threads,
         progress=job.progress.rollout("rollout"),
-        env_kind=cfg.env.name,
-        env_options=job.train_env_options,
+        pools=job.env.train_pools,
     )
 
 
@@ -808,8 +649,9 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
     sampling leaves without a group trains nothing (``skipped`` in its record) and still counts."""
     cfg, ctx = job.cfg, job.ctx
     t0 = time.time()
+    played: list = []  # this rank's games of every batch played, one per group, in the batches' order
     sampled = sample_groups(
-        lambda b: play_batch(job, step, b),
+        lambda b: play_batch(job, step, b, played),
         target=cfg.rollout.tasks_per_step,
         max_batches=cfg.rollout.max_sample_batches,
         dynamic=bool(cfg.rollout.dynamic_sampling),
@@ -839,10 +681,8 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
     rec.update(sampled.metrics())
     if sampled.skipped:
         rec["skipped"] = True
-    if job.webshop and rb.score is not None:  # this rank's batch: WebShop Score (100 x mean task score)
-        rec.update(score=100.0 * float(rb.score.mean()), env_errors=rb.env_errors)
-    if job.text_env:  # episodes a Python env's exception, hang or crash ended
-        rec["env_errors"] = rb.env_errors
+    rec.update(job.kind.step_fields(rb))  # the kind's figures of the batch (WebShop's Score, env errors)
+    _report_env_errors(job, step, played, rb)
     if ctx.distributed:  # the batch's totals over every rank (per-category success: this rank's)
         n_traj, r_sum, won_sum, len_sum, n_rows, valid_sum = dist_utils.global_sum(
             [
@@ -880,8 +720,7 @@ def rl_loop(job: Job) -> None:
             val = None
             if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.optim.steps and ctx.is_main:
                 val = _evaluate(job, f"step {done}", "validation", step=done)  # periodic validation
-                if job.webshop:
-                    rec.update(val_score=val["score"], val_acc=val["acc"])
+                rec.update(job.kind.validation_fields(val))
                 rec.update(
                     val_success=val["overall"],
                     **{f"val_success/{c}": v for c, v in val["per_category"].items() if v is not None},
@@ -898,6 +737,7 @@ def rl_loop(job: Job) -> None:
                 ("weight_sync", "sync_seconds"),
             ):
                 job.phases[ph] = job.phases.get(ph, 0.0) + float(rec.get(key, 0.0))
+            teacher = f"gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} " if uses_teacher(cfg) else ""
             if rec.get("skipped"):
                 job.say(
                     f"step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% reward {rec['reward']:.2f} "
@@ -906,8 +746,7 @@ def rl_loop(job: Job) -> None:
             else:
                 job.say(
                     f"step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% reward {rec['reward']:.2f} "
-                    f"gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} kl {rec['kl']:.4f} "
-                    f"{rec['tokens_per_s']:.0f} tok/s {rec['step_seconds']:.1f}s"
+                    f"{teacher}kl {rec['kl']:.4f} {rec['tokens_per_s']:.0f} tok/s {rec['step_seconds']:.1f}s"
                 )
             stop = bool(cfg.run.stop_after) and done >= cfg.run.stop_after and done < cfg.optim.steps
             if (cfg.run.save_every and done % cfg.run.save_every == 0) or done == cfg.optim.steps or stop:
@@ -918,12 +757,9 @@ def rl_loop(job: Job) -> None:
         if job.stopped_at is None and ctx.is_main:
             after = _evaluate(job, "after RL", "eval after", step=cfg.optim.steps)
             metrics.log_eval("after", after, step=cfg.optim.steps)
-            job.say(f"success after RL: {after['overall']:.1f}% {after['per_category']}" + _webshop_text(after))
+            job.say(f"success after RL: {_result_text(job, after)}")
             job.summary.update(success_after=after["overall"], success_after_per_task=after["per_task"])
-            if job.webshop:
-                job.summary.update(score_after=after["score"], acc_after=after["acc"])
-            if job.text_env:
-                job.summary["mean_reward_after"] = after["mean_reward"]
+            job.summary.update(job.kind.summary_fields(after, "after"))
             table = render_table([e for e in (job.before, after) if e is not None])
             (job.run_dir / "eval.md").write_text(table)
             (job.run_dir / "eval.json").write_text(json.dumps(dict(before=job.before, after=after), indent=2))
@@ -937,13 +773,11 @@ def finish(job: Job) -> dict[str, Any]:
     """Closes the backend and writes ``final-model/``; returns the summary (broadcast)."""
     cfg, ctx = job.cfg, job.ctx
     job.backend.close()
-    for workers in (job.train_workers, job.eval_workers):  # the Python envs' worker processes
-        if workers is not None:
-            workers.close()
+    job.env.close()  # e.g. the Python envs' worker processes
     if job.stopped_at is not None:
         job.say(
             f"stopped after step {job.stopped_at} (run.stop_after); continue with "
-            f"python -m pcsd.train --resume {job.run_dir}"
+            f"python -m pcsd.train --resume {shlex.quote(str(job.run_dir))}"
         )
         job.summary.update(
             steps=job.stopped_at,
@@ -991,11 +825,38 @@ def _copy_tokenizer(src: Optional[Path], dst: Path) -> None:
         copy_tokenizer_files(src, dst)
 
 
-def _webshop_text(result: dict) -> str:
-    """`` (WebShop Score x, Acc y)`` for a WebShop evaluation, `` (mean reward r)`` for a Python
-    env's, else nothing."""
-    if result.get("mean_reward") is not None:
-        return f" (mean reward {result['mean_reward']:.3f})"
-    if result.get("env") != "webshop":
-        return ""
-    return f" (WebShop Score {result['score']:.1f}, Acc {result['acc']:.1f})"
+def _result_text(job: Job, result: dict) -> str:
+    """An evaluation on the console: Success, then the kind's figures (per category, Score, mean reward)."""
+    per = result.get("per_category")
+    return f"{result['overall']:.1f}%" + (f" {per}" if per else "") + job.kind.describe_result(result)
+
+
+def _report_env_errors(job: Job, step: int, tasks: Sequence, rb: Any) -> None:
+    """One console line per step with env errors (how many, the first message) and one
+    ``env_errors.jsonl`` line per error in the run folder (rank 0): RL step, env, task (its seed,
+    game or goal), the episode's step and the message."""
+    errors = [(e, m) for e, m in enumerate(getattr(rb, "env_error", None) or []) if m]
+    if not errors:
+        return
+    group = int(rb.traj_group[errors[0][0]])
+    job.say(
+        f"step {step + 1}: {len(errors)} env error(s) ended their episodes; the first, env {errors[0][0]} "
+        f"(task {tasks[group]}): {errors[0][1]} (all: {job.run_dir / 'env_errors.jsonl'})"
+    )
+    if not job.ctx.is_main:
+        return
+    with open(job.run_dir / "env_errors.jsonl", "a", encoding="utf-8") as f:
+        for e, message in errors:
+            task = tasks[int(rb.traj_group[e])]
+            f.write(
+                json.dumps(
+                    dict(
+                        step=step + 1,
+                        env=e,
+                        seed=task if isinstance(task, int) else str(task),
+                        episode_step=int(rb.env_error_step[e]) if rb.env_error_step else None,
+                        message=message,
+                    )
+                )
+                + "\n"
+            )

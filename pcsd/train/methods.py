@@ -183,6 +183,9 @@ def unused_keys(cfg) -> dict[str, str]:
             else f"rule {rule.name} transforms the advantages instead of adding a distillation "
             "loss (its own lambda decays from 0.5 to 0)"
         )
+    warm_teacher = cfg.optim.sft_steps > 0 and cfg.optim.sft_teacher_share > 0  # the warm-up's teacher prompts
+    if not (active.needs_teacher or algo.student_skills or cfg.eval.skills or warm_teacher):
+        out["env.skills_dir"] = "no teacher reads skills and the student's prompts show none"
     if not algo.grpo:
         no_pg = "no policy-gradient term (algo.grpo=false)"
         for k in ("algo.clip_eps", "algo.clip_eps_high", "algo.adv_eps", "algo.estimator", "algo.policy_loss"):

@@ -66,16 +66,18 @@ def tag_for(key: str) -> str:
     return key if "/" in key else f"train/{key}"
 
 
-def category_success(task_types: Sequence[str], won: Sequence[bool]) -> dict[str, float]:
-    """``{"success/<category>": %}`` for the categories present (paper names: Pick, Look, ...)."""
-    from pcsd.envs.alfworld import CATEGORIES, CATEGORY_ORDER
+def category_success(task_types: Sequence[str], won: Sequence[bool], kind: Any = None) -> dict[str, float]:
+    """``{"success/<category>": %}`` for the categories present, named and ordered by the env kind's
+    table (``kind``, default: the default kind; ALFWorld: the paper's names, Pick, Look, ...)."""
+    from pcsd.envs import registry
 
+    kind = kind or registry.default()
     if len(task_types) != len(won):
         raise ValueError(f"task_types and won differ in length ({len(task_types)} vs {len(won)})")
     per: dict[str, list[bool]] = {}
     for tt, w in zip(task_types, won):
-        per.setdefault(CATEGORIES.get(tt, tt), []).append(bool(w))
-    order = [c for c in CATEGORY_ORDER if c in per] + sorted(c for c in per if c not in CATEGORY_ORDER)
+        per.setdefault(kind.category(tt), []).append(bool(w))
+    order = [c for c in kind.categories if c in per] + sorted(c for c in per if c not in kind.categories)
     return {f"success/{c}": 100.0 * sum(per[c]) / len(per[c]) for c in order}
 
 

@@ -1,6 +1,6 @@
-"""Where a config's relative paths point (``env.skills_dir``, ``env.template``): the current
-folder when the path exists there, else the presets' folder (``pcsd/train/configs/``), so that a
-preset can ship the files it names."""
+"""Where a config's relative paths point (``env.skills_dir``): the current folder; a path that is
+not there but ships with the presets (``pcsd/train/configs/``, e.g. ``skills/usual-places``) is the
+preset's file. A path found in neither is reported as the current folder's, where the user meant it."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ PRESET_DIR = Path(__file__).parent / "configs"
 
 def resolve_config_path(value: str) -> Path:
     """``value`` as a path: absolute, else relative to the current folder if it exists there, else
-    relative to :data:`PRESET_DIR`."""
+    relative to :data:`PRESET_DIR` if it exists there, else the current folder's (missing) path."""
     p = Path(value).expanduser()
     if p.is_absolute() or p.exists():
         return p.resolve()
-    return (PRESET_DIR / p).resolve()
+    shipped = PRESET_DIR / p
+    return shipped.resolve() if shipped.exists() else p.resolve()

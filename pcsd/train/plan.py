@@ -5,8 +5,8 @@
 
 Shapes come from ``model.path``'s ``config.json``; without ``model.path`` the paper presets use the
 built-in shapes :data:`BUILTIN_SHAPES` (Qwen2.5-3B-Instruct, Qwen3-1.7B, Qwen2.5-7B-Instruct), so the
-plan works without weights; ``model.path=<a Hugging Face id of one of them>`` (:data:`MODEL_ID_SHAPES`)
-plans without fetching anything. ``P`` parameters, ``N`` = FSDP world size, ``b(x)`` = bytes of dtype x, ``V`` vocabulary,
+plan works without weights; ``model.path=<a Hugging Face id of one of them>`` plans with the real config.json
+(a folder's, the Hugging Face cache's or the Hub's) and with the built-in shape when none can be read. ``P`` parameters, ``N`` = FSDP world size, ``b(x)`` = bytes of dtype x, ``V`` vocabulary,
 ``H`` hidden size. Each item is one line of the plan, in one of four phases:
 
 *static* (always resident): master weights ``P b(param) / N``, gradients ``P b(param) / N``, AdamW
@@ -58,7 +58,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple, Optional, Sequence
 
 GiB = 1024**3
@@ -114,14 +113,6 @@ BUILTIN_SHAPES: dict[str, dict[str, Any]] = {
         vocab_size=151936,
         tie_word_embeddings=True,
     ),
-}
-#: Hugging Face model ids whose shape is built in: ``model.path=<id>`` plans without fetching its config.json
-MODEL_ID_SHAPES = {
-    "Qwen/Qwen2.5-3B-Instruct": "qwen2.5-3b",
-    "Qwen/Qwen2.5-3B": "qwen2.5-3b",
-    "Qwen/Qwen2.5-7B-Instruct": "qwen2.5-7b",
-    "Qwen/Qwen2.5-7B": "qwen2.5-7b",
-    "Qwen/Qwen3-1.7B": "qwen3-1.7b",
 }
 #: preset -> built-in shape used when model.path is not set
 PRESET_SHAPES = {
@@ -216,13 +207,14 @@ class Shape:
 
 def model_shape(cfg: Any) -> Shape:
     """The shape of ``model.path`` (its config.json: a folder's, or a model id's from the Hugging Face
-    cache or Hub), or the preset's built-in shape."""
-    known = MODEL_ID_SHAPES.get(str(cfg.model.path or ""))
-    if known is not None and not Path(str(cfg.model.path)).exists():  # a model id whose shape is built in
-        return Shape.from_config(BUILTIN_SHAPES[known], str(cfg.model.path))
+    cache or Hub; the built-in shape of a model id that names one when neither has it), or the
+    preset's built-in shape."""
     if cfg.model.path:  # a folder, or a Hugging Face model id (its config.json alone is fetched)
         from pcsd.models import ModelNotFound, model_config_file
 
+        known = _builtin_for_unreachable_id(str(cfg.model.path))
+        if known is not None:
+            return known
         try:
             p = model_config_file(cfg.model.path)
         except ModelNotFound as exc:
@@ -235,6 +227,42 @@ def model_shape(cfg: Any) -> Shape:
             f"(built-in shapes: {', '.join(f'{k} ({v})' for k, v in PRESET_SHAPES.items())})"
         )
     return Shape.from_config(BUILTIN_SHAPES[key], key)
+
+
+def _builtin_for_unreachable_id(spec: str) -> Optional[Shape]:
+    """The built-in shape of a Hugging Face model id that names one (``Qwen/Qwen2.5-3B-Instruct``:
+    qwen2.5-3b) when its config.json is not cached and the Hub cannot be reached now (offline, or its
+    host not answering within 3 s), with one line on stderr saying so; else None (read the real one)."""
+    import os
+    import re
+    import socket
+    import sys
+    from urllib.parse import urlparse
+
+    from pcsd.models import _offline, hub_kwargs, is_model_id
+
+    name = re.sub(r"[^a-z0-9.]", "", spec.split("/")[-1].lower())
+    key = next((k for k in BUILTIN_SHAPES if name.startswith(k.replace("-", ""))), None)
+    if key is None or os.path.exists(spec) or not is_model_id(spec):
+        return None
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    hub = hub_kwargs()  # the environment as it is now (huggingface_hub read it once, at import)
+    if isinstance(try_to_load_from_cache(spec, "config.json", cache_dir=hub.get("cache_dir")), str):
+        return None  # cached: the real one
+    if not _offline():
+        url = urlparse(hub.get("endpoint") or constants.ENDPOINT)
+        try:
+            socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=3).close()
+            return None  # reachable: the real one
+        except OSError:
+            pass
+    print(
+        f"pcsd.train: model.path={spec}: not cached and the Hugging Face Hub cannot be reached; the plan uses the "
+        f"built-in shape of {key}",
+        file=sys.stderr,
+    )
+    return Shape.from_config(BUILTIN_SHAPES[key], f"{key} (built-in)")
 
 
 def activation_bytes_per_token(s: Shape, compute: int, residual: int, checkpointing: bool) -> int:

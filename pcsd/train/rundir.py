@@ -15,6 +15,13 @@
   system, nothing deleted; delete that folder yourself when it is not needed).
 * **Writable.** A folder that cannot be created or written (read-only file system, permissions)
   is a :class:`RunDirError` naming it, before any work.
+* **A refused new run leaves nothing.** A check of the config that needs the run's first files (the
+  generated tiny model's tokenizer) refuses the run after they were written; the new run's folder
+  held nothing before it (above), so :func:`discard_new_run` removes what it wrote and the corrected
+  command starts in the same folder.
+* **Interrupted writes.** A kill during an atomic write (the warm-up's ``.tmp-sft-model-<pid>/``, a
+  checkpoint's ``checkpoints/.tmp-step-*``) leaves its temporary folder; a resumed run, holding the
+  lock, removes them (:func:`remove_stale_tmp`).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["LOCK_NAME", "RunDirError", "RunLock", "claim_run_dir"]
+__all__ = ["LOCK_NAME", "RunDirError", "RunLock", "claim_run_dir", "discard_new_run", "remove_stale_tmp"]
 
 LOCK_NAME = ".pcsd-lock"
 
@@ -179,3 +186,43 @@ def claim_run_dir(
     except BaseException:
         lock.release()
         raise
+
+
+def remove_stale_tmp(run_dir: Path) -> list[Path]:
+    """Removes the ``.tmp-*`` entries of ``run_dir`` and of its ``checkpoints/`` (what a write cut short
+    left; the caller holds the folder's lock, so no write of another process is in progress); returns
+    what was removed."""
+    import shutil
+
+    gone = []
+    for folder in (run_dir, run_dir / "checkpoints"):
+        if not folder.is_dir():
+            continue
+        for p in sorted(folder.glob(".tmp-*")):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            gone.append(p)
+    return gone
+
+
+def discard_new_run(run_dir: Path, lock: RunLock, *, remove_folder: bool) -> None:
+    """Removes everything a new run wrote into ``run_dir`` (which held only the lock file when the
+    run claimed it) and releases the lock; with ``remove_folder`` (the run created the folder) the
+    folder goes too."""
+    import shutil
+
+    for name in _contents(run_dir):
+        p = run_dir / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    lock.release()
+    if remove_folder:
+        (run_dir / LOCK_NAME).unlink(missing_ok=True)
+        try:
+            run_dir.rmdir()
+        except OSError:
+            pass

@@ -20,21 +20,23 @@ from __future__ import annotations
 import math
 import random
 import re
-from typing import Callable, Collection, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from pcsd.envs.experts import ExpertEpisode, play_expert
+from pcsd.envs.experts import ExpertEpisode, expert_episodes, skill_search_first
 from pcsd.ops.scoring import score_packed
 from pcsd.train.optim import make_adamw
 
 __all__ = [
     "expert_episodes",
-    "webshop_expert_episodes",
+    "skill_search_first",
     "game_corpus",
     "task_parts",
     "think_for",
     "sft_examples",
+    "sft_target",
+    "longest_target",
     "lr_factor",
     "sft_warmup",
     "SCHEDULES",
@@ -44,80 +46,27 @@ __all__ = [
 SCHEDULES = ("cosine", "constant")
 
 
-def expert_episodes(
-    games: Sequence[str],
-    max_steps: int,
-    navigation: str = "plan",
-    search_first: Optional[Callable[[str], Collection[str]]] = None,
-) -> list[ExpertEpisode]:
-    """One :class:`pcsd.envs.experts.ObservationExpert` episode per game file, in order
-    (``navigation``: ``plan`` or ``sweep``, see :mod:`pcsd.envs.experts`; ``search_first``: task ->
-    receptacle types searched first, e.g. :func:`skill_search_first`)."""
-    return [play_expert(path, max_steps, navigation, search_first) for path in games]
-
-
-def webshop_expert_episodes(shop, goals: Sequence[int], max_steps: int) -> list[ExpertEpisode]:
-    """One episode of the native WebShop's scripted expert (:meth:`pcsd.envs.webshop.WebShopEnv.
-    expert_action`: search with the instruction, open the goal's product, choose its options, buy)
-    per goal index of ``shop``, recorded as the agent sees it (verl-agent's text, as the rollouts
-    build it): ``task`` the instruction, each step's observation reformatted and its admissible
-    ``search[...]`` / ``click[...]`` list; ``won`` = score 1."""
-    from pcsd.text.prompts import format_webshop_observation, webshop_actions, webshop_task
-
-    env = shop.env()
-    out = []
-    for g in goals:
-        obs, info = env.reset(int(g))
-        task = webshop_task(obs)
-        ep = ExpertEpisode(task=task, task_type="webshop")
-        done, reward = False, 0.0
-        while not done and len(ep.steps) < max_steps:
-            action = env.expert_action()
-            if action is None:
-                break
-            av = info["available_actions"]
-            ep.steps.append(
-                (
-                    format_webshop_observation(obs, task),
-                    webshop_actions(av["has_search_bar"], av["clickables"]),
-                    action.lower(),
-                )
-            )
-            obs, reward, done, info = env.step(action)
-        ep.won = bool(done) and float(reward) == 1.0
-        out.append(ep)
-    return out
-
-
-def skill_search_first(skills) -> Callable[[str], frozenset[str]]:
-    """For the expert of the teacher's-prompt examples (``optim.sft_teacher_demos=skills``): task ->
-    the words of the task's retrieved skills (``skills``: a :class:`pcsd.text.prompts.SkillRepository`,
-    or None for the built-in skills); the expert searches first the receptacles whose type is one
-    of them (a skill saying "keychains are usually kept in a dresser" sends it to the dressers)."""
-    from pcsd.text.prompts import retrieve_skills
-
-    def words(task: str) -> frozenset[str]:
-        text = skills.retrieve(task) if skills is not None else retrieve_skills(task)
-        return frozenset(re.findall(r"[a-z]+", text.lower()))
-
-    return words
-
-
-def game_corpus(episodes: Sequence[ExpertEpisode], skills=None, env: str = "alfworld") -> list[str]:
+def game_corpus(episodes: Sequence[ExpertEpisode], skills=None, env: Optional[str] = None) -> list[str]:
     r"""Tokenizer training text from played episodes: each task, observation and action, each
-    admissible list written the way the prompts list them (ALFWorld ``'go to cabinet 1'\n 'look'``,
-    WebShop ``'click[buy now]',`` per line), and the skills the teacher prompts prepend (so they
-    cost fewer tokens): the built-in skills of each ALFWorld task type / WebShop task, or with
-    ``skills``, a :class:`pcsd.text.prompts.SkillRepository`, every file of that folder."""
+    admissible list written the way the prompts of the family ``env`` list them
+    (:meth:`pcsd.text.formats.TextFormat.action_list`; default: the default env kind's), and the
+    skills the teacher prompts prepend (so they cost fewer tokens): the built-in skills of each
+    task's key (:meth:`~pcsd.text.formats.TextFormat.skill_key`), or with ``skills``, a
+    :class:`pcsd.text.prompts.SkillRepository`, every file of that folder."""
+    from pcsd.envs import registry
+    from pcsd.text.formats import text_format
     from pcsd.text.prompts import retrieve_skills
+
+    env = env or registry.default().prompt
+    fmt = text_format(env)
 
     lines: list[str] = []
     if skills is not None:
         lines += [t for t in (skills.general, *skills.task_types.values(), *skills.keywords.values()) if t]
     else:
-        seen: set[str] = set()  # ALFWorld: skills per task type; WebShop: per product category (task text)
+        seen: set[str] = set()  # one block per key (ALFWorld: a task type; WebShop: a task's product category)
         for ep in episodes:
-            key = ep.task_type if env == "alfworld" else ep.task
+            key = fmt.skill_key(ep.task, ep.task_type)
             if key not in seen:
                 seen.add(key)
                 text = retrieve_skills(ep.task, env=env)
@@ -127,10 +76,7 @@ def game_corpus(episodes: Sequence[ExpertEpisode], skills=None, env: str = "alfw
         lines.append(f"Your task is to: {ep.task}")
         for obs, adm, action in ep.steps:
             lines.append(obs)
-            if env == "webshop":
-                lines.append("[\n" + "\n".join(f"'{c}'," for c in adm) + "\n]")
-            else:
-                lines.append("[" + "\n ".join(f"'{c}'" for c in adm) + "]")
+            lines.append(fmt.action_list(adm))
             lines.append(f"<action>{action}</action>")
     return lines
 
@@ -165,14 +111,41 @@ def think_for(task: str, action: str, restate_task: bool = False) -> str:
     Naming the object and target at every step is what a small model needs: the action then copies
     them from a few tokens back instead of from the task line far up the prompt. A task that is not
     an ALFWorld sentence (WebShop, a text env) gets only the kind of step, or with
-    ``restate_task`` (a text env's demonstrations) the task itself."""
+    ``restate_task`` (a text env's demonstrations) the task itself when it is one short line (at most
+    :data:`RESTATED_WORDS` words: a game's whole prompt restated would cost its length in every
+    response)."""
     verb = re.split(r"[\s\[]", action, maxsplit=1)[0]  # ALFWorld "take ...", WebShop "click[...]"
     parts = task_parts(task)
     if parts:
         return f"{parts[0]} to {parts[1]}. Next: {verb}."
-    # a text env's task, restated (``restate_task``): the action then copies its words from a few
-    # tokens back, as the ALFWorld reasoning lets it copy the object and target
-    return f"{task.strip().rstrip('.')}. Next: {verb}." if restate_task else f"Next: {verb}."
+    # a text env's short task, restated (``restate_task``): the action then copies its words from a
+    # few tokens back, as the ALFWorld reasoning lets it copy the object and target
+    short = "\n" not in task.strip() and len(task.split()) <= RESTATED_WORDS
+    return f"{task.strip().rstrip('.')}. Next: {verb}." if restate_task and short else f"Next: {verb}."
+
+
+#: the longest task (in words) the warm-up's reasoning restates
+RESTATED_WORDS = 24
+
+
+def sft_target(task: str, action: str, restate_task: bool = False) -> str:
+    """The response a warm-up example teaches for one expert step (before the end of turn):
+    ``<think>`` + :func:`think_for` + ``</think><action>`` + the action + ``</action>``."""
+    return f"<think>{think_for(task, action, restate_task)}</think><action>{action}</action>"
+
+
+def longest_target(builder, episodes: Sequence[ExpertEpisode]) -> tuple[int, str]:
+    """``(tokens, text)`` of the longest warm-up target of ``episodes`` under ``builder``'s tokenizer,
+    the end of turn included (what ``rollout.max_response_tokens`` must hold)."""
+    restate = builder.env == "text"
+    best = (0, "")
+    for ep in episodes:
+        for _, _, action in ep.steps:
+            text = sft_target(ep.task, action, restate)
+            n = len(builder.tokenizer.encode(text)) + 1
+            if n > best[0]:
+                best = (n, text)
+    return best
 
 
 def sft_examples(
@@ -204,7 +177,7 @@ def sft_examples(
         hist: list[tuple[str, str]] = []
         for obs, adm, action in ep.steps:
             reqs.append(dict(task=ep.task, observation=obs, admissible=adm, history=hist, step=len(hist)))
-            text = f"<think>{think_for(ep.task, action, restate)}</think><action>{action}</action>"
+            text = sft_target(ep.task, action, restate)
             resps.append(builder.tokenizer.encode(text) + [eos_id])
             with_teacher.append(teacher_share > 0 and rng.random() < teacher_share)
             hist = hist + [(obs, action)]
@@ -216,7 +189,7 @@ def sft_examples(
             for obs, adm, action in ep.steps:
                 if teacher_share > 0 and rng.random() < teacher_share:
                     t_reqs.append(dict(task=ep.task, observation=obs, admissible=adm, history=hist, step=len(hist)))
-                    text = f"<think>{think_for(ep.task, action, restate)}</think><action>{action}</action>"
+                    text = sft_target(ep.task, action, restate)
                     t_resps.append(builder.tokenizer.encode(text) + [eos_id])
                 hist = hist + [(obs, action)]
         out = list(zip(student, resps))
