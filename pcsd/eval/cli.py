@@ -404,7 +404,7 @@ def _default_split(args: argparse.Namespace) -> str:
     """The first split of the env the first ``--model`` trained on (``--env``: the Python env's)."""
     if getattr(args, "env", None):
         return registry.for_split("env").eval_splits[0]
-    return _run_kind(_run_config(resolve_model(args.model[0], getattr(args, "base", None))[2])).eval_splits[0]
+    return _run_kind(_run_config(resolve_model(args.model[0], args.base)[2])).eval_splits[0]
 
 
 def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
