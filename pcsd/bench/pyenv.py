@@ -86,18 +86,25 @@ def _plain(factory: EnvFactory, num_envs: int, steps: int, repeats: int) -> dict
     return _timed(once, repeats, [])
 
 
-def _pool(factory: EnvFactory, num_envs: int, workers: int, steps: int, repeats: int) -> dict:
-    from pcsd.envs.pypool import PythonEnvPool
+def _pool(factory: EnvFactory, num_envs: int, workers: int, steps: int, repeats: int, spin: bool = True) -> dict:
+    """``spin=False``: the call to one worker sleeps on its socket at once (``SPIN_S`` = 0), the
+    pool as it was before it polled (the alternative of the overhead rows)."""
+    from pcsd.envs import pypool
 
     actions = ["left"] * num_envs
-    with PythonEnvPool(factory, num_envs, num_workers=workers, max_steps=None) as pool:
-        pool.reset()
+    saved = pypool.SPIN_S
+    pypool.SPIN_S = saved if spin else 0.0
+    try:
+        with pypool.PythonEnvPool(factory, num_envs, num_workers=workers, max_steps=None) as pool:
+            pool.reset()
 
-        def once() -> None:
-            for _ in range(steps):
-                pool.step(actions)
+            def once() -> None:
+                for _ in range(steps):
+                    pool.step(actions)
 
-        return _timed(once, repeats, pool.workers.pids())
+            return _timed(once, repeats, pool.workers.pids())
+    finally:
+        pypool.SPIN_S = saved
 
 
 def run(args) -> dict:
@@ -111,6 +118,7 @@ def run(args) -> dict:
             steps = max(1, args.python_steps // n)
             plain = _plain(trivial, n, steps, repeats)
             pool = _pool(trivial, n, w, steps, repeats)
+            asleep = _pool(trivial, n, w, steps, repeats, spin=False) if w == 1 else None
             total = n * steps
             rows.append(
                 dict(
@@ -122,6 +130,9 @@ def run(args) -> dict:
                     pool_us_per_step=pool["median_s"] / total * 1e6,
                     overhead_us_per_step=(pool["median_s"] - plain["median_s"]) / total * 1e6,
                     cpu_overhead_us_per_step=(pool["cpu_s"] - plain["cpu_s"]) / total * 1e6,
+                    overhead_asleep_us_per_step=(asleep["median_s"] - plain["median_s"]) / total * 1e6
+                    if asleep
+                    else None,
                     pool_spread_rel=rel_spread(pool),
                     load=os.getloadavg()[0],
                 )
@@ -155,7 +166,8 @@ def run(args) -> dict:
     notes = [
         f"overhead = (pool - plain loop) per env step, DirectionEnv (trivial: {rows[0]['plain_us_per_step']:.1f} "
         "us/step in the plain loop), the pool's workers in their own processes, one message per worker per "
-        "call; goal <= 50 us",
+        "call; goal <= 50 us; overhead_asleep = the same with one worker when the caller sleeps on its socket at "
+        "once instead of polling it for pcsd.envs.pypool.SPIN_S first (the pool before polling)",
         f"scaling: DirectionEnv with {iters:,} busy iterations per step (calibrated to "
         f"~{args.busy_ms:g} ms here), {n} envs; speedup_vs_1_worker of 2 workers, goal >= 1.7 (needs 2 idle "
         "cores: see load, the 1-minute load average); serial_share = the calling thread's CPU / all CPU of the "
@@ -170,6 +182,7 @@ def run(args) -> dict:
         "pool_us_per_step",
         "overhead_us_per_step",
         "cpu_overhead_us_per_step",
+        "overhead_asleep_us_per_step",
         "steps_per_s",
         "speedup_vs_1_worker",
         "serial_share",

@@ -111,6 +111,24 @@ def _kill(procs: list) -> None:
 #: seconds a new worker process may take to start (Python and its imports) before it counts as hung
 START_TIMEOUT = 120.0
 
+#: seconds a call to one worker polls its socket before sleeping on it. Sleeping costs a wake-up
+#: through the scheduler when the answer comes (~100 µs on a virtual machine, most of a quick env's
+#: round trip); a quick env answers within this window. A worker whose last answer took longer than
+#: :data:`SPIN_UNTIL` is waited for asleep at once (slow envs cost no polling).
+SPIN_S = 200e-6
+SPIN_UNTIL = 1e-3
+
+
+def answered_within(fd: int, seconds: float) -> bool:
+    """Whether ``fd`` becomes readable within ``seconds``, polled without sleeping (each poll
+    yields the core: on a full machine the worker may be waiting for it)."""
+    end = time.perf_counter() + seconds
+    while not select.select([fd], [], [], 0)[0]:
+        if time.perf_counter() >= end:
+            return False
+        os.sched_yield()
+    return True
+
 
 class EnvWorkers:
     """``num_workers`` worker processes that build envs with ``make_env`` and run requests for
@@ -151,6 +169,7 @@ class EnvWorkers:
         #: per worker: how many times it was replaced (a pool rebuilds its envs there after a change)
         self.generation = [0] * n
         self._closed = False
+        self._last_wait = 0.0  # seconds the last call to one worker waited for its answer (SPIN_S)
         self._finalizer = weakref.finalize(self, _kill, self._procs)
         for w in range(n):
             self._start(w)
@@ -234,7 +253,11 @@ class EnvWorkers:
         if len(pending) == 1:  # the quick way for one worker already started: wait on its socket alone
             (w,) = pending
             p = self._proc(w)
-            if p.ready and (p.conn.buffered() or select.select([p.conn.fd], [], [], grace)[0]):
+            spin = SPIN_S if self._last_wait < SPIN_UNTIL else 0.0
+            if p.ready and (
+                p.conn.buffered() or answered_within(p.conn.fd, spin) or select.select([p.conn.fd], [], [], grace)[0]
+            ):
+                self._last_wait = time.monotonic() - sent
                 try:
                     msg = p.conn.recv()
                 except (EOFError, OSError):
