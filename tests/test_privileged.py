@@ -146,7 +146,8 @@ def test_a_skills_folder_is_read_from_the_current_folder_and_only_when_read(tmp_
     from pcsd.train.config import ConfigWarning
 
     monkeypatch.chdir(tmp_path)
-    gym = ["preset=tiny-cpu-gym", "env.entry_point=examples.keydoor:KeyDoorEnv"]
+    # (the preset's template, examples/keydoor.jinja, is relative too: the built-in one here)
+    gym = ["preset=tiny-cpu-gym", "env.entry_point=examples.keydoor:KeyDoorEnv", "env.template=null"]
     monkeypatch.syspath_prepend(str(ROOT))
     with pytest.raises(ConfigError) as ei:
         load_config([*gym, "method=pcsd", "env.skills_dir=my_skills"])

@@ -324,34 +324,29 @@ def test_a_faulty_env_ends_its_episode_and_the_rollout_goes_on(tiny):
 
 # ----------------------------------------------------------------------------- end to end
 def test_example_env_trains_end_to_end_and_evaluates(gymnasium_available, tmp_path, child_env):
-    """``python -m pcsd.train preset=tiny-cpu-gym method=pcsd`` (its warm-up on the env's expert,
-    RL with the teacher reading the example's skills, evaluations before and after), then
-    ``python -m pcsd.eval`` on the run: Success and mean reward on the run's evaluation seeds."""
+    """``python -m pcsd.train preset=tiny-cpu-gym method=pcsd`` with the preset's own warm-up (the
+    env's expert, 600 steps), RL with the teacher reading the example's skills, evaluations before
+    and after, then ``python -m pcsd.eval`` on the run. The first run learns: every sampled action
+    is valid and the warm-up copies the door's colour (success far above the ~11 % of a model that
+    picks a colour at random; it was 3 % with the preset's earlier warm-up, 0 % with the budget
+    that cut every action)."""
     run = tmp_path / "run"
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pcsd.train",
-            "preset=tiny-cpu-gym",
-            "method=pcsd",
-            f"run.dir={run}",
-            "optim.steps=2",
-            "optim.sft_steps=40",
-            "optim.sft_games=64",
-            "eval.episodes=16",
-        ],
+        [sys.executable, "-m", "pcsd.train", "preset=tiny-cpu-gym", "method=pcsd", f"run.dir={run}", "optim.steps=2"],
         cwd=ROOT,
         env=child_env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1200,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((run / "summary.json").read_text())
-    assert s["steps"] == 2 and s["sft_expert_success"] == 100.0 and s["sft_examples"] > 0
+    assert s["steps"] == 2 and s["sft_expert_success"] == 100.0 and s["sft_examples"] == 2000
     for key in ("success_before", "success_after", "mean_reward_before", "mean_reward_after"):
         assert s[key] is not None, key
+    assert s["success_before"] >= 30.0, s  # 32 episodes: chance play wins ~11 % (>= 10 of 32: p < 0.01)
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["valid_actions"] >= 0.9 for m in metrics), metrics
     assert "Mean reward" in (run / "eval.md").read_text()
     assert (run / "skills" / "general.md").is_file()
     r = subprocess.run(
