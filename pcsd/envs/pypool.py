@@ -62,7 +62,7 @@ from pcsd.envs.experts import ExpertEpisode
 from pcsd.envs.pool import StepBatch, _actions, _env_ids, _int_arg
 from pcsd.envs.protocol import EnvBuildError, ProtocolError
 from pcsd.envs.pyworker import MARK as _MARK
-from pcsd.envs.pyworker import Channel
+from pcsd.envs.pyworker import Channel, answered_within
 from pcsd.envs.pyworker import first_line as _first_line
 
 __all__ = ["EnvWorkers", "PythonEnvPool", "check_env", "EnvCheck", "play_experts"]
@@ -111,23 +111,14 @@ def _kill(procs: list) -> None:
 #: seconds a new worker process may take to start (Python and its imports) before it counts as hung
 START_TIMEOUT = 120.0
 
-#: seconds a call to one worker polls its socket before sleeping on it. Sleeping costs a wake-up
-#: through the scheduler when the answer comes (~100 µs on a virtual machine, most of a quick env's
-#: round trip); a quick env answers within this window. A worker whose last answer took longer than
-#: :data:`SPIN_UNTIL` is waited for asleep at once (slow envs cost no polling).
+#: seconds a call to one worker polls its socket before sleeping on it, and a worker polls its own
+#: for the next call after answering (0: both sleep at once). Sleeping costs a wake-up through the
+#: scheduler when the message comes (on a virtual machine an idle core's wake-up is most of a quick
+#: env's round trip); a quick env's answer, and a tight loop's next call, come within this window. A
+#: worker whose last answer took longer than :data:`SPIN_UNTIL` is waited for asleep at once (slow
+#: envs cost the caller no polling); a worker polls at most this long per call it answers.
 SPIN_S = 200e-6
 SPIN_UNTIL = 1e-3
-
-
-def answered_within(fd: int, seconds: float) -> bool:
-    """Whether ``fd`` becomes readable within ``seconds``, polled without sleeping (each poll
-    yields the core: on a full machine the worker may be waiting for it)."""
-    end = time.perf_counter() + seconds
-    while not select.select([fd], [], [], 0)[0]:
-        if time.perf_counter() >= end:
-            return False
-        os.sched_yield()
-    return True
 
 
 class EnvWorkers:
@@ -195,7 +186,7 @@ class EnvWorkers:
         path = [p if p else os.getcwd() for p in sys.path]
         code = (
             "import sys; sys.path[:0] = " + repr(path) + "; from pcsd.envs.pyworker import main; "
-            f"main({child_fd}, {self._marks_file.fileno()}, {w}, {self.step_timeout!r})"
+            f"main({child_fd}, {self._marks_file.fileno()}, {w}, {self.step_timeout!r}, {SPIN_S!r})"
         )
         try:
             proc = subprocess.Popen(
