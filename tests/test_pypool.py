@@ -533,9 +533,9 @@ def test_text_that_is_not_valid_unicode_is_that_envs_error():
 
 def test_a_call_to_one_worker_polls_its_socket_then_sleeps_with_the_same_results(monkeypatch):
     """The wait for one worker's answer (pcsd.envs.pypool.SPIN_S): ``answered_within`` sees an answer
-    that is there or comes during the window and gives up after it; the pool's results with the
-    polling wait equal those of the plain sleeping one (SPIN_S = 0) and the in-process reference;
-    a worker that took longer than SPIN_UNTIL is waited for asleep."""
+    that is there and gives up after its window; the pool's results with polling equal those of the
+    plain sleeping wait (SPIN_S = 0) and the in-process reference; a worker that took longer than
+    SPIN_UNTIL is waited for asleep; the choice between the two ways follows their measured waits."""
     import socket
 
     from pcsd.envs import pypool
@@ -544,33 +544,57 @@ def test_a_call_to_one_worker_polls_its_socket_then_sleeps_with_the_same_results
     with a, b:
         t0 = time.perf_counter()
         assert not pypool.answered_within(a.fileno(), 0.01) and time.perf_counter() - t0 >= 0.01
+        assert not pypool.answered_within(a.fileno(), 0.0)
         b.send(b"x")
         assert pypool.answered_within(a.fileno(), 0.0) and pypool.answered_within(a.fileno(), 10.0)
     calls = [(None, [0, 1, 2]), (["go", "stop", "go"], None), (["go", "go"], [0, 2]), (None, [1]), (["x"], [1])]
+    calls += [(["go"] * 3, None)] * 20  # past the choice's warm-up: both ways measured
     got = {}
     for spin in (pypool.SPIN_S, 0.0):
         monkeypatch.setattr(pypool, "SPIN_S", spin)
-        ref = Reference(f("Counter", length=3), 3, 1, [4, 5, 6], None, None, False)
-        with PythonEnvPool(f("Counter", length=3), 3, seeds=[4, 5, 6], num_workers=1) as pool:
+        ref = Reference(f("Counter", length=3), 3, 1, [4, 5, 6], None, None, True)
+        with PythonEnvPool(f("Counter", length=3), 3, seeds=[4, 5, 6], num_workers=1, auto_reset=True) as pool:
             got[spin] = []
             for acts, ids in calls:
                 b_ = pool.reset(ids) if acts is None else pool.step(acts, ids)
                 want = ref.reset(ids) if acts is None else ref.step(ids or [0, 1, 2], acts)
                 assert rows(b_) == want
                 got[spin].append(rows(b_))
+            assert spin or pool.workers._wait.n[1] == 0  # SPIN_S = 0: never a poll
     assert got[pypool.SPIN_S] == got[0.0]
     spins = []
     real = pypool.answered_within
     monkeypatch.setattr(pypool, "answered_within", lambda fd, s: spins.append(s) or real(fd, s))
     monkeypatch.setattr(pypool, "SPIN_S", 1e-4)
     busy = EnvFactory("pcsd.envs.toy:DirectionEnv", kwargs={"episode_len": 100, "busy_iters": 100_000})  # ~10 ms
-    lasts = []
-    with PythonEnvPool(COUNTER, 1, num_workers=1) as quick, PythonEnvPool(busy, 1, num_workers=1) as slow:
-        quick.reset(), slow.reset()  # (a worker's first answer comes through the starting path)
-        for pool, act in ((quick, "go"), (quick, "go"), (slow, "left"), (slow, "left")):
-            lasts.append(pool.workers._last_wait)
-            pool.step([act])
+    with PythonEnvPool(busy, 1, num_workers=1) as slow:
+        slow.reset()  # (a worker's first answer comes through the starting path)
+        slow.step(["left"]), slow.step(["left"])
         assert slow.workers._last_wait >= pypool.SPIN_UNTIL  # ~10 ms of CPU in the env here
-    # each call polls unless its worker's last answer took SPIN_UNTIL or longer (a loaded machine may
-    # slow the quick env's too): the slow env's second call sleeps at once
-    assert spins == [1e-4 if w < pypool.SPIN_UNTIL else 0.0 for w in lasts] and spins[3] == 0.0
+    assert spins[1] == 0.0  # the slow env's second call sleeps at once
+
+
+def test_the_wait_is_chosen_by_measurement():
+    """``_WaitChoice``: both ways until each has WARM measurements, then the quicker one, the other
+    tried every EXPLORE-th call; a way that turns slower loses its place."""
+    from pcsd.envs.pypool import _WaitChoice
+
+    c = _WaitChoice()
+    first = []
+    for _ in range(2 * c.WARM):
+        polled = c.poll()
+        first.append(polled)
+        c.record(polled, 20e-6 if polled else 90e-6)
+    assert sorted(first) == [False] * c.WARM + [True] * c.WARM
+    ways = []
+    for _ in range(4 * c.EXPLORE):
+        polled = c.poll()
+        ways.append(polled)
+        c.record(polled, 20e-6 if polled else 90e-6)
+    assert ways.count(False) == 4 and all(
+        ways[k] is ((c.calls - len(ways) + k + 1) % c.EXPLORE != 0) for k in range(len(ways))
+    )
+    for _ in range(200):  # polling turns slow (a full machine): sleeping wins back
+        polled = c.poll()
+        c.record(polled, 300e-6 if polled else 90e-6)
+    assert not c.poll() or c.calls % c.EXPLORE == 0

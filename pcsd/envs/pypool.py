@@ -62,7 +62,7 @@ from pcsd.envs.experts import ExpertEpisode
 from pcsd.envs.pool import StepBatch, _actions, _env_ids, _int_arg
 from pcsd.envs.protocol import EnvBuildError, ProtocolError
 from pcsd.envs.pyworker import MARK as _MARK
-from pcsd.envs.pyworker import Channel, answered_within
+from pcsd.envs.pyworker import Channel
 from pcsd.envs.pyworker import first_line as _first_line
 
 __all__ = ["EnvWorkers", "PythonEnvPool", "check_env", "EnvCheck", "play_experts"]
@@ -111,14 +111,57 @@ def _kill(procs: list) -> None:
 #: seconds a new worker process may take to start (Python and its imports) before it counts as hung
 START_TIMEOUT = 120.0
 
-#: seconds a call to one worker polls its socket before sleeping on it, and a worker polls its own
-#: for the next call after answering (0: both sleep at once). Sleeping costs a wake-up through the
-#: scheduler when the message comes (on a virtual machine an idle core's wake-up is most of a quick
-#: env's round trip); a quick env's answer, and a tight loop's next call, come within this window. A
-#: worker whose last answer took longer than :data:`SPIN_UNTIL` is waited for asleep at once (slow
-#: envs cost the caller no polling); a worker polls at most this long per call it answers.
+#: seconds a call to one worker polls its socket before sleeping on it. Sleeping costs a wake-up
+#: through the scheduler when the answer comes (on a virtual machine an idle core's wake-up is most
+#: of a quick env's round trip); a quick env answers within this window. Polling pays only with a
+#: core to spare: on a full machine each yield between polls may give the core away for a time
+#: slice. So a pool measures both ways as it goes (:class:`_WaitChoice`) and polls only while that
+#: is the quicker one. A worker whose last answer took longer than :data:`SPIN_UNTIL` is waited for
+#: asleep at once (slow envs cost no polling).
 SPIN_S = 200e-6
 SPIN_UNTIL = 1e-3
+
+
+def answered_within(fd: int, seconds: float) -> bool:
+    """Whether ``fd`` becomes readable within ``seconds``, polled without sleeping: the first half
+    of the window on the core, the second yielding it between polls (on a full machine the other
+    end may be waiting for the core; a yield that finds another task costs its time slice)."""
+    now = time.perf_counter()
+    end, mid = now + seconds, now + seconds / 2
+    while not select.select([fd], [], [], 0)[0]:
+        now = time.perf_counter()
+        if now >= end:
+            return False
+        if now >= mid:
+            os.sched_yield()
+    return True
+
+
+class _WaitChoice:
+    """Whether to poll before sleeping (:data:`SPIN_S`), chosen by measurement: a moving average of
+    the wait for an answer under each way, the quicker one used, the other tried every
+    :attr:`EXPLORE` th call (and until each has :attr:`WARM` measurements)."""
+
+    EXPLORE = 16
+    WARM = 4
+    DECAY = 0.9
+
+    def __init__(self) -> None:
+        self.avg = [0.0, 0.0]  # seconds: sleeping, polling
+        self.n = [0, 0]
+        self.calls = 0
+
+    def poll(self) -> bool:
+        self.calls += 1
+        if min(self.n) < self.WARM:
+            return self.n[1] <= self.n[0]
+        best = self.avg[1] <= self.avg[0]
+        return (not best) if self.calls % self.EXPLORE == 0 else best
+
+    def record(self, polled: bool, seconds: float) -> None:
+        k = int(polled)
+        self.avg[k] = seconds if self.n[k] == 0 else self.DECAY * self.avg[k] + (1 - self.DECAY) * seconds
+        self.n[k] += 1
 
 
 class EnvWorkers:
@@ -161,6 +204,7 @@ class EnvWorkers:
         self.generation = [0] * n
         self._closed = False
         self._last_wait = 0.0  # seconds the last call to one worker waited for its answer (SPIN_S)
+        self._wait = _WaitChoice()
         self._finalizer = weakref.finalize(self, _kill, self._procs)
         for w in range(n):
             self._start(w)
@@ -186,7 +230,7 @@ class EnvWorkers:
         path = [p if p else os.getcwd() for p in sys.path]
         code = (
             "import sys; sys.path[:0] = " + repr(path) + "; from pcsd.envs.pyworker import main; "
-            f"main({child_fd}, {self._marks_file.fileno()}, {w}, {self.step_timeout!r}, {SPIN_S!r})"
+            f"main({child_fd}, {self._marks_file.fileno()}, {w}, {self.step_timeout!r})"
         )
         try:
             proc = subprocess.Popen(
@@ -244,11 +288,15 @@ class EnvWorkers:
         if len(pending) == 1:  # the quick way for one worker already started: wait on its socket alone
             (w,) = pending
             p = self._proc(w)
-            spin = SPIN_S if self._last_wait < SPIN_UNTIL else 0.0
+            polled = SPIN_S > 0 and self._last_wait < SPIN_UNTIL and self._wait.poll()
             if p.ready and (
-                p.conn.buffered() or answered_within(p.conn.fd, spin) or select.select([p.conn.fd], [], [], grace)[0]
+                p.conn.buffered()
+                or answered_within(p.conn.fd, SPIN_S if polled else 0.0)
+                or select.select([p.conn.fd], [], [], grace)[0]
             ):
                 self._last_wait = time.monotonic() - sent
+                if self._last_wait < SPIN_UNTIL:
+                    self._wait.record(polled, self._last_wait)
                 try:
                     msg = p.conn.recv()
                 except (EOFError, OSError):

@@ -26,7 +26,6 @@ import itertools
 import mmap
 import os
 import pickle
-import select
 import signal
 import struct
 import sys
@@ -86,21 +85,6 @@ class Channel:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-
-def answered_within(fd: int, seconds: float) -> bool:
-    """Whether ``fd`` becomes readable within ``seconds``, polled without sleeping: the first half
-    of the window on the core, the second yielding it between polls (on a full machine the other
-    end may be waiting for the core; a yield that finds another task costs its time slice)."""
-    now = time.perf_counter()
-    end, mid = now + seconds, now + seconds / 2
-    while not select.select([fd], [], [], 0)[0]:
-        now = time.perf_counter()
-        if now >= end:
-            return False
-        if now >= mid:
-            os.sched_yield()
-    return True
 
 
 def first_line(exc: BaseException) -> str:
@@ -321,11 +305,10 @@ class _Batch:
             self._send(("replace", out) if self.hung else out)
 
 
-def main(sock_fd: int, mark_fd: int, index: int, step_timeout: float = 60.0, spin: float = 0.0) -> None:
+def main(sock_fd: int, mark_fd: int, index: int, step_timeout: float = 60.0) -> None:
     """Body of one worker process: receives lists of requests, answers each list with one list of
     results (:class:`_Batch`); counts its requests in shared memory (the parent reads which request
-    a dead worker was in) and times out its hung envs itself, together. ``spin``: seconds it polls
-    its socket for the next list before sleeping on it (``pcsd.envs.pypool.SPIN_S``)."""
+    a dead worker was in) and times out its hung envs itself, together."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _die_with_parent()
     if os.getcwd() not in sys.path:  # envs are importable from the current folder (after the installed packages)
@@ -368,8 +351,6 @@ def main(sock_fd: int, mark_fd: int, index: int, step_timeout: float = 60.0, spi
         threading.Thread(target=watchdog, daemon=True).start()
         send(("ready", os.getpid()))
         while True:
-            if spin > 0 and not conn.buffered():
-                answered_within(conn.fd, spin)
             ops = conn.recv()
             if ops is None:
                 break
