@@ -110,9 +110,9 @@ class WebShopEnv:
         self._e = _native_env
 
     def reset(self, goal_index: int | None = None) -> tuple[str, dict[str, Any]]:
-        """The search page of goal ``goal_index`` (``None``: a weight-sampled goal)."""
-        if goal_index is not None:
-            _int_arg("goal_index", goal_index, 0)
+        """The search page of goal ``goal_index`` (``None``: a weight-sampled goal). A bool, a
+        non-int or an index out of range is refused by the native env with one line naming
+        ``goal_index`` (TypeError / ValueError)."""
         return self._e.reset(goal_index)
 
     def step(self, action: str) -> tuple[str, Any, bool, dict[str, Any]]:

@@ -115,7 +115,16 @@ pub struct ProdRec {
     pub combos: u32,
     pub flags: u32,
     pub ends: [u32; NUM_FIELDS],
+    /// Where the JSON values of `asin`, `full_description` and `small_description` are inside the
+    /// product's JSON object (offset from [`ProdRec::raw_off`], length; length 0: absent or null),
+    /// so that [`Catalog::cold`] parses those three values and nothing else.
+    pub spans: [[u32; 2]; 3],
 }
+
+/// [`ProdRec::spans`]: which value.
+const S_ASIN: usize = 0;
+const S_DESCRIPTION: usize = 1;
+const S_BULLETS: usize = 2;
 
 fn utf8(b: &[u8]) -> &str {
     std::str::from_utf8(b).expect("the image's strings are UTF-8 (its checksum was checked)")
@@ -439,13 +448,15 @@ enum StrOrList {
 }
 
 #[derive(Deserialize)]
-struct RawProduct {
-    asin: String,
+struct RawProduct<'a> {
+    #[serde(borrow)]
+    asin: &'a serde_json::value::RawValue,
     name: String,
-    #[serde(default)]
-    full_description: Option<String>,
-    #[serde(default)]
-    small_description: Option<StrOrList>,
+    /// Parsed by [`RawProduct::long_texts`]; kept raw for where they are.
+    #[serde(default, borrow)]
+    full_description: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
+    small_description: Option<&'a serde_json::value::RawValue>,
     #[serde(default)]
     customization_options: Option<RawOptions>,
     #[serde(default)]
@@ -456,6 +467,38 @@ struct RawProduct {
     query: String,
     #[serde(default)]
     product_category: String,
+}
+
+impl RawProduct<'_> {
+    /// The ASIN and the long texts, parsed from their raw values.
+    fn long_texts(&self) -> Result<(String, Cold), String> {
+        let asin: String = serde_json::from_str(self.asin.get()).map_err(|e| format!("asin: {e}"))?;
+        let description: Option<String> = match self.full_description {
+            Some(r) => serde_json::from_str(r.get()).map_err(|e| format!("product {asin}: full_description: {e}"))?,
+            None => None,
+        };
+        let bullets: Option<StrOrList> = match self.small_description {
+            Some(r) => serde_json::from_str(r.get()).map_err(|e| format!("product {asin}: small_description: {e}"))?,
+            None => None,
+        };
+        Ok((asin, cold_of(description, bullets)))
+    }
+
+    /// [`ProdRec::spans`] of this product, whose JSON object is `object`.
+    fn spans(&self, object: &[u8]) -> [[u32; 2]; 3] {
+        let at = |r: Option<&serde_json::value::RawValue>| match r {
+            Some(r) => {
+                let off = r.get().as_ptr() as usize - object.as_ptr() as usize;
+                [off as u32, r.get().len() as u32]
+            }
+            None => [0, 0],
+        };
+        [
+            at(Some(self.asin)),
+            at(self.full_description),
+            at(self.small_description),
+        ]
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -582,6 +625,18 @@ where
     T: for<'de> Deserialize<'de>,
     F: FnMut(T, (u64, u32)) -> Result<(), String>,
 {
+    stream_array_raw(path, |bytes, span| {
+        let item: T = serde_json::from_slice(bytes).map_err(|e| format!("the element at byte {}: {e}", span.0))?;
+        f(item, span)
+    })
+}
+
+/// [`stream_array`] handing over each element's bytes (`f(bytes, (offset, length))`) instead
+/// of a parsed value.
+fn stream_array_raw<F>(path: &Path, mut f: F) -> Result<(), WebShopError>
+where
+    F: FnMut(&[u8], (u64, u32)) -> Result<(), String>,
+{
     use std::io::Read;
     const BLOCK: usize = 8 << 20;
     let err = |msg: String| WebShopError::Load(format!("{}: {msg}", path.display()));
@@ -670,11 +725,9 @@ where
             }
         };
         let offset = base + at as u64;
-        let item: T = serde_json::from_slice(&buf[at..at + len])
-            .map_err(|e| err(format!("the element at byte {offset}: {e}")))?;
-        at += len;
         let len32 = u32::try_from(len).map_err(|_| err(format!("the element at byte {offset} is over 4 GB")))?;
-        f(item, (offset, len32)).map_err(err)?;
+        f(&buf[at..at + len], (offset, len32)).map_err(err)?;
+        at += len;
     }
     if next_token!().is_some() {
         return Err(err(format!("trailing characters {}", where_(base, at))));
@@ -840,16 +893,20 @@ impl CatalogBuilder {
         };
         let mut seen = 0usize;
         let limit = num_products.unwrap_or(usize::MAX);
-        stream_array::<RawProduct, _>(&files.products, |p, span| {
+        stream_array_raw(&files.products, |bytes, span| {
+            let p: RawProduct =
+                serde_json::from_slice(bytes).map_err(|e| format!("the element at byte {}: {e}", span.0))?;
+            let (asin, cold) = p
+                .long_texts()
+                .map_err(|e| format!("the element at byte {}: {e}", span.0))?;
             if seen >= limit {
                 return Ok(());
             }
             seen += 1;
-            let asin = p.asin;
             if asin == "nan" || asin.chars().count() > 10 || b.seen.contains(asin.as_str()) {
                 return Ok(());
             }
-            let cold = cold_of(p.full_description, p.small_description);
+            let spans = p.spans(bytes);
             let (pricing, price_tag) = match p.pricing.as_deref() {
                 None | Some("") => (vec![100.0], "$100.0".to_string()),
                 Some(s) => {
@@ -982,6 +1039,7 @@ impl CatalogBuilder {
                 combos,
                 flags,
                 ends,
+                spans,
             });
             b.seen.insert(asin.into_boxed_str());
             Ok(())
@@ -1100,6 +1158,14 @@ impl std::ops::Index<&str> for AsinIndex {
     }
 }
 
+thread_local! {
+    /// [`Catalog::cold`]'s read buffer.
+    static COLD_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Products whose long texts [`Catalog::cold_shared`] keeps; cleared when it holds this many.
+const COLD_KEPT: usize = 4096;
+
 /// Products whose long texts the reward read recently (kept: a group of rollouts buys the same
 /// products); cleared when it holds this many.
 const LOWERED_KEPT: usize = 4096;
@@ -1115,6 +1181,8 @@ pub struct Catalog {
     file: File,
     path: PathBuf,
     lowered: RwLock<HashMap<u32, Arc<Lowered>>>,
+    /// Long texts read recently ([`Catalog::cold_shared`]).
+    recent_cold: RwLock<HashMap<u32, Arc<Cold>>>,
 }
 
 const _: () = assert!(
@@ -1189,6 +1257,7 @@ impl Catalog {
             file,
             path: products.to_path_buf(),
             lowered: RwLock::new(HashMap::new()),
+            recent_cold: RwLock::new(HashMap::new()),
         })
     }
 
@@ -1219,9 +1288,69 @@ impl Catalog {
         self.view().products_named(name)
     }
 
-    /// Product `i`'s description and bullet points, read back from the products file. Panics
-    /// when the file no longer holds the product there (it was changed while the shop was loaded).
+    /// Product `i`'s description and bullet points, read back from the products file: one
+    /// `pread` of the part of its JSON object that holds them and its ASIN, and a parse of those
+    /// three values alone (where they are was kept at load, [`ProdRec::spans`]). Panics when the
+    /// file no longer holds the product there (it was changed while the shop was loaded).
     pub fn cold(&self, i: usize) -> Cold {
+        use std::os::unix::fs::FileExt;
+        let p = self.product(i);
+        let rec = p.record();
+        let spans = rec.spans;
+        let lo = spans.iter().filter(|s| s[1] > 0).map(|s| s[0]).min().unwrap_or(0);
+        let hi = spans.iter().map(|s| s[0] + s[1]).max().unwrap_or(0);
+        let cold = COLD_BUF.with(|buf| {
+            let mut bytes = buf.borrow_mut();
+            bytes.clear();
+            bytes.resize((hi - lo) as usize, 0);
+            self.file
+                .read_exact_at(&mut bytes, rec.raw_off + lo as u64)
+                .map_err(|e| e.to_string())?;
+            let parse = |s: [u32; 2]| (s[1] > 0).then(|| &bytes[(s[0] - lo) as usize..(s[0] + s[1] - lo) as usize]);
+            let asin: String =
+                serde_json::from_slice(parse(spans[S_ASIN]).unwrap_or(b"")).map_err(|e| e.to_string())?;
+            if asin != p.asin() {
+                return Err(format!("ASIN {asin}"));
+            }
+            let description: Option<String> = match parse(spans[S_DESCRIPTION]) {
+                Some(b) => serde_json::from_slice(b).map_err(|e| e.to_string())?,
+                None => None,
+            };
+            let bullets: Option<StrOrList> = match parse(spans[S_BULLETS]) {
+                Some(b) => serde_json::from_slice(b).map_err(|e| e.to_string())?,
+                None => None,
+            };
+            Ok::<Cold, String>(cold_of(description, bullets))
+        });
+        cold.unwrap_or_else(|_| {
+            panic!(
+                "{}: product {} is no longer at byte {}: the catalogue file changed while the shop was loaded",
+                self.path.display(),
+                p.asin(),
+                rec.raw_off
+            )
+        })
+    }
+
+    /// [`Catalog::cold`], kept for the products whose texts were read recently: the envs of a
+    /// group play the same goal and open the same products' pages (at most [`COLD_KEPT`]
+    /// products, about 1.3 KB each, then cleared).
+    pub fn cold_shared(&self, i: usize) -> Arc<Cold> {
+        if let Some(c) = self.recent_cold.read().expect("not poisoned").get(&(i as u32)) {
+            return c.clone();
+        }
+        let c = Arc::new(self.cold(i));
+        let mut kept = self.recent_cold.write().expect("not poisoned");
+        if kept.len() >= COLD_KEPT {
+            kept.clear();
+        }
+        kept.insert(i as u32, c.clone());
+        c
+    }
+
+    /// [`Catalog::cold`] as first written: the product's whole JSON object read back and parsed
+    /// (the plain reference of the spans).
+    pub fn cold_reference(&self, i: usize) -> Cold {
         use std::os::unix::fs::FileExt;
         #[derive(Deserialize)]
         struct Raw {
@@ -1255,7 +1384,7 @@ impl Catalog {
         if let Some(l) = self.lowered.read().expect("not poisoned").get(&(i as u32)) {
             return l.clone();
         }
-        let c = self.cold(i);
+        let c = self.cold_shared(i);
         let l = Arc::new((
             py_lower(self.product(i).title()),
             py_lower(&c.bullets.join(" ")),

@@ -32,12 +32,12 @@ pub fn full_process(s: &str) -> String {
 /// difflib's `j2len` rows as dense arrays: row `i` holds, for each `j` in `[blo, bhi)` where
 /// `a[i] == b[j]` and `b[j]` is not autojunk-popular, the length of the match ending there —
 /// exactly the entries difflib's dict holds, visited in the same (ascending `j`) order.
-pub fn matching_chars(a: &[char], b: &[char]) -> usize {
+pub fn matching_chars<T: Copy + Eq + std::hash::Hash>(a: &[T], b: &[T]) -> usize {
     // autojunk: elements of b that occur more than 1% (+1) of len(b) >= 200 are "popular"
     let n = b.len();
-    let mut popular: HashSet<char> = HashSet::new();
+    let mut popular: HashSet<T> = HashSet::new();
     if n >= 200 {
-        let mut counts: HashMap<char, usize> = HashMap::new();
+        let mut counts: HashMap<T, usize> = HashMap::new();
         for &c in b {
             *counts.entry(c).or_insert(0) += 1;
         }
@@ -154,11 +154,38 @@ pub fn ratio(a: &str, b: &str) -> u32 {
     if a.is_empty() || b.is_empty() {
         return 0;
     }
-    let a: Vec<char> = a.chars().collect();
-    let b: Vec<char> = b.chars().collect();
-    let m = matching_chars(&a, &b);
-    let r = 2.0 * m as f64 / (a.len() + b.len()) as f64;
+    let (m, la, lb) = if a.is_ascii() && b.is_ascii() {
+        // one char a byte: the same blocks over the bytes
+        (matching_chars(a.as_bytes(), b.as_bytes()), a.len(), b.len())
+    } else {
+        let a: Vec<char> = a.chars().collect();
+        let b: Vec<char> = b.chars().collect();
+        (matching_chars(&a, &b), a.len(), b.len())
+    };
+    ratio_of(m, la, lb)
+}
+
+/// `round(100 * 2 m / (la + lb))` as thefuzz rounds it.
+fn ratio_of(m: usize, la: usize, lb: usize) -> u32 {
+    let r = 2.0 * m as f64 / (la + lb) as f64;
     (100.0 * r).round_ties_even() as u32
+}
+
+/// An upper bound of [`matching_chars`] for ASCII strings: the matching blocks pair equal
+/// characters once each, so at most the characters the two strings share as multisets.
+fn shared_chars_ascii(a: &[u8], b: &[u8]) -> usize {
+    let mut counts = [0i32; 128];
+    for &c in a {
+        counts[c as usize] += 1;
+    }
+    let mut shared = 0;
+    for &c in b {
+        if counts[c as usize] > 0 {
+            counts[c as usize] -= 1;
+            shared += 1;
+        }
+    }
+    shared
 }
 
 /// `fuzz.token_set_ratio(s1, s2)` for two strings.
@@ -229,17 +256,90 @@ fn ratio_above(a: &str, b: &str, threshold: u32) -> bool {
     if la == 0 || lb == 0 {
         return false;
     }
-    let best = (100.0 * (2.0 * la.min(lb) as f64 / (la + lb) as f64)).round_ties_even() as u32;
-    best > threshold && ratio(a, b) > threshold
+    if ratio_of(la.min(lb), la, lb) <= threshold {
+        return false;
+    }
+    if a.is_ascii() && b.is_ascii() && ratio_of(shared_chars_ascii(a.as_bytes(), b.as_bytes()), la, lb) <= threshold {
+        return false;
+    }
+    ratio(a, b) > threshold
 }
 
-/// `token_set_ratio_processed(p1, p2) > threshold`, computed only as far as needed.
+/// `token_set_ratio_processed(p1, p2) > threshold`, computed only as far as needed: first
+/// bounded from the token sets' lengths and the characters the two strings share
+/// ([`token_set_may_exceed`]), then the three strings made and compared.
 pub fn token_set_ratio_above(p1: &str, p2: &str, threshold: u32) -> bool {
     if p1.is_empty() || p2.is_empty() {
         return false;
     }
+    if p1.is_ascii() && p2.is_ascii() && !token_set_may_exceed(p1, p2, threshold) {
+        return false;
+    }
     let (sect, c12, c21) = token_set_strings(p1, p2);
     ratio_above(&sect, &c12, threshold) || ratio_above(&sect, &c21, threshold) || ratio_above(&c12, &c21, threshold)
+}
+
+/// Whether `token_set_ratio_processed(p1, p2)` (ASCII strings) can be above `threshold`, without
+/// making its strings. With `sect` the sorted common tokens and `c12` / `c21` it followed by each
+/// side's other tokens: `ratio(sect, c1x)` matches at most `len(sect)` characters; `ratio(c12,
+/// c21)` at most the characters `p1` and `p2` share as multisets (`c12`'s characters are some of
+/// `p1`'s: its tokens once each, one space between two), and at most the shorter length. Equal
+/// strings give 100. False only when no ratio can be above.
+fn token_set_may_exceed(p1: &str, p2: &str, threshold: u32) -> bool {
+    let mut t1: Vec<&str> = p1.split_whitespace().collect();
+    let mut t2: Vec<&str> = p2.split_whitespace().collect();
+    if t1.is_empty() || t2.is_empty() {
+        return true;
+    }
+    t1.sort_unstable();
+    t1.dedup();
+    t2.sort_unstable();
+    t2.dedup();
+    // common tokens and each side's others: how many and their lengths
+    let (mut ni, mut li, mut n1, mut l1, mut n2, mut l2) = (0usize, 0usize, 0usize, 0usize, 0usize, 0usize);
+    let (mut i, mut j) = (0, 0);
+    while i < t1.len() || j < t2.len() {
+        match (t1.get(i), t2.get(j)) {
+            (Some(a), Some(b)) if a == b => {
+                ni += 1;
+                li += a.len();
+                i += 1;
+                j += 1;
+            }
+            (Some(a), Some(b)) if a < b => {
+                n1 += 1;
+                l1 += a.len();
+                i += 1;
+            }
+            (Some(_), Some(b)) | (None, Some(b)) => {
+                n2 += 1;
+                l2 += b.len();
+                j += 1;
+            }
+            (Some(a), None) => {
+                n1 += 1;
+                l1 += a.len();
+                i += 1;
+            }
+            (None, None) => unreachable!(),
+        }
+    }
+    let joined = |n: usize, l: usize| if n == 0 { 0 } else { l + n - 1 };
+    let sect = joined(ni, li);
+    let c12 = sect + joined(n1, l1) + usize::from(ni > 0 && n1 > 0);
+    let c21 = sect + joined(n2, l2) + usize::from(ni > 0 && n2 > 0);
+    // ratio(sect, c12) and ratio(sect, c21)
+    for (n, c) in [(n1, c12), (n2, c21)] {
+        if n == 0 || (sect > 0 && ratio_of(sect, sect, c) > threshold) {
+            return true;
+        }
+    }
+    // ratio(c12, c21)
+    if n1 == 0 && n2 == 0 {
+        return true;
+    }
+    let m = shared_chars_ascii(p1.as_bytes(), p2.as_bytes()).min(c12).min(c21);
+    ratio_of(m, c12, c21) > threshold
 }
 
 /// A value thefuzz is given: a string, or a `(name, value)` tuple (synthetic goal options),
@@ -311,6 +411,32 @@ mod tests {
             }
             prop_assert_eq!(matching_chars(&a, &b), matching_chars_reference(&a, &b));
             prop_assert_eq!(matching_chars(&b, &a), matching_chars_reference(&b, &a));
+        }
+    }
+
+    proptest! {
+        /// The bound from lengths and shared characters never refuses a pair whose ratio is
+        /// above the threshold (more letters than the test above: most pairs are bounded off).
+        #[test]
+        fn token_set_bound_never_refuses_a_match(a in "[a-h ]{0,30}", b in "[a-h ]{0,30}", t in 0u32..101) {
+            let (a, b) = (full_process(&a), full_process(&b));
+            let r = token_set_ratio_reference(&a, &b);
+            if r > t && !a.is_empty() && !b.is_empty() {
+                prop_assert!(token_set_may_exceed(&a, &b, t));
+            }
+            prop_assert_eq!(token_set_ratio_above(&a, &b, t), r > t);
+        }
+    }
+
+    proptest! {
+        /// The shared characters bound the matching blocks; the bytes of ASCII strings give the
+        /// blocks of their chars.
+        #[test]
+        fn shared_chars_bound_the_matching_blocks(a in "[abc d]{0,60}", b in "[abc d]{0,60}") {
+            let (ca, cb): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+            let m = matching_chars(&ca, &cb);
+            prop_assert_eq!(matching_chars(a.as_bytes(), b.as_bytes()), m);
+            prop_assert!(m <= shared_chars_ascii(a.as_bytes(), b.as_bytes()));
         }
     }
 

@@ -775,13 +775,19 @@ impl WebShopEnv {
         let shop = self.shop.clone();
         let goal = &*self.goal_data;
         let price = shop.prices[product];
-        let info =
-            reward::get_reward(&shop.catalog, product, goal, price, &self.options, &shop.nouns).map_err(|m| {
-                step_err(
-                    "KeyError",
-                    format!("no noun-table entry for the product name {:?} (reward type score)", m.0),
-                )
-            })?;
+        // the goal's product is known: its nouns by index (the title lookup is the reference)
+        let info = match shop.goals.get(self.goal).map(|g| g.product as usize) {
+            Some(gp) if shop.catalog.product(gp).title() == goal.name => {
+                reward::get_reward_of(&shop.catalog, product, goal, gp, price, &self.options, &shop.nouns)
+            }
+            _ => reward::get_reward(&shop.catalog, product, goal, price, &self.options, &shop.nouns),
+        }
+        .map_err(|m| {
+            step_err(
+                "KeyError",
+                format!("no noun-table entry for the product name {:?} (reward type score)", m.0),
+            )
+        })?;
         let asin = self.asin.clone().unwrap_or_default();
         self.url = format!(
             "{BASE_URL}/done/{}/{asin}/{}",
@@ -924,3 +930,5 @@ fn to_env_step(s: WebShopStep) -> EnvStep {
 mod tests;
 #[cfg(test)]
 mod tests_cache;
+#[cfg(test)]
+mod tests_fast;

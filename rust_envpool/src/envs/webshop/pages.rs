@@ -153,9 +153,9 @@ pub fn render(view: &View, catalog: &Catalog, instruction: &str, show_attrs: boo
             head(&mut s, instruction);
             s.push("< Prev".into());
             match kind {
-                SubPage::Description => push_node(&mut s, &catalog.cold(*product).description),
+                SubPage::Description => push_node(&mut s, &catalog.cold_shared(*product).description),
                 SubPage::Features => {
-                    for b in &catalog.cold(*product).bullets {
+                    for b in &catalog.cold_shared(*product).bullets {
                         push_node(&mut s, &format!(" {b}"));
                     }
                 }

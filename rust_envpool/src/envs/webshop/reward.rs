@@ -120,8 +120,49 @@ pub const COLOR_SET: &[&str] = &[
     "yellow",
 ];
 
-/// `normalize_color` on a string (substring test) or a tuple (element test).
+/// The ASCII letters of a string as bits (a to z; other bytes set bit 26).
+const fn letter_mask(s: &str) -> u32 {
+    let b = s.as_bytes();
+    let (mut m, mut i) = (0u32, 0);
+    while i < b.len() {
+        m |= if b[i].is_ascii_lowercase() {
+            1 << (b[i] - b'a')
+        } else {
+            1 << 26
+        };
+        i += 1;
+    }
+    m
+}
+
+/// [`letter_mask`] of each colour of [`COLOR_SET`].
+static COLOR_MASKS: [u32; COLOR_SET.len()] = {
+    let mut out = [0u32; COLOR_SET.len()];
+    let mut i = 0;
+    while i < COLOR_SET.len() {
+        out[i] = letter_mask(COLOR_SET[i]);
+        i += 1;
+    }
+    out
+};
+
+/// `normalize_color`: [`normalize_color_reference`] with the colours whose letters a string
+/// lacks passed over (a colour holds only a to z, so it cannot be a substring of such a string).
 fn normalize_color<'a>(x: FuzzArg<'a>) -> FuzzArg<'a> {
+    let FuzzArg::Str(s) = x else {
+        return normalize_color_reference(x);
+    };
+    let have = letter_mask(s);
+    for (c, m) in COLOR_SET.iter().zip(COLOR_MASKS) {
+        if m & !have == 0 && s.contains(*c) {
+            return FuzzArg::Str(c);
+        }
+    }
+    x
+}
+
+/// `normalize_color` on a string (substring test) or a tuple (element test), as written.
+fn normalize_color_reference<'a>(x: FuzzArg<'a>) -> FuzzArg<'a> {
     for c in COLOR_SET {
         let hit = match &x {
             FuzzArg::Str(s) => s.contains(*c),
@@ -201,7 +242,12 @@ impl NounTable {
 
     /// The nouns of `name` (a product's title), or None when the table had none for it.
     pub fn get<'a>(&'a self, catalog: &Catalog, name: &str) -> Option<Vec<&'a str>> {
-        let i = catalog.products_named(name).next()?;
+        self.of_product(catalog.products_named(name).next()?)
+    }
+
+    /// The nouns of product `i`'s title: [`NounTable::get`] of that title without looking it up
+    /// (the table keeps the same nouns for every product of a title).
+    pub fn of_product(&self, i: usize) -> Option<Vec<&str>> {
         let span = self.img.pod::<NounSpan>(Sec::NounSpans)[i];
         if span.present == 0 {
             return None;
@@ -338,19 +384,15 @@ fn common(a: &[&str], b: &[&str]) -> usize {
 fn type_reward(
     purchased: ProductRef<'_>,
     goal: &Goal,
-    nouns: &NounTable,
-    catalog: &Catalog,
+    p_nouns: Option<Vec<&str>>,
+    g_nouns: Option<Vec<&str>>,
 ) -> Result<(f64, bool, bool, f64), MissingNouns> {
     let query_match = purchased.query() == goal.query;
     let pc = distinct(purchased.product_category().split('›').map(py_strip).collect());
     let gc = distinct(goal.product_category.split('›').map(py_strip).collect());
     let category_match = common(&pc, &gc) >= 2;
-    let p_nouns = nouns
-        .get(catalog, purchased.title())
-        .ok_or_else(|| MissingNouns(purchased.title().to_string()))?;
-    let g_nouns = nouns
-        .get(catalog, &goal.name)
-        .ok_or_else(|| MissingNouns(goal.name.clone()))?;
+    let p_nouns = p_nouns.ok_or_else(|| MissingNouns(purchased.title().to_string()))?;
+    let g_nouns = g_nouns.ok_or_else(|| MissingNouns(goal.name.clone()))?;
     let n_inter = common(&distinct(p_nouns.clone()), &distinct(g_nouns.clone()));
     let title_score = if g_nouns.is_empty() {
         0.2
@@ -405,7 +447,7 @@ fn option_matches(chosen: &[(String, String)], goal: &GoalOptions) -> usize {
 }
 
 /// `get_reward(purchased_product, goal, price, options, verbose=True)` for the catalogue's product
-/// `product`.
+/// `product` (the nouns found by the titles: the plain reference of [`get_reward_of`]).
 pub fn get_reward(
     catalog: &Catalog,
     product: usize,
@@ -414,8 +456,45 @@ pub fn get_reward(
     options: &[(String, String)],
     nouns: &NounTable,
 ) -> Result<RewardInfo, MissingNouns> {
+    let p_nouns = nouns.get(catalog, catalog.product(product).title());
+    let g_nouns = nouns.get(catalog, &goal.name);
+    reward_with(catalog, product, goal, price, options, p_nouns, g_nouns)
+}
+
+/// [`get_reward`] for a goal made from the catalogue's product `goal_product` (its `name` is
+/// that product's title): the nouns of both products read by index, not looked up by title.
+pub fn get_reward_of(
+    catalog: &Catalog,
+    product: usize,
+    goal: &Goal,
+    goal_product: usize,
+    price: f64,
+    options: &[(String, String)],
+    nouns: &NounTable,
+) -> Result<RewardInfo, MissingNouns> {
+    debug_assert_eq!(catalog.product(goal_product).title(), goal.name);
+    reward_with(
+        catalog,
+        product,
+        goal,
+        price,
+        options,
+        nouns.of_product(product),
+        nouns.of_product(goal_product),
+    )
+}
+
+fn reward_with(
+    catalog: &Catalog,
+    product: usize,
+    goal: &Goal,
+    price: f64,
+    options: &[(String, String)],
+    p_nouns: Option<Vec<&str>>,
+    g_nouns: Option<Vec<&str>>,
+) -> Result<RewardInfo, MissingNouns> {
     let purchased = catalog.product(product);
-    let (r_type, query_match, category_match, title_score) = type_reward(purchased, goal, nouns, catalog)?;
+    let (r_type, query_match, category_match, title_score) = type_reward(purchased, goal, p_nouns, g_nouns)?;
     let r_price = price <= goal.price_upper;
     let n_att = attribute_matches(catalog, product, goal);
     let n_opt = option_matches(options, &goal.goal_options);
@@ -436,4 +515,28 @@ pub fn get_reward(
         r_price,
         w_price: 1.0 / denom,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Passing over the colours whose letters are missing finds the reference's colour.
+        #[test]
+        fn normalize_color_equals_the_reference(s in "[a-z éB|]{0,24}", k in 0usize..104, at in 0usize..25) {
+            // often holding a colour, somewhere
+            let mut s = s;
+            if k < COLOR_SET.len() {
+                let at = s.char_indices().map(|(i, _)| i).nth(at).unwrap_or(s.len());
+                s.insert_str(at, COLOR_SET[k]);
+            }
+            prop_assert_eq!(normalize_color(FuzzArg::Str(&s)), normalize_color_reference(FuzzArg::Str(&s)));
+            prop_assert_eq!(
+                normalize_color(FuzzArg::Pair("color", &s)),
+                normalize_color_reference(FuzzArg::Pair("color", &s))
+            );
+        }
+    }
 }
