@@ -36,7 +36,7 @@ pub const MAGIC: [u8; 8] = *b"PCSDWSI\0";
 pub const FORMAT: u32 = 1;
 /// What the sections hold and how they were made: bump the last number when the analyzer, a
 /// record layout, the goal weights or anything else the image holds changes.
-pub const ENGINE: &str = concat!("pcsd-envpool ", env!("CARGO_PKG_VERSION"), "; webshop image 3");
+pub const ENGINE: &str = concat!("pcsd-envpool ", env!("CARGO_PKG_VERSION"), "; webshop image 4");
 pub const HEADER_LEN: usize = 4096;
 pub const MAX_SECTIONS: usize = 24;
 const ALIGN: usize = 64;

@@ -155,7 +155,7 @@ pub enum SearchError {
 }
 
 /// Postings per block of a term's block-max table (terms with more postings have one).
-pub const BLOCK: usize = 128;
+pub const BLOCK: usize = 32;
 
 /// One term of the index: where its postings are, its document frequency, the largest
 /// `tf * inv` of its postings (its best BM25 score for any weight: the score grows with it), and
@@ -283,13 +283,12 @@ impl Iterator for Postings<'_> {
 
 thread_local! {
     static SCRATCH: RefCell<(Vec<f64>, Vec<u32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
-    static WINDOW_SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch { acc: Vec::new(), met: Vec::new(), live: Vec::new() }) };
+    static WINDOW_SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch { acc: Vec::new(), live: Vec::new() }) };
 }
 
-/// A window's sums and the docs met and still in the running (bit sets), kept per thread.
+/// A window's sums and the docs still in the running (a bit set), kept per thread.
 struct Scratch {
     acc: Vec<f64>,
-    met: Vec<u64>,
     live: Vec<u64>,
 }
 
@@ -559,26 +558,23 @@ struct Cursor<'a> {
 }
 
 impl Cursor<'_> {
-    #[inline]
+    #[inline(always)]
     fn next(&mut self) {
         let b = self.bytes;
-        let Some(&gap) = b.get(self.at) else {
+        // most postings are a one-byte gap and a one-byte tf: both read at once
+        if let Some(&[g, t]) = b.get(self.at..self.at + 2) {
+            if (g | t) < 0x80 {
+                self.doc += g as u32;
+                self.tf = t as u32;
+                self.at += 2;
+                return;
+            }
+        } else if self.at >= b.len() {
             self.doc = NO_DOC;
             return;
-        };
-        if gap < 0x80 {
-            self.doc += gap as u32;
-            self.at += 1;
-        } else {
-            self.doc += get_varint(b, &mut self.at);
         }
-        let tf = b[self.at];
-        if tf < 0x80 {
-            self.tf = tf as u32;
-            self.at += 1;
-        } else {
-            self.tf = get_varint(b, &mut self.at);
-        }
+        self.doc += get_varint(b, &mut self.at);
+        self.tf = get_varint(b, &mut self.at);
     }
 
     /// The largest `x` of the block that holds the first posting >= `target` (the whole list's
@@ -624,18 +620,60 @@ impl Cursor<'_> {
     }
 }
 
+/// The smallest sum a doc needs to stay in the running when the terms not yet added can give it
+/// `rest` at most and the 50th score is above `theta`: `theta - rest`, and above 0 (a sum of
+/// 0: no term met the doc, as every score is > 0 in [`Index::search_top_windowed`]). Comparing a
+/// sum with it rather than the sum plus `rest` with `theta` differs by a rounding of float64,
+/// far below [`PRUNE_MARGIN`].
+#[inline]
+fn cut(theta: f64, rest: f64) -> f64 {
+    (theta - rest).max(f64::MIN_POSITIVE)
+}
+
+/// The bits of the sums in `acc` (64 of them) that are >= `cut` (bit `i`: `acc[i]`); SSE2 on
+/// x86-64 (two sums per comparison), else [`at_least_plain`].
+#[inline]
+fn at_least(acc: &[f64], cut: f64) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_cmpge_pd, _mm_loadu_pd, _mm_movemask_pd, _mm_set1_pd};
+        let acc = &acc[..64];
+        let mut keep = 0u64;
+        // SAFETY: SSE2 is part of x86-64; each load reads 2 of the 64 f64 that `acc` holds
+        // (i + 1 < 64), unaligned loads allowed.
+        unsafe {
+            let c = _mm_set1_pd(cut);
+            for i in (0..64).step_by(2) {
+                let v = _mm_loadu_pd(acc.as_ptr().add(i));
+                keep |= (_mm_movemask_pd(_mm_cmpge_pd(v, c)) as u64) << i;
+            }
+        }
+        keep
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    at_least_plain(acc, cut)
+}
+
+/// [`at_least`] one sum at a time (the reference).
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn at_least_plain(acc: &[f64], cut: f64) -> u64 {
+    acc[..64]
+        .iter()
+        .enumerate()
+        .fold(0u64, |keep, (i, &a)| keep | (((a >= cut) as u64) << i))
+}
+
 /// Postings below which a query is scored in full rather than pruned.
 const SMALL_QUERY: u64 = 16_384;
 
 /// Docs per window of [`Index::search_top`].
 const WINDOW: usize = 4096;
-/// Term frequencies below this are scored from a per-query table by (tf, length norm)...
-const TF_TABLE: usize = 4;
-/// ...for terms in this many docs or more (fewer: scored directly).
-const TABLE_MIN_DF: usize = 4096;
+/// Term frequencies below this (99.8 % of the postings the full catalogue's searches read) are
+/// scored from a per-query table by (tf, length norm), the others directly.
+const TF_TABLE: usize = 8;
 /// A non-essential term is looked up doc by doc (skipping blocks) rather than read through the
 /// window when it has this many times more postings there than docs are left.
-const PROBE_RATIO: usize = 8;
+const PROBE_RATIO: usize = 16;
 
 /// One query term during [`Index::search_top`].
 struct WTerm<'a> {
@@ -644,7 +682,7 @@ struct WTerm<'a> {
     /// The first block whose last doc is in or after the current window.
     wblk: usize,
     /// The term's score by `tf * 256 + norm byte` for tf < [`TF_TABLE`] and the norm bytes of
-    /// the index (empty: scored directly).
+    /// the index.
     table: Vec<f32>,
     /// Its best score in the current window (0: no posting there).
     m: f64,
@@ -654,7 +692,7 @@ impl WTerm<'_> {
     /// The score of a posting: `term_score(w, tf * inv)` (from the table when it has it).
     #[inline]
     fn score(&self, tf: u32, norm: u8, inv: &[f32; 256]) -> f32 {
-        if (tf as usize) < TF_TABLE && !self.table.is_empty() {
+        if (tf as usize) < TF_TABLE {
             self.table[tf as usize * 256 + norm as usize]
         } else {
             term_score(self.cur.w, tf as f32 * inv[norm as usize])
@@ -662,21 +700,20 @@ impl WTerm<'_> {
     }
 
     /// Adds the scores of the term's postings in `[lo, hi)` to `acc` (indexed from `lo`; `nbw`:
-    /// the window's norm bytes): every posting's, marking its doc in `met`; or, with `live`,
-    /// only those of the docs in that set.
-    #[allow(clippy::too_many_arguments)]
+    /// the window's norm bytes): every posting's, or with `LIVE` only those of the docs in the
+    /// set `live`.
     #[inline]
-    fn add_window(
+    fn add_window<const LIVE: bool>(
         &mut self,
         lo: u32,
         hi: u32,
         nbw: &[u8],
         inv: &[f32; 256],
         acc: &mut [f64],
-        met: &mut [u64],
-        live: Option<&[u64]>,
+        live: &[u64],
     ) {
         let table = &self.table[..];
+        debug_assert_eq!(table.len(), TF_TABLE * 256);
         let c = &mut self.cur;
         c.advance(lo);
         let w = c.w;
@@ -685,33 +722,29 @@ impl WTerm<'_> {
         let (mut at, mut doc, mut tf) = (c.at, c.doc, c.tf);
         while doc < hi {
             let i = (doc - lo) as usize;
-            if live.is_none_or(|l| l[i >> 6] & (1 << (i & 63)) != 0) {
+            if !LIVE || live[i >> 6] & (1 << (i & 63)) != 0 {
                 let nb = nbw[i];
-                let s = if (tf as usize) < TF_TABLE && !table.is_empty() {
+                let s = if (tf as usize) < TF_TABLE {
                     table[tf as usize * 256 + nb as usize]
                 } else {
                     term_score(w, tf as f32 * inv[nb as usize])
                 };
                 acc[i] += s as f64;
-                met[i >> 6] |= 1 << (i & 63);
             }
-            let Some(&gap) = bytes.get(at) else {
+            // most postings are a one-byte gap and a one-byte tf: both read at once
+            if let Some(&[g, t]) = bytes.get(at..at + 2) {
+                if (g | t) < 0x80 {
+                    doc += g as u32;
+                    tf = t as u32;
+                    at += 2;
+                    continue;
+                }
+            } else if at >= bytes.len() {
                 doc = NO_DOC;
                 break;
-            };
-            if gap < 0x80 {
-                doc += gap as u32;
-                at += 1;
-            } else {
-                doc += get_varint(bytes, &mut at);
             }
-            let t = bytes[at];
-            if t < 0x80 {
-                tf = t as u32;
-                at += 1;
-            } else {
-                tf = get_varint(bytes, &mut at);
-            }
+            doc += get_varint(bytes, &mut at);
+            tf = get_varint(bytes, &mut at);
         }
         c.at = at;
         c.doc = doc;
@@ -1048,13 +1081,10 @@ impl Index {
             let r = &recs[id];
             let cur = self.cursor(r, *c, q);
             let w = cur.w;
-            let mut table = Vec::new();
-            if r.df as usize >= TABLE_MIN_DF {
-                table = vec![0f32; TF_TABLE * 256];
-                for tf in 1..TF_TABLE {
-                    for &b in &self.norms {
-                        table[tf * 256 + b as usize] = term_score(w, tf as f32 * self.inv[b as usize]);
-                    }
+            let mut table = vec![0f32; TF_TABLE * 256];
+            for tf in 1..TF_TABLE {
+                for &b in &self.norms {
+                    table[tf * 256 + b as usize] = term_score(w, tf as f32 * self.inv[b as usize]);
                 }
             }
             terms.push(WTerm {
@@ -1078,10 +1108,9 @@ impl Index {
         let mut top = TopHits::default();
         WINDOW_SCRATCH.with(|cell| {
             let mut guard = cell.borrow_mut();
-            let Scratch { acc, met, live } = &mut *guard;
+            let Scratch { acc, live } = &mut *guard;
             if acc.len() < WINDOW {
                 acc.resize(WINDOW, 0.0);
-                met.resize(WINDOW / 64, 0);
                 live.resize(WINDOW / 64, 0);
             }
             let mut order: Vec<usize> = (0..terms.len()).collect();
@@ -1111,21 +1140,13 @@ impl Index {
                 // the essential terms' postings in the window
                 let nbw = &nb[lo..hi];
                 for &j in &order[k..] {
-                    terms[j].add_window(lo32, hi32, nbw, inv, acc, met, None);
+                    terms[j].add_window::<false>(lo32, hi32, nbw, inv, acc, live);
                 }
                 // the docs met that can still reach the 50th score
                 let words = (hi - lo).div_ceil(64);
                 let mut n_live = 0usize;
                 for w in 0..words {
-                    let mut bits = met[w];
-                    let mut keep = 0u64;
-                    while bits != 0 {
-                        let b = bits.trailing_zeros() as usize;
-                        bits &= bits - 1;
-                        if acc[w * 64 + b] + rest >= theta {
-                            keep |= 1 << b;
-                        }
-                    }
+                    let keep = at_least(&acc[w * 64..w * 64 + 64], cut(theta, rest));
                     live[w] = keep;
                     n_live += keep.count_ones() as usize;
                 }
@@ -1152,16 +1173,17 @@ impl Index {
                                 }
                             }
                         } else {
-                            t.add_window(lo32, hi32, nbw, inv, acc, met, Some(live));
+                            t.add_window::<true>(lo32, hi32, nbw, inv, acc, live);
                         }
                     }
                     n_live = 0;
+                    let c = cut(theta, rest);
                     for (w, word) in live.iter_mut().enumerate().take(words) {
                         let mut bits = *word;
                         while bits != 0 {
                             let b = bits.trailing_zeros() as usize;
                             bits &= bits - 1;
-                            if acc[w * 64 + b] + rest < theta {
+                            if acc[w * 64 + b] < c {
                                 *word &= !(1 << b);
                             }
                         }
@@ -1185,16 +1207,8 @@ impl Index {
                         }
                     }
                 }
-                for w in 0..words {
-                    let mut bits = met[w];
-                    while bits != 0 {
-                        let b = bits.trailing_zeros() as usize;
-                        bits &= bits - 1;
-                        acc[w * 64 + b] = 0.0;
-                    }
-                    met[w] = 0;
-                    live[w] = 0;
-                }
+                acc[..hi - lo].fill(0.0);
+                live[..words].fill(0);
                 lo = hi;
             }
         });
@@ -1311,6 +1325,7 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::Just;
 
     #[test]
     fn small_float_round_trip() {
@@ -1403,7 +1418,8 @@ mod tests {
             };
             let mut docs: Vec<String> = Vec::new();
             while docs.len() < n {
-                let len = rng.randbelow(14) as usize;
+                // mostly short, some long enough for term frequencies past TF_TABLE
+                let len = if rng.randbelow(8) == 0 { 20 + rng.randbelow(40) } else { rng.randbelow(14) } as usize;
                 let d: Vec<&str> = (0..len).map(|_| draw(&mut rng)).collect();
                 // runs of equal documents: equal scores, ordered by ASIN
                 for _ in 0..dup {
@@ -1426,6 +1442,36 @@ mod tests {
                 proptest::prop_assert_eq!(idx.search_top_daat(&counts), want, "{}", q);
             }
         }
+    }
+
+    proptest::proptest! {
+        /// The SSE2 filter of the window's sums keeps the sums the plain one keeps: random sums,
+        /// zeros (docs not met), sums equal to the cut, the smallest cut.
+        #[test]
+        fn window_filter_equals_the_plain_one(
+            sums in proptest::collection::vec(proptest::prop_oneof![
+                Just(0.0f64), Just(1.5f64), 0.0f64..4.0, Just(f64::MIN_POSITIVE)
+            ], 64),
+            cut_at in proptest::prop_oneof![Just(1.5f64), 0.0f64..4.0, Just(f64::MIN_POSITIVE)],
+        ) {
+            proptest::prop_assert_eq!(at_least(&sums, cut_at), at_least_plain(&sums, cut_at));
+        }
+    }
+
+    #[test]
+    fn window_filter_cut() {
+        // before 50 hits: any doc met; after: the sum plus what is left reaches the 50th
+        assert_eq!(cut(f64::NEG_INFINITY, 0.0), f64::MIN_POSITIVE);
+        assert_eq!(cut(10.0, 4.0), 6.0);
+        let mut sums = [0.0f64; 64];
+        sums[3] = 0.25;
+        sums[63] = 6.0;
+        sums[10] = 5.999;
+        assert_eq!(
+            at_least_plain(&sums, cut(f64::NEG_INFINITY, 0.0)),
+            (1 << 3) | (1 << 10) | (1 << 63)
+        );
+        assert_eq!(at_least_plain(&sums, cut(10.0, 4.0)), 1 << 63);
     }
 
     #[test]
