@@ -11,8 +11,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::envs::webshop::{
-    CachePolicy, Goal, GoalOptions, GoalSet, Shop, ShopConfig, ShopFiles, Variant, WebShopEnv, WebShopError,
-    WebShopStep,
+    CachePolicy, Goal, GoalOptions, GoalSet, Shop, ShopConfig, ShopFiles, StartedGoal, Variant, WebShopEnv,
+    WebShopError, WebShopStep,
 };
 
 create_exception!(
@@ -45,51 +45,209 @@ pub struct PyWebShop {
     goal_dicts: Arc<GoalDicts>,
 }
 
-/// Goal dicts made recently, per goal index, shared by a shop's envs (a group of envs resets
-/// to the same goal): each caller gets a copy whose containers are its own.
-#[derive(Default)]
-struct GoalDicts(std::sync::Mutex<std::collections::HashMap<usize, Py<PyDict>>>);
+/// What a shop's envs keep of the goals started recently (a group of envs resets to the same
+/// goal): per goal index, its goal dict and the page and URL `reset(goal)` shows (the same for
+/// every env of the shop). Direct-mapped: goal `i` has slot `i % GOAL_DICTS`, a newer goal
+/// takes the slot over. Each caller gets a copy of the goal dict whose containers are its own.
+struct GoalDicts(std::sync::Mutex<Vec<Option<GoalEntry>>>);
 
-/// Goal dicts kept; cleared when it holds this many.
+impl Default for GoalDicts {
+    fn default() -> Self {
+        GoalDicts(std::sync::Mutex::new((0..GOAL_DICTS).map(|_| None).collect()))
+    }
+}
+
+/// Slots of [`GoalDicts`].
 const GOAL_DICTS: usize = 4096;
 
-impl GoalDicts {
-    /// The goal dict of goal `i` of `shop` (`goal`: that goal, when at hand).
-    fn get<'py>(&self, py: Python<'py>, shop: &Shop, i: usize, goal: Option<&Goal>) -> PyResult<Bound<'py, PyDict>> {
-        let kept = self
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&i)
-            .map(|d| d.clone_ref(py));
-        let kept = match kept {
-            Some(d) => d.into_bound(py),
-            None => {
-                let d = match goal {
-                    Some(g) => goal_to_dict(py, g)?,
-                    None => goal_to_dict(py, &shop.goal(i))?,
-                };
-                let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-                if map.len() >= GOAL_DICTS {
-                    map.clear();
-                }
-                map.insert(i, d.clone().unbind());
-                d
-            }
-        };
-        // a copy: the dict, its attribute list and its options its own; the strings shared
-        let d = kept.copy()?;
-        for key in [intern!(py, "attributes"), intern!(py, "goal_options")] {
-            if let Some(v) = d.get_item(key)? {
-                if let Ok(l) = v.cast::<PyList>() {
-                    d.set_item(key, l.get_slice(0, l.len()))?;
-                } else if let Ok(o) = v.cast::<PyDict>() {
-                    d.set_item(key, o.copy()?)?;
-                }
-            }
+/// One goal kept by [`GoalDicts`].
+struct GoalEntry {
+    index: usize,
+    /// The goal dict; its `attributes` list and `goal_options` container, at hand to copy.
+    dict: Py<PyDict>,
+    attributes: Py<PyAny>,
+    options: Py<PyAny>,
+    /// What `reset(index)` returns and the goal as the envs play it, kept from the first such
+    /// reset (None until then).
+    reset_page: Option<ResetKept>,
+}
+
+/// `reset(i)`'s page and the env's goal, kept together: a reset that finds them needs no other
+/// lookup.
+struct ResetKept {
+    started: Arc<StartedGoal>,
+    page: ResetPage,
+}
+
+/// `reset(i)`'s result as templates: the observation (a str, shared), the info dict and its
+/// `available_actions` dict with their mutable values left to fill, the clickables to copy.
+struct ResetPage {
+    obs: Py<PyString>,
+    info: Py<PyDict>,
+    available_actions: Py<PyDict>,
+    clickables: Py<PyList>,
+}
+
+impl ResetPage {
+    fn clone_ref(&self, py: Python<'_>) -> ResetPage {
+        ResetPage {
+            obs: self.obs.clone_ref(py),
+            info: self.info.clone_ref(py),
+            available_actions: self.available_actions.clone_ref(py),
+            clickables: self.clickables.clone_ref(py),
         }
+    }
+}
+
+impl GoalEntry {
+    fn new(py: Python<'_>, index: usize, goal: &Goal) -> PyResult<GoalEntry> {
+        let d = goal_to_dict(py, goal)?;
+        let attributes = d.get_item(intern!(py, "attributes"))?.expect("set").unbind();
+        let options = d.get_item(intern!(py, "goal_options"))?.expect("set").unbind();
+        Ok(GoalEntry {
+            index,
+            dict: d.unbind(),
+            attributes,
+            options,
+            reset_page: None,
+        })
+    }
+
+    /// New references to the parts a caller copies from.
+    fn refs(&self, py: Python<'_>) -> KeptGoal {
+        KeptGoal {
+            dict: self.dict.clone_ref(py),
+            attributes: self.attributes.clone_ref(py),
+            options: self.options.clone_ref(py),
+            reset_page: self.reset_page.as_ref().map(|r| ResetKept {
+                started: r.started.clone(),
+                page: r.page.clone_ref(py),
+            }),
+        }
+    }
+}
+
+/// A [`GoalEntry`]'s objects, taken out of the lock.
+struct KeptGoal {
+    dict: Py<PyDict>,
+    attributes: Py<PyAny>,
+    options: Py<PyAny>,
+    reset_page: Option<ResetKept>,
+}
+
+/// A copy of a list or dict (a shallow one: its own container, the same items).
+fn copy_container<'py>(v: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    if let Ok(l) = v.cast::<PyList>() {
+        Ok(l.get_slice(0, l.len()).into_any())
+    } else if let Ok(o) = v.cast::<PyDict>() {
+        Ok(o.copy()?.into_any())
+    } else {
+        Ok(v.clone())
+    }
+}
+
+impl KeptGoal {
+    /// A copy of the goal dict: the dict, its attribute list and its options its own; the
+    /// strings shared.
+    fn goal_copy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = self.dict.bind(py).copy()?;
+        d.set_item(intern!(py, "attributes"), copy_container(self.attributes.bind(py))?)?;
+        d.set_item(intern!(py, "goal_options"), copy_container(self.options.bind(py))?)?;
         Ok(d)
     }
+}
+
+impl GoalDicts {
+    /// The kept objects of goal `i` of `shop` (`goal`: that goal, when at hand), made when
+    /// missing.
+    fn kept(&self, py: Python<'_>, shop: &Shop, i: usize, goal: Option<&Goal>) -> PyResult<KeptGoal> {
+        let slot = i % GOAL_DICTS;
+        {
+            let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(e) = map[slot].as_ref().filter(|e| e.index == i) {
+                return Ok(e.refs(py));
+            }
+        }
+        // made outside the lock (making Python objects can run arbitrary code through the GC)
+        let entry = match goal {
+            Some(g) => GoalEntry::new(py, i, g)?,
+            None => GoalEntry::new(py, i, &shop.goal(i))?,
+        };
+        let kept = entry.refs(py);
+        let old = self.0.lock().unwrap_or_else(|e| e.into_inner())[slot].replace(entry);
+        drop(old);
+        Ok(kept)
+    }
+
+    /// A copy of the goal dict of goal `i` of `shop`.
+    fn get<'py>(&self, py: Python<'py>, shop: &Shop, i: usize, goal: Option<&Goal>) -> PyResult<Bound<'py, PyDict>> {
+        self.kept(py, shop, i, goal)?.goal_copy(py)
+    }
+
+    /// `reset(i)` of `env` -> `(obs, info)`: with the goal and the templates kept for goal `i`
+    /// (made from the env on the first reset to it; the page of `reset(i)` is the same for
+    /// every env of the shop), each container a new copy.
+    fn reset<'py>(
+        &self,
+        py: Python<'py>,
+        env: &mut WebShopEnv,
+        i: usize,
+    ) -> PyResult<(Bound<'py, PyString>, Bound<'py, PyDict>)> {
+        let slot = i % GOAL_DICTS;
+        let found = {
+            let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            map[slot]
+                .as_ref()
+                .filter(|e| e.index == i && e.reset_page.is_some())
+                .map(|e| e.refs(py))
+        };
+        let (kept, page) = match found {
+            Some(mut kept) => {
+                let ResetKept { started, page } = kept.reset_page.take().expect("filtered");
+                env.reset_started(i, started).map_err(webshop_err)?;
+                (kept, page)
+            }
+            None => {
+                env.reset_in_place(i).map_err(webshop_err)?;
+                let kept = self.kept(py, env.shop(), i, Some(env.goal()))?;
+                let page = reset_page(py, env)?;
+                let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(e) = map[slot].as_mut().filter(|e| e.index == i) {
+                    e.reset_page = Some(ResetKept {
+                        started: env.started_goal().clone(),
+                        page: page.clone_ref(py),
+                    });
+                }
+                (kept, page)
+            }
+        };
+        let a = page.available_actions.bind(py).copy()?;
+        let clickables = page.clickables.bind(py);
+        a.set_item(intern!(py, "clickables"), clickables.get_slice(0, clickables.len()))?;
+        let d = page.info.bind(py).copy()?;
+        d.set_item(intern!(py, "available_actions"), a)?;
+        d.set_item(intern!(py, "goal"), kept.goal_copy(py)?)?;
+        Ok((page.obs.into_bound(py), d))
+    }
+}
+
+/// The templates of [`ResetPage`] from an env just reset (the keys in `info`'s order).
+fn reset_page(py: Python<'_>, env: &WebShopEnv) -> PyResult<ResetPage> {
+    let clickables = PyList::new(py, env.clickable_names())?;
+    let a = PyDict::new(py);
+    a.set_item(intern!(py, "has_search_bar"), env.has_search_bar())?;
+    a.set_item(intern!(py, "clickables"), py.None())?;
+    let d = PyDict::new(py);
+    d.set_item(intern!(py, "available_actions"), py.None())?;
+    d.set_item(intern!(py, "url"), env.url())?;
+    d.set_item(intern!(py, "goal"), py.None())?;
+    d.set_item(intern!(py, "goal_index"), env.goal_index())?;
+    Ok(ResetPage {
+        obs: PyString::new(py, env.obs()).unbind(),
+        info: d.unbind(),
+        available_actions: a.unbind(),
+        clickables: clickables.unbind(),
+    })
 }
 
 /// The original's goal dict of a goal.
@@ -354,7 +512,7 @@ impl PyWebShopEnv {
         &mut self,
         py: Python<'py>,
         goal_index: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<(String, Bound<'py, PyDict>)> {
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
         let s = match goal_index {
             None => self.env.reset_random(),
             Some(g) => {
@@ -374,7 +532,9 @@ impl PyWebShopEnv {
                 let i = usize::try_from(i).ok().filter(|&i| i < n).ok_or_else(|| {
                     PyValueError::new_err(format!("goal_index: expected an int in [0, {n}), got {i}"))
                 })?;
-                self.env.reset(i).map_err(webshop_err)?
+                // the page of reset(i) is the same for every env: kept with the goal
+                let (obs, d) = self.goal_dicts.reset(py, &mut self.env, i)?;
+                return Ok((obs.into_any(), d));
             }
         };
         let d = info(py, &s)?;
@@ -382,6 +542,19 @@ impl PyWebShopEnv {
             .goal_dicts
             .get(py, self.env.shop(), self.env.goal_index(), Some(self.env.goal()))?;
         d.set_item(intern!(py, "goal"), goal)?;
+        d.set_item(intern!(py, "goal_index"), self.env.goal_index())?;
+        Ok((PyString::new(py, &s.obs).into_any(), d))
+    }
+
+    /// `reset(goal_index)` made the plain way (the env's step result converted, the goal dict
+    /// made anew): the reference the kept pages and goal dicts of `reset` are tested against.
+    fn reset_reference<'py>(&mut self, py: Python<'py>, goal_index: usize) -> PyResult<(String, Bound<'py, PyDict>)> {
+        let s = self.env.reset(goal_index).map_err(webshop_err)?;
+        let d = info(py, &s)?;
+        d.set_item(
+            intern!(py, "goal"),
+            goal_to_dict(py, &self.env.shop().goal(goal_index))?,
+        )?;
         d.set_item(intern!(py, "goal_index"), self.env.goal_index())?;
         Ok((s.obs, d))
     }

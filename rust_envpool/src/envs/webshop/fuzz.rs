@@ -275,8 +275,55 @@ pub fn token_set_ratio_above(p1: &str, p2: &str, threshold: u32) -> bool {
     if p1.is_ascii() && p2.is_ascii() && !token_set_may_exceed(p1, p2, threshold) {
         return false;
     }
+    token_set_ratio_above_exact(p1, p2, threshold)
+}
+
+/// [`token_set_ratio_above`] past its bound: the three strings made and compared.
+fn token_set_ratio_above_exact(p1: &str, p2: &str, threshold: u32) -> bool {
     let (sect, c12, c21) = token_set_strings(p1, p2);
     ratio_above(&sect, &c12, threshold) || ratio_above(&sect, &c21, threshold) || ratio_above(&c12, &c21, threshold)
+}
+
+/// A string already through [`full_process`], prepared for comparing it with many others
+/// ([`token_set_ratio_above_prepared`]): its distinct tokens sorted and, when it is ASCII, how
+/// many times each character occurs.
+pub struct Prepared<'a> {
+    text: &'a str,
+    tokens: Vec<&'a str>,
+    counts: Option<Box<[u32; 128]>>,
+}
+
+impl<'a> Prepared<'a> {
+    pub fn new(text: &'a str) -> Prepared<'a> {
+        let mut tokens: Vec<&str> = text.split_whitespace().collect();
+        tokens.sort_unstable();
+        tokens.dedup();
+        let counts = text.is_ascii().then(|| {
+            let mut c = Box::new([0u32; 128]);
+            for &b in text.as_bytes() {
+                c[b as usize] += 1;
+            }
+            c
+        });
+        Prepared { text, tokens, counts }
+    }
+}
+
+/// [`token_set_ratio_above`] of two prepared strings: the same bound from the tokens and the
+/// shared characters (counted per character instead of string against string), without
+/// splitting and sorting the strings again for each pair (`token_set_ratio_above` is the
+/// reference; a proptest compares them).
+pub fn token_set_ratio_above_prepared(p1: &Prepared<'_>, p2: &Prepared<'_>, threshold: u32) -> bool {
+    if p1.text.is_empty() || p2.text.is_empty() {
+        return false;
+    }
+    if let (Some(c1), Some(c2)) = (&p1.counts, &p2.counts) {
+        let shared = || c1.iter().zip(c2.iter()).map(|(a, b)| (*a).min(*b) as usize).sum();
+        if !token_set_bound(&p1.tokens, &p2.tokens, shared, threshold) {
+            return false;
+        }
+    }
+    token_set_ratio_above_exact(p1.text, p2.text, threshold)
 }
 
 /// Whether `token_set_ratio_processed(p1, p2)` (ASCII strings) can be above `threshold`, without
@@ -295,6 +342,16 @@ fn token_set_may_exceed(p1: &str, p2: &str, threshold: u32) -> bool {
     t1.dedup();
     t2.sort_unstable();
     t2.dedup();
+    token_set_bound(&t1, &t2, || shared_chars_ascii(p1.as_bytes(), p2.as_bytes()), threshold)
+}
+
+/// [`token_set_may_exceed`] from the two strings' distinct tokens sorted (not empty) and the
+/// characters they share (`shared`, asked for only when the lengths do not decide). True when
+/// a side has no token.
+fn token_set_bound(t1: &[&str], t2: &[&str], shared: impl FnOnce() -> usize, threshold: u32) -> bool {
+    if t1.is_empty() || t2.is_empty() {
+        return true;
+    }
     // common tokens and each side's others: how many and their lengths
     let (mut ni, mut li, mut n1, mut l1, mut n2, mut l2) = (0usize, 0usize, 0usize, 0usize, 0usize, 0usize);
     let (mut i, mut j) = (0, 0);
@@ -338,7 +395,7 @@ fn token_set_may_exceed(p1: &str, p2: &str, threshold: u32) -> bool {
     if n1 == 0 && n2 == 0 {
         return true;
     }
-    let m = shared_chars_ascii(p1.as_bytes(), p2.as_bytes()).min(c12).min(c21);
+    let m = shared().min(c12).min(c21);
     ratio_of(m, c12, c21) > threshold
 }
 
@@ -425,6 +482,19 @@ mod tests {
                 prop_assert!(token_set_may_exceed(&a, &b, t));
             }
             prop_assert_eq!(token_set_ratio_above(&a, &b, t), r > t);
+        }
+    }
+
+    proptest! {
+        /// Prepared strings give the threshold test of the strings themselves (ASCII or not,
+        /// repeated tokens, empty strings).
+        #[test]
+        fn prepared_equals_the_plain_threshold_test(a in "[a-f ]{0,30}", b in "[a-f é]{0,30}", t in 0u32..101) {
+            let (a, b) = (full_process(&a), full_process(&b));
+            let (pa, pb) = (Prepared::new(&a), Prepared::new(&b));
+            prop_assert_eq!(token_set_ratio_above_prepared(&pa, &pb, t), token_set_ratio_above(&a, &b, t));
+            prop_assert_eq!(token_set_ratio_above_prepared(&pb, &pa, t), token_set_ratio_above(&b, &a, t));
+            prop_assert_eq!(token_set_ratio_above_prepared(&pa, &pb, 85), token_set_ratio_reference(&a, &b) > 85);
         }
     }
 

@@ -185,11 +185,114 @@ pub struct Shop {
     /// Python's global `random` state once construction is over.
     rng_after_load: PyRandom,
     /// Goals made recently ([`Shop::goal_shared`]): a group of envs starts the same goal.
-    recent_goals: std::sync::Mutex<std::collections::HashMap<usize, Arc<Goal>>>,
+    recent_goals: RecentGoals,
+    /// The goal-and-product parts of the rewards of recent purchases ([`Shop::reward`]): the
+    /// envs of a group often buy the same product for the same goal.
+    recent_rewards: RecentRewards,
 }
 
-/// Goals [`Shop::goal_shared`] keeps; cleared when it holds this many.
+/// [`reward::GoalProductParts`] per (goal index, product), direct-mapped (a newer pair takes
+/// its slot over), with the last options chosen for that pair and how many goal options they
+/// matched.
+#[derive(Debug)]
+struct RecentRewards(std::sync::Mutex<Vec<Option<RecentReward>>>);
+
+#[derive(Debug)]
+struct RecentReward {
+    key: u64,
+    parts: reward::GoalProductParts,
+    options: Vec<(String, String)>,
+    n_opt: usize,
+}
+
+/// Slots of [`RecentRewards`].
+const RECENT_REWARDS: usize = 4096;
+
+impl Default for RecentRewards {
+    fn default() -> Self {
+        RecentRewards(std::sync::Mutex::new((0..RECENT_REWARDS).map(|_| None).collect()))
+    }
+}
+
+impl RecentRewards {
+    fn key(goal: usize, product: usize) -> u64 {
+        ((goal as u64) << 32) | product as u64
+    }
+
+    fn slot(key: u64) -> usize {
+        // a multiplicative hash of both halves
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize % RECENT_REWARDS
+    }
+
+    /// The parts kept for (goal, product), and the goal options matched when `options` are the
+    /// options kept with them.
+    fn get(
+        &self,
+        goal: usize,
+        product: usize,
+        options: &[(String, String)],
+    ) -> Option<(reward::GoalProductParts, Option<usize>)> {
+        let key = Self::key(goal, product);
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let e = map[Self::slot(key)].as_ref().filter(|e| e.key == key)?;
+        Some((e.parts, (e.options == options).then_some(e.n_opt)))
+    }
+
+    fn put(
+        &self,
+        goal: usize,
+        product: usize,
+        parts: reward::GoalProductParts,
+        options: &[(String, String)],
+        n_opt: usize,
+    ) {
+        let key = Self::key(goal, product);
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = &mut map[Self::slot(key)];
+        match slot {
+            Some(e) if e.key == key => {
+                e.options.clear();
+                e.options.extend_from_slice(options);
+                e.n_opt = n_opt;
+            }
+            _ => {
+                *slot = Some(RecentReward {
+                    key,
+                    parts,
+                    options: options.to_vec(),
+                    n_opt,
+                })
+            }
+        }
+    }
+}
+
+/// A goal as an env plays it: the goal and its search page (the page every reset to it shows).
+#[derive(Debug)]
+pub struct StartedGoal {
+    /// The goal's index in its shop.
+    pub index: usize,
+    pub goal: Goal,
+    /// `pages::render(&View::Search, ..)` of the goal's instruction.
+    pub search_page: String,
+}
+
+/// [`StartedGoal`]s per goal index, direct-mapped: goal `i` has slot `i % RECENT_GOALS`, a
+/// newer goal takes the slot over.
+#[derive(Debug)]
+struct RecentGoals(std::sync::Mutex<Vec<Option<KeptGoal>>>);
+
+/// A slot of [`RecentGoals`]: the goal index and its goal.
+type KeptGoal = (usize, Arc<StartedGoal>);
+
+/// Slots of [`RecentGoals`].
 const RECENT_GOALS: usize = 4096;
+
+impl Default for RecentGoals {
+    fn default() -> Self {
+        RecentGoals(std::sync::Mutex::new(vec![None; RECENT_GOALS]))
+    }
+}
 
 fn noun_err(path: &Path, e: String) -> WebShopError {
     WebShopError::Load(format!(
@@ -382,6 +485,7 @@ impl Shop {
             cache,
             rng_after_load: rng,
             recent_goals: Default::default(),
+            recent_rewards: Default::default(),
         })
     }
 
@@ -394,18 +498,61 @@ impl Shop {
         self.goals[i].goal(&self.catalog)
     }
 
-    /// [`Shop::goal`], shared: made once for the envs that start it about the same time.
-    pub fn goal_shared(&self, i: usize) -> Arc<Goal> {
-        let mut recent = self.recent_goals.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(g) = recent.get(&i) {
+    /// [`Shop::goal`] with its search page, shared: made once for the envs that start it about
+    /// the same time.
+    pub fn goal_shared(&self, i: usize) -> Arc<StartedGoal> {
+        let slot = i % RECENT_GOALS;
+        if let Some((_, g)) = self.recent_goals.0.lock().unwrap_or_else(|e| e.into_inner())[slot]
+            .as_ref()
+            .filter(|(k, _)| *k == i)
+        {
             return g.clone();
         }
-        if recent.len() >= RECENT_GOALS {
-            recent.clear();
-        }
-        let g = Arc::new(self.goal(i));
-        recent.insert(i, g.clone());
+        let goal = self.goal(i);
+        let search_page = pages::render(
+            &View::Search,
+            &self.catalog,
+            &goal.instruction_text,
+            self.config.show_attrs,
+        );
+        let g = Arc::new(StartedGoal {
+            index: i,
+            goal,
+            search_page,
+        });
+        let old = self.recent_goals.0.lock().unwrap_or_else(|e| e.into_inner())[slot].replace((i, g.clone()));
+        drop(old);
         g
+    }
+
+    /// `get_reward` of buying product `product` at `price` with `options` for goal `goal_index`
+    /// (`goal`: that goal): the type score and attribute matches kept per (goal, product) for
+    /// the purchases made recently, with the goal options the last options chosen for that pair
+    /// matched; the nouns read by index. [`reward::get_reward`] is the
+    /// reference (a test compares both).
+    pub fn reward(
+        &self,
+        goal_index: usize,
+        goal: &Goal,
+        product: usize,
+        price: f64,
+        options: &[(String, String)],
+    ) -> Result<RewardInfo, reward::MissingNouns> {
+        // the goal's product is known: its nouns by index (the title lookup is the reference)
+        let gp = match self.goals.get(goal_index).map(|g| g.product as usize) {
+            Some(gp) if self.catalog.product(gp).title() == goal.name => gp,
+            _ => return reward::get_reward(&self.catalog, product, goal, price, options, &self.nouns),
+        };
+        let (parts, n_opt) = match self.recent_rewards.get(goal_index, product, options) {
+            Some((p, Some(n))) => return Ok(reward::reward_from_counts(&p, goal, price, n)),
+            Some((p, None)) => (p, reward::goal_options_matched(goal, options)),
+            None => (
+                reward::goal_product_parts_of(&self.catalog, product, goal, gp, &self.nouns)?,
+                reward::goal_options_matched(goal, options),
+            ),
+        };
+        self.recent_rewards.put(goal_index, product, parts, options, n_opt);
+        Ok(reward::reward_from_counts(&parts, goal, price, n_opt))
     }
 
     /// `get_top_n_product_from_keywords`: product indices.
@@ -509,13 +656,15 @@ pub struct WebShopEnv {
     rng: PyRandom,
     goal: usize,
     /// Goal `goal`, made when it started.
-    goal_data: Arc<Goal>,
+    goal_data: Arc<StartedGoal>,
     session_id: String,
     keywords: Option<Vec<String>>,
     page: Option<i64>,
     asin: Option<String>,
     options: Vec<(String, String)>,
     url: String,
+    /// The page is the goal's search page (`goal_data.search_page`), not `obs`.
+    obs_is_search_page: bool,
     view: View,
     clickables: Vec<(String, Target)>,
     has_search_bar: bool,
@@ -531,7 +680,11 @@ impl WebShopEnv {
     pub fn new(shop: Arc<Shop>) -> WebShopEnv {
         let rng = shop.rng_after_load.clone();
         let goal_data = if shop.goals.is_empty() {
-            Arc::new(empty_goal())
+            Arc::new(StartedGoal {
+                index: 0,
+                goal: empty_goal(),
+                search_page: String::new(),
+            })
         } else {
             shop.goal_shared(0)
         };
@@ -546,6 +699,7 @@ impl WebShopEnv {
             asin: None,
             options: Vec::new(),
             url: String::new(),
+            obs_is_search_page: false,
             view: View::Search,
             clickables: Vec::new(),
             has_search_bar: true,
@@ -555,7 +709,7 @@ impl WebShopEnv {
             home: 0,
         };
         if !env.shop.goals.is_empty() {
-            env.start(0, "0".into());
+            env.start(0, None);
         }
         env
     }
@@ -564,7 +718,7 @@ impl WebShopEnv {
     pub fn with_goal(shop: Arc<Shop>, goal: usize) -> WebShopEnv {
         let mut env = WebShopEnv::new(shop);
         if goal < env.shop.goals.len() {
-            env.start(goal, goal.to_string());
+            env.start(goal, None);
             env.home = goal;
         }
         env
@@ -576,7 +730,7 @@ impl WebShopEnv {
 
     /// The goal being played.
     pub fn goal(&self) -> &Goal {
-        &self.goal_data
+        &self.goal_data.goal
     }
 
     pub fn goal_index(&self) -> usize {
@@ -599,8 +753,72 @@ impl WebShopEnv {
                 self.shop.goals.len()
             )));
         }
-        self.start(goal, goal.to_string());
+        self.start(goal, None);
         Ok(self.snapshot(0.0, false, false, None))
+    }
+
+    /// [`WebShopEnv::reset`] without its [`WebShopStep`]: the page is left in the env
+    /// ([`WebShopEnv::obs`], [`WebShopEnv::url`], [`WebShopEnv::clickable_names`]) for a caller
+    /// that takes what it needs from there (the Python reset, which keeps a goal's reset page).
+    pub fn reset_in_place(&mut self, goal: usize) -> Result<(), WebShopError> {
+        if goal >= self.shop.goals.len() {
+            return Err(WebShopError::Argument(format!(
+                "goal_index: expected an int in [0, {}), got {goal}",
+                self.shop.goals.len()
+            )));
+        }
+        self.start(goal, None);
+        Ok(())
+    }
+
+    /// [`WebShopEnv::reset_in_place`] with the goal at hand (`started`: goal `goal` of this
+    /// env's shop, as [`WebShopEnv::started_goal`] gave it), not looked up in the shop.
+    pub fn reset_started(&mut self, goal: usize, started: Arc<StartedGoal>) -> Result<(), WebShopError> {
+        if goal >= self.shop.goals.len() || started.index != goal {
+            return Err(WebShopError::Argument(format!(
+                "goal_index: expected an int in [0, {}) with its own goal, got {goal} (goal {})",
+                self.shop.goals.len(),
+                started.index
+            )));
+        }
+        self.goal_data = started;
+        self.start(goal, None);
+        Ok(())
+    }
+
+    /// The goal being played, with its search page.
+    pub fn started_goal(&self) -> &Arc<StartedGoal> {
+        &self.goal_data
+    }
+
+    /// The current page's observation.
+    pub fn obs(&self) -> &str {
+        if self.obs_is_search_page {
+            &self.goal_data.search_page
+        } else {
+            &self.obs
+        }
+    }
+
+    /// The current page rendered anew (the plain reference of [`WebShopEnv::obs`], which keeps
+    /// the search page with the goal).
+    pub fn render_current(&self) -> String {
+        pages::render(
+            &self.view,
+            &self.shop.catalog,
+            &self.goal().instruction_text,
+            self.shop.config.show_attrs,
+        )
+    }
+
+    /// The current page's clickables (what [`WebShopStep::clickables`] lists).
+    pub fn clickable_names(&self) -> impl ExactSizeIterator<Item = &str> {
+        self.clickables.iter().map(|(k, _)| k.as_str())
+    }
+
+    /// Whether the current page has the search bar.
+    pub fn has_search_bar(&self) -> bool {
+        self.has_search_bar
     }
 
     /// `reset()` without a session: a random session name and a weight-sampled goal
@@ -611,17 +829,26 @@ impl WebShopEnv {
         let cw = &self.shop.cum_weights;
         let pos = self.rng.uniform(0.0, *cw.last().unwrap_or(&0.0));
         let idx = cw.partition_point(|&w| w <= pos).min(cw.len().saturating_sub(2));
-        self.start(idx, session);
+        self.start(idx, Some(session));
         self.snapshot(0.0, false, false, None)
     }
 
-    fn start(&mut self, goal: usize, session: String) {
-        if goal != self.goal || self.goal_data.asin.is_empty() {
+    /// Starts goal `goal` in session `session` (None: the goal's index, as `reset(goal)` names it).
+    fn start(&mut self, goal: usize, session: Option<String>) {
+        use std::fmt::Write;
+        if goal != self.goal_data.index || self.goal_data.goal.asin.is_empty() {
             self.goal_data = self.shop.goal_shared(goal);
         }
         self.goal = goal;
-        self.url = format!("{BASE_URL}/{session}");
-        self.session_id = session;
+        match session {
+            Some(s) => self.session_id = s,
+            None => {
+                self.session_id.clear();
+                write!(self.session_id, "{goal}").expect("a String takes it");
+            }
+        }
+        self.url.clear();
+        write!(self.url, "{BASE_URL}/{}", self.session_id).expect("a String takes it");
         self.keywords = None;
         self.page = None;
         self.asin = None;
@@ -633,12 +860,16 @@ impl WebShopEnv {
 
     fn show(&mut self, view: View) {
         let shop = &self.shop;
-        self.obs = pages::render(
-            &view,
-            &shop.catalog,
-            &self.goal_data.instruction_text,
-            shop.config.show_attrs,
-        );
+        // the search page is the goal's, made with it
+        self.obs_is_search_page = view == View::Search;
+        if !self.obs_is_search_page {
+            self.obs = pages::render(
+                &view,
+                &shop.catalog,
+                &self.goal().instruction_text,
+                shop.config.show_attrs,
+            );
+        }
         let (bar, clk) = pages::clickables(&view, &shop.catalog, shop.config.show_attrs);
         self.has_search_bar = bar;
         self.clickables = clk;
@@ -647,7 +878,7 @@ impl WebShopEnv {
 
     fn snapshot(&self, reward: f64, noop: bool, done: bool, info: Option<RewardInfo>) -> WebShopStep {
         WebShopStep {
-            obs: self.obs.clone(),
+            obs: self.obs().to_string(),
             reward,
             noop,
             done,
@@ -773,21 +1004,16 @@ impl WebShopEnv {
     fn buy(&mut self) -> Result<RewardInfo, WebShopError> {
         let product = self.product_of_session()?;
         let shop = self.shop.clone();
-        let goal = &*self.goal_data;
+        let goal = &self.goal_data.goal;
         let price = shop.prices[product];
-        // the goal's product is known: its nouns by index (the title lookup is the reference)
-        let info = match shop.goals.get(self.goal).map(|g| g.product as usize) {
-            Some(gp) if shop.catalog.product(gp).title() == goal.name => {
-                reward::get_reward_of(&shop.catalog, product, goal, gp, price, &self.options, &shop.nouns)
-            }
-            _ => reward::get_reward(&shop.catalog, product, goal, price, &self.options, &shop.nouns),
-        }
-        .map_err(|m| {
-            step_err(
-                "KeyError",
-                format!("no noun-table entry for the product name {:?} (reward type score)", m.0),
-            )
-        })?;
+        let info = shop
+            .reward(self.goal, goal, product, price, &self.options)
+            .map_err(|m| {
+                step_err(
+                    "KeyError",
+                    format!("no noun-table entry for the product name {:?} (reward type score)", m.0),
+                )
+            })?;
         let asin = self.asin.clone().unwrap_or_default();
         self.url = format!(
             "{BASE_URL}/done/{}/{asin}/{}",
@@ -811,7 +1037,7 @@ impl WebShopEnv {
                 let session = self.session_id.clone();
                 let goal = self.goal;
                 let steps = self.steps;
-                self.start(goal, session);
+                self.start(goal, Some(session));
                 self.steps = steps;
             }
             "next >" if page == "search_results" => {

@@ -9,7 +9,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
 use super::catalog::{Catalog, CatalogView, GoalOptions, ProductRef};
-use super::fuzz::{full_process, token_set_ratio_above, FuzzArg};
+use super::fuzz::{full_process, token_set_ratio_above, token_set_ratio_above_prepared, FuzzArg, Prepared};
 use super::goals::Goal;
 use super::image::{Image, Parts, Sec};
 use super::pytext::py_strip;
@@ -412,21 +412,52 @@ fn type_reward(
     Ok((r_type, query_match, category_match, title_score))
 }
 
+/// Whether goal attribute `g` is in the product's lowered title, bullets or description (read
+/// once, into `lowered`, when an attribute first needs them).
+fn in_long_texts(
+    catalog: &Catalog,
+    product: usize,
+    lowered: &mut Option<Arc<super::catalog::Lowered>>,
+    g: &str,
+) -> bool {
+    let l = lowered.get_or_insert_with(|| catalog.lowered_texts(product));
+    let (title, bullets, desc) = &**l;
+    title.contains(g) || bullets.contains(g) || desc.contains(g)
+}
+
+/// How many goal attributes the product matches: [`attribute_matches_reference`] with each
+/// string split and counted once ([`Prepared`]) rather than once per pair.
 fn attribute_matches(catalog: &Catalog, product: usize, goal: &Goal) -> usize {
     // the long texts are read only when an attribute has no fuzzy match
+    let mut lowered = None;
+    let mut n = 0;
+    let processed: Vec<Prepared<'_>> = catalog
+        .product(product)
+        .processed_attributes()
+        .iter()
+        .map(Prepared::new)
+        .collect();
+    for g in &goal.attributes {
+        let pg = full_process(g);
+        let pg = Prepared::new(&pg);
+        let matched = processed.iter().any(|p| token_set_ratio_above_prepared(p, &pg, 85))
+            || in_long_texts(catalog, product, &mut lowered, g);
+        n += usize::from(matched);
+    }
+    n
+}
+
+/// `sum(any(token_set_ratio(p, g) > 85 for p in product attributes) or g in the title, the
+/// bullets or the description, for g in the goal's attributes)`, pair by pair.
+fn attribute_matches_reference(catalog: &Catalog, product: usize, goal: &Goal) -> usize {
     let mut lowered = None;
     let mut n = 0;
     let processed = catalog.product(product).processed_attributes();
     for g in &goal.attributes {
         let pg = full_process(g);
-        let matched = processed.iter().any(|p| token_set_ratio_above(p, &pg, 85)) || {
-            let l = lowered.get_or_insert_with(|| catalog.lowered_texts(product));
-            let (title, bullets, desc) = &**l;
-            title.contains(g.as_str()) || bullets.contains(g.as_str()) || desc.contains(g.as_str())
-        };
-        if matched {
-            n += 1;
-        }
+        let matched = processed.iter().any(|p| token_set_ratio_above(p, &pg, 85))
+            || in_long_texts(catalog, product, &mut lowered, g);
+        n += usize::from(matched);
     }
     n
 }
@@ -447,7 +478,8 @@ fn option_matches(chosen: &[(String, String)], goal: &GoalOptions) -> usize {
 }
 
 /// `get_reward(purchased_product, goal, price, options, verbose=True)` for the catalogue's product
-/// `product` (the nouns found by the titles: the plain reference of [`get_reward_of`]).
+/// `product` (the nouns found by the titles, the attributes compared pair by pair: the plain
+/// reference of [`get_reward_of`] and [`super::Shop::reward`]).
 pub fn get_reward(
     catalog: &Catalog,
     product: usize,
@@ -458,7 +490,16 @@ pub fn get_reward(
 ) -> Result<RewardInfo, MissingNouns> {
     let p_nouns = nouns.get(catalog, catalog.product(product).title());
     let g_nouns = nouns.get(catalog, &goal.name);
-    reward_with(catalog, product, goal, price, options, p_nouns, g_nouns)
+    let (r_type, query_match, category_match, title_score) =
+        type_reward(catalog.product(product), goal, p_nouns, g_nouns)?;
+    let parts = GoalProductParts {
+        r_type,
+        query_match,
+        category_match,
+        title_score,
+        n_att: attribute_matches_reference(catalog, product, goal),
+    };
+    Ok(reward_from(&parts, goal, price, options))
 }
 
 /// [`get_reward`] for a goal made from the catalogue's product `goal_product` (its `name` is
@@ -472,37 +513,87 @@ pub fn get_reward_of(
     options: &[(String, String)],
     nouns: &NounTable,
 ) -> Result<RewardInfo, MissingNouns> {
+    let parts = goal_product_parts_of(catalog, product, goal, goal_product, nouns)?;
+    Ok(reward_from(&parts, goal, price, options))
+}
+
+/// The parts of `get_reward` that depend only on the goal and the product bought (not on the
+/// options chosen): the type score and how many goal attributes the product matches. A shop
+/// keeps them for the pairs bought recently ([`super::Shop::reward`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GoalProductParts {
+    pub r_type: f64,
+    pub query_match: bool,
+    pub category_match: bool,
+    pub title_score: f64,
+    /// Goal attributes matched.
+    pub n_att: usize,
+}
+
+/// [`GoalProductParts`] of buying the catalogue's product `product` for `goal` (the nouns of
+/// both names given).
+pub fn goal_product_parts(
+    catalog: &Catalog,
+    product: usize,
+    goal: &Goal,
+    p_nouns: Option<Vec<&str>>,
+    g_nouns: Option<Vec<&str>>,
+) -> Result<GoalProductParts, MissingNouns> {
+    let purchased = catalog.product(product);
+    let (r_type, query_match, category_match, title_score) = type_reward(purchased, goal, p_nouns, g_nouns)?;
+    Ok(GoalProductParts {
+        r_type,
+        query_match,
+        category_match,
+        title_score,
+        n_att: attribute_matches(catalog, product, goal),
+    })
+}
+
+/// [`GoalProductParts`] for a goal made from the catalogue's product `goal_product` (its nouns
+/// read by index, as [`get_reward_of`]).
+pub fn goal_product_parts_of(
+    catalog: &Catalog,
+    product: usize,
+    goal: &Goal,
+    goal_product: usize,
+    nouns: &NounTable,
+) -> Result<GoalProductParts, MissingNouns> {
     debug_assert_eq!(catalog.product(goal_product).title(), goal.name);
-    reward_with(
+    goal_product_parts(
         catalog,
         product,
         goal,
-        price,
-        options,
         nouns.of_product(product),
         nouns.of_product(goal_product),
     )
 }
 
-fn reward_with(
-    catalog: &Catalog,
-    product: usize,
-    goal: &Goal,
-    price: f64,
-    options: &[(String, String)],
-    p_nouns: Option<Vec<&str>>,
-    g_nouns: Option<Vec<&str>>,
-) -> Result<RewardInfo, MissingNouns> {
-    let purchased = catalog.product(product);
-    let (r_type, query_match, category_match, title_score) = type_reward(purchased, goal, p_nouns, g_nouns)?;
+/// `get_reward` from its goal-and-product parts: the price, the options chosen and the total.
+pub fn reward_from(parts: &GoalProductParts, goal: &Goal, price: f64, options: &[(String, String)]) -> RewardInfo {
+    reward_from_counts(parts, goal, price, option_matches(options, &goal.goal_options))
+}
+
+/// How many of the goal's options the options chosen match (`get_option_reward`'s count).
+pub fn goal_options_matched(goal: &Goal, options: &[(String, String)]) -> usize {
+    option_matches(options, &goal.goal_options)
+}
+
+/// [`reward_from`] with the goal options matched counted (`n_opt`, [`goal_options_matched`]).
+pub fn reward_from_counts(parts: &GoalProductParts, goal: &Goal, price: f64, n_opt: usize) -> RewardInfo {
+    let GoalProductParts {
+        r_type,
+        query_match,
+        category_match,
+        title_score,
+        n_att,
+    } = *parts;
     let r_price = price <= goal.price_upper;
-    let n_att = attribute_matches(catalog, product, goal);
-    let n_opt = option_matches(options, &goal.goal_options);
     let n_goal_att = goal.attributes.len();
     let n_goal_opt = goal.goal_options.len();
     let denom = (n_goal_att + n_goal_opt + 1) as f64;
     let total = (n_att + n_opt + r_price as usize) as f64 / denom * r_type;
-    Ok(RewardInfo {
+    RewardInfo {
         reward: total,
         r_type,
         r_att: n_att as f64 / n_goal_att as f64,
@@ -514,7 +605,7 @@ fn reward_with(
         w_option: (n_goal_opt > 0).then(|| n_goal_opt as f64 / denom),
         r_price,
         w_price: 1.0 / denom,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -73,21 +73,20 @@ fn a_changed_catalogue_file_is_named_when_a_long_text_is_read() {
 
 /// The 1k set's shop with these goals (None, with a message, when `$WEBSHOP_DATA` is unset).
 fn shop_1k(goals: GoalSet) -> Option<Shop> {
+    shop_1k_with(ShopConfig {
+        goals,
+        ..ShopConfig::default()
+    })
+}
+
+/// The 1k set's shop with this configuration (None when `$WEBSHOP_DATA` is unset).
+fn shop_1k_with(config: ShopConfig) -> Option<Shop> {
     let Some(root) = std::env::var_os("WEBSHOP_DATA").map(PathBuf::from) else {
         eprintln!("skipped: WEBSHOP_DATA is not set (the shared webshop/ folder)");
         return None;
     };
     let files = ShopFiles::locate(&root).unwrap();
-    Some(
-        Shop::load(
-            &files,
-            ShopConfig {
-                goals,
-                ..ShopConfig::default()
-            },
-        )
-        .unwrap(),
-    )
+    Some(Shop::load(&files, config).unwrap())
 }
 
 #[test]
@@ -132,10 +131,99 @@ fn the_reward_with_nouns_by_index_equals_the_reward_by_title() {
                 let got = reward::get_reward_of(cat, product, &goal, gp, price, opts, &shop.nouns);
                 // Debug text: a goal without attributes gives NaN parts
                 assert_eq!(format!("{got:?}"), format!("{want:?}"), "goal {g}, product {product}");
+                // the shop's reward, made and then kept (the same pair bought again)
+                for _ in 0..2 {
+                    let kept = shop.reward(g, &goal, product, price, opts);
+                    assert_eq!(format!("{kept:?}"), format!("{want:?}"), "goal {g}, product {product}");
+                }
                 checked += 1;
             }
         }
         assert_eq!(checked, 4 * shop.num_goals());
         assert!(checked >= 40, "{checked}");
+    }
+}
+
+/// The rewards a shop keeps per (goal, product) and last options chosen: purchases of the same
+/// pairs with other options, in an order that takes slots over, equal the plain `get_reward`.
+#[test]
+fn the_rewards_kept_per_goal_and_product_equal_the_plain_reward() {
+    let Some(shop) = shop_1k(GoalSet::Synthetic) else {
+        return;
+    };
+    let cat = &shop.catalog;
+    let mut rng = PyRandom::new(7);
+    let mut checked = 0;
+    for _ in 0..3000 {
+        let g = rng.sample_indices(shop.num_goals().min(300), 1)[0];
+        let goal = shop.goal(g);
+        let gp = shop.goals[g].product as usize;
+        let product = if rng.sample_indices(2, 1)[0] == 0 {
+            gp
+        } else {
+            rng.sample_indices(cat.len(), 1)[0]
+        };
+        // the goal's options, a subset of them, or one of the product's values
+        let mut opts: Vec<(String, String)> = match &goal.goal_options {
+            GoalOptions::Dict(d) => d.clone(),
+            GoalOptions::List(l) => l.iter().map(|v| ("o".to_string(), v.clone())).collect(),
+        };
+        match rng.sample_indices(3, 1)[0] {
+            0 => {}
+            1 => opts.truncate(opts.len() / 2),
+            _ => {
+                opts.clear();
+                if let Some((name, values)) = cat.product(product).options().next() {
+                    if let Some(v) = values.iter().next() {
+                        opts.push((name.to_string(), v.to_string()));
+                    }
+                }
+            }
+        }
+        let price = shop.prices[product];
+        let want = reward::get_reward(cat, product, &goal, price, &opts, &shop.nouns);
+        let got = shop.reward(g, &goal, product, price, &opts);
+        assert_eq!(
+            format!("{got:?}"),
+            format!("{want:?}"),
+            "goal {g}, product {product}, {opts:?}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 3000);
+}
+
+/// The page an env keeps (the goal's search page kept with the goal, the other pages rendered
+/// when shown) is the page rendered anew, through resets to goals sharing a kept slot and the
+/// expert's episodes; a reset with the goal at hand equals one that looks it up.
+#[test]
+fn the_kept_search_page_equals_the_page_rendered_anew() {
+    for show_attrs in [false, true] {
+        let Some(shop) = shop_1k_with(ShopConfig {
+            show_attrs,
+            ..ShopConfig::default()
+        }) else {
+            return;
+        };
+        let shop = Arc::new(shop);
+        let n = shop.num_goals();
+        let mut env = shop.env();
+        let mut other = shop.env();
+        for g in [0, RECENT_GOALS % n, 1, 0, n - 1, (n - 1 + RECENT_GOALS) % n, 7] {
+            let s = env.reset(g).unwrap();
+            assert_eq!(s.obs, env.render_current(), "goal {g}");
+            assert_eq!(env.obs(), s.obs);
+            other.reset_started(g, env.started_goal().clone()).unwrap();
+            assert_eq!(other.current(), env.current(), "goal {g}");
+            assert_eq!(other.goal(), &shop.goal(g));
+            // the expert's episode: every page as rendered anew
+            for _ in 0..12 {
+                let Some(a) = env.expert_action() else { break };
+                let s = env.step(&a).unwrap();
+                assert_eq!(s.obs, env.render_current(), "goal {g}, {a}");
+            }
+            // another goal's kept goal is refused
+            assert!(other.reset_started((g + 1) % n, env.started_goal().clone()).is_err());
+        }
     }
 }
