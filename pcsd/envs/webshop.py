@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from pcsd import _native
 
@@ -104,16 +104,19 @@ class WebShopEnv:
     holds ``reward_info`` (the reward's parts).
     """
 
-    __slots__ = ("_e",)
+    __slots__ = {
+        "_e": "the native env",
+        "reset": """``reset(goal_index=None)`` -> ``(obs, info)``: the search page of goal ``goal_index``
+        (``None``: a weight-sampled goal). A bool, a non-int or an index out of range is refused
+        with one line naming ``goal_index`` (TypeError / ValueError). The native env's own method,
+        bound per env: a reset is one call, with no Python frame of ours around it.""",
+    }
+
+    reset: Callable[..., tuple[str, dict[str, Any]]]
 
     def __init__(self, _native_env: Any) -> None:
         self._e = _native_env
-
-    def reset(self, goal_index: int | None = None) -> tuple[str, dict[str, Any]]:
-        """The search page of goal ``goal_index`` (``None``: a weight-sampled goal). A bool, a
-        non-int or an index out of range is refused by the native env with one line naming
-        ``goal_index`` (TypeError / ValueError)."""
-        return self._e.reset(goal_index)
+        self.reset = _native_env.reset
 
     def step(self, action: str) -> tuple[str, Any, bool, dict[str, Any]]:
         """One action. A str that is not valid text (a lone surrogate such as ``"\\ud800"``, which

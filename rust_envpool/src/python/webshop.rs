@@ -10,6 +10,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
+use crate::envs::webshop::slots::{Placement, Slots};
 use crate::envs::webshop::{
     CachePolicy, Goal, GoalOptions, GoalSet, Shop, ShopConfig, ShopFiles, StartedGoal, Variant, WebShopEnv,
     WebShopError, WebShopStep,
@@ -46,93 +47,64 @@ pub struct PyWebShop {
 }
 
 /// What a shop's envs keep of the goals started recently (a group of envs resets to the same
-/// goal): per goal index, its goal dict and the page and URL `reset(goal)` shows (the same for
-/// every env of the shop). Direct-mapped: goal `i` has slot `i % GOAL_DICTS`, a newer goal
-/// takes the slot over. Each caller gets a copy of the goal dict whose containers are its own.
-struct GoalDicts(std::sync::Mutex<Vec<Option<GoalEntry>>>);
+/// goal), by goal index: its goal dict and the page `reset(goal)` shows (the same for every env
+/// of the shop), as Python objects. Each caller gets copies whose containers are its own (the
+/// strings and numbers are shared).
+struct GoalDicts {
+    slots: Slots<GoalEntry>,
+}
 
 impl Default for GoalDicts {
     fn default() -> Self {
-        GoalDicts(std::sync::Mutex::new((0..GOAL_DICTS).map(|_| None).collect()))
+        GoalDicts {
+            slots: Slots::new(GOAL_DICTS, Placement::Direct),
+        }
     }
 }
 
-/// Slots of [`GoalDicts`].
+/// Slots of [`GoalDicts`] (goal `i` has slot `i % GOAL_DICTS`).
 const GOAL_DICTS: usize = 4096;
 
-/// One goal kept by [`GoalDicts`].
+/// One goal kept by [`GoalDicts`]; a clone shares its parts.
+#[derive(Clone)]
 struct GoalEntry {
-    index: usize,
-    /// The goal dict; its `attributes` list and `goal_options` container, at hand to copy.
+    goal: Arc<GoalObjects>,
+    /// Made on the first `reset(index)` (None until then).
+    reset: Option<Arc<ResetObjects>>,
+}
+
+/// A goal dict to copy from, with its `attributes` list and `goal_options` container at hand.
+struct GoalObjects {
     dict: Py<PyDict>,
     attributes: Py<PyAny>,
     options: Py<PyAny>,
-    /// What `reset(index)` returns and the goal as the envs play it, kept from the first such
-    /// reset (None until then).
-    reset_page: Option<ResetKept>,
+    /// Where the objects a copy touches lie (see [`prefetch`]).
+    touch: Vec<usize>,
 }
 
-/// `reset(i)`'s page and the env's goal, kept together: a reset that finds them needs no other
-/// lookup.
-struct ResetKept {
+/// `reset(index)`'s result to copy from: the observation (a str, shared), the info dict and its
+/// `available_actions` dict with their containers left to fill, the clickables; and the goal as
+/// the envs play it.
+struct ResetObjects {
     started: Arc<StartedGoal>,
-    page: ResetPage,
-}
-
-/// `reset(i)`'s result as templates: the observation (a str, shared), the info dict and its
-/// `available_actions` dict with their mutable values left to fill, the clickables to copy.
-struct ResetPage {
     obs: Py<PyString>,
     info: Py<PyDict>,
     available_actions: Py<PyDict>,
     clickables: Py<PyList>,
+    /// Where the objects a copy touches lie (see [`prefetch`]).
+    touch: Vec<usize>,
 }
 
-impl ResetPage {
-    fn clone_ref(&self, py: Python<'_>) -> ResetPage {
-        ResetPage {
-            obs: self.obs.clone_ref(py),
-            info: self.info.clone_ref(py),
-            available_actions: self.available_actions.clone_ref(py),
-            clickables: self.clickables.clone_ref(py),
+/// Where a container and the items a copy of it holds lie.
+fn touch_of(v: &Bound<'_, PyAny>, out: &mut Vec<usize>) {
+    out.push(v.as_ptr() as usize);
+    if let Ok(l) = v.cast::<PyList>() {
+        out.extend(l.iter().map(|x| x.as_ptr() as usize));
+    } else if let Ok(d) = v.cast::<PyDict>() {
+        for (k, x) in d.iter() {
+            out.extend([k.as_ptr() as usize, x.as_ptr() as usize]);
         }
     }
-}
-
-impl GoalEntry {
-    fn new(py: Python<'_>, index: usize, goal: &Goal) -> PyResult<GoalEntry> {
-        let d = goal_to_dict(py, goal)?;
-        let attributes = d.get_item(intern!(py, "attributes"))?.expect("set").unbind();
-        let options = d.get_item(intern!(py, "goal_options"))?.expect("set").unbind();
-        Ok(GoalEntry {
-            index,
-            dict: d.unbind(),
-            attributes,
-            options,
-            reset_page: None,
-        })
-    }
-
-    /// New references to the parts a caller copies from.
-    fn refs(&self, py: Python<'_>) -> KeptGoal {
-        KeptGoal {
-            dict: self.dict.clone_ref(py),
-            attributes: self.attributes.clone_ref(py),
-            options: self.options.clone_ref(py),
-            reset_page: self.reset_page.as_ref().map(|r| ResetKept {
-                started: r.started.clone(),
-                page: r.page.clone_ref(py),
-            }),
-        }
-    }
-}
-
-/// A [`GoalEntry`]'s objects, taken out of the lock.
-struct KeptGoal {
-    dict: Py<PyDict>,
-    attributes: Py<PyAny>,
-    options: Py<PyAny>,
-    reset_page: Option<ResetKept>,
 }
 
 /// A copy of a list or dict (a shallow one: its own container, the same items).
@@ -146,10 +118,25 @@ fn copy_container<'py>(v: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     }
 }
 
-impl KeptGoal {
-    /// A copy of the goal dict: the dict, its attribute list and its options its own; the
-    /// strings shared.
-    fn goal_copy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+impl GoalObjects {
+    fn new(py: Python<'_>, g: &Goal) -> PyResult<GoalObjects> {
+        let d = goal_to_dict(py, g)?;
+        let attributes = d.get_item(intern!(py, "attributes"))?.expect("set");
+        let options = d.get_item(intern!(py, "goal_options"))?.expect("set");
+        let mut touch = Vec::new();
+        touch_of(d.as_any(), &mut touch);
+        touch_of(&attributes, &mut touch);
+        touch_of(&options, &mut touch);
+        Ok(GoalObjects {
+            dict: d.unbind(),
+            attributes: attributes.unbind(),
+            options: options.unbind(),
+            touch,
+        })
+    }
+
+    /// A copy of the goal dict: the dict, its attribute list and its options its own.
+    fn copy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = self.dict.bind(py).copy()?;
         d.set_item(intern!(py, "attributes"), copy_container(self.attributes.bind(py))?)?;
         d.set_item(intern!(py, "goal_options"), copy_container(self.options.bind(py))?)?;
@@ -157,97 +144,118 @@ impl KeptGoal {
     }
 }
 
+impl ResetObjects {
+    /// The objects of the page `env` shows just after `reset(i)` (the keys in `info`'s order).
+    fn new(py: Python<'_>, env: &WebShopEnv) -> PyResult<ResetObjects> {
+        let clickables = PyList::new(py, env.clickable_names())?;
+        let a = PyDict::new(py);
+        a.set_item(intern!(py, "has_search_bar"), env.has_search_bar())?;
+        a.set_item(intern!(py, "clickables"), py.None())?;
+        let d = PyDict::new(py);
+        d.set_item(intern!(py, "available_actions"), py.None())?;
+        d.set_item(intern!(py, "url"), env.url())?;
+        d.set_item(intern!(py, "goal"), py.None())?;
+        d.set_item(intern!(py, "goal_index"), env.goal_index())?;
+        let obs = PyString::new(py, env.obs());
+        let started = env.started_goal().clone();
+        let mut touch = vec![Arc::as_ptr(&started) as usize, obs.as_ptr() as usize];
+        for x in [d.as_any(), a.as_any(), clickables.as_any()] {
+            touch_of(x, &mut touch);
+        }
+        Ok(ResetObjects {
+            started,
+            obs: obs.unbind(),
+            info: d.unbind(),
+            available_actions: a.unbind(),
+            clickables: clickables.unbind(),
+            touch,
+        })
+    }
+
+    /// A copy of `reset`'s info, holding `goal`: the dict, `available_actions` and clickables its own.
+    fn info<'py>(&self, py: Python<'py>, goal: Bound<'py, PyDict>) -> PyResult<Bound<'py, PyDict>> {
+        let a = self.available_actions.bind(py).copy()?;
+        let clickables = self.clickables.bind(py);
+        a.set_item(intern!(py, "clickables"), clickables.get_slice(0, clickables.len()))?;
+        let d = self.info.bind(py).copy()?;
+        d.set_item(intern!(py, "available_actions"), a)?;
+        d.set_item(intern!(py, "goal"), goal)?;
+        Ok(d)
+    }
+}
+
+/// Asks the cache for the lines at `addrs`, all at once, before they are used one by one: a reset
+/// right after an episode finds its kept objects out of the cache, and raising their counts one
+/// after another would wait for each line in turn. A hint only: nothing at `addrs` is read.
+#[inline]
+fn prefetch(addrs: &[usize]) {
+    #[cfg(target_arch = "x86_64")]
+    for &a in addrs {
+        // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(a as *const i8) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addrs;
+}
+
 impl GoalDicts {
-    /// The kept objects of goal `i` of `shop` (`goal`: that goal, when at hand), made when
-    /// missing.
-    fn kept(&self, py: Python<'_>, shop: &Shop, i: usize, goal: Option<&Goal>) -> PyResult<KeptGoal> {
-        let slot = i % GOAL_DICTS;
-        {
-            let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(e) = map[slot].as_ref().filter(|e| e.index == i) {
-                return Ok(e.refs(py));
-            }
+    /// The goal objects of goal `i` of `shop` (`goal`: that goal, when at hand), made and kept
+    /// when missing.
+    fn goal_objects(&self, py: Python<'_>, shop: &Shop, i: usize, goal: Option<&Goal>) -> PyResult<Arc<GoalObjects>> {
+        if let Some(g) = self.slots.with(i as u64, |e| e.goal.clone()) {
+            return Ok(g);
         }
         // made outside the lock (making Python objects can run arbitrary code through the GC)
-        let entry = match goal {
-            Some(g) => GoalEntry::new(py, i, g)?,
-            None => GoalEntry::new(py, i, &shop.goal(i))?,
-        };
-        let kept = entry.refs(py);
-        let old = self.0.lock().unwrap_or_else(|e| e.into_inner())[slot].replace(entry);
-        drop(old);
-        Ok(kept)
+        let g = Arc::new(match goal {
+            Some(g) => GoalObjects::new(py, g)?,
+            None => GoalObjects::new(py, &shop.goal(i))?,
+        });
+        self.slots.put(
+            i as u64,
+            GoalEntry {
+                goal: g.clone(),
+                reset: None,
+            },
+        );
+        Ok(g)
     }
 
     /// A copy of the goal dict of goal `i` of `shop`.
     fn get<'py>(&self, py: Python<'py>, shop: &Shop, i: usize, goal: Option<&Goal>) -> PyResult<Bound<'py, PyDict>> {
-        self.kept(py, shop, i, goal)?.goal_copy(py)
+        self.goal_objects(py, shop, i, goal)?.copy(py)
     }
 
-    /// `reset(i)` of `env` -> `(obs, info)`: with the goal and the templates kept for goal `i`
-    /// (made from the env on the first reset to it; the page of `reset(i)` is the same for
-    /// every env of the shop), each container a new copy.
+    /// `reset(i)` of `env` -> `(obs, info)`, copied from the objects kept for goal `i` (made from
+    /// the env on the first reset to it: the page of `reset(i)` is the same for every env of the
+    /// shop).
     fn reset<'py>(
         &self,
         py: Python<'py>,
         env: &mut WebShopEnv,
         i: usize,
     ) -> PyResult<(Bound<'py, PyString>, Bound<'py, PyDict>)> {
-        let slot = i % GOAL_DICTS;
-        let found = {
-            let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            map[slot]
-                .as_ref()
-                .filter(|e| e.index == i && e.reset_page.is_some())
-                .map(|e| e.refs(py))
-        };
-        let (kept, page) = match found {
-            Some(mut kept) => {
-                let ResetKept { started, page } = kept.reset_page.take().expect("filtered");
-                env.reset_started(i, started).map_err(webshop_err)?;
-                (kept, page)
+        let (goal, page) = match self.slots.get(i as u64) {
+            Some(GoalEntry {
+                goal,
+                reset: Some(page),
+            }) => {
+                prefetch(&page.touch);
+                prefetch(&goal.touch);
+                env.reset_started(i, page.started.clone()).map_err(webshop_err)?;
+                (goal, page)
             }
-            None => {
+            _ => {
                 env.reset_in_place(i).map_err(webshop_err)?;
-                let kept = self.kept(py, env.shop(), i, Some(env.goal()))?;
-                let page = reset_page(py, env)?;
-                let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(e) = map[slot].as_mut().filter(|e| e.index == i) {
-                    e.reset_page = Some(ResetKept {
-                        started: env.started_goal().clone(),
-                        page: page.clone_ref(py),
-                    });
-                }
-                (kept, page)
+                let goal = self.goal_objects(py, env.shop(), i, Some(env.goal()))?;
+                let page = Arc::new(ResetObjects::new(py, env)?);
+                // kept with its goal, unless another goal took the slot meanwhile
+                self.slots.with(i as u64, |e| e.reset = Some(page.clone()));
+                (goal, page)
             }
         };
-        let a = page.available_actions.bind(py).copy()?;
-        let clickables = page.clickables.bind(py);
-        a.set_item(intern!(py, "clickables"), clickables.get_slice(0, clickables.len()))?;
-        let d = page.info.bind(py).copy()?;
-        d.set_item(intern!(py, "available_actions"), a)?;
-        d.set_item(intern!(py, "goal"), kept.goal_copy(py)?)?;
-        Ok((page.obs.into_bound(py), d))
+        let info = page.info(py, goal.copy(py)?)?;
+        Ok((page.obs.bind(py).clone(), info))
     }
-}
-
-/// The templates of [`ResetPage`] from an env just reset (the keys in `info`'s order).
-fn reset_page(py: Python<'_>, env: &WebShopEnv) -> PyResult<ResetPage> {
-    let clickables = PyList::new(py, env.clickable_names())?;
-    let a = PyDict::new(py);
-    a.set_item(intern!(py, "has_search_bar"), env.has_search_bar())?;
-    a.set_item(intern!(py, "clickables"), py.None())?;
-    let d = PyDict::new(py);
-    d.set_item(intern!(py, "available_actions"), py.None())?;
-    d.set_item(intern!(py, "url"), env.url())?;
-    d.set_item(intern!(py, "goal"), py.None())?;
-    d.set_item(intern!(py, "goal_index"), env.goal_index())?;
-    Ok(ResetPage {
-        obs: PyString::new(py, env.obs()).unbind(),
-        info: d.unbind(),
-        available_actions: a.unbind(),
-        clickables: clickables.unbind(),
-    })
 }
 
 /// The original's goal dict of a goal.

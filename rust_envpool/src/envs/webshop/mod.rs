@@ -28,6 +28,7 @@ pub mod pyrandom;
 pub mod pytext;
 pub mod reward;
 pub mod search;
+pub mod slots;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -41,6 +42,7 @@ use pages::{SubPage, Target, View};
 use pyrandom::PyRandom;
 use reward::{NounParts, NounTable, RewardInfo};
 use search::{Index, IndexBuilder, IndexParts, SearchError, SEARCH_RETURN_N};
+use slots::{Placement, Slots};
 
 use crate::envs::{EnvStep, TextEnv};
 
@@ -184,87 +186,30 @@ pub struct Shop {
     pub cache: CacheReport,
     /// Python's global `random` state once construction is over.
     rng_after_load: PyRandom,
-    /// Goals made recently ([`Shop::goal_shared`]): a group of envs starts the same goal.
-    recent_goals: RecentGoals,
-    /// The goal-and-product parts of the rewards of recent purchases ([`Shop::reward`]): the
-    /// envs of a group often buy the same product for the same goal.
-    recent_rewards: RecentRewards,
+    /// Goals made recently ([`Shop::goal_shared`]) by goal index: a group of envs starts the
+    /// same goal.
+    recent_goals: Slots<Arc<StartedGoal>>,
+    /// The goal-and-product parts of the rewards of recent purchases ([`Shop::reward`]) by
+    /// [`reward_key`]: the envs of a group often buy the same product for the same goal.
+    recent_rewards: Slots<RecentReward>,
 }
 
-/// [`reward::GoalProductParts`] per (goal index, product), direct-mapped (a newer pair takes
-/// its slot over), with the last options chosen for that pair and how many goal options they
-/// matched.
-#[derive(Debug)]
-struct RecentRewards(std::sync::Mutex<Vec<Option<RecentReward>>>);
-
+/// What [`Shop::reward`] keeps per (goal index, product) in [`Shop::recent_rewards`]: the
+/// goal-and-product parts, with the last options chosen for that pair and how many goal options
+/// they matched.
 #[derive(Debug)]
 struct RecentReward {
-    key: u64,
     parts: reward::GoalProductParts,
     options: Vec<(String, String)>,
     n_opt: usize,
 }
 
-/// Slots of [`RecentRewards`].
+/// Slots of [`Shop::recent_rewards`].
 const RECENT_REWARDS: usize = 4096;
 
-impl Default for RecentRewards {
-    fn default() -> Self {
-        RecentRewards(std::sync::Mutex::new((0..RECENT_REWARDS).map(|_| None).collect()))
-    }
-}
-
-impl RecentRewards {
-    fn key(goal: usize, product: usize) -> u64 {
-        ((goal as u64) << 32) | product as u64
-    }
-
-    fn slot(key: u64) -> usize {
-        // a multiplicative hash of both halves
-        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize % RECENT_REWARDS
-    }
-
-    /// The parts kept for (goal, product), and the goal options matched when `options` are the
-    /// options kept with them.
-    fn get(
-        &self,
-        goal: usize,
-        product: usize,
-        options: &[(String, String)],
-    ) -> Option<(reward::GoalProductParts, Option<usize>)> {
-        let key = Self::key(goal, product);
-        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let e = map[Self::slot(key)].as_ref().filter(|e| e.key == key)?;
-        Some((e.parts, (e.options == options).then_some(e.n_opt)))
-    }
-
-    fn put(
-        &self,
-        goal: usize,
-        product: usize,
-        parts: reward::GoalProductParts,
-        options: &[(String, String)],
-        n_opt: usize,
-    ) {
-        let key = Self::key(goal, product);
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = &mut map[Self::slot(key)];
-        match slot {
-            Some(e) if e.key == key => {
-                e.options.clear();
-                e.options.extend_from_slice(options);
-                e.n_opt = n_opt;
-            }
-            _ => {
-                *slot = Some(RecentReward {
-                    key,
-                    parts,
-                    options: options.to_vec(),
-                    n_opt,
-                })
-            }
-        }
-    }
+/// The key of (goal, product) in [`Shop::recent_rewards`].
+fn reward_key(goal: usize, product: usize) -> u64 {
+    ((goal as u64) << 32) | product as u64
 }
 
 /// A goal as an env plays it: the goal and its search page (the page every reset to it shows).
@@ -275,24 +220,23 @@ pub struct StartedGoal {
     pub goal: Goal,
     /// `pages::render(&View::Search, ..)` of the goal's instruction.
     pub search_page: String,
+    /// The URL of the search page of a reset to this goal (the session is the goal's index).
+    pub url: String,
 }
 
-/// [`StartedGoal`]s per goal index, direct-mapped: goal `i` has slot `i % RECENT_GOALS`, a
-/// newer goal takes the slot over.
-#[derive(Debug)]
-struct RecentGoals(std::sync::Mutex<Vec<Option<KeptGoal>>>);
-
-/// A slot of [`RecentGoals`]: the goal index and its goal.
-type KeptGoal = (usize, Arc<StartedGoal>);
-
-/// Slots of [`RecentGoals`].
-const RECENT_GOALS: usize = 4096;
-
-impl Default for RecentGoals {
-    fn default() -> Self {
-        RecentGoals(std::sync::Mutex::new(vec![None; RECENT_GOALS]))
+impl StartedGoal {
+    fn new(index: usize, goal: Goal, search_page: String) -> StartedGoal {
+        StartedGoal {
+            index,
+            goal,
+            search_page,
+            url: format!("{BASE_URL}/{index}"),
+        }
     }
 }
+
+/// Slots of [`Shop::recent_goals`] (goal `i` has slot `i % RECENT_GOALS`).
+const RECENT_GOALS: usize = 4096;
 
 fn noun_err(path: &Path, e: String) -> WebShopError {
     WebShopError::Load(format!(
@@ -484,8 +428,8 @@ impl Shop {
             config,
             cache,
             rng_after_load: rng,
-            recent_goals: Default::default(),
-            recent_rewards: Default::default(),
+            recent_goals: Slots::new(RECENT_GOALS, Placement::Direct),
+            recent_rewards: Slots::new(RECENT_REWARDS, Placement::Hashed),
         })
     }
 
@@ -501,12 +445,8 @@ impl Shop {
     /// [`Shop::goal`] with its search page, shared: made once for the envs that start it about
     /// the same time.
     pub fn goal_shared(&self, i: usize) -> Arc<StartedGoal> {
-        let slot = i % RECENT_GOALS;
-        if let Some((_, g)) = self.recent_goals.0.lock().unwrap_or_else(|e| e.into_inner())[slot]
-            .as_ref()
-            .filter(|(k, _)| *k == i)
-        {
-            return g.clone();
+        if let Some(g) = self.recent_goals.get(i as u64) {
+            return g;
         }
         let goal = self.goal(i);
         let search_page = pages::render(
@@ -515,13 +455,8 @@ impl Shop {
             &goal.instruction_text,
             self.config.show_attrs,
         );
-        let g = Arc::new(StartedGoal {
-            index: i,
-            goal,
-            search_page,
-        });
-        let old = self.recent_goals.0.lock().unwrap_or_else(|e| e.into_inner())[slot].replace((i, g.clone()));
-        drop(old);
+        let g = Arc::new(StartedGoal::new(i, goal, search_page));
+        self.recent_goals.put(i as u64, g.clone());
         g
     }
 
@@ -543,16 +478,36 @@ impl Shop {
             Some(gp) if self.catalog.product(gp).title() == goal.name => gp,
             _ => return reward::get_reward(&self.catalog, product, goal, price, options, &self.nouns),
         };
-        let (parts, n_opt) = match self.recent_rewards.get(goal_index, product, options) {
-            Some((p, Some(n))) => return Ok(reward::reward_from_counts(&p, goal, price, n)),
-            Some((p, None)) => (p, reward::goal_options_matched(goal, options)),
-            None => (
-                reward::goal_product_parts_of(&self.catalog, product, goal, gp, &self.nouns)?,
-                reward::goal_options_matched(goal, options),
-            ),
-        };
-        self.recent_rewards.put(goal_index, product, parts, options, n_opt);
-        Ok(reward::reward_from_counts(&parts, goal, price, n_opt))
+        let key = reward_key(goal_index, product);
+        let kept = self
+            .recent_rewards
+            .with(key, |e| (e.parts, (e.options == options).then_some(e.n_opt)));
+        match kept {
+            Some((parts, Some(n_opt))) => Ok(reward::reward_from_counts(&parts, goal, price, n_opt)),
+            Some((parts, None)) => {
+                // the pair is kept: its last options become these
+                let n_opt = reward::goal_options_matched(goal, options);
+                self.recent_rewards.with(key, |e| {
+                    e.options.clear();
+                    e.options.extend_from_slice(options);
+                    e.n_opt = n_opt;
+                });
+                Ok(reward::reward_from_counts(&parts, goal, price, n_opt))
+            }
+            None => {
+                let parts = reward::goal_product_parts_of(&self.catalog, product, goal, gp, &self.nouns)?;
+                let n_opt = reward::goal_options_matched(goal, options);
+                self.recent_rewards.put(
+                    key,
+                    RecentReward {
+                        parts,
+                        options: options.to_vec(),
+                        n_opt,
+                    },
+                );
+                Ok(reward::reward_from_counts(&parts, goal, price, n_opt))
+            }
+        }
     }
 
     /// `get_top_n_product_from_keywords`: product indices.
@@ -680,11 +635,7 @@ impl WebShopEnv {
     pub fn new(shop: Arc<Shop>) -> WebShopEnv {
         let rng = shop.rng_after_load.clone();
         let goal_data = if shop.goals.is_empty() {
-            Arc::new(StartedGoal {
-                index: 0,
-                goal: empty_goal(),
-                search_page: String::new(),
-            })
+            Arc::new(StartedGoal::new(0, empty_goal(), String::new()))
         } else {
             shop.goal_shared(0)
         };
@@ -693,12 +644,13 @@ impl WebShopEnv {
             rng,
             goal: 0,
             goal_data,
-            session_id: String::new(),
+            // room for the URLs of a reset (a fresh env's first reset then allocates nothing)
+            session_id: String::with_capacity(16),
             keywords: None,
             page: None,
             asin: None,
             options: Vec::new(),
-            url: String::new(),
+            url: String::with_capacity(64),
             obs_is_search_page: false,
             view: View::Search,
             clickables: Vec::new(),
@@ -841,14 +793,18 @@ impl WebShopEnv {
         }
         self.goal = goal;
         match session {
-            Some(s) => self.session_id = s,
+            Some(s) => {
+                self.session_id = s;
+                self.url.clear();
+                write!(self.url, "{BASE_URL}/{}", self.session_id).expect("a String takes it");
+            }
             None => {
+                // the session is the goal's index: the URL made with the goal
+                self.url.clone_from(&self.goal_data.url);
                 self.session_id.clear();
-                write!(self.session_id, "{goal}").expect("a String takes it");
+                self.session_id.push_str(&self.url[BASE_URL.len() + 1..]);
             }
         }
-        self.url.clear();
-        write!(self.url, "{BASE_URL}/{}", self.session_id).expect("a String takes it");
         self.keywords = None;
         self.page = None;
         self.asin = None;
@@ -870,9 +826,7 @@ impl WebShopEnv {
                 shop.config.show_attrs,
             );
         }
-        let (bar, clk) = pages::clickables(&view, &shop.catalog, shop.config.show_attrs);
-        self.has_search_bar = bar;
-        self.clickables = clk;
+        self.has_search_bar = pages::clickables(&view, &shop.catalog, shop.config.show_attrs, &mut self.clickables);
         self.view = view;
     }
 

@@ -194,46 +194,47 @@ fn insert(out: &mut Vec<(String, Target)>, key: String, target: Target) {
     }
 }
 
-/// The clickables of a view, in the original's order, and whether it has the search bar.
-pub fn clickables(view: &View, catalog: &Catalog, show_attrs: bool) -> (bool, Vec<(String, Target)>) {
-    let mut out = Vec::new();
+/// The clickables of a view, in the original's order, into `out` (cleared first; its room is
+/// reused); whether the view has the search bar.
+pub fn clickables(view: &View, catalog: &Catalog, show_attrs: bool, out: &mut Vec<(String, Target)>) -> bool {
+    out.clear();
     let btn = |out: &mut Vec<(String, Target)>, t: &str| insert(out, t.to_string(), Target::Button);
     match view {
         View::Search => {
-            btn(&mut out, "search");
-            return (true, out);
+            btn(out, "search");
+            return true;
         }
         View::Results {
             products: items, page, ..
         } => {
-            btn(&mut out, "back to search");
+            btn(out, "back to search");
             if *page > 1 {
-                btn(&mut out, "< prev");
+                btn(out, "< prev");
             }
-            btn(&mut out, "next >");
+            btn(out, "next >");
             for &i in items {
-                insert(&mut out, py_lower(catalog.product(i).asin()), Target::ProductLink(i));
+                insert(out, py_lower(catalog.product(i).asin()), Target::ProductLink(i));
             }
         }
         View::Item { product } => {
             for b in ["back to search", "< prev", "description", "features", "reviews"] {
-                btn(&mut out, b);
+                btn(out, b);
             }
             if show_attrs {
-                btn(&mut out, "attributes");
+                btn(out, "attributes");
             }
-            btn(&mut out, "buy now");
+            btn(out, "buy now");
             for (name, values) in catalog.product(*product).options() {
                 for v in values {
-                    insert(&mut out, v.to_string(), Target::Radio { name: name.to_string() });
+                    insert(out, v.to_string(), Target::Radio { name: name.to_string() });
                 }
             }
         }
         View::Sub { .. } => {
-            btn(&mut out, "back to search");
-            btn(&mut out, "< prev");
+            btn(out, "back to search");
+            btn(out, "< prev");
         }
         View::Done { .. } => {}
     }
-    (false, out)
+    false
 }
