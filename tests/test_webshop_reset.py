@@ -4,7 +4,7 @@
 of ``reset(i)`` as templates, the goal as the envs play it: ``rust_envpool/src/python/webshop.rs``
 ``GoalDicts``); ``reset_reference(i)`` makes the same answer the plain way (the env's step result
 converted, the goal dict made anew). Random sequences of resets over several envs and shops,
-goals that share a kept slot, and callers that mutate what they got: every answer equals the
+goals that share a kept set, and callers that mutate what they got: every answer equals the
 reference's, and the env's own page (no-op step, ``observe``) is the reset page.
 """
 
@@ -24,8 +24,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "upstream_attrs": dict(goals="synthetic", variant="upstream", show_attrs=True),
     "verl": dict(goals="synthetic", variant="verl", show_attrs=False),
 }
-#: slots of the shop's kept goals (``GOAL_DICTS``): goals this far apart share one
-SLOTS = 4096
+#: sets of the shop's kept goals (``GOAL_DICTS / 2``, two slots each): goals this far apart share
+#: one, and a third goal of a set pushes out the one used least recently
+SETS = 2048
 
 
 @lru_cache(maxsize=None)
@@ -74,9 +75,10 @@ def test_reset_equals_the_plain_reset_on_random_goal_sequences(webshop_data: Pat
         for _ in range(draw(st.integers(1, 12))):
             config = draw(st.sampled_from(sorted(CONFIGS)))
             n = shops[config].num_goals
-            # a few goals again and again, and goals that share a slot
+            # a few goals again and again, and goals that share a set
             base = draw(st.integers(0, min(n, 6) - 1))
-            goal = base + SLOTS if n > base + SLOTS and draw(st.booleans()) else base
+            goal = base + SETS * draw(st.integers(0, 3))
+            goal = goal if goal < n else base
             goal = draw(st.one_of(st.just(goal), st.integers(0, n - 1)))
             out.append((config, draw(st.integers(0, 2)), goal, draw(st.booleans())))
         return out
@@ -119,6 +121,6 @@ def test_a_caller_mutating_its_reset_info_changes_no_other_caller(webshop_data: 
 def test_a_goal_taking_a_kept_slot_over_gives_its_own_page(webshop_data: Path, config: str) -> None:
     shop = _shop(str(webshop_data), config)
     ref = shop.env()
-    goals = [g for g in (0, SLOTS, 1, SLOTS + 1, 0, SLOTS) if g < shop.num_goals]
+    goals = [g for g in (0, SETS, 2 * SETS, 1, SETS + 1, 0, 3 * SETS, SETS, 2 * SETS + 1) if g < shop.num_goals]
     for g in goals:
         _same(shop.env().reset(g), ref._e.reset_reference(g))

@@ -62,7 +62,7 @@ impl Default for GoalDicts {
     }
 }
 
-/// Slots of [`GoalDicts`] (goal `i` has slot `i % GOAL_DICTS`).
+/// Slots of [`GoalDicts`] (goal `i` is in set `i % (GOAL_DICTS / 2)`, of two slots).
 const GOAL_DICTS: usize = 4096;
 
 /// One goal kept by [`GoalDicts`]; a clone shares its parts.

@@ -235,7 +235,7 @@ impl StartedGoal {
     }
 }
 
-/// Slots of [`Shop::recent_goals`] (goal `i` has slot `i % RECENT_GOALS`).
+/// Slots of [`Shop::recent_goals`] (goal `i` is in set `i % (RECENT_GOALS / 2)`, of two slots).
 const RECENT_GOALS: usize = 4096;
 
 fn noun_err(path: &Path, e: String) -> WebShopError {

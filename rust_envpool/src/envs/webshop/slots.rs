@@ -1,68 +1,92 @@
 //! [`Slots`]: what a shop keeps of its recent work (goals started, rewards of purchases, the
 //! Python objects of a reset), shared by its envs. A group of envs plays the same goal at about
 //! the same time, so keeping the last few thousand keys catches nearly every repeat, at a fixed
-//! cost in memory and with no eviction bookkeeping.
+//! cost in memory and one bit of bookkeeping per set of two.
 
 use std::sync::{Mutex, MutexGuard};
 
 /// Where a key goes.
 #[derive(Clone, Copy, Debug)]
 pub enum Placement {
-    /// Slot `key % n`: consecutive keys (goal indices) never collide within `n`.
+    /// Set `key % sets`: consecutive keys (goal indices) never share a set within `sets`.
     Direct,
     /// A multiplicative hash of the whole key: for keys made of two parts (goal, product).
     Hashed,
 }
 
-/// A direct-mapped cache of values by `u64` key: key `k` has one slot, and a newer key takes
-/// that slot over. One lock guards all slots; callers make values outside it, and a value pushed
-/// out is dropped after the lock is released (dropping Python objects can run Python code).
+/// A two-way set-associative cache of values by `u64` key: key `k` belongs to one set of two
+/// slots, and a new key takes over the slot of its set used least recently (kept or read).
+/// One lock guards all slots; callers make values outside it, and a value pushed out is dropped
+/// after the lock is released (dropping Python objects can run Python code).
 #[derive(Debug)]
 pub struct Slots<V> {
-    slots: Mutex<Vec<Option<(u64, V)>>>,
+    sets: Mutex<Vec<Set<V>>>,
     placement: Placement,
 }
 
+/// Two slots and which of them goes first.
+#[derive(Debug)]
+struct Set<V> {
+    ways: [Option<(u64, V)>; 2],
+    /// The way a new key takes (the one used least recently).
+    victim: usize,
+}
+
 impl<V> Slots<V> {
-    /// `n` empty slots (`n >= 1`).
+    /// Room for `n` keys (`n` even, `n >= 2`): `n / 2` sets of two.
     pub fn new(n: usize, placement: Placement) -> Slots<V> {
-        assert!(n >= 1, "Slots::new: n must be >= 1");
+        assert!(n >= 2 && n.is_multiple_of(2), "Slots::new: n must be even and >= 2, got {n}");
         Slots {
-            slots: Mutex::new((0..n).map(|_| None).collect()),
+            sets: Mutex::new(
+                (0..n / 2)
+                    .map(|_| Set {
+                        ways: [None, None],
+                        victim: 0,
+                    })
+                    .collect(),
+            ),
             placement,
         }
     }
 
-    /// The slot of `key` among `n`.
-    pub fn slot_of(&self, key: u64, n: usize) -> usize {
+    /// The set of `key` among `sets`.
+    pub fn set_of(&self, key: u64, sets: usize) -> usize {
         match self.placement {
-            Placement::Direct => (key % n as u64) as usize,
-            // the product's high bits, scaled to [0, n)
-            Placement::Hashed => ((key.wrapping_mul(0x9E37_79B9_7F4A_7C15) as u128 * n as u128) >> 64) as usize,
+            Placement::Direct => (key % sets as u64) as usize,
+            // the product's high bits, scaled to [0, sets)
+            Placement::Hashed => ((key.wrapping_mul(0x9E37_79B9_7F4A_7C15) as u128 * sets as u128) >> 64) as usize,
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<Option<(u64, V)>>> {
+    fn lock(&self) -> MutexGuard<'_, Vec<Set<V>>> {
         // a panic while holding the lock leaves whole values behind: the slots stay usable
-        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+        self.sets.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// `f` of the value kept for `key` (under the lock: keep `f` short), None when not kept.
     pub fn with<R>(&self, key: u64, f: impl FnOnce(&mut V) -> R) -> Option<R> {
-        let mut slots = self.lock();
-        let i = self.slot_of(key, slots.len());
-        match &mut slots[i] {
-            Some((k, v)) if *k == key => Some(f(v)),
-            _ => None,
-        }
+        let mut sets = self.lock();
+        let n = sets.len();
+        let set = &mut sets[self.set_of(key, n)];
+        let w = set.ways.iter().position(|x| matches!(x, Some((k, _)) if *k == key))?;
+        set.victim = 1 - w;
+        set.ways[w].as_mut().map(|(_, v)| f(v))
     }
 
-    /// Keeps `value` for `key`, pushing out what its slot held.
+    /// Keeps `value` for `key`, in place of its old value or of its set's least recent key.
     pub fn put(&self, key: u64, value: V) {
         let old = {
-            let mut slots = self.lock();
-            let i = self.slot_of(key, slots.len());
-            slots[i].replace((key, value))
+            let mut sets = self.lock();
+            let n = sets.len();
+            let set = &mut sets[self.set_of(key, n)];
+            let w = set
+                .ways
+                .iter()
+                .position(|x| matches!(x, Some((k, _)) if *k == key))
+                .or_else(|| set.ways.iter().position(Option::is_none))
+                .unwrap_or(set.victim);
+            set.victim = 1 - w;
+            set.ways[w].replace((key, value))
         };
         drop(old);
     }
@@ -81,25 +105,54 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::HashMap;
 
+    /// The plain model: per set, its keys most recent first (at most two).
+    #[derive(Default)]
+    struct Model(HashMap<usize, Vec<(u64, u32)>>);
+
+    impl Model {
+        fn get(&mut self, set: usize, key: u64) -> Option<u32> {
+            let keys = self.0.entry(set).or_default();
+            let i = keys.iter().position(|(k, _)| *k == key)?;
+            let kv = keys.remove(i);
+            keys.insert(0, kv);
+            Some(kv.1)
+        }
+
+        fn put(&mut self, set: usize, key: u64, v: u32) {
+            let keys = self.0.entry(set).or_default();
+            keys.retain(|(k, _)| *k != key);
+            keys.insert(0, (key, v));
+            keys.truncate(2);
+        }
+    }
+
     proptest! {
-        /// Against a plain model: a key is found with its last value exactly while no other key
-        /// of its slot was put after it.
+        /// Against the plain model: a key is found with its last value exactly while its set
+        /// has not taken two other keys since it was last kept or read.
         #[test]
-        fn slots_match_a_model(n in 1usize..9, hashed: bool, ops in prop::collection::vec((0u64..40, any::<bool>(), 0u32..1000), 1..200)) {
-            let s = Slots::new(n, if hashed { Placement::Hashed } else { Placement::Direct });
-            let mut model: HashMap<usize, (u64, u32)> = HashMap::new();
-            for (key, is_put, v) in ops {
-                let slot = s.slot_of(key, n);
-                prop_assert!(slot < n);
-                if is_put {
-                    s.put(key, v);
-                    model.insert(slot, (key, v));
-                } else {
-                    let want = model.get(&slot).filter(|(k, _)| *k == key).map(|(_, v)| *v);
-                    prop_assert_eq!(s.get(key), want);
-                    // an update in place is seen by the next read
-                    if s.with(key, |x| *x += 1).is_some() {
-                        model.insert(slot, (key, want.unwrap() + 1));
+        fn slots_match_a_model(sets in 1usize..5, hashed: bool, ops in prop::collection::vec((0u64..30, 0u8..3, 0u32..1000), 1..300)) {
+            let s = Slots::new(2 * sets, if hashed { Placement::Hashed } else { Placement::Direct });
+            let mut model = Model::default();
+            for (key, op, v) in ops {
+                let set = s.set_of(key, sets);
+                prop_assert!(set < sets);
+                match op {
+                    0 => {
+                        s.put(key, v);
+                        model.put(set, key, v);
+                    }
+                    1 => prop_assert_eq!(s.get(key), model.get(set, key)),
+                    _ => {
+                        // an update in place is seen by the next read
+                        let got = s.with(key, |x| {
+                            *x += 1;
+                            *x
+                        });
+                        let want = model.get(set, key).map(|x| x + 1);
+                        prop_assert_eq!(got, want);
+                        if let Some(x) = want {
+                            model.put(set, key, x);
+                        }
                     }
                 }
             }
@@ -107,19 +160,29 @@ mod tests {
     }
 
     #[test]
-    fn direct_keys_within_n_never_collide_and_hashed_pairs_spread() {
+    fn direct_keys_within_n_are_all_kept_and_hashed_pairs_spread() {
         let s: Slots<u64> = Slots::new(4096, Placement::Direct);
         for k in 0..4096 {
             s.put(k + 10_000, k);
         }
         assert!((0..4096).all(|k| s.get(k + 10_000) == Some(k)));
-        assert_eq!(s.get(10_000 + 4096), None);
+        // a third key of a set pushes out the one used least recently
+        s.get(10_000);
+        s.put(10_000 + 4096, 1);
+        assert_eq!(s.get(10_000), Some(0));
+        assert_eq!(s.get(10_000 + 2048), None);
         // (goal, product) pairs: one goal's 50 products and one product's 50 goals
         let h: Slots<()> = Slots::new(4096, Placement::Hashed);
         let keys = (0..50u64)
             .map(|p| (7 << 32) | p)
             .chain((0..50u64).map(|g| (g << 32) | 3));
-        let distinct: std::collections::HashSet<usize> = keys.map(|k| h.slot_of(k, 4096)).collect();
-        assert!(distinct.len() >= 97, "{}", distinct.len());
+        let distinct: std::collections::HashSet<usize> = keys.map(|k| h.set_of(k, 2048)).collect();
+        assert!(distinct.len() >= 95, "{}", distinct.len());
+    }
+
+    #[test]
+    #[should_panic(expected = "n must be even")]
+    fn an_odd_size_is_refused() {
+        let _ = Slots::<u8>::new(3, Placement::Direct);
     }
 }

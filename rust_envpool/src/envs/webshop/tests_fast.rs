@@ -194,7 +194,7 @@ fn the_rewards_kept_per_goal_and_product_equal_the_plain_reward() {
 }
 
 /// The page an env keeps (the goal's search page kept with the goal, the other pages rendered
-/// when shown) is the page rendered anew, through resets to goals sharing a kept slot and the
+/// when shown) is the page rendered anew, through resets to goals sharing a kept set and the
 /// expert's episodes; a reset with the goal at hand equals one that looks it up.
 #[test]
 fn the_kept_search_page_equals_the_page_rendered_anew() {
@@ -209,7 +209,19 @@ fn the_kept_search_page_equals_the_page_rendered_anew() {
         let n = shop.num_goals();
         let mut env = shop.env();
         let mut other = shop.env();
-        for g in [0, RECENT_GOALS % n, 1, 0, n - 1, (n - 1 + RECENT_GOALS) % n, 7] {
+        // three goals of one set of two (the third pushes one out), and others
+        let set = RECENT_GOALS / 2;
+        for g in [
+            0,
+            set % n,
+            (2 * set) % n,
+            1,
+            0,
+            n - 1,
+            (n - 1 + set) % n,
+            (n - 1 + 2 * set) % n,
+            7,
+        ] {
             let s = env.reset(g).unwrap();
             assert_eq!(s.obs, env.render_current(), "goal {g}");
             assert_eq!(env.obs(), s.obs);
