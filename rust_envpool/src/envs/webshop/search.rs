@@ -557,24 +557,30 @@ struct Cursor<'a> {
     qpos: u32,
 }
 
+/// Reads the posting at `*at` of a postings list: `doc` moves on by its gap and `tf` takes its
+/// term frequency, or `doc` becomes [`NO_DOC`] at the end of the list.
+#[inline(always)]
+fn read_posting(bytes: &[u8], at: &mut usize, doc: &mut u32, tf: &mut u32) {
+    // most postings are a one-byte gap and a one-byte tf: both read at once
+    if let Some(&[g, t]) = bytes.get(*at..*at + 2) {
+        if (g | t) < 0x80 {
+            *doc += g as u32;
+            *tf = t as u32;
+            *at += 2;
+            return;
+        }
+    } else if *at >= bytes.len() {
+        *doc = NO_DOC;
+        return;
+    }
+    *doc += get_varint(bytes, at);
+    *tf = get_varint(bytes, at);
+}
+
 impl Cursor<'_> {
     #[inline(always)]
     fn next(&mut self) {
-        let b = self.bytes;
-        // most postings are a one-byte gap and a one-byte tf: both read at once
-        if let Some(&[g, t]) = b.get(self.at..self.at + 2) {
-            if (g | t) < 0x80 {
-                self.doc += g as u32;
-                self.tf = t as u32;
-                self.at += 2;
-                return;
-            }
-        } else if self.at >= b.len() {
-            self.doc = NO_DOC;
-            return;
-        }
-        self.doc += get_varint(b, &mut self.at);
-        self.tf = get_varint(b, &mut self.at);
+        read_posting(self.bytes, &mut self.at, &mut self.doc, &mut self.tf);
     }
 
     /// The largest `x` of the block that holds the first posting >= `target` (the whole list's
@@ -731,20 +737,7 @@ impl WTerm<'_> {
                 };
                 acc[i] += s as f64;
             }
-            // most postings are a one-byte gap and a one-byte tf: both read at once
-            if let Some(&[g, t]) = bytes.get(at..at + 2) {
-                if (g | t) < 0x80 {
-                    doc += g as u32;
-                    tf = t as u32;
-                    at += 2;
-                    continue;
-                }
-            } else if at >= bytes.len() {
-                doc = NO_DOC;
-                break;
-            }
-            doc += get_varint(bytes, &mut at);
-            tf = get_varint(bytes, &mut at);
+            read_posting(bytes, &mut at, &mut doc, &mut tf);
         }
         c.at = at;
         c.doc = doc;
