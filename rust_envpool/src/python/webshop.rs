@@ -225,6 +225,25 @@ impl GoalDicts {
         self.goal_objects(py, shop, i, goal)?.copy(py)
     }
 
+    /// The first `reset(i)` since goal `i` was kept (or pushed out): the env resets the plain
+    /// way, and the objects its copies come from are made and kept. Out of line: the path taken
+    /// on every other reset stays short in the instruction cache.
+    #[cold]
+    #[inline(never)]
+    fn first_reset(
+        &self,
+        py: Python<'_>,
+        env: &mut WebShopEnv,
+        i: usize,
+    ) -> PyResult<(Arc<GoalObjects>, Arc<ResetObjects>)> {
+        env.reset_in_place(i).map_err(webshop_err)?;
+        let goal = self.goal_objects(py, env.shop(), i, Some(env.goal()))?;
+        let page = Arc::new(ResetObjects::new(py, env)?);
+        // kept with its goal, unless another goal took the slot meanwhile
+        self.slots.with(i as u64, |e| e.reset = Some(page.clone()));
+        Ok((goal, page))
+    }
+
     /// `reset(i)` of `env` -> `(obs, info)`, copied from the objects kept for goal `i` (made from
     /// the env on the first reset to it: the page of `reset(i)` is the same for every env of the
     /// shop).
@@ -244,14 +263,7 @@ impl GoalDicts {
                 env.reset_started(i, page.started.clone()).map_err(webshop_err)?;
                 (goal, page)
             }
-            _ => {
-                env.reset_in_place(i).map_err(webshop_err)?;
-                let goal = self.goal_objects(py, env.shop(), i, Some(env.goal()))?;
-                let page = Arc::new(ResetObjects::new(py, env)?);
-                // kept with its goal, unless another goal took the slot meanwhile
-                self.slots.with(i as u64, |e| e.reset = Some(page.clone()));
-                (goal, page)
-            }
+            _ => self.first_reset(py, env, i)?,
         };
         let info = page.info(py, goal.copy(py)?)?;
         Ok((page.obs.bind(py).clone(), info))
@@ -485,6 +497,41 @@ pub struct PyWebShopEnv {
     goal_dicts: Arc<GoalDicts>,
 }
 
+/// `reset`'s `goal_index` as an index below `n` (an int, not a bool), else one line naming it.
+#[inline]
+fn goal_index_arg(g: &Bound<'_, PyAny>, n: usize) -> PyResult<usize> {
+    if g.is_exact_instance_of::<pyo3::types::PyInt>() {
+        if let Ok(i) = g.extract::<usize>() {
+            if i < n {
+                return Ok(i);
+            }
+        }
+    }
+    goal_index_refused(g, n)
+}
+
+/// Why `goal_index` is refused (or the index, for a subclass of int other than bool).
+#[cold]
+#[inline(never)]
+fn goal_index_refused(g: &Bound<'_, PyAny>, n: usize) -> PyResult<usize> {
+    if g.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err("goal_index: expected an int, got bool"));
+    }
+    if !g.is_instance_of::<pyo3::types::PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "goal_index: expected an int, got {}",
+            type_name(g)
+        )));
+    }
+    let i: i64 = g
+        .extract()
+        .map_err(|_| PyValueError::new_err(format!("goal_index: expected an int in [0, {n}), got {g}")))?;
+    usize::try_from(i)
+        .ok()
+        .filter(|&i| i < n)
+        .ok_or_else(|| PyValueError::new_err(format!("goal_index: expected an int in [0, {n}), got {i}")))
+}
+
 fn info<'py>(py: Python<'py>, s: &WebShopStep) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     let a = PyDict::new(py);
@@ -524,22 +571,7 @@ impl PyWebShopEnv {
         let s = match goal_index {
             None => self.env.reset_random(),
             Some(g) => {
-                if g.is_instance_of::<pyo3::types::PyBool>() {
-                    return Err(PyTypeError::new_err("goal_index: expected an int, got bool"));
-                }
-                let n = self.env.shop().num_goals();
-                if !g.is_instance_of::<pyo3::types::PyInt>() {
-                    return Err(PyTypeError::new_err(format!(
-                        "goal_index: expected an int, got {}",
-                        type_name(g)
-                    )));
-                }
-                let i: i64 = g
-                    .extract()
-                    .map_err(|_| PyValueError::new_err(format!("goal_index: expected an int in [0, {n}), got {g}")))?;
-                let i = usize::try_from(i).ok().filter(|&i| i < n).ok_or_else(|| {
-                    PyValueError::new_err(format!("goal_index: expected an int in [0, {n}), got {i}"))
-                })?;
+                let i = goal_index_arg(g, self.env.shop().num_goals())?;
                 // the page of reset(i) is the same for every env: kept with the goal
                 let (obs, d) = self.goal_dicts.reset(py, &mut self.env, i)?;
                 return Ok((obs.into_any(), d));

@@ -35,7 +35,10 @@ struct Set<V> {
 impl<V> Slots<V> {
     /// Room for `n` keys (`n` even, `n >= 2`): `n / 2` sets of two.
     pub fn new(n: usize, placement: Placement) -> Slots<V> {
-        assert!(n >= 2 && n.is_multiple_of(2), "Slots::new: n must be even and >= 2, got {n}");
+        assert!(
+            n >= 2 && n.is_multiple_of(2),
+            "Slots::new: n must be even and >= 2, got {n}"
+        );
         Slots {
             sets: Mutex::new(
                 (0..n / 2)
