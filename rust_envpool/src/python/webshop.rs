@@ -123,7 +123,7 @@ impl GoalObjects {
         let d = goal_to_dict(py, g)?;
         let attributes = d.get_item(intern!(py, "attributes"))?.expect("set");
         let options = d.get_item(intern!(py, "goal_options"))?.expect("set");
-        let mut touch = Vec::new();
+        let mut touch = Vec::with_capacity(32);
         touch_of(d.as_any(), &mut touch);
         touch_of(&attributes, &mut touch);
         touch_of(&options, &mut touch);
@@ -158,7 +158,8 @@ impl ResetObjects {
         d.set_item(intern!(py, "goal_index"), env.goal_index())?;
         let obs = PyString::new(py, env.obs());
         let started = env.started_goal().clone();
-        let mut touch = vec![Arc::as_ptr(&started) as usize, obs.as_ptr() as usize];
+        let mut touch = Vec::with_capacity(16);
+        touch.extend([Arc::as_ptr(&started) as usize, obs.as_ptr() as usize]);
         for x in [d.as_any(), a.as_any(), clickables.as_any()] {
             touch_of(x, &mut touch);
         }
