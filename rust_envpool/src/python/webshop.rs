@@ -95,14 +95,23 @@ struct ResetObjects {
     touch: Vec<usize>,
 }
 
-/// Where a container and the items a copy of it holds lie.
+/// Where a container and the items a copy of it holds lie (read through borrowed references:
+/// no count is raised).
 fn touch_of(v: &Bound<'_, PyAny>, out: &mut Vec<usize>) {
+    use pyo3::ffi;
     out.push(v.as_ptr() as usize);
     if let Ok(l) = v.cast::<PyList>() {
-        out.extend(l.iter().map(|x| x.as_ptr() as usize));
+        for i in 0..l.len() {
+            // SAFETY: `l` is a list held by the caller and `i` is below its length.
+            out.push(unsafe { ffi::PyList_GetItem(l.as_ptr(), i as ffi::Py_ssize_t) } as usize);
+        }
     } else if let Ok(d) = v.cast::<PyDict>() {
-        for (k, x) in d.iter() {
-            out.extend([k.as_ptr() as usize, x.as_ptr() as usize]);
+        let (mut pos, mut key, mut value): (ffi::Py_ssize_t, *mut ffi::PyObject, *mut ffi::PyObject) =
+            (0, std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: `d` is a dict held by the caller and not changed while stepped through;
+        // PyDict_Next hands out borrowed references.
+        while unsafe { ffi::PyDict_Next(d.as_ptr(), &mut pos, &mut key, &mut value) } != 0 {
+            out.extend([key as usize, value as usize]);
         }
     }
 }
