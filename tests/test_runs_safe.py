@@ -79,10 +79,14 @@ def test_training_games_are_generated_when_played_not_written(tmp_path):
 
 
 # ----------------------------------------------------------------------------- 1.2 the run folder
-def test_two_trainings_on_one_run_dir_then_a_new_run_into_the_finished_one(tmp_path, tiny_dir, child_env):
+def test_two_trainings_on_one_run_dir_then_a_new_run_into_the_finished_one(tmp_path, tiny_dir, child_env, capsys):
     """A second training into a folder in use is refused (one line, exit 2) and the first finishes
     alone; a new run into the finished run's folder is refused; ``run.overwrite=true`` moves the old
-    run aside (nothing deleted) and starts clean."""
+    run aside (nothing deleted) and starts clean. The first training is a process of its own (it
+    holds the folder's lock); the later commands run in this one (``python -m pcsd.train`` is
+    ``sys.exit(main())``), which saves an interpreter start each."""
+    from pcsd.train.cli import main
+
     run = tmp_path / "run"
     common = _TINY + [f"model.path={tiny_dir}", f"run.dir={run}"]
     first = subprocess.Popen(
@@ -98,9 +102,9 @@ def test_two_trainings_on_one_run_dir_then_a_new_run_into_the_finished_one(tmp_p
         while not (run / "config.yaml").exists():  # the first run holds the folder
             assert first.poll() is None and time.time() < deadline, first.communicate()
             time.sleep(0.2)
-        second = _train(common, tmp_path, child_env)
-        assert second.returncode == 2
-        _one_line_error(second.stderr, f"run.dir={run} is in use by another training (pid {first.pid}")
+        capsys.readouterr()
+        assert main(common) == 2  # a second training, while the first holds the folder
+        _one_line_error(capsys.readouterr().err, f"run.dir={run} is in use by another training (pid {first.pid}")
         out, err = first.communicate(timeout=600)
     finally:
         if first.poll() is None:
@@ -109,19 +113,22 @@ def test_two_trainings_on_one_run_dir_then_a_new_run_into_the_finished_one(tmp_p
     assert _steps(run) == [1, 2, 3, 4]  # one run's records, not two interleaved
     finished = json.loads((run / "summary.json").read_text())
 
-    again = _train(common + ["optim.steps=1"], tmp_path, child_env)
-    assert again.returncode == 2
+    assert main(common + ["optim.steps=1"]) == 2
     _one_line_error(
-        again.stderr, f"run.dir={run} is not empty: it holds a run", "checkpoints/", "--resume", "run.overwrite=true"
+        capsys.readouterr().err,
+        f"run.dir={run} is not empty: it holds a run",
+        "checkpoints/",
+        "--resume",
+        "run.overwrite=true",
     )
-    both = _train(["--resume", str(run), "run.overwrite=true"], tmp_path, child_env)
-    assert both.returncode == 2
-    _one_line_error(both.stderr, "give one of them")
+    assert main(["--resume", str(run), "run.overwrite=true"]) == 2
+    _one_line_error(capsys.readouterr().err, "give one of them")
 
-    fresh = _train(common + ["optim.steps=1", "run.overwrite=true"], tmp_path, child_env)
-    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    fresh = main(common + ["optim.steps=1", "run.overwrite=true"])
+    out, err = capsys.readouterr()
+    assert fresh == 0, err[-3000:]
     aside = list(tmp_path.glob("run.replaced-*"))
-    assert len(aside) == 1 and f"moved to {aside[0]}" in fresh.stdout
+    assert len(aside) == 1 and f"moved to {aside[0]}" in out
     assert json.loads((aside[0] / "summary.json").read_text()) == finished  # the old run, whole
     assert _steps(aside[0]) == [1, 2, 3, 4] and (aside[0] / "checkpoints" / "step-00000004" / "COMPLETE").is_file()
     assert _steps(run) == [1] and json.loads((run / "summary.json").read_text())["steps"] == 1
@@ -313,15 +320,16 @@ def test_ctrl_c_during_then_after_the_warm_up_and_resume(tmp_path, child_env):
         "optim.sft_steps=50",
         "optim.sft_games=4",
         "optim.steps=1",
-        "optim.sft_batch_size=4",
+        "optim.sft_batch_size=1",  # 50 steps are needed (progress is printed every 25th), not their size
         "model.tiny_hidden_size=64",
         "model.tiny_layers=1",
         "rollout.tasks_per_step=1",
         "rollout.group_size=2",
         "rollout.max_response_tokens=40",  # holds the warm-up's targets (a shorter budget is refused)
         "env.max_steps=2",
-        "eval.episodes=2",
+        "eval.episodes=1",
         "run.save_every=0",
+        "run.tensorboard=false",
     ]
     out, err = _interrupt(args, "warm-up", tmp_path, child_env)  # during the warm-up
     assert "sft 25/50" in "".join(out) and "sft 50/50" not in "".join(out)
