@@ -468,7 +468,7 @@ _SMALL = [
     "rollout.group_size=2",
     "rollout.max_response_tokens=24",  # holds the warm-up's targets (a shorter budget is refused)
     "optim.steps=1",
-    "eval.episodes=4",
+    "eval.episodes=2",  # the evaluations before and after RL run; pcsd.eval below plays 4 episodes
     "env.history_length=1",
     "run.device=cpu",
     "run.progress=false",
@@ -483,39 +483,33 @@ def _skills(root: Path, task_type: str, text: str) -> Path:
     return root
 
 
-def _train_and_eval(run: Path, over: list[str], child_env, label: str) -> tuple[dict, dict, str]:
-    """``python -m pcsd.train ... method=pcsd`` then ``python -m pcsd.eval --model <run>``: the
-    run's summary, the evaluation's result row and its printed table."""
-    r = subprocess.run(
-        [sys.executable, "-m", "pcsd.train", *over, "method=pcsd", *_SMALL, f"run.dir={run}"],
-        cwd=ROOT,
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+def _train_and_eval(run: Path, over: list[str], capsys, label: str) -> tuple[dict, dict, str]:
+    """``python -m pcsd.train ... method=pcsd`` then ``python -m pcsd.eval --model <run>``, each as its
+    ``main`` in this process (the commands are ``sys.exit(main())``; the example env's test above runs
+    both as processes of their own): the run's summary, the evaluation's result row and its printed
+    table."""
+    from pcsd.eval.cli import main as eval_main
+    from pcsd.train.cli import main as train_main
+
+    capsys.readouterr()
+    code = train_main([*over, "method=pcsd", *_SMALL, f"run.dir={run}"])
+    out, err = capsys.readouterr()
+    assert code == 0, out[-3000:] + err[-3000:]
     s = json.loads((run / "summary.json").read_text())
     assert s["steps"] == 1 and s["method"] == "pcsd"
     for key in ("success_before", "success_after", "mean_reward_before", "mean_reward_after"):
         assert s[key] is not None, key
-    r = subprocess.run(
-        [sys.executable, "-m", "pcsd.eval", "--model", str(run), "--backend", "hf", "--quiet", "--episodes", "4"],
-        cwd=ROOT,
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert label in r.stdout and "Mean reward" in r.stdout, r.stdout
+    code = eval_main(["--model", str(run), "--backend", "hf", "--quiet", "--episodes", "4"])
+    out, err = capsys.readouterr()
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert label in out and "Mean reward" in out, out
     res = json.loads((run / "eval" / "results.json").read_text())["results"][0]
     assert res["episodes"] == 4 and res["mean_reward"] is not None
     assert [g["game"] for g in res["games"]] == [str(1_000_000_000 + i) for i in range(4)]
-    return s, res, r.stdout
+    return s, res, out
 
 
-def test_textarena_game_trains_end_to_end_and_evaluates(textarena_available, tmp_path, child_env):
+def test_textarena_game_trains_end_to_end_and_evaluates(textarena_available, tmp_path, capsys):
     """``env.name=textarena env.id=GuessTheNumber-v0``: the warm-up on the adapter's expert (binary
     search on the game's hints: every episode won), one GRPO + PCSD step whose teacher reads the
     game's skills (task type = the game id), evaluations before and after, then ``pcsd.eval``."""
@@ -531,17 +525,18 @@ def test_textarena_game_trains_end_to_end_and_evaluates(textarena_available, tmp
             "env.id=GuessTheNumber-v0",
             f"env.skills_dir={skills}",
             "env.max_steps=6",
-            "optim.sft_steps=10",
+            "optim.sft_steps=2",  # the expert's 8 games make the examples; two small steps train on them
+            "optim.sft_batch_size=2",
             "optim.sft_games=8",
         ],
-        child_env,
+        capsys,
         "textarena GuessTheNumber-v0",
     )
     assert s["sft_expert_success"] == 100.0 and s["sft_examples"] > 0
     assert res["env"] == "textarena"
 
 
-def test_openenv_server_trains_end_to_end_and_evaluates(openenv_available, tmp_path, child_env):
+def test_openenv_server_trains_end_to_end_and_evaluates(openenv_available, tmp_path, capsys):
     """``env.name=openenv env.url=...`` against a real OpenEnv server this test starts on 127.0.0.1
     (tests/fixtures/openenv/guess_server.py, openenv-core): no expert, so no warm-up (the generated
     model's tokenizer learns the envs' first pages), one GRPO + PCSD step, evaluations, ``pcsd.eval``."""
@@ -560,7 +555,7 @@ def test_openenv_server_trains_end_to_end_and_evaluates(openenv_available, tmp_p
                 "env.max_steps=3",
                 "optim.sft_steps=0",
             ],
-            child_env,
+            capsys,
             f"openenv {server.base_url}",
         )
     assert "sft_examples" not in s and res["env"] == "openenv"
