@@ -101,20 +101,35 @@ def tiny_dir(tmp_path_factory) -> Path:
 _RECOMPUTE = ("optim.fused_lm_head=false", "optim.joint_frozen_pass=never")
 
 
+@pytest.fixture(scope="module")
+def two_ranks(tiny_dir, tmp_path_factory):
+    """``run(algo)``: rank 0's stats and full weights after the 2-rank update with ``algo``, computed once
+    per ``algo`` (the first and third cases give the ranks the same update; only their references differ)."""
+    import torch.multiprocessing as mp
+
+    done: dict = {}
+
+    def run(algo: dict) -> dict:
+        key = tuple(sorted(algo.items()))
+        if key not in done:
+            out = tmp_path_factory.mktemp("ranks") / "rank0.pt"
+            mp.spawn(_worker, args=(2, _free_port(), str(tiny_dir), str(out), algo), nprocs=2, join=True)
+            done[key] = torch.load(out, weights_only=False)
+        return done[key]
+
+    return run
+
+
 @pytest.mark.parametrize(
     "algo, ref_extra",
     [(dict(), ()), (dict(loss_agg="token-mean", lambda_distill=0.5), ()), (dict(), _RECOMPUTE)],
     ids=["paper-agg", "token-mean", "fused-vs-recompute"],
 )
-def test_two_gloo_ranks_match_one_process(tiny_dir, tmp_path, algo, ref_extra):
-    import torch.multiprocessing as mp
-
+def test_two_gloo_ranks_match_one_process(tiny_dir, two_ranks, algo, ref_extra):
     from pcsd.testing import synthetic_rollout_batch
     from pcsd.train.update import update_step
 
-    out = tmp_path / "rank0.pt"
-    mp.spawn(_worker, args=(2, _free_port(), str(tiny_dir), str(out), algo), nprocs=2, join=True)
-    got = torch.load(out, weights_only=False)
+    got = two_ranks(algo)
 
     cfg = _cfg(ref_extra, **algo)
     assert cfg.optim.fused_lm_head == (not ref_extra)
