@@ -556,6 +556,7 @@ def test_smoke_of_the_default_path_with_its_warm_up(tmp_path):
                 "rollout.backend=hf",
                 "optim.sft_steps=3",
                 "optim.sft_games=6",
+                "optim.sft_batch_size=2",
                 "optim.steps=1",
                 "rollout.tasks_per_step=1",
                 "rollout.group_size=2",
