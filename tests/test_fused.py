@@ -34,11 +34,16 @@ def _algo(method: str):
     return OmegaConf.create(dict(grpo=method != "opsd", clip_eps=0.2, kl_beta=0.05, lambda_distill=0.5))
 
 
-def method_loss(method: str, n: int, cu: list[int], gen: torch.Generator, dtype, masked: bool):
+def method_loss(method: str, n: int, cu: list[int], gen: torch.Generator, dtype, masked: bool, scored: torch.Tensor):
     """A per-token loss of ``method`` over ``n`` tokens in segments ``cu``: the update's one per-token
     loss (pcsd.ops.losses.update_token_loss) with old log-probs taken from the pass itself (one PPO
-    epoch, as update_step does), the rule's terms from the gaps of whole segments, random
-    advantages, coefficients, reference and teacher, and a mask."""
+    epoch, as update_step does), random advantages, coefficients, reference and teacher, and a mask.
+
+    The rule's terms are made once for all ``n`` tokens from the gaps ``teacher - scored``
+    (``scored``: the tokens' log-probs), as the update makes them for a micro-batch before its
+    passes, and each chunk reads its slice. Made per chunk, the float32 gates could differ by one
+    ulp between two chunkings of the same tokens (a vectorised body against a scalar tail: a 1e-7
+    relative difference in the float64 gradients, seed 206 of the sdar case)."""
     algo = _algo(method)
     ref = torch.randn(n, generator=gen, dtype=dtype) - 4
     teacher = torch.randn(n, generator=gen, dtype=dtype) - 4
@@ -49,24 +54,27 @@ def method_loss(method: str, n: int, cu: list[int], gen: torch.Generator, dtype,
     rule = active_rule({"opsd": "sdar"}.get(method, method), True) if method != "grpo" else NO_RULE
     policy = get_policy_loss("ppo") if algo.grpo else None
     spec = LossSpec(policy, algo, algo.kl_beta, algo.lambda_distill, max(float(mask.sum()), 1.0))
+    whole = TokenTerms(
+        old_logp=scored,
+        advantages=adv,
+        coef=coef,
+        mask=mask,
+        traj_ids=traj,
+        segments=tuple(cu),
+        gap=(teacher - scored).float(),  # the native weights take float32 gaps
+        ref_logp=ref,
+        teacher_logp=teacher,
+    )
+    r = rule.terms(whole, 7)
+    terms = replace(
+        whole,
+        advantages=r.advantages.to(dtype),
+        weights=None if r.weights is None else r.weights.to(dtype),
+        rule_loss=r.loss,
+    )
 
     def loss(lp, lo, hi):
-        old = lp.detach()
-        t = TokenTerms(
-            old_logp=old,
-            advantages=adv[lo:hi],
-            coef=coef[lo:hi],
-            mask=mask[lo:hi],
-            traj_ids=traj[lo:hi],
-            segments=tuple(x - lo for x in cu if lo <= x <= hi),
-            gap=(teacher[lo:hi] - old).float(),  # the native weights take float32 gaps
-            ref_logp=ref[lo:hi],
-            teacher_logp=teacher[lo:hi],
-        )
-        r = rule.terms(t, 7)
-        w = None if r.weights is None else r.weights.to(dtype)
-        t = replace(t, advantages=r.advantages.to(dtype), weights=w, rule_loss=r.loss)
-        return update_token_loss(lp, t, spec).total
+        return update_token_loss(lp, replace(terms.slice(lo, hi), old_logp=lp.detach()), spec).total
 
     return loss
 
@@ -96,7 +104,10 @@ def _check_all(method, seed, n_seg, max_len, vocab, hid, tc, vc, dtype, bias, te
     w = (torch.randn(vocab, hid, generator=gen, dtype=dtype) * hid**-0.5).requires_grad_(True)
     b = torch.randn(vocab, generator=gen, dtype=dtype, requires_grad=True) if bias else None
     t = torch.randint(0, vocab, (n,), generator=gen)
-    loss_fn = method_loss(method, n, cu, gen, dtype, masked)
+    with torch.no_grad():
+        logits = h @ w.T + (0 if b is None else b)
+        scored = torch.log_softmax(logits / temperature, -1).gather(1, t[:, None])[:, 0]
+    loss_fn = method_loss(method, n, cu, gen, dtype, masked, scored)
 
     fused = _grads(
         lambda: fused_logprob_loss(
