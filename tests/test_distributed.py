@@ -12,7 +12,6 @@ import copy
 import os
 import socket
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -87,13 +86,6 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, algo: di
             torch.save({"stats": stats, "state": state}, out)
     finally:
         du.shutdown(ctx)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    from pcsd.testing import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, seed=3)
 
 
 # the ranks run the default update (fused lm-head, joint frozen pass); the one-process reference

@@ -84,13 +84,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    from pcsd.testing import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, seed=3)
-
-
 # ----------------------------------------------------------------------------- 1. compute dtype
 @pytest.mark.parametrize("fused", [True, False])
 def test_update_runs_the_student_in_the_compute_dtype_on_both_paths(tiny_dir, fused):

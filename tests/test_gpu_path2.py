@@ -346,13 +346,6 @@ def test_the_optimizer_is_made_in_one_place():
 
 
 # ----------------------------------------------------------------------------- models onto their device
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from pcsd.testing import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, seed=3)
-
-
 class StagingCount:
     """``safetensors.safe_open`` whose ``get_tensor`` results are watched: the most alive at once."""
 

@@ -7,7 +7,6 @@ pcsd.eval), vLLM and FSDP2 are in tests/test_lora_runs.py."""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,13 +15,6 @@ from pcsd.lora import AdaptersOff, LoraSpec, adapter_names, add_adapters, weight
 from pcsd.train.config import ConfigError, load_config
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    from pcsd.testing import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, seed=3)
 
 
 def lora_student(model_dir, rank: int = 4, alpha: float = 8.0, targets=None, seed: int = 1):

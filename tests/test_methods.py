@@ -5,7 +5,6 @@ lambda schedule as the public code runs it, and SDAR with normalised weights as 
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,13 +21,6 @@ SMALL = [
     "rollout.max_response_tokens=20",
     "optim.grad_clip=1e9",
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    from pcsd.testing import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, seed=3)
 
 
 def _load(overrides):
