@@ -332,6 +332,29 @@ def test_malformed_calls_raise_and_bad_entries_are_errors():
         EnvWorkers(lambda: None, 1)
 
 
+def test_spin_s_is_checked_before_any_worker_starts_and_0_never_polls(monkeypatch):
+    """``EnvWorkers(spin_s=...)``: seconds in [0, SPIN_UNTIL], else one line naming it (no process
+    started); ``spin_s=0`` waits for a lone worker asleep on its socket, never polling it."""
+    from pcsd.envs import pypool
+
+    started = []
+    monkeypatch.setattr(EnvWorkers, "_start", lambda self, w: started.append(w))
+    for bad in (-1e-6, True, pypool.SPIN_UNTIL * 2, "0", float("nan")):
+        with pytest.raises(ValueError, match=r"^spin_s: expected seconds in \[0, "):
+            EnvWorkers(COUNTER, 1, spin_s=bad)
+    assert started == []
+    monkeypatch.undo()
+
+    def no_polling(fd, seconds):
+        raise AssertionError(f"polled for {seconds} s")
+
+    monkeypatch.setattr(pypool, "answered_within", no_polling)
+    with EnvWorkers(COUNTER, 1, spin_s=0) as w, PythonEnvPool(w, 1, auto_reset=True) as pool:
+        pool.reset()
+        for _ in range(40):  # past the wait choice's warm-up and exploring calls
+            assert not pool.step(["go"]).error[0]
+
+
 def test_pool_over_shared_workers_leaves_them_running():
     with EnvWorkers(COUNTER, 1) as workers:
         with PythonEnvPool(workers, 2) as pool:
@@ -532,10 +555,10 @@ def test_text_that_is_not_valid_unicode_is_that_envs_error():
 
 
 def test_a_call_to_one_worker_polls_its_socket_then_sleeps_with_the_same_results(monkeypatch):
-    """The wait for one worker's answer (pcsd.envs.pypool.SPIN_S): ``answered_within`` sees an answer
-    that is there and gives up after its window; the pool's results with polling equal those of the
-    plain sleeping wait (SPIN_S = 0) and the in-process reference; a worker that took longer than
-    SPIN_UNTIL is waited for asleep; the choice between the two ways follows their measured waits."""
+    """The wait for one worker's answer (``EnvWorkers(spin_s=...)``, default pcsd.envs.pypool.SPIN_S):
+    ``answered_within`` sees an answer that is there and gives up after its window; the pool's
+    results with polling equal those of the plain sleeping wait (spin_s = 0) and the in-process
+    reference; a worker that took longer than SPIN_UNTIL is waited for asleep, without a poll."""
     import socket
 
     from pcsd.envs import pypool
@@ -551,27 +574,28 @@ def test_a_call_to_one_worker_polls_its_socket_then_sleeps_with_the_same_results
     calls += [(["go"] * 3, None)] * 20  # past the choice's warm-up: both ways measured
     got = {}
     for spin in (pypool.SPIN_S, 0.0):
-        monkeypatch.setattr(pypool, "SPIN_S", spin)
         ref = Reference(f("Counter", length=3), 3, 1, [4, 5, 6], None, None, True)
-        with PythonEnvPool(f("Counter", length=3), 3, seeds=[4, 5, 6], num_workers=1, auto_reset=True) as pool:
+        with (
+            EnvWorkers(f("Counter", length=3), 1, spin_s=spin) as w,
+            PythonEnvPool(w, 3, seeds=[4, 5, 6], auto_reset=True) as pool,
+        ):
             got[spin] = []
             for acts, ids in calls:
                 b_ = pool.reset(ids) if acts is None else pool.step(acts, ids)
                 want = ref.reset(ids) if acts is None else ref.step(ids or [0, 1, 2], acts)
                 assert rows(b_) == want
                 got[spin].append(rows(b_))
-            assert spin or pool.workers._wait.n[1] == 0  # SPIN_S = 0: never a poll
+            assert spin or pool.workers._wait.n[1] == 0  # spin_s = 0: never a poll
     assert got[pypool.SPIN_S] == got[0.0]
     spins = []
     real = pypool.answered_within
     monkeypatch.setattr(pypool, "answered_within", lambda fd, s: spins.append(s) or real(fd, s))
-    monkeypatch.setattr(pypool, "SPIN_S", 1e-4)
     busy = EnvFactory("pcsd.envs.toy:DirectionEnv", kwargs={"episode_len": 100, "busy_iters": 100_000})  # ~10 ms
-    with PythonEnvPool(busy, 1, num_workers=1) as slow:
+    with EnvWorkers(busy, 1, spin_s=1e-4) as w, PythonEnvPool(w, 1) as slow:
         slow.reset()  # (a worker's first answer comes through the starting path)
         slow.step(["left"]), slow.step(["left"])
         assert slow.workers._last_wait >= pypool.SPIN_UNTIL  # ~10 ms of CPU in the env here
-    assert spins[1] == 0.0  # the slow env's second call sleeps at once
+    assert spins == [1e-4]  # the first step polled; the slow env's second call sleeps at once
 
 
 def test_the_wait_is_chosen_by_measurement():

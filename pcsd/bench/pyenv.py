@@ -87,24 +87,23 @@ def _plain(factory: EnvFactory, num_envs: int, steps: int, repeats: int) -> dict
 
 
 def _pool(factory: EnvFactory, num_envs: int, workers: int, steps: int, repeats: int, spin: bool = True) -> dict:
-    """``spin=False``: the caller and the workers sleep on their sockets at once (``SPIN_S`` = 0),
-    the pool as it was before they polled (the alternative of the overhead rows)."""
+    """``spin=False``: the caller sleeps on the workers' sockets at once (``spin_s=0``), the pool
+    as it was before it polled them (the alternative of the overhead rows)."""
     from pcsd.envs import pypool
 
     actions = ["left"] * num_envs
-    saved = pypool.SPIN_S
-    pypool.SPIN_S = saved if spin else 0.0
-    try:
-        with pypool.PythonEnvPool(factory, num_envs, num_workers=workers, max_steps=None) as pool:
-            pool.reset()
+    spin_s = pypool.SPIN_S if spin else 0.0
+    with (
+        pypool.EnvWorkers(factory, min(workers, num_envs), spin_s=spin_s) as w,
+        pypool.PythonEnvPool(w, num_envs, max_steps=None) as pool,
+    ):
+        pool.reset()
 
-            def once() -> None:
-                for _ in range(steps):
-                    pool.step(actions)
+        def once() -> None:
+            for _ in range(steps):
+                pool.step(actions)
 
-            return _timed(once, repeats, pool.workers.pids())
-    finally:
-        pypool.SPIN_S = saved
+        return _timed(once, repeats, w.pids())
 
 
 def run(args) -> dict:
@@ -166,8 +165,9 @@ def run(args) -> dict:
     notes = [
         f"overhead = (pool - plain loop) per env step, DirectionEnv (trivial: {rows[0]['plain_us_per_step']:.1f} "
         "us/step in the plain loop), the pool's workers in their own processes, one message per worker per "
-        "call; goal <= 50 us; overhead_asleep = the same with one worker when the caller and the worker sleep on "
-        "their sockets at once instead of polling them for pcsd.envs.pypool.SPIN_S first (the pool before polling)",
+        "call; goal <= 50 us; overhead_asleep = the same with one worker when the caller sleeps on the worker's "
+        "socket at once (EnvWorkers spin_s=0) instead of polling it for pcsd.envs.pypool.SPIN_S first (the pool "
+        "before polling)",
         f"scaling: DirectionEnv with {iters:,} busy iterations per step (calibrated to "
         f"~{args.busy_ms:g} ms here), {n} envs; speedup_vs_1_worker of 2 workers, goal >= 1.7 (needs 2 idle "
         "cores: see load, the 1-minute load average); serial_share = the calling thread's CPU / all CPU of the "

@@ -176,10 +176,18 @@ class EnvWorkers:
         quiet: the workers' own output (the envs' prints, a library's download attempts) goes
             nowhere instead of to this process's stdout/stderr (:func:`check_env`: its verdict is
             one line).
+        spin_s: seconds to poll a lone worker's socket for its answer before sleeping on it (the
+            default :data:`SPIN_S`, used while measured quicker; 0: sleep at once).
     """
 
     def __init__(
-        self, make_env: Callable[[], Any], num_workers: int = 0, *, step_timeout: float = 60.0, quiet: bool = False
+        self,
+        make_env: Callable[[], Any],
+        num_workers: int = 0,
+        *,
+        step_timeout: float = 60.0,
+        quiet: bool = False,
+        spin_s: float = SPIN_S,
     ) -> None:
         if not callable(make_env):
             raise ValueError(f"make_env: expected a callable that builds one env, got {type(make_env).__name__}")
@@ -194,6 +202,9 @@ class EnvWorkers:
         if isinstance(step_timeout, bool) or not isinstance(step_timeout, (int, float)) or not step_timeout > 0:
             raise ValueError(f"step_timeout: expected a positive number of seconds, got {step_timeout!r}")
         self.step_timeout = float(step_timeout)
+        if isinstance(spin_s, bool) or not isinstance(spin_s, (int, float)) or not 0 <= spin_s <= SPIN_UNTIL:
+            raise ValueError(f"spin_s: expected seconds in [0, {SPIN_UNTIL}], got {spin_s!r}")
+        self.spin_s = float(spin_s)
         self._output = subprocess.DEVNULL if quiet else None
         self.describe = getattr(make_env, "describe", lambda: repr(make_env))()
         self._marks_file = tempfile.TemporaryFile(prefix="pcsd-envworkers-")
@@ -203,7 +214,7 @@ class EnvWorkers:
         #: per worker: how many times it was replaced (a pool rebuilds its envs there after a change)
         self.generation = [0] * n
         self._closed = False
-        self._last_wait = 0.0  # seconds the last call to one worker waited for its answer (SPIN_S)
+        self._last_wait = 0.0  # seconds the last call to one worker waited for its answer (spin_s)
         self._wait = _WaitChoice()
         self._finalizer = weakref.finalize(self, _kill, self._procs)
         for w in range(n):
@@ -288,10 +299,10 @@ class EnvWorkers:
         if len(pending) == 1:  # the quick way for one worker already started: wait on its socket alone
             (w,) = pending
             p = self._proc(w)
-            polled = SPIN_S > 0 and self._last_wait < SPIN_UNTIL and self._wait.poll()
+            polled = self.spin_s > 0 and self._last_wait < SPIN_UNTIL and self._wait.poll()
             if p.ready and (
                 p.conn.buffered()
-                or answered_within(p.conn.fd, SPIN_S if polled else 0.0)
+                or (polled and answered_within(p.conn.fd, self.spin_s))
                 or select.select([p.conn.fd], [], [], grace)[0]
             ):
                 self._last_wait = time.monotonic() - sent
