@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pcsd.ops.estimators import (
     AdvantageInputs,
+    anchor_group_counts,
     available_estimators,
     discounted_returns,
     get_estimator,
@@ -248,3 +249,34 @@ def test_rloo_matches_loop(b):
         others = [reward[j] for j in range(len(reward)) if group[j] == group[t] and j != t]
         exp.append(reward[t] - sum(others) / len(others) if others else reward[t])
     torch.testing.assert_close(get_estimator("rloo")(b).double(), torch.tensor(exp, dtype=torch.float64))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n_traj=st.integers(1, 12),
+    rows=st.lists(st.tuples(st.integers(0, 11), st.integers(0, 3)), min_size=0, max_size=40),
+    groups=st.lists(st.integers(0, 3), min_size=12, max_size=12),
+)
+def test_anchor_group_counts_equal_a_plain_count(n_traj, rows, groups):
+    """(rows, anchor groups, rows in a group of two or more): the groups are (task group, anchor)
+    pairs, counted here with a dict; an anchor id shared across task groups is two groups."""
+    rows = [(t % n_traj, a) for t, a in rows]
+    traj_group = torch.tensor(groups[:n_traj])
+    row_traj = torch.tensor([t for t, _ in rows], dtype=torch.int64)
+    anchor = torch.tensor([a for _, a in rows], dtype=torch.int64)
+    size: dict[tuple[int, int], int] = defaultdict(int)
+    for t, a in rows:
+        size[(groups[t], a)] += 1
+    want = (len(rows), len(size), sum(size[(groups[t], a)] >= 2 for t, a in rows))
+    assert anchor_group_counts(traj_group, row_traj, anchor) == want
+
+
+def test_anchor_group_counts_of_the_first_turns_of_one_group():
+    """Four trajectories of one task group start from the same observation (one anchor group of 4
+    rows); their second turns reach two states, one of them twice: 3 groups, 6 of 7 rows shared."""
+    traj_group = torch.tensor([0, 0, 0, 0])
+    row_traj = torch.tensor([0, 1, 2, 3, 0, 1, 2])
+    anchor = torch.tensor([5, 5, 5, 5, 8, 8, 9])
+    assert anchor_group_counts(traj_group, row_traj, anchor) == (7, 3, 6)
+    empty = torch.zeros(0, dtype=torch.int64)
+    assert anchor_group_counts(traj_group, empty, empty) == (0, 0, 0)

@@ -60,6 +60,27 @@ def fake_stats(step: int) -> dict:
     )
 
 
+def test_step_record_has_the_anchor_groups_when_asked():
+    """``anchors=True`` (an estimator that reads anchor states): the batch's anchor groups, tagged
+    under gigpo/; without it, or without anchors in the batch, none."""
+    from dataclasses import replace
+
+    rb = replace(fake_batch(1), anchor=torch.tensor([3, 3, 4, 4]))  # groups 0, 0, 1, 1 of one row each
+    rec = step_record(1, rb, fake_stats(1), step_seconds=2.0, anchors=True)
+    assert (rec["anchor_groups"], rec["anchor_group_rows"], rec["anchor_shared"]) == (2.0, 2.0, 1.0)
+    rb = replace(rb, anchor=torch.tensor([3, 4, 4, 4]))
+    rec = step_record(1, rb, fake_stats(1), step_seconds=2.0, anchors=True)
+    assert (rec["anchor_groups"], rec["anchor_group_rows"], rec["anchor_shared"]) == (3.0, 4 / 3, 0.5)
+    assert not any(k.startswith("anchor") for k in step_record(1, rb, fake_stats(1), step_seconds=2.0))
+    no_anchor = step_record(1, fake_batch(1), fake_stats(1), step_seconds=2.0, anchors=True)
+    assert not any(k.startswith("anchor") for k in no_anchor)
+    assert [tag_for(k) for k in ("anchor_groups", "anchor_group_rows", "anchor_shared")] == [
+        "gigpo/anchor_groups",
+        "gigpo/anchor_group_rows",
+        "gigpo/anchor_shared",
+    ]
+
+
 def test_step_record_fields():
     rec = step_record(1, fake_batch(1), fake_stats(1), step_seconds=2.0, sync_seconds=0.25)
     assert rec["step"] == 1 and rec["success"] == 25.0 and rec["reward"] == 2.5

@@ -400,6 +400,24 @@ def test_generated_tiny_model_without_warm_up_trains_with_and_without_a_teacher(
         assert (tmp_path / method / "base-model" / "tokenizer.json").is_file()
 
 
+def test_a_gigpo_run_records_its_anchor_groups(gymnasium_available, tmp_path, monkeypatch):
+    """``algo.estimator=gigpo`` on the example env: each step's metrics.jsonl line holds the batch's
+    anchor groups (the two episodes of a group start from the same observation, so some rows share
+    one); a GRPO run's lines hold none."""
+    from pcsd.train.cli import main
+
+    monkeypatch.chdir(ROOT)
+    runs = {}
+    for est in ("gigpo", "grpo"):
+        runs[est] = tmp_path / est
+        assert main([*_QUICK, "method=pcsd", f"algo.estimator={est}", f"run.dir={runs[est]}"]) == 0
+    (rec,) = [json.loads(line) for line in (runs["gigpo"] / "metrics.jsonl").read_text().splitlines()]
+    assert rec["anchor_groups"] >= 1 and rec["anchor_group_rows"] >= 1.0, rec
+    assert 0.0 < rec["anchor_shared"] <= 1.0, rec
+    (rec,) = [json.loads(line) for line in (runs["grpo"] / "metrics.jsonl").read_text().splitlines()]
+    assert not any(k.startswith("anchor") for k in rec)
+
+
 def test_no_expert_skips_the_warm_up_with_a_message(gymnasium_available, tmp_path, monkeypatch, capsys):
     from pcsd.train.cli import main
 

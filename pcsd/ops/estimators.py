@@ -40,6 +40,7 @@ from pcsd.ops.segments import segment_sum
 __all__ = [
     "AdvantageInputs",
     "Estimator",
+    "anchor_group_counts",
     "available_estimators",
     "discounted_returns",
     "get_estimator",
@@ -237,6 +238,19 @@ def gigpo_step_advantages(
         adv = dev / (std[ids] + eps)
     single = cnt[ids] < 2
     return torch.where(single, torch.zeros_like(adv), adv), cnt[ids].long()
+
+
+def anchor_group_counts(traj_group: Tensor, row_traj: Tensor, anchor: Tensor) -> tuple[int, int, int]:
+    """``(rows, anchor groups, rows in an anchor group of two or more)`` of a batch: the groups
+    :func:`gigpo_step_advantages` normalises within (rows of one task group with equal anchor
+    states). A row alone in its group gets no step-level advantage. Counts, so that ranks holding
+    whole task groups can sum them."""
+    R = row_traj.numel()
+    if R == 0:
+        return 0, 0, 0
+    key = torch.stack([traj_group[row_traj].long(), anchor.long()], dim=1)
+    _, ids, cnt = torch.unique(key, dim=0, return_inverse=True, return_counts=True)
+    return R, int(cnt.numel()), int((cnt[ids] >= 2).sum())
 
 
 @register_estimator(

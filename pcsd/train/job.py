@@ -42,12 +42,13 @@ from pcsd.envs import registry
 from pcsd.eval.run import evaluate, render_table
 from pcsd.lora import AdaptersOff, LoraSpec, save_adapter
 from pcsd.models import eos_id, load_model, resolve_device, resolve_model_path
+from pcsd.ops.estimators import anchor_group_counts, get_estimator
 from pcsd.progress import ProgressReporter
 from pcsd.rollout.backends import make_backend, usable_backend
 from pcsd.rollout.loop import collect_rollouts
 from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
-from pcsd.train.metrics import MetricsLogger, step_record
+from pcsd.train.metrics import MetricsLogger, anchor_fields, step_record
 from pcsd.train.optim import make_adamw
 from pcsd.train.precision import (
     export_model,
@@ -677,14 +678,21 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
         t_sync = time.time()
         refresh_generation(job)
     rb = sampled.played
-    rec = step_record(step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0)
+    anchors = get_estimator(cfg.algo.get("estimator", "grpo")).needs_anchor  # the same on every rank
+    rec = step_record(
+        step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0, anchors=anchors
+    )
     rec.update(sampled.metrics())
     if sampled.skipped:
         rec["skipped"] = True
     rec.update(job.kind.step_fields(rb))  # the kind's figures of the batch (WebShop's Score, env errors)
     _report_env_errors(job, step, played, rb)
     if ctx.distributed:  # the batch's totals over every rank (per-category success: this rank's)
-        n_traj, r_sum, won_sum, len_sum, n_rows, valid_sum = dist_utils.global_sum(
+        # every rank holds whole task groups, so their anchor groups add up too
+        counts = (
+            anchor_group_counts(rb.traj_group, rb.traj_id, rb.anchor) if anchors and rb.anchor is not None else None
+        )
+        n_traj, r_sum, won_sum, len_sum, n_rows, valid_sum, a_rows, a_groups, a_shared = dist_utils.global_sum(
             [
                 rb.num_trajectories,
                 float(rb.reward.sum()),
@@ -692,6 +700,7 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
                 float(rb.length.float().sum()),
                 rb.num_rows,
                 float(rb.action_valid.float().sum()),
+                *(counts or (0, 0, 0)),
             ],
             ctx,
         )
@@ -701,6 +710,8 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
             turns=len_sum / max(n_traj, 1),
             valid_actions=valid_sum / max(n_rows, 1),
         )
+        if anchors:
+            rec.update(anchor_fields(int(a_rows), int(a_groups), int(a_shared)))
     return rec
 
 

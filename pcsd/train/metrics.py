@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-__all__ = ["MetricsLogger", "category_success", "plot_history", "read_jsonl", "step_record", "tag_for"]
+__all__ = ["MetricsLogger", "anchor_fields", "category_success", "plot_history", "read_jsonl", "step_record", "tag_for"]
 
 #: record key -> TensorBoard tag (keys not listed go to ``train/<key>``; keys with a ``/`` are kept)
 TAGS: dict[str, str] = {
@@ -56,6 +56,11 @@ TAGS: dict[str, str] = {
     "groups_dropped": "sampling/groups_dropped",
     "groups_surplus": "sampling/groups_surplus",
     "skipped": "sampling/skipped",
+    # GiGPO's anchor groups (algo.estimator=gigpo): how many, their mean size in rows, and the share of
+    # rows in a group of two or more (the rows a step-level advantage can reach)
+    "anchor_groups": "gigpo/anchor_groups",
+    "anchor_group_rows": "gigpo/anchor_group_rows",
+    "anchor_shared": "gigpo/anchor_shared",
 }
 
 
@@ -82,12 +87,19 @@ def category_success(task_types: Sequence[str], won: Sequence[bool], kind: Any =
 
 
 def step_record(
-    step: int, rb, stats: Mapping[str, Any], *, step_seconds: float, sync_seconds: float = 0.0
+    step: int,
+    rb,
+    stats: Mapping[str, Any],
+    *,
+    step_seconds: float,
+    sync_seconds: float = 0.0,
+    anchors: bool = False,
 ) -> dict[str, Any]:
     """The flat per-step record: rollout results (reward, success overall and per category, turns,
     valid actions, episodes ended by an over-long prompt) of ``rb``, every episode the step played
     (with dynamic sampling the dropped groups too), the update statistics (none for a skipped step),
-    tokens/s and the time per phase."""
+    tokens/s and the time per phase. ``anchors`` (an estimator that reads anchor states, GiGPO):
+    also the anchor groups of the batch (:func:`anchor_fields`)."""
     won = rb.won.tolist()
     tokens = rb.num_tokens()
     rec: dict[str, Any] = dict(
@@ -107,7 +119,23 @@ def step_record(
     )
     for k, v in stats.items():
         rec["entropy" if k == "entropy_proxy" else k] = v
+    if anchors and rb.anchor is not None:
+        from pcsd.ops.estimators import anchor_group_counts
+
+        rec.update(anchor_fields(*anchor_group_counts(rb.traj_group, rb.traj_id, rb.anchor)))
     return rec
+
+
+def anchor_fields(rows: int, groups: int, shared: int) -> dict[str, float]:
+    """The record's GiGPO fields from a batch's anchor-group counts
+    (:func:`pcsd.ops.estimators.anchor_group_counts`): ``anchor_groups``, ``anchor_group_rows`` (rows
+    per group) and ``anchor_shared`` (the share of rows in a group of two or more: the rows whose
+    step-level advantage can be other than 0; near 0, GiGPO is GRPO)."""
+    return dict(
+        anchor_groups=float(groups),
+        anchor_group_rows=rows / max(groups, 1),
+        anchor_shared=shared / max(rows, 1),
+    )
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
