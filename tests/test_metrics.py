@@ -60,21 +60,14 @@ def fake_stats(step: int) -> dict:
     )
 
 
-def test_step_record_has_the_anchor_groups_when_asked():
-    """``anchors=True`` (an estimator that reads anchor states): the batch's anchor groups, tagged
-    under gigpo/; without it, or without anchors in the batch, none."""
-    from dataclasses import replace
+def test_anchor_fields_and_their_tags():
+    """GiGPO's record fields from a batch's anchor-group counts (rows, groups, rows in a group of two
+    or more), tagged under gigpo/; a skipped step's zeros stay finite."""
+    from pcsd.train.metrics import anchor_fields
 
-    rb = replace(fake_batch(1), anchor=torch.tensor([3, 3, 4, 4]))  # groups 0, 0, 1, 1 of one row each
-    rec = step_record(1, rb, fake_stats(1), step_seconds=2.0, anchors=True)
-    assert (rec["anchor_groups"], rec["anchor_group_rows"], rec["anchor_shared"]) == (2.0, 2.0, 1.0)
-    rb = replace(rb, anchor=torch.tensor([3, 4, 4, 4]))
-    rec = step_record(1, rb, fake_stats(1), step_seconds=2.0, anchors=True)
-    assert (rec["anchor_groups"], rec["anchor_group_rows"], rec["anchor_shared"]) == (3.0, 4 / 3, 0.5)
-    assert not any(k.startswith("anchor") for k in step_record(1, rb, fake_stats(1), step_seconds=2.0))
-    no_anchor = step_record(1, fake_batch(1), fake_stats(1), step_seconds=2.0, anchors=True)
-    assert not any(k.startswith("anchor") for k in no_anchor)
-    assert [tag_for(k) for k in ("anchor_groups", "anchor_group_rows", "anchor_shared")] == [
+    assert anchor_fields(7, 3, 6) == dict(anchor_groups=3.0, anchor_group_rows=7 / 3, anchor_shared=6 / 7)
+    assert anchor_fields(0, 0, 0) == dict(anchor_groups=0.0, anchor_group_rows=0.0, anchor_shared=0.0)
+    assert [tag_for(k) for k in anchor_fields(1, 1, 0)] == [
         "gigpo/anchor_groups",
         "gigpo/anchor_group_rows",
         "gigpo/anchor_shared",

@@ -678,10 +678,12 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
         t_sync = time.time()
         refresh_generation(job)
     rb = sampled.played
-    anchors = get_estimator(cfg.algo.get("estimator", "grpo")).needs_anchor  # the same on every rank
-    rec = step_record(
-        step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0, anchors=anchors
-    )
+    rec = step_record(step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0)
+    # GiGPO's anchor groups, of the groups the step trained on (what the estimator read)
+    counts: Optional[tuple[float, ...]] = None
+    if get_estimator(cfg.algo.get("estimator", "grpo")).needs_anchor:  # the same on every rank
+        tb = sampled.train
+        counts = anchor_group_counts(tb.traj_group, tb.traj_id, tb.anchor) if tb.anchor is not None else (0, 0, 0)
     rec.update(sampled.metrics())
     if sampled.skipped:
         rec["skipped"] = True
@@ -689,9 +691,6 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
     _report_env_errors(job, step, played, rb)
     if ctx.distributed:  # the batch's totals over every rank (per-category success: this rank's)
         # every rank holds whole task groups, so their anchor groups add up too
-        counts = (
-            anchor_group_counts(rb.traj_group, rb.traj_id, rb.anchor) if anchors and rb.anchor is not None else None
-        )
         n_traj, r_sum, won_sum, len_sum, n_rows, valid_sum, a_rows, a_groups, a_shared = dist_utils.global_sum(
             [
                 rb.num_trajectories,
@@ -710,8 +709,10 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
             turns=len_sum / max(n_traj, 1),
             valid_actions=valid_sum / max(n_rows, 1),
         )
-        if anchors:
-            rec.update(anchor_fields(int(a_rows), int(a_groups), int(a_shared)))
+        if counts is not None:
+            counts = (a_rows, a_groups, a_shared)
+    if counts is not None:
+        rec.update(anchor_fields(*(int(c) for c in counts)))
     return rec
 
 

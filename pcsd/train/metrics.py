@@ -87,19 +87,12 @@ def category_success(task_types: Sequence[str], won: Sequence[bool], kind: Any =
 
 
 def step_record(
-    step: int,
-    rb,
-    stats: Mapping[str, Any],
-    *,
-    step_seconds: float,
-    sync_seconds: float = 0.0,
-    anchors: bool = False,
+    step: int, rb, stats: Mapping[str, Any], *, step_seconds: float, sync_seconds: float = 0.0
 ) -> dict[str, Any]:
     """The flat per-step record: rollout results (reward, success overall and per category, turns,
     valid actions, episodes ended by an over-long prompt) of ``rb``, every episode the step played
     (with dynamic sampling the dropped groups too), the update statistics (none for a skipped step),
-    tokens/s and the time per phase. ``anchors`` (an estimator that reads anchor states, GiGPO):
-    also the anchor groups of the batch (:func:`anchor_fields`)."""
+    tokens/s and the time per phase."""
     won = rb.won.tolist()
     tokens = rb.num_tokens()
     rec: dict[str, Any] = dict(
@@ -119,18 +112,15 @@ def step_record(
     )
     for k, v in stats.items():
         rec["entropy" if k == "entropy_proxy" else k] = v
-    if anchors and rb.anchor is not None:
-        from pcsd.ops.estimators import anchor_group_counts
-
-        rec.update(anchor_fields(*anchor_group_counts(rb.traj_group, rb.traj_id, rb.anchor)))
     return rec
 
 
 def anchor_fields(rows: int, groups: int, shared: int) -> dict[str, float]:
-    """The record's GiGPO fields from a batch's anchor-group counts
-    (:func:`pcsd.ops.estimators.anchor_group_counts`): ``anchor_groups``, ``anchor_group_rows`` (rows
-    per group) and ``anchor_shared`` (the share of rows in a group of two or more: the rows whose
-    step-level advantage can be other than 0; near 0, GiGPO is GRPO)."""
+    """The record's GiGPO fields (an estimator that reads anchor states) from the anchor-group counts
+    of the groups the step trained on (:func:`pcsd.ops.estimators.anchor_group_counts`):
+    ``anchor_groups``, ``anchor_group_rows`` (rows per group) and ``anchor_shared`` (the share of
+    rows in a group of two or more: the rows whose step-level advantage can be other than 0; near 0,
+    GiGPO is GRPO). A skipped step (nothing trained) has 0 for each."""
     return dict(
         anchor_groups=float(groups),
         anchor_group_rows=rows / max(groups, 1),
