@@ -23,7 +23,7 @@ from pcsd.ops.fused import (
 from pcsd.ops.grpo import token_coefficients
 from pcsd.ops.losses import LossSpec, TokenTerms, update_token_loss
 from pcsd.ops.policy_losses import get_policy_loss
-from pcsd.ops.scoring import score_packed, selective_logprobs
+from pcsd.ops.scoring import score_packed, selective_logprobs, selective_logprobs_naive
 from pcsd.ops.weighting import NO_RULE, active_rule
 from pcsd.train.fused_update import joint_scores, pair_microbatches
 
@@ -105,8 +105,7 @@ def _check_all(method, seed, n_seg, max_len, vocab, hid, tc, vc, dtype, bias, te
     b = torch.randn(vocab, generator=gen, dtype=dtype, requires_grad=True) if bias else None
     t = torch.randint(0, vocab, (n,), generator=gen)
     with torch.no_grad():
-        logits = h @ w.T + (0 if b is None else b)
-        scored = torch.log_softmax(logits / temperature, -1).gather(1, t[:, None])[:, 0]
+        scored = selective_logprobs_naive(h, w, t, b, temperature=temperature)
     loss_fn = method_loss(method, n, cu, gen, dtype, masked, scored)
 
     fused = _grads(
