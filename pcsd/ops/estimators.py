@@ -213,6 +213,13 @@ def gigpo_episode_advantages(reward: Tensor, traj_group: Tensor, *, norm: str, e
     return r - mean[ids]
 
 
+def _anchor_group_ids(row_group: Tensor, anchor: Tensor) -> Tensor:
+    """``[R]`` each row's anchor group, numbered from 0: rows of one task group (``row_group``) with
+    equal ``anchor`` share one (``R`` > 0)."""
+    _, ids = torch.unique(torch.stack([row_group.long(), anchor.long()], dim=1), dim=0, return_inverse=True)
+    return ids
+
+
 def gigpo_step_advantages(
     returns: Tensor, row_group: Tensor, anchor: Tensor, *, norm: str, eps: float
 ) -> tuple[Tensor, Tensor]:
@@ -225,8 +232,7 @@ def gigpo_step_advantages(
     R = returns.numel()
     if R == 0:
         return returns.to(torch.float64), torch.zeros(0, dtype=torch.int64)
-    key = torch.stack([row_group.long(), anchor.long()], dim=1)
-    _, ids = torch.unique(key, dim=0, return_inverse=True)
+    ids = _anchor_group_ids(row_group, anchor)
     k = int(ids.max()) + 1
     g = returns.to(torch.float64)
     cnt, mean, ss = _group_stats(g, ids, k)
@@ -248,8 +254,8 @@ def anchor_group_counts(traj_group: Tensor, row_traj: Tensor, anchor: Tensor) ->
     R = row_traj.numel()
     if R == 0:
         return 0, 0, 0
-    key = torch.stack([traj_group[row_traj].long(), anchor.long()], dim=1)
-    _, ids, cnt = torch.unique(key, dim=0, return_inverse=True, return_counts=True)
+    ids = _anchor_group_ids(traj_group[row_traj], anchor)
+    cnt = torch.bincount(ids)
     return R, int(cnt.numel()), int((cnt[ids] >= 2).sum())
 
 

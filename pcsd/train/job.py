@@ -680,10 +680,11 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
     rb = sampled.played
     rec = step_record(step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0)
     # GiGPO's anchor groups, of the groups the step trained on (what the estimator read)
-    counts: Optional[tuple[float, ...]] = None
-    if get_estimator(cfg.algo.get("estimator", "grpo")).needs_anchor:  # the same on every rank
-        tb = sampled.train
-        counts = anchor_group_counts(tb.traj_group, tb.traj_id, tb.anchor) if tb.anchor is not None else (0, 0, 0)
+    anchored = get_estimator(cfg.algo.get("estimator", "grpo")).needs_anchor  # the same on every rank
+    tb = sampled.train
+    counts = (
+        anchor_group_counts(tb.traj_group, tb.traj_id, tb.anchor) if anchored and tb.anchor is not None else (0, 0, 0)
+    )
     rec.update(sampled.metrics())
     if sampled.skipped:
         rec["skipped"] = True
@@ -699,7 +700,7 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
                 float(rb.length.float().sum()),
                 rb.num_rows,
                 float(rb.action_valid.float().sum()),
-                *(counts or (0, 0, 0)),
+                *counts,
             ],
             ctx,
         )
@@ -709,10 +710,9 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
             turns=len_sum / max(n_traj, 1),
             valid_actions=valid_sum / max(n_rows, 1),
         )
-        if counts is not None:
-            counts = (a_rows, a_groups, a_shared)
-    if counts is not None:
-        rec.update(anchor_fields(*(int(c) for c in counts)))
+        counts = (int(a_rows), int(a_groups), int(a_shared))
+    if anchored:
+        rec.update(anchor_fields(*counts))
     return rec
 
 
