@@ -9,9 +9,12 @@ process on the whole batch: the GRPO ``1/G sum_g 1/M_g`` and PCSD ``1/M`` normal
 from __future__ import annotations
 
 import copy
+import json
 import os
 import socket
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,14 +121,19 @@ def two_ranks(tiny_dir, tmp_path_factory):
     ids=["paper-agg", "token-mean", "fused-vs-recompute"],
 )
 def test_two_gloo_ranks_match_one_process(tiny_dir, two_ranks, algo, ref_extra):
+    got = two_ranks(algo)
+    cfg = _cfg(ref_extra, **algo)
+    assert cfg.optim.fused_lm_head == (not ref_extra)
+    assert_matches_one_process(got, tiny_dir, cfg)
+
+
+def assert_matches_one_process(got: dict, model_dir, cfg) -> None:
+    """``got`` (rank 0's stats and full weights after a sharded update of the hand-made batch)
+    equals the same update in one process on the whole batch."""
     from pcsd.testing import synthetic_rollout_batch
     from pcsd.train.update import update_step
 
-    got = two_ranks(algo)
-
-    cfg = _cfg(ref_extra, **algo)
-    assert cfg.optim.fused_lm_head == (not ref_extra)
-    student, frozen = _load(tiny_dir)
+    student, frozen = _load(model_dir)
     before = {k: v.clone() for k, v in student.state_dict().items()}
     opt = _optimizer(student)
     rb = synthetic_rollout_batch(num_groups=5, group_size=2, seed=7)
@@ -150,6 +158,86 @@ def test_two_gloo_ranks_match_one_process(tiny_dir, two_ranks, algo, ref_extra):
     assert moved >= len(sd) - 1  # the update really moved the weights being compared
 
 
+# ----------------------------------------------------------------------------- two torchrun "nodes"
+WORKER = Path(__file__).with_name("multinode_worker.py")
+
+
+def _torchrun_node(node: int, port: int, args: list[str], env: dict) -> subprocess.Popen:
+    """``torchrun --nnodes=2 --nproc_per_node=2`` of node ``node``: c10d rendezvous on the loopback
+    address, node 0's agent hosting its store."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc_per_node=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=pcsd-two-nodes",
+        f"--rdzv-conf=is_host={'true' if node == 0 else 'false'}",
+        "--local-addr=127.0.0.1",
+        "--max-restarts=0",
+        str(WORKER),
+        *args,
+    ]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tiny_dir, tmp_path_factory, child_env):
+    """Two torchrun commands (2 "nodes" x 2 gloo processes) running tests/multinode_worker.py:
+    rank 0's results on each mesh, and every rank's run-folder errors."""
+    out = tmp_path_factory.mktemp("nodes")
+    env = dict(child_env, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = str(WORKER.parent) + os.pathsep + env.get("PYTHONPATH", "")
+    port = _free_port()
+    nodes = [_torchrun_node(i, port, [str(tiny_dir), str(out)], env) for i in range(2)]
+    logs = []
+    try:
+        for proc in nodes:
+            logs.append(proc.communicate(timeout=300)[0])
+    finally:
+        for proc in nodes:
+            if proc.poll() is None:
+                proc.kill()
+    for proc, log in zip(nodes, logs):
+        assert proc.returncode == 0, log[-4000:]
+    errors = [json.loads((out / f"errors-{r}.json").read_text()) for r in range(4)]
+    return torch.load(out / "rank0.pt", weights_only=False), errors
+
+
+def test_two_torchrun_nodes_match_one_process(tiny_dir, two_nodes):
+    """2 nodes x 2 processes (two torchrun commands, c10d rendezvous on 127.0.0.1): the update of
+    the hand-made batch equals one process's on each mesh. HSDP: a 2-D mesh, each weight sharded
+    over the 2 ranks of a node (half its rows each) and replicated across the nodes; flat: one
+    1-D mesh, a quarter of the rows each."""
+    results, errors = two_nodes
+    assert all(e["nodes"] == 2 for e in errors)
+    hsdp, flat = results["hsdp"], results["flat"]
+    assert hsdp["mesh_shape"] == (2, 2) and hsdp["placements"] == "(Replicate(), Shard(dim=0))"
+    assert flat["mesh_shape"] == (4,) and flat["placements"] == "(Shard(dim=0),)"
+    rows = hsdp["rows"]
+    assert hsdp["shard_size"] == 2 and hsdp["local_rows"] == [rows // 2] * 4
+    assert flat["shard_size"] == 4 and flat["local_rows"] == [rows // 4] * 4
+    for got in (hsdp, flat):
+        assert_matches_one_process(got, tiny_dir, _cfg())
+
+
+def test_a_node_that_cannot_see_the_run_folder_stops_every_rank_with_one_line(two_nodes):
+    """The folder check of a multi-node run: fine where every node sees rank 0's folder; where node
+    1 has a folder of its own at that path, every rank raises the same line naming node 1's ranks
+    (within the wait, not a hang), and rank 0 alone prints it."""
+    _, errors = two_nodes
+    assert [e["errors"]["shared"] for e in errors] == [None] * 4
+    blind = [e["errors"]["node 1 blind"] for e in errors]
+    assert all(b is not None and b["all_ranks"] for b in blind)
+    assert len({b["message"] for b in blind[:2]}) == 1  # node 0's ranks say the same
+    msg = blind[0]["message"]
+    assert "rank(s) 2, 3 on " in msg and "cannot see the run folder rank 0 writes" in msg, msg
+    assert "within 0.5 s" in msg and "a file system every node mounts at the same path" in msg
+    assert "\n" not in msg
+
+
 def test_split_groups_covers_every_group_once():
     for n in range(0, 13):
         for world in range(1, 5):
@@ -171,6 +259,24 @@ def test_select_groups_keeps_whole_groups():
     assert sub.traj_id.tolist() == [rb.traj_id[i].item() - 3 for i in rows]
     with pytest.raises(ValueError, match="select no trajectory"):
         select_groups(rb, range(4, 5))
+
+
+def test_bad_layouts_and_meshes_are_one_line(monkeypatch):
+    from pcsd.train.config import ConfigError, load_config
+    from pcsd.train.distributed import init_distributed, node_count
+
+    with pytest.raises(ConfigError, match="dist.mesh"):
+        load_config(["dist.mesh=ring"])
+    with pytest.raises(ValueError, match="dist.mesh must be one of hsdp, flat, got 'ring'"):
+        init_distributed(rank=0, world_size=1, mesh="ring")
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE=3 must divide WORLD_SIZE=4"):
+        node_count(0, 4, 3)
+    assert node_count(3, 4, 2) == 2 and node_count(0, 1) == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("GROUP_RANK", "1")  # torchrun's node rank: rank 0 cannot be on node 1
+    with pytest.raises(ValueError, match="RANK=0 is on node GROUP_RANK=1, not node 0"):
+        node_count(0, 4)
+    assert node_count(2, 4) == 2
 
 
 def test_bad_arguments():

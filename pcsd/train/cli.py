@@ -5,7 +5,10 @@
     python -m pcsd.train --resume runs/my-run               # continue from the newest checkpoint
     python -m pcsd.train preset=alfworld-qwen2.5-3b --plan  # memory plan per GPU; loads nothing
     python -m pcsd.train preset=alfworld-qwen3-1.7b --plan --gpus 8 --gpu-memory-gb 40
+    python -m pcsd.train preset=alfworld-qwen2.5-3b --plan --nodes 2 --gpus 8   # 2 nodes of 8 GPUs
     torchrun --nproc_per_node=4 -m pcsd.train preset=...    # FSDP2 over 4 processes
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \
+        -m pcsd.train preset=... dist.mesh=hsdp             # on each of 2 nodes (docs/paper-runs.md)
 
 Resolves the configuration (see :mod:`pcsd.train.config`; methods in :mod:`pcsd.train.methods`), creates the
 run directory (``run.dir``, printed at start) and locks it for this run (:mod:`pcsd.train.rundir`: a
@@ -26,10 +29,14 @@ with the ``--resume`` command and exit status 130; ``--resume`` removes what an 
 left (``.tmp-*``).
 
 Under torchrun (``WORLD_SIZE`` > 1) the student and the frozen teacher/reference are sharded with
-FSDP2, each rank plays its share of the task groups, and rank 0 writes every file.
+FSDP2 (over several nodes: ``dist.mesh``, :mod:`pcsd.train.distributed`), each rank plays its share
+of the task groups, and rank 0 writes every file; every node must see ``run.dir`` (a shared file
+system, checked at the start: one line naming the ranks that cannot).
 
 ``--plan`` prints the memory plan per GPU (:mod:`pcsd.train.plan`) and exits (status 1 when it does
-not fit); a run on CUDA whose plan does not fit the GPU stops before loading anything.
+not fit); ``--gpus`` is the GPUs of one node (torchrun's ``--nproc_per_node``) and ``--nodes`` the
+nodes, whose mesh (``dist.mesh``) decides what a GPU keeps; a run on CUDA whose plan does not fit
+the GPU stops before loading anything.
 """
 
 from __future__ import annotations
@@ -68,15 +75,15 @@ def make_run_dir(cfg: DictConfig, create: bool = True) -> Path:
     return path.resolve()
 
 
-_VALUED = ("--resume", "--gpus", "--gpu-memory-gb")
+_VALUED = ("--resume", "--gpus", "--gpu-memory-gb", "--nodes")
 #: bounds of --plan's inputs (far beyond any machine; values past them make the plan's figures absurd)
 MAX_PLAN_GPUS, MAX_PLAN_GPU_GB = 65536, 4096.0
-_OPTIONS = "--resume RUN_DIR, --plan [--gpus N] [--gpu-memory-gb G], -h/--help"
+_OPTIONS = "--resume RUN_DIR, --plan [--gpus N] [--nodes M] [--gpu-memory-gb G], -h/--help"
 
 
 def parse_options(argv: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Splits the options (``--resume DIR``, ``--plan``, ``--gpus N``, ``--gpu-memory-gb G``, also
-    as ``--opt=value``) from the dotted overrides."""
+    """Splits the options (``--resume DIR``, ``--plan``, ``--gpus N``, ``--nodes M``,
+    ``--gpu-memory-gb G``, also as ``--opt=value``) from the dotted overrides."""
     overrides, opts = [], {}
     i = 0
     while i < len(argv):
@@ -108,9 +115,20 @@ def parse_args(argv: list[str]) -> tuple[list[str], str | None]:
     return overrides, opts.get("--resume") or None
 
 
+def launch_layout() -> tuple[int, int]:
+    """(nodes, processes per node) of this launch, from torchrun's ``WORLD_SIZE`` and
+    ``LOCAL_WORLD_SIZE`` (one node of ``WORLD_SIZE`` or 1 without them)."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if per_node < 1 or world % per_node:
+        return 1, world
+    return world // per_node, per_node
+
+
 def plan_for(cfg: DictConfig, opts: dict[str, str]):
-    """The memory plan for ``--gpus`` (default: ``WORLD_SIZE`` or 1) GPUs of ``--gpu-memory-gb``
-    GiB (default: this machine's first GPU, else 80)."""
+    """The memory plan for ``--nodes`` nodes (default: this launch's, else 1) of ``--gpus`` GPUs
+    each (default: ``LOCAL_WORLD_SIZE``, ``WORLD_SIZE`` or 1) of ``--gpu-memory-gb`` GiB (default:
+    this machine's first GPU, else 80), with ``dist.mesh``."""
     import math
 
     from pcsd.train.plan import GiB, device_memory_bytes, memory_plan
@@ -130,9 +148,13 @@ def plan_for(cfg: DictConfig, opts: dict[str, str]):
             raise ConfigError(f"{name} must be at most {limit:g}, got {v:g}")
         return v
 
-    gpus = int(number("--gpus", int(os.environ.get("WORLD_SIZE", 1)), int, MAX_PLAN_GPUS))
+    nodes0, gpus0 = launch_layout()
+    gpus = int(number("--gpus", gpus0, int, MAX_PLAN_GPUS))
+    nodes = int(number("--nodes", nodes0, int, MAX_PLAN_GPUS))
+    if gpus * nodes > MAX_PLAN_GPUS:
+        raise ConfigError(f"--nodes x --gpus must be at most {MAX_PLAN_GPUS}, got {nodes} x {gpus}")
     mem = number("--gpu-memory-gb", (device_memory_bytes() or 80 * GiB) / GiB, float, MAX_PLAN_GPU_GB)
-    return memory_plan(cfg, gpus, int(mem * GiB))
+    return memory_plan(cfg, gpus * nodes, int(mem * GiB), nodes=nodes)
 
 
 def resolve(argv: list[str]) -> DictConfig:
@@ -179,11 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     from pcsd.models import ModelLoadError, ModelNotFound
     from pcsd.train import distributed as dist_utils
     from pcsd.train.checkpoint import CheckpointError
-    from pcsd.train.rundir import discard_new_run, remove_stale_tmp
+    from pcsd.train.rundir import check_shared_run_dir, discard_new_run, remove_stale_tmp
 
     # errors of the user's input, files or environment, reported in one line (exit status 2)
     user_errors = (ConfigError, RunDirError, CheckpointError, ModelLoadError, ModelNotFound, EnvFailure)
-    ctx = dist_utils.init_distributed(device=cfg.run.device)
+    try:
+        ctx = dist_utils.init_distributed(device=cfg.run.device, mesh=cfg.dist.mesh)
+    except ValueError as exc:  # the launcher's layout (LOCAL_WORLD_SIZE, LOCAL_RANK): one line
+        print(f"pcsd.train: {exc}", file=sys.stderr)
+        return 2
     lock = None
     run_dir = None
     try:
@@ -208,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"pcsd.train: {problem}", file=sys.stderr)
             return 2
+        check_shared_run_dir(run_dir, ctx)  # several nodes: each sees what rank 0 writes
         if ctx.is_main:
             print(f"[pcsd] run directory: {run_dir}")
         from pcsd import native_info
@@ -231,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             print(f"[pcsd] summary: {json.dumps(summary)}")
     except user_errors as exc:  # one line: what is wrong and where (no traceback)
-        print(f"pcsd.train: {exc}", file=sys.stderr)
+        if ctx.is_main or not getattr(exc, "all_ranks", False):  # an error every rank raised: said once
+            print(f"pcsd.train: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         if exc.errno not in _DISK_ERRNOS:
@@ -301,7 +329,8 @@ def _plan_on_this_gpu(cfg: DictConfig):
     if mem is None or cfg.run.device == "cpu":
         return None
     try:
-        return memory_plan(cfg, int(os.environ.get("WORLD_SIZE", 1)), mem)
+        nodes, per_node = launch_layout()
+        return memory_plan(cfg, nodes * per_node, mem, nodes=nodes)
     except PlanError:
         return None
 

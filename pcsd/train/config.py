@@ -224,6 +224,13 @@ class RunConfig:
 
 
 @dataclass
+class DistConfig:
+    # the device mesh FSDP2 shards over under torchrun (pcsd.train.distributed.device_mesh): hsdp = shard
+    # within a node, replicate across nodes (2-D); flat = shard over every rank (1-D); one node: the same
+    mesh: str = "hsdp"
+
+
+@dataclass
 class TrainConfig:
     preset: str = "tiny-cpu"
     method: str = "pcsd"  # a Table 1 method (pcsd.train.methods); sets algo.grpo/distill/skills and rule
@@ -235,6 +242,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 
 
 def _kind_choices() -> dict[str, tuple[Any, ...]]:
@@ -263,6 +271,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.sft_teacher_demos": ("same", "skills"),
     "optim.joint_frozen_pass": ("auto", "always", "never"),
     "run.device": ("auto", "cpu", "cuda"),
+    "dist.mesh": ("hsdp", "flat"),
 }
 
 
@@ -332,6 +341,8 @@ RESUME_MUTABLE = (
 
 # a resumed run may continue on another machine, where vLLM's share of each GPU differs
 RESUME_MUTABLE += ("rollout.gpu_memory_utilization", "rollout.sync_bucket_mb")
+# or on another layout of nodes (checkpoints hold full, unsharded states)
+RESUME_MUTABLE += ("dist.mesh",)
 
 
 def _cli_value(overrides: list[str], key: str) -> Optional[str]:

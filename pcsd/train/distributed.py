@@ -3,7 +3,19 @@
 The loop never reads launcher environment variables itself: it receives a :class:`DistContext`.
 
 * ``torchrun --nproc_per_node=N -m pcsd.train ...``: :func:`init_distributed` reads ``RANK``,
-  ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` (set by torchrun).
+  ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` (set by torchrun).
+* ``torchrun --nnodes=M --nproc_per_node=G --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT -m
+  pcsd.train ...`` on each of M nodes: the same, with ``M = WORLD_SIZE / LOCAL_WORLD_SIZE`` nodes.
+  ``dist.mesh`` picks the device mesh (:func:`device_mesh`): ``hsdp`` (the default) a 2-D mesh
+  ``(M, G)``, FSDP2 sharding within a node and replicating across nodes (HSDP: the all-gathers
+  stay inside a node, one all-reduce of the gradient shards crosses nodes); ``flat`` one 1-D mesh
+  of all ``M G`` ranks (every all-gather crosses nodes; each GPU keeps ``1 / (M G)`` of the state
+  instead of ``1 / G``). On one node both are the same 1-D mesh. The device is
+  ``cuda:<LOCAL_RANK>``; rollout seeds are by global rank (:func:`pcsd.train.job.rollout_seed`);
+  every rank has its own env pools and (``rollout.backend=vllm``) its own engine. Rank 0 writes
+  every file (checkpoints once, not once per node) into ``run.dir``, which every node must see at
+  the same path (a shared file system): :func:`pcsd.train.rundir.check_shared_run_dir` checks it
+  at the start.
 * A Ray (or any other) launcher calls ``init_distributed(rank=..., world_size=...,
   init_method="tcp://host:port")`` in each worker, then :func:`pcsd.train.job.train` with the context.
 * One process: :func:`single_process` (no process group; every collective is the identity).
@@ -51,12 +63,21 @@ __all__ = [
     "broadcast_object",
     "barrier",
     "select_groups",
+    "MESHES",
+    "device_mesh",
+    "gather_objects",
+    "agree",
 ]
+
+#: the choices of ``dist.mesh`` (:func:`device_mesh`)
+MESHES = ("hsdp", "flat")
 
 
 @dataclass(frozen=True)
 class DistContext:
-    """Where this process sits. ``mesh`` is a 1-D DeviceMesh over all ranks (None when alone)."""
+    """Where this process sits. ``mesh`` is the DeviceMesh FSDP2 shards over (None when alone): a
+    1-D mesh over all ranks, or with ``mesh_kind="hsdp"`` on several nodes a 2-D ``(nodes,
+    ranks per node)`` one (:func:`device_mesh`)."""
 
     rank: int = 0
     world_size: int = 1
@@ -64,6 +85,13 @@ class DistContext:
     device: torch.device = torch.device("cpu")
     backend: str = ""
     mesh: Any = None
+    nodes: int = 1
+    mesh_kind: str = "flat"
+
+    @property
+    def shard_size(self) -> int:
+        """How many ranks one parameter is sharded over: the ranks of a node under HSDP, else all."""
+        return self.world_size // self.nodes if self.mesh_kind == "hsdp" else self.world_size
 
     @property
     def is_main(self) -> bool:
@@ -87,13 +115,17 @@ def init_distributed(
     device: Optional[str] = None,
     init_method: str = "env://",
     timeout_s: float = 4 * 3600.0,
+    mesh: str = "hsdp",
+    local_world_size: Optional[int] = None,
 ) -> DistContext:
     """Joins (or creates) the default process group and builds the device mesh.
 
-    Args default to the launcher's ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``; with a world of
-    one and no process group this is :func:`single_process`. ``backend`` defaults to ``nccl`` on
-    CUDA and ``gloo`` on CPU; ``device`` (``auto``, ``cpu``, ``cuda``) picks ``cuda:<local_rank>``.
-    ``timeout_s`` is long because rank 0 evaluates alone while the others wait.
+    Args default to the launcher's ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` /
+    ``LOCAL_WORLD_SIZE`` (ranks per node; absent: one node); with a world of one and no process
+    group this is :func:`single_process`. ``backend`` defaults to ``nccl`` on CUDA and ``gloo`` on
+    CPU; ``device`` (``auto``, ``cpu``, ``cuda``) picks ``cuda:<local_rank>``. ``mesh``: ``hsdp``
+    or ``flat`` (:func:`device_mesh`). ``timeout_s`` is long because rank 0 evaluates alone while
+    the others wait.
     """
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
@@ -102,10 +134,18 @@ def init_distributed(
         raise ValueError(
             f"rank must be in [0, world_size) and world_size >= 1, got rank={rank} world_size={world_size}"
         )
+    if mesh not in MESHES:
+        raise ValueError(f"dist.mesh must be one of {', '.join(MESHES)}, got {mesh!r}")
+    nodes = node_count(rank, world_size, local_world_size)
     want = device or "auto"
     if want not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
     use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
+    if use_cuda and torch.cuda.is_available() and local_rank >= torch.cuda.device_count():
+        raise ValueError(
+            f"LOCAL_RANK={local_rank}, but this node has {torch.cuda.device_count()} GPU(s): run at most "
+            f"that many processes per node (torchrun --nproc_per_node)"
+        )
     dev = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
@@ -116,10 +156,53 @@ def init_distributed(
         dist.init_process_group(
             backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
         )
+    return DistContext(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        device=dev,
+        backend=backend,
+        mesh=device_mesh(mesh, dev.type, world_size, nodes),
+        nodes=nodes,
+        mesh_kind=mesh,
+    )
+
+
+def node_count(rank: int, world_size: int, local_world_size: Optional[int] = None) -> int:
+    """The number of nodes, ``world_size / local_world_size`` (default: ``LOCAL_WORLD_SIZE``,
+    torchrun's ``--nproc_per_node``; absent: one node). Every node runs the same number of ranks,
+    numbered node by node (torchrun's layout: rank = node rank x ranks per node + local rank, which
+    its ``GROUP_RANK`` confirms when set)."""
+    env = os.environ.get("LOCAL_WORLD_SIZE")
+    per_node = (int(env) if env else world_size) if local_world_size is None else local_world_size
+    if per_node < 1 or world_size % per_node:
+        raise ValueError(
+            f"LOCAL_WORLD_SIZE={per_node} must divide WORLD_SIZE={world_size}: every node runs the same "
+            f"number of processes (torchrun --nproc_per_node)"
+        )
+    group = os.environ.get("GROUP_RANK")
+    if local_world_size is None and group is not None and int(group) != rank // per_node:
+        raise ValueError(
+            f"RANK={rank} is on node GROUP_RANK={group}, not node {rank // per_node}: the ranks of a node "
+            f"must be numbered together (torchrun numbers them so)"
+        )
+    return world_size // per_node
+
+
+def device_mesh(kind: str, device_type: str, world_size: int, nodes: int = 1) -> Any:
+    """The DeviceMesh FSDP2 shards over (``dist.mesh``). ``hsdp`` on several nodes: 2-D
+    ``(nodes, world_size / nodes)`` with dimensions ``replicate`` and ``shard``; row ``i`` holds
+    node ``i``'s ranks, so :func:`torch.distributed.fsdp.fully_shard` shards each parameter over a
+    node's ranks and keeps a replica per node (reduce-scatter within the node, then an all-reduce
+    of the shards across nodes). ``flat``, and ``hsdp`` on one node: 1-D over all ranks. Collective:
+    every rank builds every mesh, in the same order."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(dev.type, (world_size,))
-    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, backend=backend, mesh=mesh)
+    if kind not in MESHES:
+        raise ValueError(f"dist.mesh must be one of {', '.join(MESHES)}, got {kind!r}")
+    if kind == "hsdp" and nodes > 1:
+        return init_device_mesh(device_type, (nodes, world_size // nodes), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(device_type, (world_size,))
 
 
 def shutdown(ctx: DistContext) -> None:
@@ -222,6 +305,33 @@ def broadcast_object(obj: Any, ctx: DistContext, src: int = 0) -> Any:
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
         dist.barrier()
+
+
+def gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank (picklable objects)."""
+    if not ctx.distributed:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def agree(problem: Optional[str], ctx: DistContext) -> Optional[str]:
+    """The first rank's problem (a one-line message, or None when it has none) on every rank,
+    naming the ranks that had one: what each rank found on its own (a file it cannot read) becomes
+    the same error everywhere, so no rank goes on into a collective its peers never reach (a hang
+    until the process group's timeout). Collective."""
+    found = [(r, p) for r, p in enumerate(gather_objects(problem, ctx)) if p]
+    if not found:
+        return None
+    ranks = [r for r, _ in found]
+    if not ctx.distributed:
+        return found[0][1]
+    return f"rank(s) {_ranks_text(ranks)} of {ctx.world_size}: {found[0][1]}"
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else "")
 
 
 def _coll_device(ctx: DistContext) -> torch.device:

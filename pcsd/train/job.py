@@ -199,8 +199,7 @@ def resume_point(job: Job) -> None:
                 job.say(f"warning: {exc}; the warm-up runs again")
     choice = dist_utils.broadcast_object(choice, ctx)
     if choice["ckpt"] is not None:
-        if job.ckpt is None:  # the other ranks: the checkpoint rank 0 checked
-            job.ckpt = load_checkpoint(Path(choice["ckpt"]), verify=False)
+        _load_chosen_checkpoint(job, Path(choice["ckpt"]))
         job.say(f"resuming from {job.ckpt.path} (step {job.ckpt.step})")
     elif choice["warmup"] is not None:
         job.warmup_saved = choice["warmup"]
@@ -209,6 +208,26 @@ def resume_point(job: Job) -> None:
         job.say("resuming: neither an RL checkpoint nor a finished warm-up; the run starts over with the warm-up")
     else:
         job.say("resuming: no RL checkpoint yet; RL starts at step 0")
+
+
+def _load_chosen_checkpoint(job: Job, path: Path) -> None:
+    """The other ranks load the checkpoint rank 0 checked; a rank that cannot read it (a node that
+    does not see the run folder's file system) stops every rank with one line, not a hang."""
+    from pcsd.train.checkpoint import CheckpointError, load_checkpoint
+
+    problem = None
+    if job.ckpt is None:
+        try:
+            job.ckpt = load_checkpoint(path, verify=False)
+        except (CheckpointError, OSError) as exc:
+            problem = f"cannot read the checkpoint rank 0 chose: {exc}"
+    problem = dist_utils.agree(problem, job.ctx)
+    if problem:
+        err = CheckpointError(
+            f"{problem} (every node must see run.dir at the same path: a shared file system, docs/paper-runs.md)"
+        )
+        err.all_ranks = True  # type: ignore[attr-defined]
+        raise err
 
 
 def uses_teacher(cfg: DictConfig) -> bool:

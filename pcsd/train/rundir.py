@@ -22,6 +22,14 @@
 * **Interrupted writes.** A kill during an atomic write (the warm-up's ``.tmp-sft-model-<pid>/``, a
   checkpoint's ``checkpoints/.tmp-step-*``) leaves its temporary folder; a resumed run, holding the
   lock, removes them (:func:`remove_stale_tmp`).
+* **Every node sees the folder.** Rank 0 alone writes the run's files (checkpoints once, however
+  many nodes), and every rank reads them (the generated model, the warm-up's model, a checkpoint
+  to resume from), so a run over several nodes needs ``run.dir`` on a file system every node
+  mounts at the same path (NFS, Lustre, GPFS, ...). :func:`check_shared_run_dir` checks it before
+  any work: rank 0 writes a marker file, every rank waits for it (at most
+  :data:`SHARED_WAIT_S` seconds: a network file system may show a new file late), and a rank that
+  does not see it makes the run stop on every rank with one line naming the ranks and hosts, not
+  hang.
 """
 
 from __future__ import annotations
@@ -33,9 +41,19 @@ import time
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["LOCK_NAME", "RunDirError", "RunLock", "claim_run_dir", "discard_new_run", "remove_stale_tmp"]
+__all__ = [
+    "LOCK_NAME",
+    "RunDirError",
+    "RunLock",
+    "claim_run_dir",
+    "discard_new_run",
+    "remove_stale_tmp",
+    "check_shared_run_dir",
+]
 
 LOCK_NAME = ".pcsd-lock"
+#: how long a rank waits for the marker rank 0 wrote into the run folder (check_shared_run_dir)
+SHARED_WAIT_S = 30.0
 
 
 class RunDirError(ValueError):
@@ -226,3 +244,62 @@ def discard_new_run(run_dir: Path, lock: RunLock, *, remove_folder: bool) -> Non
             run_dir.rmdir()
         except OSError:
             pass
+
+
+def check_shared_run_dir(run_dir: Path, ctx, *, wait_s: float = SHARED_WAIT_S) -> None:
+    """Checks that every rank sees the run folder rank 0 writes (a collective; nothing to do in
+    one process). Rank 0 writes ``.tmp-shared-<token>`` holding a random token into ``run_dir``
+    (``.tmp-``: a kill before it is removed leaves what ``--resume`` cleans), every other rank
+    waits up to ``wait_s`` seconds for that file with that token, and the ranks exchange what they
+    saw. Raises :class:`RunDirError` on every rank (marked ``all_ranks``: rank 0 prints it) when
+    some rank did not see it, naming those ranks and their hosts."""
+    import secrets
+
+    from pcsd.train import distributed as du
+
+    if not ctx.distributed:
+        return
+    token = du.broadcast_object(secrets.token_hex(8) if ctx.is_main else None, ctx)
+    marker = Path(run_dir) / f".tmp-shared-{token}"
+    problem = None
+    if ctx.is_main:
+        try:
+            with open(marker, "w", encoding="utf-8") as f:
+                f.write(token)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            problem = f"cannot write {marker} ({exc.strerror or exc})"
+    problem = du.broadcast_object(problem, ctx)
+    seen = ctx.is_main or (problem is None and _wait_for_token(marker, token, wait_s))
+    report = du.gather_objects((seen, socket.gethostname()), ctx)
+    if ctx.is_main:
+        marker.unlink(missing_ok=True)
+    if problem is None:
+        blind = [(r, host) for r, (ok, host) in enumerate(report) if not ok]
+        if not blind:
+            return
+        hosts = sorted({h for _, h in blind})
+        problem = (
+            f"rank(s) {du._ranks_text([r for r, _ in blind])} on {', '.join(hosts[:4])}"
+            f"{' ...' if len(hosts) > 4 else ''} cannot see the run folder rank 0 writes on "
+            f"{report[0][1]} (its file {marker.name} did not appear there within {wait_s:g} s): a run over "
+            f"several nodes needs run.dir on a file system every node mounts at the same path"
+        )
+    exc = RunDirError(f"run.dir={run_dir}: {problem}")
+    exc.all_ranks = True  # type: ignore[attr-defined]
+    raise exc
+
+
+def _wait_for_token(path: Path, token: str, wait_s: float) -> bool:
+    """Whether ``path`` holds ``token`` within ``wait_s`` seconds (polled)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if path.read_text(encoding="utf-8") == token:
+                return True
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(0.2, max(wait_s / 10, 0.01)))
