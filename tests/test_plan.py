@@ -45,6 +45,39 @@ def test_fsdp_divides_weights_gradients_and_adam(preset):
         assert rows4[k] == rows1[k] // 4, k
 
 
+def test_each_mesh_keeps_its_share_per_gpu_on_several_nodes():
+    """2 nodes x 4 GPUs: HSDP divides the training state by a node's 4 GPUs, the flat mesh by all 8;
+    what a rank plays (the rollout lines) and the FSDP update lines are the world's either way, and
+    each plan notes the other mesh. One node: both meshes are the 1-D plan of today."""
+    cfg = load_config(["preset=alfworld-qwen2.5-3b"])
+    hsdp = memory_plan(cfg, 8, 80 * GiB, nodes=2)  # dist.mesh defaults to hsdp
+    flat = memory_plan(load_config(["preset=alfworld-qwen2.5-3b", "dist.mesh=flat"]), 8, 80 * GiB, nodes=2)
+    four, eight = memory_plan(cfg, 4, 80 * GiB), memory_plan(cfg, 8, 80 * GiB)
+    assert (hsdp.mesh, hsdp.shard_size, flat.mesh, flat.shard_size) == ("hsdp", 4, "flat", 8)
+    rows = lambda plan: {r.item: r.size for r in plan.rows}  # noqa: E731
+    state = ("master weights", "gradients", "AdamW state (2 moments)", "frozen teacher/reference")
+    for k in state:
+        assert rows(hsdp)[k] == rows(four)[k] and rows(flat)[k] == rows(eight)[k], k
+    assert hsdp.static_bytes == four.static_bytes > flat.static_bytes == eight.static_bytes
+    for k in ("vLLM (rollout)", "activations (16384 tokens)", "FSDP lm-head weight (fused pass)"):
+        assert rows(hsdp)[k] == rows(flat)[k] == rows(eight)[k], k
+    assert "this rank plays 16" in hsdp.render()  # 16 x 8 rollouts over 8 ranks, whatever the mesh
+    text = hsdp.render()
+    assert "2 nodes x 4 GPU(s) of 80 GiB (dist.mesh=hsdp: FSDP shards over the 4 GPUs of a node" in text
+    assert f"note: dist.mesh=flat would keep {flat.static_bytes / GiB:.2f} GiB static per GPU" in text
+    assert f"note: dist.mesh=hsdp would keep {hsdp.static_bytes / GiB:.2f} GiB static per GPU" in flat.render()
+    one = memory_plan(cfg, 8, 80 * GiB, nodes=1)
+    assert one.shard_size == 8 and one.render() == eight.render() and "dist.mesh" not in one.render()
+    with pytest.raises(ValueError, match="nodes must be >= 1 and divide world_size=8, got 3"):
+        memory_plan(cfg, 8, 80 * GiB, nodes=3)
+
+
+def test_a_mesh_that_does_not_fit_names_the_one_that_does():
+    cfg = load_config(["preset=alfworld-qwen2.5-3b"])
+    plan = memory_plan(cfg, 16, 26 * GiB, nodes=16)  # HSDP of 1 GPU per node: the whole state per GPU
+    assert not plan.fits and "dist.mesh=flat fits" in plan.render(), plan.render()
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("gpus,mem", [(1, 80), (4, 80), (8, 40)])
 def test_paper_presets_fit_the_documented_machines(preset, gpus, mem):
@@ -243,6 +276,16 @@ def test_cli_plan_prints_and_loads_nothing(capsys, monkeypatch):
     assert "8 GPU(s) of 40 GiB" in out and "verdict: fits" in out
     assert cli.main(["preset=alfworld-qwen2.5-3b", "--plan", "--gpu-memory-gb", "24"]) == 1
     assert "does NOT fit" in capsys.readouterr().out
+    assert cli.main(["preset=alfworld-qwen2.5-3b", "--plan", "--nodes", "2", "--gpus=8", "dist.mesh=flat"]) == 0
+    out = capsys.readouterr().out
+    assert "2 nodes x 8 GPU(s) of 80 GiB (dist.mesh=flat: FSDP shards over all 16 GPUs)" in out
+    assert "master weights" in out and "float32, / 16" in out and "note: dist.mesh=hsdp would keep" in out
+    monkeypatch.setenv("WORLD_SIZE", "8")  # under torchrun: the launch's layout by default
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert cli.main(["preset=alfworld-qwen2.5-3b", "--plan", "--gpu-memory-gb=80"]) == 0
+    assert "2 nodes x 4 GPU(s) of 80 GiB (dist.mesh=hsdp" in capsys.readouterr().out
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert cli.main(["preset=alfworld-qwen2.5-3b", "--plan", "--gpus", "0"]) == 2
     assert "--gpus must be > 0" in capsys.readouterr().err
     for args, message in (
@@ -251,6 +294,8 @@ def test_cli_plan_prints_and_loads_nothing(capsys, monkeypatch):
         (["--gpu-memory-gb", "1e9"], "--gpu-memory-gb must be at most 4096, got 1e+09"),
         (["--gpus", str(10**12)], "--gpus must be at most 65536, got 1e+12"),
         (["--gpus", "1.5"], "--gpus must be a whole number, got '1.5'"),
+        (["--nodes", "0"], "--nodes must be > 0, got 0"),
+        (["--nodes", "300", "--gpus", "300"], "--nodes x --gpus must be at most 65536, got 300 x 300"),
     ):
         assert cli.main(["preset=alfworld-qwen2.5-3b", "--plan", *args]) == 2
         err = capsys.readouterr().err

@@ -315,6 +315,26 @@ class Plan:
     adamw: str = "fused"  # the optimizer's implementation the plan counts (pcsd.train.optim.adamw_kind)
     advice: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # not fatal (e.g. vLLM queues sequences)
+    nodes: int = 1  # world_size GPUs on this many nodes
+    mesh: str = "flat"  # dist.mesh (pcsd.train.distributed.device_mesh)
+
+    @property
+    def shard_size(self) -> int:
+        """The GPUs one parameter is sharded over: a node's under HSDP on several nodes, else all."""
+        return self.world_size // self.nodes if self.mesh == "hsdp" else self.world_size
+
+    def layout(self) -> str:
+        """The GPUs and the mesh, for the plan's first line."""
+        gib = f"{self.device_bytes / GiB:.0f} GiB"
+        if self.nodes == 1:
+            return f"{self.world_size} GPU(s) of {gib} (FSDP world size {self.world_size})"
+        per = self.world_size // self.nodes
+        how = (
+            f"FSDP shards over the {per} GPUs of a node, a replica per node"
+            if self.mesh == "hsdp"
+            else f"FSDP shards over all {self.world_size} GPUs"
+        )
+        return f"{self.nodes} nodes x {per} GPU(s) of {gib} (dist.mesh={self.mesh}: {how})"
 
     def total(self, phase: str) -> int:
         return sum(r.size for r in self.rows if r.phase == phase)
@@ -352,10 +372,7 @@ class Plan:
     def render(self) -> str:
         g = lambda b: f"{b / GiB:8.2f} GiB"  # noqa: E731
         s = self.shape
-        out = [
-            f"memory plan per GPU: {s.name}, {s.params() / 1e9:.2f} B parameters, "
-            f"{self.world_size} GPU(s) of {self.device_bytes / GiB:.0f} GiB (FSDP world size {self.world_size})"
-        ]
+        out = [f"memory plan per GPU: {s.name}, {s.params() / 1e9:.2f} B parameters, {self.layout()}"]
         for r in self.rows:
             tag = "" if r.phase == "info" else f"[{r.phase}] "
             out.append(f"  {r.item:<36}{g(r.size)}   {tag}{r.how}")
@@ -458,9 +475,13 @@ def residual_bytes(cfg: Any, n: int) -> int:
     return 4 if (n == 1 and bc != bp and bp == 4 and lora_of(cfg) is None) else bc
 
 
-def _update_rows(s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str, adamw: str = "fused") -> list[Row]:
+def _update_rows(
+    s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str, adamw: str = "fused", shard: Optional[int] = None
+) -> list[Row]:
     """The update's lines (micro-batch, optimizer step, and what stays through both); ``adamw``:
-    the optimizer's implementation (:func:`pcsd.train.optim.adamw_kind`)."""
+    the optimizer's implementation (:func:`pcsd.train.optim.adamw_kind`); ``n`` the world size,
+    ``shard`` the ranks a parameter is sharded over (default ``n``; HSDP: a node's)."""
+    k = n if shard is None else shard
     m = cfg.model
     P, V, H = s.params(), s.vocab, s.hidden
     bp, bc = _BYTES[m.param_dtype], _BYTES[m.compute_dtype]
@@ -534,8 +555,8 @@ def _update_rows(s: Shape, cfg: Any, n: int, mb: MicroBatch, backend: str, adamw
         rows.append(
             Row(
                 "AdamW step temporaries (foreach)",
-                trained * bp // n,
-                f"sqrt of the 2nd moments{' (adapters)' if lora else ''}, {m.param_dtype}, / {n}",
+                trained * bp // k,
+                f"sqrt of the 2nd moments{' (adapters)' if lora else ''}, {m.param_dtype}, / {k}",
                 "step",
             )
         )
@@ -607,13 +628,23 @@ def memory_plan(
     varlen: Optional[bool] = None,
     backend: Optional[str] = None,
     adamw: Optional[str] = None,
+    nodes: int = 1,
+    mesh: Optional[str] = None,
+    other_mesh: bool = True,
 ) -> Plan:
     """The plan of ``cfg`` on ``world_size`` GPUs of ``device_bytes`` each (see the module doc).
     ``varlen``: whether attention is flash-attention's (packed micro-batches; default: whether
     ``flash_attn`` is installed here); ``backend``: the rollout backend (default ``rollout.backend``);
-    ``adamw``: ``fused`` (default: what a run on GPUs uses) or ``foreach``."""
+    ``adamw``: ``fused`` (default: what a run on GPUs uses) or ``foreach``. ``nodes``: the
+    ``world_size`` GPUs are on this many nodes, and ``mesh`` (default ``dist.mesh``) says what one
+    GPU keeps: ``hsdp`` divides the training state by the GPUs of a node, ``flat`` by all of them;
+    on several nodes a note gives the other mesh's static total and peak (unless ``other_mesh`` is
+    false)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if nodes < 1 or world_size % nodes:
+        raise ValueError(f"nodes must be >= 1 and divide world_size={world_size}, got {nodes}")
+    mesh = mesh or str(getattr(getattr(cfg, "dist", None), "mesh", "flat"))
     if device_bytes <= 0:
         raise ValueError(f"device memory must be > 0 bytes, got {device_bytes}")
     s = shape or model_shape(cfg)
@@ -629,7 +660,8 @@ def memory_plan(
     P = s.params()
     bp, bc, bt = _BYTES[m.param_dtype], _BYTES[m.compute_dtype], _BYTES[m.teacher_dtype]
     mixed = m.compute_dtype != m.param_dtype
-    plan = Plan(s, n, device_bytes, adamw=adamw)
+    plan = Plan(s, n, device_bytes, adamw=adamw, nodes=nodes, mesh=mesh)
+    k = plan.shard_size  # the training state's divisor
     trains = cfg.optim.steps > 0
     frozen = cfg.algo.distill or (cfg.algo.grpo and cfg.algo.kl_beta > 0)
     lora = lora_of(cfg)
@@ -637,25 +669,25 @@ def memory_plan(
         A = s.lora_params(lora.rank, lora.targets)
         what = f"rank {lora.rank} on {', '.join(lora.targets) if lora.targets is not None else 'every linear layer'}"
         rows = [
-            Row("base weights (frozen)", P * bc // n, f"{m.compute_dtype}, / {n}", "static"),
-            Row("LoRA adapters", A * bp // n, f"{A / 1e6:.1f} M, {what}, {m.param_dtype}, / {n}", "static"),
+            Row("base weights (frozen)", P * bc // k, f"{m.compute_dtype}, / {k}", "static"),
+            Row("LoRA adapters", A * bp // k, f"{A / 1e6:.1f} M, {what}, {m.param_dtype}, / {k}", "static"),
         ]
         if trains:
             rows += [
-                Row("adapter gradients", A * bp // n, f"{m.param_dtype}, / {n}", "static"),
-                Row("AdamW state (2 moments)", 2 * A * bp // n, f"adapters, {m.param_dtype}, / {n}", "static"),
+                Row("adapter gradients", A * bp // k, f"{m.param_dtype}, / {k}", "static"),
+                Row("AdamW state (2 moments)", 2 * A * bp // k, f"adapters, {m.param_dtype}, / {k}", "static"),
             ]
         if frozen:
             rows.append(Row("frozen teacher/reference", 0, "the base with its adapters off: no copy", "static"))
     else:
-        rows = [Row("master weights", P * bp // n, f"{m.param_dtype}, / {n}", "static")]
+        rows = [Row("master weights", P * bp // k, f"{m.param_dtype}, / {k}", "static")]
         if trains:
             rows += [
-                Row("gradients", P * bp // n, f"{m.param_dtype}, / {n}", "static"),
-                Row("AdamW state (2 moments)", 2 * P * bp // n, f"{m.param_dtype}, / {n}", "static"),
+                Row("gradients", P * bp // k, f"{m.param_dtype}, / {k}", "static"),
+                Row("AdamW state (2 moments)", 2 * P * bp // k, f"{m.param_dtype}, / {k}", "static"),
             ]
         if frozen:
-            rows.append(Row("frozen teacher/reference", P * bt // n, f"{m.teacher_dtype}, / {n}", "static"))
+            rows.append(Row("frozen teacher/reference", P * bt // k, f"{m.teacher_dtype}, / {k}", "static"))
     rows.append(Row("CUDA context + slack", CONTEXT_BYTES, "constant", "static"))
     # rollout phase
     util = float(cfg.rollout.gpu_memory_utilization)
@@ -692,7 +724,7 @@ def memory_plan(
             )
         _, gen, how = hf_generation_bytes(s, cfg, n, varlen)
         rows.append(Row("hf generation (KV, prefill, logits)", gen, how, "rollout"))
-    rows += _update_rows(s, cfg, n, config_microbatch(cfg, varlen), backend, adamw)
+    rows += _update_rows(s, cfg, n, config_microbatch(cfg, varlen), backend, adamw, shard=k)
     plan.rows = rows
     if backend == "vllm":
         need = P * 2 + VLLM_ACTIVATION_BYTES + VLLM_CUDA_GRAPH_BYTES + s.kv_bytes_per_token() * max_len
@@ -711,7 +743,35 @@ def memory_plan(
             )
     if not plan.fits:
         _advise(plan, cfg, varlen, backend)
+    if nodes > 1 and other_mesh:
+        _other_mesh_note(plan, cfg, device_bytes, s, varlen, backend, adamw)
     return plan
+
+
+def _other_mesh_note(plan: Plan, cfg: Any, device_bytes: int, s: Shape, varlen: bool, backend: str, adamw: str) -> None:
+    """On several nodes: what the other ``dist.mesh`` would keep per GPU (a note, and advice when
+    only it fits)."""
+    other = "flat" if plan.mesh == "hsdp" else "hsdp"
+    alt = memory_plan(
+        cfg,
+        plan.world_size,
+        device_bytes,
+        s,
+        varlen=varlen,
+        backend=backend,
+        adamw=adamw,
+        nodes=plan.nodes,
+        mesh=other,
+        other_mesh=False,
+    )
+    plan.notes.append(
+        f"dist.mesh={other} would keep {alt.static_bytes / GiB:.2f} GiB static per GPU (peak "
+        f"{alt.peak / GiB:.2f} GiB; this plan: {plan.static_bytes / GiB:.2f} / {plan.peak / GiB:.2f}), "
+        f"sharding over {alt.shard_size} GPUs"
+        + (" (every all-gather crosses nodes)" if other == "flat" else " (all-gathers stay within a node)")
+    )
+    if not plan.fits and alt.fits:
+        plan.advice.append(f"dist.mesh={other} fits")
 
 
 def _advise(plan: Plan, cfg: Any, varlen: bool, backend: str) -> None:
@@ -738,7 +798,8 @@ def _advise(plan: Plan, cfg: Any, varlen: bool, backend: str) -> None:
 
         def update(budget: int) -> int:
             mb = config_microbatch(cfg, varlen, budget)
-            probe = Plan(s, n, device, _update_rows(s, cfg, n, mb, backend, plan.adamw), plan.adamw)
+            rows = _update_rows(s, cfg, n, mb, backend, plan.adamw, shard=plan.shard_size)
+            probe = Plan(s, n, device, rows, plan.adamw, nodes=plan.nodes, mesh=plan.mesh)
             return probe.update_bytes
 
         lo, hi, fit = max_len, int(cfg.optim.tokens_per_microbatch) - 1, None
