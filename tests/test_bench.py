@@ -326,7 +326,7 @@ def test_cli_entry_point(tmp_path, child_env):
 
 
 # ----------------------------------------------------------------------------- gpu: the GPU path's proof
-GPU_PARTS = ["op", "fused", "update", "paper_update", "hf_generation", "vllm", "cuda_tests"]
+GPU_PARTS = ["op", "fused", "update", "paper_update", "hf_generation", "vllm", "train", "cuda_tests"]
 
 
 def test_gpu_cpu_small_runs_every_part_that_can_run_on_a_cpu(tmp_path, child_env):
@@ -346,7 +346,7 @@ def test_gpu_cpu_small_runs_every_part_that_can_run_on_a_cpu(tmp_path, child_env
     assert {"torch", "cuda", "transformers", "native", "line"} <= set(data["machine"])
     status = {p["name"]: p["status"] for p in data["parts"]}
     assert list(status) == GPU_PARTS
-    want_pass = {"op", "fused", "paper_update", "hf_generation"}
+    want_pass = {"op", "fused", "paper_update", "hf_generation", "train"}
     if importlib.util.find_spec("vllm") is not None:
         want_pass.add("vllm")
     assert {k for k, v in status.items() if v == "pass"} == want_pass, status
@@ -356,6 +356,10 @@ def test_gpu_cpu_small_runs_every_part_that_can_run_on_a_cpu(tmp_path, child_env
     paper = next(p for p in data["parts"] if p["name"] == "paper_update")["figures"]
     for side in ("fused", "recompute"):
         assert paper[side]["tokens_per_s"] > 0 and paper[side]["predicted_GiB"] > 0
+    train = next(p for p in data["parts"] if p["name"] == "train")
+    assert train["figures"]["steps"] == 2 and train["figures"]["compared_weights"] > 0
+    assert any("bit-identical" in c["what"] for c in train["checks"])
+    assert "===== resumed (exit status 0)" in (tmp_path / "train.log").read_text()
     md = (tmp_path / "gpu.md").read_text()
     assert "| part | status | seconds | result |" in md and all(f"| {n} |" in md for n in GPU_PARTS)
 

@@ -15,8 +15,9 @@
 #   2. the wheels, then `PCSD_ENVPOOL_LIB=<carried lib> PCSD_CUDA=on pip install --no-build-isolation
 #      --no-deps --no-index --target <site> .` (compiles pcsd._C with nvcc, archs 80 and 90; cargo is not
 #      run) -> install.log; the imports and pcsd.native_info() checked
-#   3. python -m pcsd.bench gpu --out <out> (its last part runs pytest -m cuda) -> gpu.json, gpu.md,
-#      cuda-tests.log
+#   3. python -m pcsd.bench gpu --out <out> (every part: the op, the fused loss, the updates, hf/vLLM
+#      generation, a whole python -m pcsd.train with a bit-identical resume (train), and last pytest -m
+#      cuda) -> gpu.json, gpu.md, train.log, cuda-tests.log
 # Everything goes to one folder: --out, else $OUT (the device tool's), else ./gpu-node-out; the whole
 # console output is gpu_node.log there. Install + bench inside 8 minutes: the bench gets what is left
 # of PCSD_NODE_BUDGET seconds (default 480) after the install, at least 60 (PCSD_BENCH_TIMEOUT
@@ -39,7 +40,7 @@ while [ $# -gt 0 ]; do
     --out) OUT_DIR="${2:?--out needs a folder}"; shift 2 ;;
     --work) WORK="${2:?--work needs a folder}"; shift 2 ;;
     --dry-run) DRY=1; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "tools/gpu_node.sh: unknown argument $1 (expected --carry DIR, --out DIR, --work DIR, --dry-run)" >&2
        exit 2 ;;
   esac

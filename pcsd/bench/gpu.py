@@ -43,6 +43,11 @@ Parts, in order:
   greedy output equal to hf's on the new weights (CUDA graphs must see them) and different from
   before. Two greedy outputs may part only at a near tie (hf's log-probs of the two tokens within
   0.05). On CUDA, the memory the sleeping engine keeps (its CUDA graphs) beside the plan's estimate.
+* ``train``: a whole ``python -m pcsd.train`` on the device (the generated tiny model, hf backend:
+  rollouts, teacher scoring, updates, a checkpoint each step, the evaluations), then the same run
+  stopped a step earlier and resumed in a new process: its last step bit-identical to the
+  uninterrupted run's (record, weights, AdamW state, evaluation). On CUDA the runs use
+  deterministic kernels (``torch.use_deterministic_algorithms``, ``CUBLAS_WORKSPACE_CONFIG``).
 * ``cuda_tests``: ``pytest -m cuda`` over the repository's ``tests/`` (CUDA only).
 
 ``--small`` (``--quick`` and ``--tiny`` mean the same here) shrinks every shape; ``--device cpu
@@ -71,7 +76,10 @@ from typing import Any, Callable, Optional
 import torch
 
 NAME = "gpu"
-HELP = "prove the GPU path: op, fused loss, update_step, a 3B-shaped update vs the plan, hf/vLLM generation, CUDA tests"
+HELP = (
+    "prove the GPU path: op, fused loss, update_step, a 3B-shaped update vs the plan, hf/vLLM generation, "
+    "a training run with a bit-identical resume, CUDA tests"
+)
 DEFAULTS: dict[str, tuple] = {}  # shapes come from --small
 
 #: --small's model: Qwen2.5-3B's architecture (qwen2: q/k/v bias, tied embeddings) at a small size, as the
@@ -840,6 +848,197 @@ def part_vllm(part: Part, ctx: Ctx) -> None:
     )
 
 
+# ----------------------------------------------------------------------------- a whole training run
+#: the records' fields that are times (they differ between two runs of the same computation)
+_TIMED = re.compile(r"seconds|per_s|share")
+#: CUDA kernels bit-identical from run to run (flash-attention's backward, the embedding's, cuBLAS):
+#: what a resumed run continuing bit for bit needs on a GPU; the run is otherwise python -m pcsd.train
+_DETERMINISTIC_MAIN = (
+    "import os, runpy, sys, torch; "
+    "os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8'); "
+    "torch.use_deterministic_algorithms(True, warn_only=True); "
+    "sys.argv[0] = 'pcsd.train'; runpy.run_module('pcsd.train', run_name='__main__', alter_sys=True)"
+)
+
+
+def train_overrides(ctx: Ctx) -> list[str]:
+    """The runs of the ``train`` part: the generated tiny model (its tokenizer trained on the games'
+    text) on procedural ALFWorld with the hf backend, no warm-up, a checkpoint every step. ``--small``:
+    hidden 64, 1 layer, 2 groups of 2, 2 steps; else hidden 256, 4 layers, 4 groups of 4, 3 steps,
+    bf16 compute and teacher (the paper presets' precision)."""
+    common = [
+        "rollout.backend=hf",
+        "optim.sft_steps=0",
+        "run.save_every=1",
+        "optim.lr=1e-2",
+        f"run.device={ctx.device.type}",
+        "run.progress=false",
+        "run.tensorboard=false",
+    ]
+    if ctx.small:
+        shape = dict(hidden=64, layers=1, tasks=2, group=2, response=8, turns=2, episodes=2, steps=2)
+    else:
+        shape = dict(hidden=256, layers=4, tasks=4, group=4, response=32, turns=3, episodes=8, steps=3)
+        common += ["model.compute_dtype=bfloat16", "model.teacher_dtype=bfloat16"]
+    return common + [
+        f"model.tiny_hidden_size={shape['hidden']}",
+        f"model.tiny_layers={shape['layers']}",
+        f"rollout.tasks_per_step={shape['tasks']}",
+        f"rollout.group_size={shape['group']}",
+        f"rollout.max_response_tokens={shape['response']}",
+        f"env.max_steps={shape['turns']}",
+        f"eval.episodes={shape['episodes']}",
+        f"optim.steps={shape['steps']}",
+    ]
+
+
+def _train_run(ctx: Ctx, name: str, cwd: Path, args: list[str]) -> tuple[int, float, str]:
+    """One ``python -m pcsd.train`` (on CUDA with deterministic kernels) in its own process: exit
+    status, seconds, the log's last lines (every run's whole log goes to ``<out>/train.log``: one
+    file, as few come back from a GPU machine)."""
+    main = ["-c", _DETERMINISTIC_MAIN] if ctx.cuda else ["-m", "pcsd.train"]
+    cmd = [sys.executable, *main, *args]
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600 if ctx.small else 300)
+    log = res.stdout + res.stderr
+    with open(ctx.out / "train.log", "a", encoding="utf-8") as f:
+        f.write(f"===== {name} (exit status {res.returncode}): {' '.join(cmd[1:] if ctx.cuda else cmd)}\n{log}\n")
+    return res.returncode, time.perf_counter() - t0, log[-1500:]
+
+
+def _records(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    model = run / "checkpoints" / f"step-{step:08d}" / "model"
+    return {k: v for f in sorted(model.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+
+
+def part_train(part: Part, ctx: Ctx) -> None:
+    """A whole ``python -m pcsd.train`` on the device (:func:`train_overrides`): rollouts with the
+    hf backend, teacher scoring, updates, checkpoints and the evaluations before and after RL; then
+    the same run stopped after one step less (``run.stop_after``) and resumed with ``--resume`` in a
+    new process, whose last step must equal the uninterrupted run's bit for bit (every non-time
+    field of its record, every weight of its checkpoint, the optimizer state) with the same
+    evaluation after RL."""
+    if importlib.util.find_spec("omegaconf") is None:
+        raise Skip("omegaconf is not installed (python -m pcsd.train reads its config with it)")
+    args = train_overrides(ctx)
+    steps = int(next(a for a in args if a.startswith("optim.steps=")).split("=")[1])
+    (ctx.out / "train.log").unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="pcsd-bench-train-") as tmp:
+        root = Path(tmp)
+        full, cut = root / "full", root / "stopped"
+        runs = {}
+        for name, extra in (
+            ("full", [f"run.dir={full}"]),
+            ("stopped", [f"run.dir={cut}", f"run.stop_after={steps - 1}"]),
+            ("resumed", ["--resume", str(cut)]),
+        ):
+            rc, secs, tail = _train_run(ctx, name, root, (args if name != "resumed" else []) + extra)
+            runs[name] = dict(seconds=secs, returncode=rc)
+            if not part.check(f"the {name} run exits 0", rc == 0, tail):
+                part.add(runs=runs)
+                return
+        summary = json.loads((full / "summary.json").read_text())
+        records, resumed = _records(full), _records(cut)
+        last = records[-1] if records else {}
+        part.check(
+            f"the run trained {steps} steps and checkpointed each",
+            summary.get("steps") == steps
+            and [r["step"] for r in records] == list(range(1, steps + 1))
+            and all((full / "checkpoints" / f"step-{k:08d}" / "COMPLETE").is_file() for k in range(1, steps + 1)),
+            f"steps {summary.get('steps')}, records {[r.get('step') for r in records]}",
+        )
+        scored = [r for r in records if not r.get("skipped")]
+        part.check(
+            "every step scored the teacher and updated (finite loss and gap, response tokens > 0)",
+            len(scored) == steps
+            and all(math.isfinite(r["loss"]) and math.isfinite(r["gap_mean"]) and r["tokens"] > 0 for r in scored),
+            "; ".join(f"step {r['step']}: loss {r.get('loss')} gap {r.get('gap_mean')}" for r in records),
+        )
+        part.check(
+            "the evaluations before and after RL ran",
+            summary.get("success_before") is not None
+            and summary.get("success_after") is not None
+            and (full / "eval.json").is_file(),
+            f"before {summary.get('success_before')}, after {summary.get('success_after')}",
+        )
+        # the resumed run: its records continue the stopped run's, its last step is the uninterrupted one's
+        part.check(
+            "the resumed run continued after the stopped one's checkpoint",
+            [r["step"] for r in resumed] == list(range(1, steps + 1)),
+            f"records {[r.get('step') for r in resumed]}",
+        )
+        keys = sorted(k for k, v in last.items() if isinstance(v, (int, float)) and not _TIMED.search(k))
+        differ = [k for k in keys if resumed and resumed[-1].get(k) != last[k]]
+        part.check(
+            f"step {steps} after the resume: every non-time field of its record bit-identical",
+            bool(resumed) and not differ,
+            f"{len(keys)} fields; differing: {', '.join(f'{k} {last[k]!r} vs {resumed[-1].get(k)!r}' for k in differ[:5])}",
+        )
+        wa, wb, w1 = _weights(full, steps), _weights(cut, steps), _weights(full, steps - 1)
+        unequal = [k for k in wa if k not in wb or not torch.equal(wa[k], wb[k])]
+        worst = max((float((wa[k].double() - wb[k].double()).abs().max()) for k in unequal if k in wb), default=0.0)
+        part.check(
+            f"step {steps} after the resume: every weight bit-identical ({len(wa)} tensors)",
+            bool(wa) and not unequal and set(wa) == set(wb),
+            f"{len(unequal)} differ, by up to {worst:.3g}",
+        )
+        part.check(f"step {steps} moved the weights", any(not torch.equal(wa[k], w1[k]) for k in wa if k in w1), "")
+        opt_a, opt_b = (
+            torch.load(r / "checkpoints" / f"step-{steps:08d}" / "optimizer.pt", weights_only=False)
+            for r in (full, cut)
+        )
+        same_opt = all(
+            torch.equal(x, y)
+            for k in opt_a["state"]
+            for x, y in zip(opt_a["state"][k].values(), opt_b["state"].get(k, {}).values())
+            if torch.is_tensor(x)
+        ) and len(opt_a["state"]) == len(opt_b["state"])
+        part.check(f"step {steps} after the resume: the AdamW state bit-identical", same_opt, "")
+        after = json.loads((cut / "summary.json").read_text())
+        part.check(
+            "the resumed run's evaluation after RL equals the uninterrupted run's",
+            after.get("success_after") == summary.get("success_after"),
+            f"{after.get('success_after')} vs {summary.get('success_after')}",
+        )
+        part.add(
+            runs=runs,
+            steps=steps,
+            args=args,
+            compared_fields=len(keys),
+            compared_weights=len(wa),
+            success_before=summary.get("success_before"),
+            success_after=summary.get("success_after"),
+            step_seconds=[r.get("step_seconds") for r in records],
+            tokens_per_s=[r.get("tokens_per_s") for r in records],
+            phase_seconds=summary.get("phase_seconds"),
+        )
+    part.summary = (
+        f"{steps} steps ({shape_name_train(args)}): {runs['full']['seconds']:.0f} s; stopped at {steps - 1} + "
+        f"resumed: step {steps} bit-identical ({len(keys)} fields, {len(wa)} weights, AdamW state); "
+        f"success {_pct(summary.get('success_before'))} -> {_pct(summary.get('success_after'))}"
+    )
+
+
+def _pct(x: Any) -> str:
+    return f"{x:.1f}%" if isinstance(x, (int, float)) else "n/a"
+
+
+def shape_name_train(args: list[str]) -> str:
+    """The run's model and batch, from its overrides, for the summary line."""
+    kv = dict(a.split("=", 1) for a in args)
+    return (
+        f"tiny model hidden {kv['model.tiny_hidden_size']} x {kv['model.tiny_layers']} layer(s), "
+        f"{kv['rollout.tasks_per_step']} x {kv['rollout.group_size']} rollouts/step, {kv['run.device']}"
+    )
+
+
 # ----------------------------------------------------------------------------- CUDA-only tests
 def part_cuda_tests(part: Part, ctx: Ctx) -> None:
     if not ctx.cuda:
@@ -882,6 +1081,7 @@ PARTS: dict[str, Callable[[Part, Ctx], None]] = {
     "paper_update": part_paper_update,
     "hf_generation": part_hf_generation,
     "vllm": part_vllm,
+    "train": part_train,
     "cuda_tests": part_cuda_tests,
 }
 
