@@ -8,8 +8,8 @@ Each rank joins through torchrun's environment (:func:`pcsd.train.distributed.in
 of ``test_distributed`` on its share of the groups twice, on the HSDP mesh and on the flat one,
 each from freshly loaded models; rank 0 saves both results. Then the run-folder check
 (:func:`pcsd.train.rundir.check_shared_run_dir`): once on a folder both nodes see, once with node 1
-looking at a folder of its own (a node without the shared file system); every rank records what it
-raised.
+looking at a folder of its own (a node without the shared file system), and a problem of rank 3 alone
+made every rank's (:func:`pcsd.train.distributed.agree`); every rank records what it got.
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ def main(model_dir: str, out_dir: str) -> None:
                 errors[case] = None
             except RunDirError as exc:
                 errors[case] = dict(message=str(exc), all_ranks=getattr(exc, "all_ranks", False))
-        (out / f"errors-{ctx.rank}.json").write_text(json.dumps(dict(nodes=ctx.nodes, errors=errors)))
+        # what one rank found alone (rank 3: a file it cannot read) becomes every rank's error
+        agreed = du.agree("cannot read it" if ctx.rank == 3 else None, ctx)
+        (out / f"errors-{ctx.rank}.json").write_text(json.dumps(dict(nodes=ctx.nodes, errors=errors, agreed=agreed)))
         if ctx.is_main:
             torch.save(results, out / "rank0.pt")
     finally:

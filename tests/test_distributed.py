@@ -162,9 +162,10 @@ def assert_matches_one_process(got: dict, model_dir, cfg) -> None:
 WORKER = Path(__file__).with_name("multinode_worker.py")
 
 
-def _torchrun_node(node: int, port: int, args: list[str], env: dict) -> subprocess.Popen:
-    """``torchrun --nnodes=2 --nproc_per_node=2`` of node ``node``: c10d rendezvous on the loopback
-    address, node 0's agent hosting its store."""
+def _torchrun_node(node: int, port: int, target: list[str], env: dict, cwd=None) -> subprocess.Popen:
+    """``torchrun --nnodes=2 --nproc_per_node=2 TARGET`` of node ``node`` (a script and its
+    arguments, or ``-m pcsd.train ...``): c10d rendezvous on the loopback address, node 0's agent
+    hosting its store."""
     cmd = [
         sys.executable,
         "-m",
@@ -177,10 +178,25 @@ def _torchrun_node(node: int, port: int, args: list[str], env: dict) -> subproce
         f"--rdzv-conf=is_host={'true' if node == 0 else 'false'}",
         "--local-addr=127.0.0.1",
         "--max-restarts=0",
-        str(WORKER),
-        *args,
+        *target,
     ]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _two_nodes(target_of_node, env: dict, cwd=None, timeout: float = 300) -> list[tuple[int, str]]:
+    """Both nodes' torchrun commands, run together: each one's exit status and output."""
+    port = _free_port()
+    procs = [_torchrun_node(n, port, target_of_node(n), env, cwd) for n in range(2)]
+    results = []
+    try:
+        for p in procs:
+            log = p.communicate(timeout=timeout)[0]
+            results.append((p.returncode, log))
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
 
 
 @pytest.fixture(scope="module")
@@ -190,18 +206,8 @@ def two_nodes(tiny_dir, tmp_path_factory, child_env):
     out = tmp_path_factory.mktemp("nodes")
     env = dict(child_env, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = str(WORKER.parent) + os.pathsep + env.get("PYTHONPATH", "")
-    port = _free_port()
-    nodes = [_torchrun_node(i, port, [str(tiny_dir), str(out)], env) for i in range(2)]
-    logs = []
-    try:
-        for proc in nodes:
-            logs.append(proc.communicate(timeout=300)[0])
-    finally:
-        for proc in nodes:
-            if proc.poll() is None:
-                proc.kill()
-    for proc, log in zip(nodes, logs):
-        assert proc.returncode == 0, log[-4000:]
+    for rc, log in _two_nodes(lambda n: [str(WORKER), str(tiny_dir), str(out)], env):
+        assert rc == 0, log[-4000:]
     errors = [json.loads((out / f"errors-{r}.json").read_text()) for r in range(4)]
     return torch.load(out / "rank0.pt", weights_only=False), errors
 
@@ -235,7 +241,51 @@ def test_a_node_that_cannot_see_the_run_folder_stops_every_rank_with_one_line(tw
     msg = blind[0]["message"]
     assert "rank(s) 2, 3 on " in msg and "cannot see the run folder rank 0 writes" in msg, msg
     assert "within 0.5 s" in msg and "a file system every node mounts at the same path" in msg
+    assert [e["agreed"] for e in errors] == ["rank(s) 3 of 4: cannot read it"] * 4
     assert "\n" not in msg
+
+
+_TINY_RUN = [
+    "rollout.backend=hf",
+    "optim.sft_steps=0",
+    "env.max_steps=1",
+    "rollout.tasks_per_step=4",
+    "rollout.group_size=2",
+    "rollout.max_response_tokens=4",
+    "eval.episodes=1",
+    "optim.steps=2",
+    "run.save_every=1",
+    "model.tiny_layers=1",
+    "optim.lr=1e-2",
+    "run.device=cpu",
+    "run.progress=false",
+    "run.tensorboard=false",
+]
+
+
+@pytest.mark.slow
+def test_a_training_run_on_two_torchrun_nodes_stops_resumes_and_checks_its_folder(tmp_path, child_env):
+    """The whole loop on 2 "nodes" x 2 processes: a run stopped after step 1 on the HSDP mesh, resumed
+    on the flat one (a mutable key) to step 2; then a node whose run.dir is a folder of its own
+    stops every rank with rank 0's one line (exit status 2), not a hang."""
+    env = dict(child_env, OMP_NUM_THREADS="1")
+    run = tmp_path / "run"
+    train = ["-m", "pcsd.train"]
+    first = _two_nodes(lambda n: [*train, *_TINY_RUN, f"run.dir={run}", "run.stop_after=1"], env, tmp_path, 900)
+    assert all(rc == 0 for rc, _ in first), first[0][1][-3000:] + first[1][1][-3000:]
+    assert json.loads((run / "summary.json").read_text())["stopped_after"] == 1
+    again = _two_nodes(lambda n: [*train, "--resume", str(run), "dist.mesh=flat"], env, tmp_path, 900)
+    assert all(rc == 0 for rc, _ in again), again[0][1][-3000:] + again[1][1][-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["world_size"] == 4 and summary["success_after"] is not None
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert steps == [1, 2]
+
+    blind = _two_nodes(lambda n: [*train, *_TINY_RUN, f"run.dir={tmp_path / f'node{n}'}"], env, tmp_path, 900)
+    assert [rc for rc, _ in blind] != [0, 0]
+    lines = [ln for _, out in blind for ln in out.splitlines() if ln.startswith("pcsd.train: ")]
+    assert len(lines) == 1, lines  # rank 0's, once
+    assert "rank(s) 2, 3 on " in lines[0] and "cannot see the run folder rank 0 writes" in lines[0]
 
 
 def test_split_groups_covers_every_group_once():

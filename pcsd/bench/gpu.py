@@ -927,6 +927,8 @@ def part_train(part: Part, ctx: Ctx) -> None:
     evaluation after RL."""
     if importlib.util.find_spec("omegaconf") is None:
         raise Skip("omegaconf is not installed (python -m pcsd.train reads its config with it)")
+    ctx.cache.clear()  # the runs are processes of their own: give them the device's memory
+    _free()
     args = train_overrides(ctx)
     steps = int(next(a for a in args if a.startswith("optim.steps=")).split("=")[1])
     (ctx.out / "train.log").unlink(missing_ok=True)

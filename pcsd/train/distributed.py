@@ -67,6 +67,7 @@ __all__ = [
     "device_mesh",
     "gather_objects",
     "agree",
+    "ranks_text",
 ]
 
 #: the choices of ``dist.mesh`` (:func:`device_mesh`)
@@ -327,10 +328,11 @@ def agree(problem: Optional[str], ctx: DistContext) -> Optional[str]:
     ranks = [r for r, _ in found]
     if not ctx.distributed:
         return found[0][1]
-    return f"rank(s) {_ranks_text(ranks)} of {ctx.world_size}: {found[0][1]}"
+    return f"rank(s) {ranks_text(ranks)} of {ctx.world_size}: {found[0][1]}"
 
 
-def _ranks_text(ranks: Sequence[int]) -> str:
+def ranks_text(ranks: Sequence[int]) -> str:
+    """``0, 1, 2`` (the first 8, then how many)."""
     return ", ".join(map(str, ranks[:8])) + (f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else "")
 
 

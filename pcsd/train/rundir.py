@@ -281,7 +281,7 @@ def check_shared_run_dir(run_dir: Path, ctx, *, wait_s: float = SHARED_WAIT_S) -
             return
         hosts = sorted({h for _, h in blind})
         problem = (
-            f"rank(s) {du._ranks_text([r for r, _ in blind])} on {', '.join(hosts[:4])}"
+            f"rank(s) {du.ranks_text([r for r, _ in blind])} on {', '.join(hosts[:4])}"
             f"{' ...' if len(hosts) > 4 else ''} cannot see the run folder rank 0 writes on "
             f"{report[0][1]} (its file {marker.name} did not appear there within {wait_s:g} s): a run over "
             f"several nodes needs run.dir on a file system every node mounts at the same path"
