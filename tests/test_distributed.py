@@ -265,16 +265,18 @@ _TINY_RUN = [
 
 @pytest.mark.slow
 def test_a_training_run_on_two_torchrun_nodes_stops_resumes_and_checks_its_folder(tmp_path, child_env):
-    """The whole loop on 2 "nodes" x 2 processes: a run stopped after step 1 on the HSDP mesh, resumed
-    on the flat one (a mutable key) to step 2; then a node whose run.dir is a folder of its own
+    """The whole loop on 2 "nodes" x 2 processes: a run stopped after step 1 on the flat mesh, resumed
+    on the HSDP one (a mutable key: the checkpoint's full state loaded into the 2-D shards) to step 2; then a node whose run.dir is a folder of its own
     stops every rank with rank 0's one line (exit status 2), not a hang."""
     env = dict(child_env, OMP_NUM_THREADS="1")
     run = tmp_path / "run"
     train = ["-m", "pcsd.train"]
-    first = _two_nodes(lambda n: [*train, *_TINY_RUN, f"run.dir={run}", "run.stop_after=1"], env, tmp_path, 900)
+    first = _two_nodes(
+        lambda n: [*train, *_TINY_RUN, f"run.dir={run}", "run.stop_after=1", "dist.mesh=flat"], env, tmp_path, 900
+    )
     assert all(rc == 0 for rc, _ in first), first[0][1][-3000:] + first[1][1][-3000:]
     assert json.loads((run / "summary.json").read_text())["stopped_after"] == 1
-    again = _two_nodes(lambda n: [*train, "--resume", str(run), "dist.mesh=flat"], env, tmp_path, 900)
+    again = _two_nodes(lambda n: [*train, "--resume", str(run), "dist.mesh=hsdp"], env, tmp_path, 900)
     assert all(rc == 0 for rc, _ in again), again[0][1][-3000:] + again[1][1][-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["world_size"] == 4 and summary["success_after"] is not None
@@ -286,6 +288,20 @@ def test_a_training_run_on_two_torchrun_nodes_stops_resumes_and_checks_its_folde
     lines = [ln for _, out in blind for ln in out.splitlines() if ln.startswith("pcsd.train: ")]
     assert len(lines) == 1, lines  # rank 0's, once
     assert "rank(s) 2, 3 on " in lines[0] and "cannot see the run folder rank 0 writes" in lines[0]
+
+
+def test_a_rank_that_cannot_read_the_chosen_checkpoint_is_one_line(tmp_path):
+    """resume_point's other ranks load the checkpoint rank 0 chose; one that cannot read it (its node
+    does not see the folder) raises a CheckpointError marked for every rank, naming the folder."""
+    from pcsd.train.checkpoint import CheckpointError
+    from pcsd.train.job import Job, _load_chosen_checkpoint
+
+    job = Job(cfg=None, run_dir=tmp_path, ctx=single_process(), console=None, t_start=0.0)
+    gone = tmp_path / "checkpoints" / "step-00000001"
+    with pytest.raises(CheckpointError, match="cannot read the checkpoint rank 0 chose: .*step-00000001") as info:
+        _load_chosen_checkpoint(job, gone)
+    assert info.value.all_ranks and "every node must see run.dir at the same path" in str(info.value)
+    assert "\n" not in str(info.value)
 
 
 def test_split_groups_covers_every_group_once():
