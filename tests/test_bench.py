@@ -364,22 +364,24 @@ def test_gpu_cpu_small_runs_every_part_that_can_run_on_a_cpu(tmp_path, child_env
     assert "| part | status | seconds | result |" in md and all(f"| {n} |" in md for n in GPU_PARTS)
 
 
-def test_gpu_train_part_cuda_driver_is_python_m_pcsd_train(tmp_path, child_env):
-    """On CUDA the train part runs ``python -m pcsd.train`` through a driver that turns on
-    deterministic kernels first: it must pass the arguments through as ``-m`` does."""
+def test_gpu_train_part_cuda_driver_is_python_m_pcsd_train(monkeypatch, capsys):
+    """On CUDA the train part runs ``python -m pcsd.train`` through a driver (``python -c``) that turns
+    on deterministic kernels first: it must pass the arguments through as ``-m`` does (run here in
+    this process, its switch put back after)."""
     from pcsd.bench.gpu import _DETERMINISTIC_MAIN
 
     args = ["preset=alfworld-qwen2.5-3b", "--plan", "--nodes", "2", "--gpus", "4", "--gpu-memory-gb", "80"]
-    res = subprocess.run(
-        [sys.executable, "-c", _DETERMINISTIC_MAIN, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env=child_env,
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "2 nodes x 4 GPU(s) of 80 GiB (dist.mesh=hsdp" in res.stdout and "verdict: fits" in res.stdout
+    monkeypatch.setattr(sys, "argv", ["-c", *args])
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        with pytest.raises(SystemExit) as info:
+            exec(_DETERMINISTIC_MAIN, {})
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(was)
+    out = capsys.readouterr().out
+    assert info.value.code == 0 and "2 nodes x 4 GPU(s) of 80 GiB (dist.mesh=hsdp" in out and "verdict: fits" in out
 
 
 def test_gpu_part_that_fails_does_not_stop_the_others(tmp_path, monkeypatch):
