@@ -369,6 +369,11 @@ def test_the_teachers_prompt_holds_a_peers_success_never_its_own(tiny_dir, monke
         assert actions[p] != actions[e] or len(actions[p]) != len(actions[e])
         assert t.endswith(s.split("<|im_start|>user\n", 1)[1])  # then exactly the student's prompt
     # the budget: a few tokens keep the header and leave the steps out
+    # dynamic sampling's sub-batches and concatenation keep each row's flag
+    flags = rb.teacher_context.tolist()
+    keep = [f for f, g in zip(flags, rb.group_id.tolist()) if g in (0, 1)]
+    assert rb.take_groups([1, 0]).teacher_context.tolist() == keep
+    assert type(rb).concat([rb, rb]).teacher_context.tolist() == flags + flags
     rb2 = roll(teacher_context_tokens=len(builder.tokenizer.encode(SUCCESS_HEADER)))
     t = dec(rb2.teacher_prompt_ids[rb2.traj_id.tolist().index(2)])
     assert "Step 1 action" not in t and "later steps" in t
