@@ -427,3 +427,15 @@ def test_the_new_methods_train_end_to_end(tmp_path, monkeypatch, method):
     extra = [f"method={method}"] + (["algo.teacher_context=group-success"] if method == "agentopsd" else [])
     s = _train(tmp_path, monkeypatch, *extra)
     assert s["method"] == method and s["steps"] == 1
+
+
+def test_the_new_keys_are_warned_about_where_unread():
+    from pcsd.train.config import load_config
+    from pcsd.train.methods import unused_keys
+
+    opsd = unused_keys(load_config(["method=agentopsd"]))  # an advantage rule, the context env
+    assert (
+        "algo.teacher_context_tokens" in opsd and "algo.lambda_distill" in opsd and "algo.teacher_context" not in opsd
+    )
+    sdpo = unused_keys(load_config(["method=sdpo"]))
+    assert "algo.group_stats" in sdpo and "algo.teacher_context_tokens" not in sdpo  # no policy term
