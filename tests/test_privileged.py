@@ -92,15 +92,9 @@ def test_a_teacher_needs_a_skills_folder_or_the_envs_privileged_text(monkeypatch
         load_config([*SECRET, "env.kwargs.privileged=false", "method=pcsd"])
 
 
-def test_pcsd_trains_on_an_env_that_gives_privileged_text_without_a_skills_folder(tmp_path, monkeypatch):
-    from pcsd.train.cli import main
-
-    monkeypatch.syspath_prepend(str(HERE))
-    monkeypatch.chdir(HERE)
-    run = tmp_path / "run"
-    args = [
-        *SECRET,
-        "method=pcsd",
+def one_step_args(run: Path) -> list[str]:
+    """A one-step run on the tiny model, no warm-up, two groups of two (after the env and method keys)."""
+    return [
         "optim.sft_steps=0",
         "optim.steps=1",
         "rollout.tasks_per_step=2",
@@ -115,7 +109,15 @@ def test_pcsd_trains_on_an_env_that_gives_privileged_text_without_a_skills_folde
         "run.tensorboard=false",
         f"run.dir={run}",
     ]
-    assert main(args) == 0
+
+
+def test_pcsd_trains_on_an_env_that_gives_privileged_text_without_a_skills_folder(tmp_path, monkeypatch):
+    from pcsd.train.cli import main
+
+    monkeypatch.syspath_prepend(str(HERE))
+    monkeypatch.chdir(HERE)
+    run = tmp_path / "run"
+    assert main([*SECRET, "method=pcsd", *one_step_args(run)]) == 0
     s = json.loads((run / "summary.json").read_text())
     assert s["method"] == "pcsd" and s["steps"] == 1 and s["success_after"] is not None
     assert not (run / "skills").exists()

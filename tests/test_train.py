@@ -66,8 +66,21 @@ def test_every_trained_parameter_changes(tiny_dir):
         ["method=skill-sd", "algo.lambda_distill=0.5", "optim.ppo_epochs=2"],
         ["method=opsd"],
         ["method=opsd", "optim.fused_lm_head=false"],
+        ["method=sdpo", "algo.lambda_distill=0.5"],
+        ["method=agentopsd"],
     ],
-    ids=["pcsd", "sdar-token-mean", "rlsd", "pcsd-old-pass", "skill-sd", "skill-sd-old-pass", "opsd", "opsd-unfused"],
+    ids=[
+        "pcsd",
+        "sdar-token-mean",
+        "rlsd",
+        "pcsd-old-pass",
+        "skill-sd",
+        "skill-sd-old-pass",
+        "opsd",
+        "opsd-unfused",
+        "sdpo",
+        "agentopsd",
+    ],
 )
 def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
     """update_step's accumulated micro-batch gradients == autograd of L_GRPO + lambda L_PCSD computed

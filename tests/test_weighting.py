@@ -38,7 +38,8 @@ def batch(seed=0):
 def test_every_rule_of_the_paper_is_registered():
     assert EXPECTED <= set(available_rules())
     assert set(available_rules("advantage")) == {"rlsd"}
-    assert set(available_rules("loss")) == {"skill-sd"}
+    assert set(available_rules("loss")) == {"skill-sd", "sdpo"}
+    assert set(available_rules("batch")) == {"agentopsd"}
     with pytest.raises(ValueError, match="unknown weighting rule 'nope'; valid: "):
         get_rule("nope")
 

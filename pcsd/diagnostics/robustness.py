@@ -13,7 +13,9 @@ Every rule of :mod:`pcsd.ops.weighting` has a per-token weight (:func:`token_wei
 ``weights`` rule's own weights; an ``advantage`` rule's factor on a positive advantage (RLSD at
 step 0: ``0.5 + 0.5 clip(exp(delta), 0.8, 1.2)``); a ``loss`` rule's pull on the token's
 log-prob, ``-dL_t / d log pi`` at ``pi = pi_old`` (for the weighted loss of the ``weights`` rules
-this is exactly ``w``; for Skill-SD it is the signed gap itself).
+this is exactly ``w``; for Skill-SD it is the signed gap itself); a ``batch`` rule's factor on a
+positive advantage with the segments taken as the turns of one episode in a group of two, one won
+(AgentOPSD: ``0.5 + 0.5 m_k``, constant over a turn's tokens).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 import torch
 
-from pcsd.ops.weighting import available_rules, get_rule
+from pcsd.ops.weighting import RowBatch, available_rules, get_rule
 
 __all__ = [
     "GapSet",
@@ -159,6 +161,19 @@ def token_weights(rule_name: str, gap: np.ndarray, mask: np.ndarray, cu_seqlens:
         w = rule(g, cu, m, **params)
     elif rule.kind == "advantage":
         w = rule(torch.ones_like(g), g, m, 0, **params)
+    elif rule.kind == "batch":  # the multiplier of a unit advantage: the segments the turns of one episode, prior 0.5
+        R = cu.numel() - 1
+        one = torch.zeros(R, dtype=torch.int64)
+        rows = RowBatch(
+            torch.ones_like(g),
+            g * m,
+            cu,
+            one,
+            torch.arange(R),
+            torch.zeros(2, dtype=torch.int64),
+            torch.tensor([True, False]),
+        )
+        w = rule.batch_advantages(rows, 0, **params)
     else:  # loss: -dL_t/dlogp at logp = logp_old, teacher = student + gap
         lp = torch.zeros_like(g, requires_grad=True)
         per = rule(lp, g, torch.zeros_like(g), m, **params)

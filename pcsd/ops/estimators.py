@@ -22,6 +22,14 @@ trajectory the trajectory's advantage; GiGPO adds a step-level advantage that di
   anchor group: ``(G - mean) / (std + eps)`` with the sample (n - 1) std (``mean_std``) or
   ``G - mean`` (``mean``); an anchor group of one row has step advantage 0.
 
+``group_stats`` (the config's ``algo.group_stats``) says what the group statistics of the reward
+count: ``trajectory`` (the default, the paper's GRPO) counts each trajectory once, as above; ``row``
+counts every response turn, as the SDAR/verl-agent code does (``compute_mean_std_cross_steps=True``
+in its ``compute_grpo_outcome_advantage``, ``compute_rloo_outcome_advantage`` and GiGPO's
+``episode_norm_reward``): a trajectory of L turns enters its group's mean and std L times, the std
+is ``torch.std``'s (n - 1), and a group of one row has mean 0 and std 1 (GRPO, GiGPO: ``A = R /
+(1 + eps)``; RLOO: ``A = R``). GiGPO's step level is per row under both.
+
 Where pcsd differs from the public code, and why, is in ``docs/estimators.md``.
 """
 
@@ -49,10 +57,14 @@ __all__ = [
     "groups_with_signal",
     "register_estimator",
     "GIGPO_NORMS",
+    "GROUP_STATS",
+    "row_episode_advantages",
 ]
 
 #: GiGPO's normalisations (verl-agent's ``mode``: ``mean_std_norm`` / ``mean_norm``)
 GIGPO_NORMS = ("mean_std", "mean")
+#: what the reward's group statistics count (``algo.group_stats``): trajectories (the paper) or rows (SDAR's code)
+GROUP_STATS = ("trajectory", "row")
 
 
 class AdvantageInputs(NamedTuple):
@@ -78,28 +90,44 @@ class Estimator:
     doc: str = ""
     uses_eps: bool = True  # reads eps (algo.adv_eps) under some setting of its parameters
     needs_anchor: bool = False  # reads the rows' anchor states
+    group_stats: bool = False  # fn takes group_stats= (trajectory | row: what its group statistics count)
 
-    def __call__(self, inputs: AdvantageInputs, *, eps: float = 1e-6, **params: Any) -> Tensor:
+    def __call__(
+        self, inputs: AdvantageInputs, *, eps: float = 1e-6, group_stats: str = "trajectory", **params: Any
+    ) -> Tensor:
         unknown = set(params) - set(self.defaults)
         if unknown:
             raise ValueError(
                 f"estimator {self.name!r} has no parameter(s) {sorted(unknown)}; valid: {sorted(self.defaults)}"
             )
+        if group_stats not in GROUP_STATS:
+            raise ValueError(f"group_stats must be one of {GROUP_STATS}, got {group_stats!r}")
         _check_inputs(inputs)
-        return self.fn(inputs, eps=eps, **{**self.defaults, **params}).to(torch.float32)
+        kw = {**self.defaults, **params}
+        if self.group_stats:
+            kw["group_stats"] = group_stats
+        elif group_stats != "trajectory":
+            raise ValueError(f"estimator {self.name!r} has no group_stats={group_stats!r} (only trajectory)")
+        return self.fn(inputs, eps=eps, **kw).to(torch.float32)
 
 
 _ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 
 
 def register_estimator(
-    name: str, doc: str = "", uses_eps: bool = True, needs_anchor: bool = False, **defaults: Any
+    name: str,
+    doc: str = "",
+    uses_eps: bool = True,
+    needs_anchor: bool = False,
+    group_stats: bool = False,
+    **defaults: Any,
 ) -> Callable:
     """Decorator registering ``fn(inputs, *, eps, **params) -> [R]`` under ``name`` with the
-    defaults of the parameters it reads (the config's ``algo.<name>.*`` keys)."""
+    defaults of the parameters it reads (the config's ``algo.<name>.*`` keys); with
+    ``group_stats=True`` ``fn`` also takes ``group_stats=`` (``trajectory`` or ``row``)."""
 
     def deco(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        spec = Estimator(name, fn, dict(defaults), doc or (fn.__doc__ or ""), uses_eps, needs_anchor)
+        spec = Estimator(name, fn, dict(defaults), doc or (fn.__doc__ or ""), uses_eps, needs_anchor, group_stats)
         _ESTIMATORS.add(name, spec)
         return fn
 
@@ -162,14 +190,46 @@ def groups_with_signal(reward: Tensor, traj_group: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- grpo, rloo
-@register_estimator("grpo", doc="GRPO: (R - group mean) / (group population std + eps)")
-def _grpo(b: AdvantageInputs, *, eps: float) -> Tensor:
+def _row_stats(b: AdvantageInputs) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(r, n, mean, std)`` per ROW: its trajectory's reward and its group's row count, mean and
+    ``torch.std`` (n - 1) over the group's rows, a group of one row with mean 0 and std 1 (the
+    SDAR/verl-agent code's ``compute_mean_std_cross_steps=True``)."""
+    r = b.reward.to(torch.float64)[b.row_traj]
+    ids, k = _dense_ids(b.traj_group[b.row_traj])
+    cnt, mean, ss = _group_stats(r, ids, k)
+    n = cnt[ids]
+    one = n < 2
+    mean_r = torch.where(one, torch.zeros_like(r), mean[ids])
+    std_r = torch.where(one, torch.ones_like(r), (ss / (cnt - 1).clamp_min(1.0)).sqrt()[ids])
+    return r, n, mean_r, std_r
+
+
+def row_episode_advantages(b: AdvantageInputs, *, norm: str, eps: float) -> Tensor:
+    """``[R]`` float64: GRPO's (``norm=mean_std``: ``(R - mean) / (std + eps)``) or the mean-centred
+    (``mean``: ``R - mean``) advantage with the group statistics over ROWS (``group_stats=row``:
+    :func:`_row_stats`), as the SDAR code's ``compute_grpo_outcome_advantage`` and GiGPO's
+    ``episode_norm_reward``."""
+    if norm not in GIGPO_NORMS:
+        raise ValueError(f"norm must be one of {GIGPO_NORMS}, got {norm!r}")
+    r, _, mean, std = _row_stats(b)
+    return r - mean if norm == "mean" else (r - mean) / (std + eps)
+
+
+@register_estimator("grpo", doc="GRPO: (R - group mean) / (group population std + eps)", group_stats=True)
+def _grpo(b: AdvantageInputs, *, eps: float, group_stats: str = "trajectory") -> Tensor:
+    if group_stats == "row":
+        return row_episode_advantages(b, norm="mean_std", eps=eps)
     adv = group_advantages(b.reward, b.traj_group, eps=eps)
     return adv[b.row_traj]
 
 
-@register_estimator("rloo", doc="RLOO: R minus the mean of the group's other trajectories", uses_eps=False)
-def _rloo(b: AdvantageInputs, *, eps: float) -> Tensor:
+@register_estimator(
+    "rloo", doc="RLOO: R minus the mean of the group's other trajectories", uses_eps=False, group_stats=True
+)
+def _rloo(b: AdvantageInputs, *, eps: float, group_stats: str = "trajectory") -> Tensor:
+    if group_stats == "row":  # verl-agent: n rows, each row a sample left out; a group of one row keeps R
+        r, n, mean, _ = _row_stats(b)
+        return torch.where(n > 1, r * n / (n - 1).clamp_min(1.0) - mean * n / (n - 1).clamp_min(1.0), r)
     ids, k = _dense_ids(b.traj_group)
     r = b.reward.to(torch.float64)
     cnt, mean, _ = _group_stats(r, ids, k)
@@ -263,13 +323,18 @@ def anchor_group_counts(traj_group: Tensor, row_traj: Tensor, anchor: Tensor) ->
     "gigpo",
     doc="GiGPO: episode advantage + step_weight x step advantage within anchor-state groups",
     needs_anchor=True,
+    group_stats=True,
     step_weight=1.0,
     norm="mean_std",
     gamma=0.95,
 )
-def _gigpo(b: AdvantageInputs, *, eps: float, step_weight: float, norm: str, gamma: float) -> Tensor:
-    episode = gigpo_episode_advantages(b.reward, b.traj_group, norm=norm, eps=eps)
-    adv = episode[b.row_traj]
+def _gigpo(
+    b: AdvantageInputs, *, eps: float, step_weight: float, norm: str, gamma: float, group_stats: str = "trajectory"
+) -> Tensor:
+    if group_stats == "row":
+        adv = row_episode_advantages(b, norm=norm, eps=eps)
+    else:
+        adv = gigpo_episode_advantages(b.reward, b.traj_group, norm=norm, eps=eps)[b.row_traj]
     if step_weight != 0 and b.row_traj.numel():
         returns = discounted_returns(b.step_reward, b.row_traj, b.row_turn, gamma)
         step, _ = gigpo_step_advantages(returns, b.traj_group[b.row_traj], b.anchor, norm=norm, eps=eps)

@@ -35,6 +35,7 @@ __all__ = [
     "pcsd_token_loss",
     "skill_sd_token_loss",
     "skill_sd_loss",
+    "sdpo_token_loss",
 ]
 
 
@@ -58,6 +59,14 @@ class TokenTerms:
     teacher_logp: Optional[Tensor] = None  # [n] log pi_teacher (None: no teacher scored)
     weights: Optional[Tensor] = None  # [n] the rule's distillation weights (None: it has none)
     rule_loss: Optional["RuleLoss"] = None  # the rule's per-token loss term (None: none)
+    # [n] bool: the token's turn has a teacher context (algo.teacher_context=group-success: a turn whose group
+    # had no other success and whose teacher reads no skills has none); None: every turn has one
+    teacher_mask: Optional[Tensor] = None
+
+    @property
+    def distill_mask(self) -> Tensor:
+        """``[n]`` bool: the valid tokens a distillation term may read (valid, with a teacher context)."""
+        return self.mask if self.teacher_mask is None else self.mask & self.teacher_mask
 
     @property
     def cu_seqlens(self) -> Tensor:
@@ -199,3 +208,27 @@ def skill_sd_loss(
     m = mask.detach().to(student_logp.dtype)
     per = skill_sd_token_loss(student_logp, teacher_logp, old_logp, neg_clamp=neg_clamp, ratio_clamp=ratio_clamp)
     return (per * m).sum() / m.sum().clamp_min(1.0)
+
+
+def sdpo_token_loss(
+    student_logp: Tensor, teacher_logp: Tensor, old_logp: Tensor, *, is_clip: Optional[float] = 2.0
+) -> Tensor:
+    """SDPO's sampled-token self-distillation loss per token (the public SDPO code's
+    ``compute_self_distillation_loss`` with ``full_logit_distillation=False``, reverse KL):
+    ``sg(log pi - log pi_teacher) log pi``, times the importance weight of the sampled token
+    ``min(exp(clamp(sg(log pi - log pi_old), -20, 20)), is_clip)`` (``is_clip=None``: no weight).
+    Its gradient with respect to ``log pi`` is the weighted log-ratio to the teacher: tokens the
+    teacher finds likelier than the student are pushed up, the others down. ``[T]`` like the inputs."""
+    for name, t in (("teacher_logp", teacher_logp), ("old_logp", old_logp)):
+        if not isinstance(t, Tensor) or t.shape != student_logp.shape:
+            raise ValueError(f"{name} must be a tensor of student_logp's shape {tuple(student_logp.shape)}")
+    if not student_logp.dtype.is_floating_point:
+        raise ValueError(f"student_logp must be floating point, got {student_logp.dtype}")
+    if is_clip is not None and not is_clip > 0:
+        raise ValueError(f"is_clip must be > 0 or None, got {is_clip!r}")
+    log_ratio = (student_logp - teacher_logp.to(student_logp.dtype)).detach()
+    per = log_ratio * student_logp
+    if is_clip is not None:
+        lr = (student_logp - old_logp.to(student_logp.dtype)).detach().clamp(-20.0, 20.0)
+        per = per * torch.exp(lr).clamp(max=is_clip)
+    return per

@@ -26,6 +26,19 @@ A rule is registered with :func:`register_rule` as one of four kinds, each a way
   estimator of KL(student || teacher) times the on-policy ratio, :func:`pcsd.ops.losses.skill_sd_token_loss`;
   GRPO's advantages are left unchanged).
 * ``terms`` rules are the method itself: ``fn(terms, step, **params) -> RuleTerms``.
+* ``batch`` rules set the advantages from the whole batch before any micro-batch (a turn's
+  advantage reads its trajectory's other turns and its group): ``fn(rows, step, **params) -> [T]``
+  with ``rows`` a :class:`RowBatch`; the update calls :meth:`WeightRule.batch_advantages` once
+  (with log pi_old scored before the update, ``needs_old``) and the micro-batches' terms keep
+  those advantages. ``agentopsd`` (AgentOPSD's turn-level belief multiplier,
+  :func:`agentopsd_advantages`).
+
+A ``loss`` rule ``sdpo`` is SDPO's sampled-token self-distillation loss with its importance-weight
+cap (:func:`pcsd.ops.losses.sdpo_token_loss`).
+
+Where a turn has no teacher context (``TokenTerms.teacher_mask``: ``algo.teacher_context=group-success``
+and a group without another success, no skills), its gaps are 0 and a rule's weights and loss
+term are 0 on its tokens (``TokenTerms.distill_mask``).
 
 ``algo.distill=false`` turns a distillation rule (``distills``: every kind but ``advantage``)
 off: the update then runs :func:`active_rule`'s rule that changes nothing and scores no teacher.
@@ -52,7 +65,7 @@ from torch import Tensor
 
 from pcsd.ops.defaults import PCSD_DEFAULTS
 from pcsd.ops.kernels import pcsd_weights
-from pcsd.ops.losses import RuleLoss, TokenTerms, pcsd_token_loss, skill_sd_token_loss
+from pcsd.ops.losses import RuleLoss, TokenTerms, pcsd_token_loss, sdpo_token_loss, skill_sd_token_loss
 from pcsd.ops.segments import segment_sum
 
 __all__ = [
@@ -64,9 +77,24 @@ __all__ = [
     "NO_RULE",
     "available_rules",
     "rlsd_advantages",
+    "RowBatch",
+    "agentopsd_advantages",
 ]
 
-RuleKind = Literal["weights", "advantage", "loss", "terms"]
+RuleKind = Literal["weights", "advantage", "loss", "terms", "batch"]
+
+
+class RowBatch(NamedTuple):
+    """The whole batch as a ``batch`` rule reads it: T packed response tokens in R rows (response
+    turns), N trajectories."""
+
+    advantages: Tensor  # [T] the estimator's per-token advantages
+    gap: Tensor  # [T] log pi_teacher - log pi_old (0 where the turn has no teacher context)
+    offsets: Tensor  # [R+1] int64 row r's tokens are offsets[r]:offsets[r+1]
+    row_traj: Tensor  # [R] int64 each row's trajectory, in [0, N)
+    row_turn: Tensor  # [R] int64 each row's turn within its trajectory
+    traj_group: Tensor  # [N] int64 each trajectory's group
+    won: Tensor  # [N] bool each trajectory's success
 
 
 class RuleTerms(NamedTuple):
@@ -93,6 +121,18 @@ class WeightRule:
     pins: dict[str, Any] = field(default_factory=dict)  # parameter values that define the rule
     needs_teacher: bool = True  # the update scores the teacher (gaps, teacher log-probs) for it
     distills: bool = True  # algo.distill=false turns it off (see active_rule)
+
+    @property
+    def needs_old(self) -> bool:
+        """The update scores log pi_old before its passes (a ``batch`` rule reads every turn's gaps first)."""
+        return self.kind == "batch"
+
+    def batch_advantages(self, rows: RowBatch, step: int, **params: Any) -> Tensor:
+        """``[T]`` the advantages of the whole batch: a ``batch`` rule's, ``rows.advantages`` for
+        every other kind (their advantages are per micro-batch, :meth:`terms`)."""
+        if self.kind != "batch":
+            return rows.advantages
+        return self.fn(rows, step, **self._params(params))
 
     def _params(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
         unknown = set(overrides) - set(self.defaults)
@@ -126,15 +166,18 @@ def _weighted_loss(lp: Tensor, t: TokenTerms) -> Tensor:
 def _loss_kind_term(fn: Callable[..., Tensor], p: dict[str, Any], lp: Tensor, t: TokenTerms) -> Tensor:
     if t.teacher_logp is None:
         raise ValueError("a loss rule's term needs the teacher's log-probs")
-    return fn(lp, t.teacher_logp, t.old_logp, t.mask, **p)
+    return fn(lp, t.teacher_logp, t.old_logp, t.distill_mask, **p)
 
 
 #: kind -> ``(fn, terms, step, params) -> RuleTerms``: how a rule of that kind gives its terms
 _TERMS: dict[str, Callable[[Callable[..., Any], TokenTerms, int, dict[str, Any]], RuleTerms]] = {
-    "weights": lambda fn, t, step, p: RuleTerms(t.advantages, fn(t.gap, t.cu_seqlens, t.mask, **p), _weighted_loss),
+    "weights": lambda fn, t, step, p: RuleTerms(
+        t.advantages, fn(t.gap, t.cu_seqlens, t.distill_mask, **p), _weighted_loss
+    ),
     "advantage": lambda fn, t, step, p: RuleTerms(fn(t.advantages, t.gap, t.mask, step, **p)),
     "loss": lambda fn, t, step, p: RuleTerms(t.advantages, None, partial(_loss_kind_term, fn, p)),
     "terms": lambda fn, t, step, p: fn(t, step, **p),
+    "batch": lambda fn, t, step, p: RuleTerms(t.advantages),  # set for the whole batch (batch_advantages)
 }
 
 _RULES: dict[str, WeightRule] = {}
@@ -151,7 +194,8 @@ def register_rule(
     **defaults: Any,
 ) -> Callable:
     """Decorator registering ``fn`` under ``name`` with default parameters (the ones it reads) and
-    ``pins``, the parameter values that define it. ``distills`` defaults to ``kind != "advantage"``."""
+    ``pins``, the parameter values that define it. ``distills`` defaults to ``kind`` not ``advantage``
+    or ``batch`` (advantage transforms stay on under ``algo.distill=false``)."""
     if kind not in _TERMS:
         raise ValueError(f"kind must be one of {sorted(_TERMS)}, got {kind!r}")
 
@@ -166,7 +210,7 @@ def register_rule(
             doc or (fn.__doc__ or ""),
             dict(pins or {}),
             needs_teacher,
-            kind != "advantage" if distills is None else distills,
+            kind not in ("advantage", "batch") if distills is None else distills,
         )
         return fn
 
@@ -336,3 +380,86 @@ def _skill_sd(
     ``l = log pi - sg(log pi_teacher)``; the trainer adds ``lambda`` x its token-mean."""
     m = _check_gap_mask(student_logp.detach(), mask)
     return skill_sd_token_loss(student_logp, teacher_logp, old_logp, neg_clamp=neg_clamp, ratio_clamp=ratio_clamp) * m
+
+
+@register_rule("sdpo", "loss", is_clip=2.0)
+def _sdpo(
+    student_logp: Tensor, teacher_logp: Tensor, old_logp: Tensor, mask: Optional[Tensor] = None, *, is_clip: float
+) -> Tensor:
+    """SDPO: per token ``min(rho, is_clip) sg(log pi - log pi_teacher) log pi`` (``rho`` the on-policy
+    ratio, detached; is_clip 2, the SDPO code's and TRL's default); the trainer adds ``lambda`` x
+    its token-mean."""
+    m = _check_gap_mask(student_logp.detach(), mask)
+    return sdpo_token_loss(student_logp, teacher_logp, old_logp, is_clip=is_clip) * m
+
+
+@register_rule(
+    "agentopsd",
+    "batch",
+    distills=False,
+    mult_lambda=0.5,
+    mult_band=0.2,
+    eps=1e-6,
+    prior_clip=1e-4,
+)
+def agentopsd_advantages(
+    rows: RowBatch,
+    step: int = 0,
+    *,
+    mult_lambda: float = 0.5,
+    mult_band: float = 0.2,
+    eps: float = 1e-6,
+    prior_clip: float = 1e-4,
+) -> Tensor:
+    """AgentOPSD's turn-level advantage (the public code's ``compute_opsd_turn_advantage`` with
+    ``belief_mult``, ``signed``, ``belief_gate`` and ``mult_signed`` on, as its ALFWorld script).
+
+    Per trajectory, turns in order: ``d_k`` the turn's summed gap, the belief
+    ``V_k = clamp(sigmoid(logit V_0 + sum_{j <= k} d_j), eps, 1 - eps)`` with the prior ``V_0`` the
+    group's success rate clamped to ``[prior_clip, 1 - prior_clip]``, its change
+    ``q_k = V_k - V_{k-1}`` (``V_{-1} = V_0``) standardised over the trajectory's turns
+    ``z_k = (q_k - mean q) / (std q + eps)`` (population std; one turn: 0), the multiplier
+    ``m_k = clamp(1 + mult_band sign(A_k) z_k, 1 - mult_band, 1 + mult_band)`` and the turn's
+    advantage ``A_k ((1 - mult_lambda) + mult_lambda m_k)``, ``A_k`` the estimator's. ``[T]``."""
+    if not 0.0 <= mult_band < 1.0:
+        raise ValueError(f"mult_band must be in [0, 1), got {mult_band!r}")
+    if not 0.0 < prior_clip < 0.5:
+        raise ValueError(f"prior_clip must be in (0, 0.5), got {prior_clip!r}")
+    adv, dev = rows.advantages, rows.advantages.device
+    off = rows.offsets.to(device=dev, dtype=torch.int64)
+    R = off.numel() - 1
+    if R == 0 or adv.numel() == 0:
+        return adv
+    lens = off.diff()
+    tok_row = torch.repeat_interleave(torch.arange(R, device=dev), lens, output_size=adv.numel())
+    d = segment_sum(rows.gap.detach().to(torch.float64), tok_row, R)  # [R] summed gap per turn
+    a = torch.where(lens > 0, adv.to(torch.float64)[off[:-1].clamp_max(adv.numel() - 1)], 0.0)
+    traj = rows.row_traj.to(dev)
+    # the prior: each trajectory's group success rate
+    _, gid = torch.unique(rows.traj_group.to(dev), return_inverse=True)
+    G = int(gid.max()) + 1
+    won = rows.won.to(device=dev, dtype=torch.float64)
+    rate = segment_sum(won, gid, G) / segment_sum(torch.ones_like(won), gid, G)
+    v0 = rate[gid].clamp(prior_clip, 1.0 - prior_clip)[traj]  # [R]
+    # rows in (trajectory, turn) order; a segment per trajectory
+    order = torch.argsort(traj * (int(rows.row_turn.max()) + 1) + rows.row_turn.to(dev))
+    t_s, d_s, a_s, v0_s = traj[order], d[order], a[order], v0[order]
+    first = torch.ones(R, dtype=torch.bool, device=dev)
+    first[1:] = t_s[1:] != t_s[:-1]
+    seg = torch.cumsum(first.long(), 0) - 1
+    n_seg = int(seg[-1]) + 1
+    csum = torch.cumsum(d_s, 0)
+    start = csum[first] - d_s[first]  # the sum before each trajectory's first turn
+    cum = csum - start[seg]
+    v = torch.sigmoid(torch.log(v0_s / (1.0 - v0_s)) + cum).clamp(eps, 1.0 - eps)
+    v_prev = torch.where(first, v0_s, torch.roll(v, 1))
+    q = v - v_prev
+    cnt = segment_sum(torch.ones_like(q), seg, n_seg)
+    mean = segment_sum(q, seg, n_seg) / cnt
+    std = (segment_sum((q - mean[seg]) ** 2, seg, n_seg) / cnt).sqrt()
+    z = (q - mean[seg]) / (std[seg] + eps)
+    m = (1.0 + mult_band * torch.sign(a_s) * z).clamp(1.0 - mult_band, 1.0 + mult_band)
+    out_s = a_s * ((1.0 - mult_lambda) + mult_lambda * m)
+    out = torch.empty_like(out_s)
+    out[order] = out_s
+    return torch.repeat_interleave(out, lens, output_size=adv.numel()).to(adv.dtype)

@@ -97,6 +97,10 @@ class RolloutBatch:
     # trajectory's rows sum to its reward (its last row carries any difference, e.g. an episode an env
     # error ended). None where the batch was not made by collect_rollouts
     step_reward: Optional[Tensor] = None
+    # (R,) bool: the row's teacher prompt holds a privileged context (algo.teacher_context=group-success:
+    # skills, the env's privileged text or a peer's success; pcsd.rollout.teacher_context). None: every
+    # row's does (the default context)
+    teacher_context: Optional[Tensor] = None
 
     @property
     def num_rows(self) -> int:
@@ -186,6 +190,7 @@ class RolloutBatch:
             prompt_overflow=None if self.prompt_overflow is None else self.prompt_overflow[tidx],
             anchor=None if self.anchor is None else self.anchor[ridx],
             step_reward=None if self.step_reward is None else self.step_reward[ridx],
+            teacher_context=None if self.teacher_context is None else self.teacher_context[ridx],
             env_error=[self.env_error[t] for t in trajs] if self.env_error else [],
             env_error_step=[self.env_error_step[t] for t in trajs] if self.env_error_step else [],
         )
@@ -242,6 +247,7 @@ class RolloutBatch:
             prompt_overflow=opt("prompt_overflow"),
             anchor=torch.cat(anchor) if len(anchor) == len(batches) else None,
             step_reward=opt("step_reward"),
+            teacher_context=opt("teacher_context"),
             env_error=cat("env_error") if all(b.env_error for b in batches) else [],
             env_error_step=cat("env_error_step") if all(b.env_error_step for b in batches) else [],
         )
@@ -287,6 +293,8 @@ def collect_rollouts(
     env_options: Optional[dict] = None,
     progress=None,
     pools: Optional[Pools] = None,
+    teacher_context: str = "env",
+    teacher_context_tokens: int = 1024,
 ) -> RolloutBatch:
     """Plays ``len(games) * group_size`` episodes to the end (done or ``max_steps``).
 
@@ -310,6 +318,11 @@ def collect_rollouts(
             same, ``won`` the env's ``info["won"]`` or the pool's success threshold.
         student_skills: the student sees the skills too (Skill-GRPO and the starred evaluations).
         teacher_prompts: also build the teacher prompts (needed for distillation).
+        teacher_context: ``env`` (the teacher reads the skills and the env's privileged text) or
+            ``group-success`` (also a successful episode of the same group, never the row's own, at
+            most ``teacher_context_tokens`` tokens: :mod:`pcsd.rollout.teacher_context`; the teacher
+            prompts are built once the group has played, and ``RolloutBatch.teacher_context`` says
+            which rows have any context).
         progress: optional callable ``progress(done_envs, total_envs)``.
     """
     from pcsd.text.formats import text_format
@@ -322,6 +335,10 @@ def collect_rollouts(
     fmt = text_format(builder.env)
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if teacher_context not in ("env", "group-success"):
+        raise ValueError(f"teacher_context must be env or group-success, got {teacher_context!r}")
+    from_group = teacher_prompts and teacher_context == "group-success"
+    rows_treq: list[dict] = []  # group-success: each row's teacher request, encoded once the groups have played
     num_groups = games if isinstance(games, int) else len(games)
     if num_groups < 1:
         raise ValueError("games must name at least one game")
@@ -411,7 +428,11 @@ def collect_rollouts(
             student = [ids for ids in encoded if ids is not None]
             if teacher_prompts:  # the env's privileged text goes to the teacher's prompts only
                 t_reqs = [dict(r, privileged=secret[e]) if e in secret else r for r, e in zip(reqs, active)]
-                teacher = builder.encode_batch(t_reqs, teacher=True)
+                if from_group:  # the history as it is now (it grows), the prompt once the group has played
+                    rows_treq += [dict(r, history=list(history[e])) for r, e in zip(t_reqs, active)]
+                    teacher = student
+                else:
+                    teacher = builder.encode_batch(t_reqs, teacher=True)
             else:
                 teacher = student
             timings.prompts += time.perf_counter() - t0
@@ -483,6 +504,13 @@ def collect_rollouts(
                 progress(n_envs - len(active), n_envs)
     finally:
         pool.close()
+    context = None
+    if from_group:
+        t0 = time.perf_counter()
+        rows_teacher, context = _group_success_prompts(
+            builder, rows_treq, rows_traj, rows_prompt, won.tolist(), history, group_size, teacher_context_tokens
+        )
+        timings.prompts += time.perf_counter() - t0
     timings.total = time.perf_counter() - t_start
     outcome = score.to(torch.float32) if spec.env_reward else won.to(torch.float32) * success_reward
     reward = outcome - penalty
@@ -512,7 +540,32 @@ def collect_rollouts(
         env_error_step=error_step,
         anchor=torch.tensor(rows_anchor, dtype=torch.int64),
         step_reward=step_reward,
+        teacher_context=context,
     )
+
+
+def _group_success_prompts(
+    builder, requests: list[dict], rows_traj: list[int], student: list[list[int]], won: list[bool], history, G, budget
+) -> tuple[list[list[int]], Tensor]:
+    """The teacher prompts of ``algo.teacher_context=group-success`` (one encoding of every row's
+    request with its peer's success, :mod:`pcsd.rollout.teacher_context`) and ``(R,)`` bool: the
+    row's teacher prompt differs from its student prompt (skills, privileged text or a success)."""
+    from pcsd.rollout.teacher_context import pick_peers, success_text, with_success
+
+    peers = pick_peers(won, G)
+    count = lambda text: len(builder.tokenizer.encode(text))  # noqa: E731
+    texts: dict[int, str] = {}
+    for p in peers:
+        if p is not None and p not in texts:
+            texts[p] = success_text(history[p], count, budget)
+    reqs = [with_success(r, _peer_text(texts, peers[e])) for r, e in zip(requests, rows_traj)]
+    teacher = list(builder.encode_batch(reqs, teacher=True)) if reqs else []
+    context = torch.tensor([t != s for t, s in zip(teacher, student)], dtype=torch.bool)
+    return teacher, context
+
+
+def _peer_text(texts: dict[int, str], peer: Optional[int]) -> Optional[str]:
+    return None if peer is None else texts.get(peer)
 
 
 def _anchor_of(batch, k: int) -> str:

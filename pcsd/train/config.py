@@ -153,8 +153,13 @@ class AlgoConfig:
     clip_eps: float = 0.2  # the ratio's lower clip, 1 - clip_eps (and the upper one unless clip_eps_high is set)
     clip_eps_high: Optional[float] = None  # the upper clip, 1 + clip_eps_high (DAPO: 0.28); None = clip_eps
     adv_eps: float = 1e-6
+    # what the estimators' group statistics count: trajectory (the paper) | row (every turn, as the SDAR code)
+    group_stats: str = "trajectory"
     loss_agg: str = "seq-mean-token-mean"
     teacher: str = "frozen"  # frozen | current
+    # the teacher's privileged context: env (skills + the env's info["privileged"]) | group-success (+ a peer's success)
+    teacher_context: str = "env"
+    teacher_context_tokens: int = 1024  # group-success: the peer's episode, at most these tokens
     student_skills: bool = False  # Skill-GRPO
     success_reward: float = 10.0
     pcsd: PcsdParams = field(default_factory=PcsdParams)
@@ -260,6 +265,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.backend": ("vllm", "hf"),
     "algo.loss_agg": ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum"),
     "algo.teacher": ("frozen", "current"),
+    "algo.teacher_context": ("env", "group-success"),
+    "algo.group_stats": ("trajectory", "row"),
     "algo.gigpo.norm": ("mean_std", "mean"),
     "model.param_dtype": ("float32", "bfloat16"),
     "model.compute_dtype": ("float32", "bfloat16"),
@@ -562,6 +569,7 @@ def _validate(cfg: DictConfig) -> None:
         "optim.ppo_epochs",
         "optim.sft_batch_size",
         "rollout.sync_bucket_mb",
+        "algo.teacher_context_tokens",
     ]
     for key in positive:
         if OmegaConf.select(cfg, key) <= 0:
@@ -824,11 +832,12 @@ def _validate_env(cfg: DictConfig) -> None:
             f"has none built in: {where} (an env's info['privileged'] is the teacher's alone), or train without "
             "them (method=grpo)"
         )
-    if teacher and not kind.gives_privileged(cfg):
+    if teacher and not kind.gives_privileged(cfg) and cfg.algo.teacher_context != "group-success":
         raise ConfigError(
             f"env.skills_dir: method {cfg.method} reads the teacher's skills, and env.name={kind.name} has none "
             f"built in and the env gives no info['privileged']: {where}, have the env give the teacher its "
-            "privileged text (info['privileged']), or train without a teacher (method=grpo)"
+            "privileged text (info['privileged']), take it from the group's successes "
+            "(algo.teacher_context=group-success), or train without a teacher (method=grpo)"
         )
 
 

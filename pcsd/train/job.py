@@ -658,6 +658,8 @@ def play_batch(job: Job, step: int, batch: int = 0, played: Optional[list] = Non
         num_threads=cfg.env.num_threads,
         progress=job.progress.rollout("rollout"),
         pools=job.env.train_pools,
+        teacher_context=cfg.algo.get("teacher_context", "env"),
+        teacher_context_tokens=cfg.algo.get("teacher_context_tokens", 1024),
     )
 
 

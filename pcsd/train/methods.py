@@ -23,6 +23,12 @@ skill-sd            Skill-SD: GRPO (advantages unchanged) + lambda 0.001 x the t
 sdar                SDAR: GRPO + pointwise sigmoid-gated distillation, as the public SDAR code
 sdar-norm           SDAR with normalised weights: the gates divided by their mean over each
                     response's valid tokens (the paper's reading of SDAR; ``rule=sdar-norm``)
+agentopsd           AgentOPSD: GRPO with its turn-level belief multiplier on the advantage (the
+                    summed gap per turn, a belief from the group's success rate, its standardised
+                    change, a clipped multiplier; ``rule=agentopsd``, no distillation term)
+sdpo                SDPO: the sampled-token self-distillation loss (importance weight capped at 2)
+                    alone, lambda 1, the teacher given a peer's success
+                    (``algo.teacher_context=group-success``); ``algo.grpo=true`` adds GRPO
 pcsd                PCSD (the paper): GRPO + persistent-consistency weights, lambda 0.01
 pcsd-fixed-n1       ablation: fixed window N = 1 (``algo.pcsd.n_min=1``)
 pcsd-fixed-n4       ablation: fixed window N = 4 (``algo.pcsd.n_min=4``)
@@ -39,6 +45,13 @@ starred Skill-SD: ``skill-sd-star`` is this project's convention (the skills at 
 every ``NAME-star``). One difference is kept on purpose: SDAR's trainers score the teacher with
 the *current* actor (its RLSD, Skill-SD and SDAR alike); here every method uses the preset's
 ``algo.teacher`` (``frozen``, as the paper states), and ``algo.teacher=current`` reproduces SDAR.
+
+AgentOPSD follows the public code (``verl/trainer/ppo/opsd_utils.py``: ``compute_opsd_turn_advantage``;
+``run_alfworld_3b.sh``: turn granularity, ``belief_mult`` and ``signed`` on, ``mult_lambda=0.5``,
+``mult_band=0.2``), SDPO the public SDPO code (``compute_self_distillation_loss`` with
+``full_logit_distillation=False``, ``is_clip=2``, ``dont_reprompt_on_self_success``) and TRL's
+``SDPOConfig`` (``distillation_weight=1``: distillation alone); where pcsd differs:
+``docs/estimators.md``, "AgentOPSD and SDPO".
 
 Every method sets all of ``algo.grpo``, ``algo.distill``, ``algo.student_skills``, ``eval.skills``
 and ``rule`` (the method fully determines them); other keys come from the preset. ``algo.grpo``
@@ -97,6 +110,14 @@ _TRAINED: dict[str, dict[str, Any]] = {
     ),
     "sdar": _m("SDAR: pointwise sigmoid-gated distillation", rule="sdar"),
     "sdar-norm": _m("SDAR with normalised weights: gates / their mean over the response", rule="sdar-norm"),
+    "agentopsd": _m("AgentOPSD: GRPO with the turn-level belief multiplier on the advantage", rule="agentopsd"),
+    "sdpo": _m(
+        "SDPO: sampled-token self-distillation alone, a peer's success as the teacher's context",
+        algo__grpo=False,
+        rule="sdpo",
+        algo__lambda_distill=1.0,
+        algo__teacher_context="group-success",
+    ),
     "pcsd": _m("PCSD: persistent-consistency weights", rule="pcsd"),
     "pcsd-fixed-n1": _m("PCSD ablation: fixed window N=1", rule="pcsd-fixed-n1", algo__pcsd__n_min=1),
     "pcsd-fixed-n4": _m("PCSD ablation: fixed window N=4", rule="pcsd-fixed-n4", algo__pcsd__n_min=4),
@@ -176,19 +197,29 @@ def unused_keys(cfg) -> dict[str, str]:
         out["rule"] = no_distill
     if not active.needs_teacher:
         out["algo.teacher"] = no_distill if not on else f"rule {rule.name} scores no teacher"
+        out["algo.teacher_context"] = out["algo.teacher_context_tokens"] = out["algo.teacher"]
+    elif algo.get("teacher_context", "env") != "group-success":
+        out["algo.teacher_context_tokens"] = "read only with algo.teacher_context=group-success"
     if not active.distills:  # no loss term to weight with lambda
         out["algo.lambda_distill"] = (
             no_distill
             if not algo.distill
-            else f"rule {rule.name} transforms the advantages instead of adding a distillation "
-            "loss (its own lambda decays from 0.5 to 0)"
+            else f"rule {rule.name} transforms the advantages instead of adding a distillation loss"
+            + (" (its own lambda decays from 0.5 to 0)" if rule.name == "rlsd" else "")
         )
     warm_teacher = cfg.optim.sft_steps > 0 and cfg.optim.sft_teacher_share > 0  # the warm-up's teacher prompts
     if not (active.needs_teacher or algo.student_skills or cfg.eval.skills or warm_teacher):
         out["env.skills_dir"] = "no teacher reads skills and the student's prompts show none"
     if not algo.grpo:
         no_pg = "no policy-gradient term (algo.grpo=false)"
-        for k in ("algo.clip_eps", "algo.clip_eps_high", "algo.adv_eps", "algo.estimator", "algo.policy_loss"):
+        for k in (
+            "algo.clip_eps",
+            "algo.clip_eps_high",
+            "algo.adv_eps",
+            "algo.estimator",
+            "algo.policy_loss",
+            "algo.group_stats",
+        ):
             out[k] = no_pg
         out.update({f"algo.gigpo.{k}": no_pg for k in algo.gigpo})
         if not algo.kl_beta > 0:

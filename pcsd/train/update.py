@@ -34,7 +34,7 @@ from pcsd.ops.grpo import token_coefficients
 from pcsd.ops.losses import LossParts, LossSpec, TokenTerms, update_token_loss
 from pcsd.ops.policy_losses import get_policy_loss
 from pcsd.ops.scoring import greedy_microbatches, score_packed, uses_varlen_attention
-from pcsd.ops.weighting import WeightRule, active_rule
+from pcsd.ops.weighting import RowBatch, WeightRule, active_rule
 from pcsd.rollout.loop import RolloutBatch
 from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
@@ -139,7 +139,9 @@ def score(
     """Phase 1: the old policy's, the reference's and the teacher's log-probs (:class:`Scores`).
     ``progress("scoring", n)`` may return a ``cb(done, n)`` called after each of the n scorings."""
     need_ref = cfg.algo.kl_beta > 0  # the KL term, policy-gradient term or not
-    need_old = cfg.optim.ppo_epochs > 1  # one epoch: the update's own forward pass gives log pi_old exactly
+    # one epoch: the update's own forward pass gives log pi_old exactly, unless the rule reads the
+    # whole batch's gaps before the first micro-batch (WeightRule.needs_old)
+    need_old = cfg.optim.ppo_epochs > 1 or rule.needs_old
     n = int(need_old) + int(need_ref) + int(rule.needs_teacher)
     cb: Callable[[int, int], object] = (progress("scoring", n) if progress and n else None) or (lambda d, t: None)
     t0 = time.perf_counter()
@@ -214,9 +216,18 @@ def estimate_advantages(rb: RolloutBatch, cfg: DictConfig, tok_traj: Tensor) -> 
         step_reward=rb.row_step_rewards().to(dev),
         anchor=(rb.anchor if rb.anchor is not None else torch.zeros_like(rb.traj_id)).to(dev),
     )
-    adv = est(rows, eps=cfg.algo.adv_eps, **params)
+    adv = est(rows, eps=cfg.algo.adv_eps, group_stats=cfg.algo.get("group_stats", "trajectory"), **params)
     lengths = torch.tensor([len(r) for r in rb.response_ids], dtype=torch.int64, device=dev)
     return torch.repeat_interleave(adv, lengths)
+
+
+def teacher_token_mask(rb: RolloutBatch, layout: Layout) -> Optional[Tensor]:
+    """``[T]`` bool: each token's turn has a teacher context (``RolloutBatch.teacher_context``,
+    ``algo.teacher_context=group-success``); None where every turn has one."""
+    if rb.teacher_context is None:
+        return None
+    lengths = torch.tensor([len(r) for r in rb.response_ids], dtype=torch.int64)
+    return torch.repeat_interleave(rb.teacher_context.bool(), lengths).to(layout.dev)
 
 
 class Terms:
@@ -230,8 +241,9 @@ class Terms:
         self.params = rule.params_from(algo.pcsd)
         self.step = step + 1  # the update's number: 1 at the first (the public RLSD trainer's global_steps)
         self.traj = rb.token_traj_ids().to(dev)
-        self.advantages = estimate_advantages(rb, cfg, self.traj)
         self.mask = torch.ones(T, dtype=torch.bool, device=dev)
+        self.teacher_mask = teacher_token_mask(rb, layout)
+        self.advantages = self._batch_advantages(rb, estimate_advantages(rb, cfg, self.traj))
         coef = token_coefficients(self.mask, self.traj, rb.num_trajectories, algo.loss_agg)
         # global normalisers: the aggregation's denominator (trajectories with tokens, or tokens)
         # and the distillation's M are counts over the whole batch, i.e. over every rank
@@ -244,11 +256,37 @@ class Terms:
         self.sums = dict(gap=0.0, w=0.0, gate=0.0, nll=0.0)  # over the batch's tokens
         self.valid: dict[int, float] = {}  # micro-batch -> its valid-token count M_mb
 
+    def _batch_advantages(self, rb: RolloutBatch, adv: Tensor) -> Tensor:
+        """The rule's advantages of the whole batch (:meth:`WeightRule.batch_advantages`: a ``batch``
+        rule's, from every turn's gaps; the estimator's ``adv`` for the others)."""
+        if not self.rule.needs_old:
+            return adv
+        sc, dev = self.scores, self.layout.dev
+        gap = torch.zeros_like(adv)
+        if sc.teacher is not None and sc.old is not None:
+            gap = sc.teacher - sc.old
+            if self.teacher_mask is not None:
+                gap = torch.where(self.teacher_mask, gap, torch.zeros_like(gap))
+        rows = RowBatch(
+            advantages=adv,
+            gap=gap,
+            offsets=torch.tensor(self.layout.offsets, dtype=torch.int64, device=dev),
+            row_traj=rb.traj_id.to(dev),
+            row_turn=rb.turn.to(dev),
+            traj_group=rb.traj_group.to(dev),
+            won=rb.won.to(dev),
+        )
+        return self.rule.batch_advantages(rows, self.step, **self.params).float()
+
     def micro(self, rows: list[int], idx: Tensor, old: Tensor) -> TokenTerms:
         """The terms of the whole turns ``rows`` (packed positions ``idx``) given their log pi_old
         ``old``. Windows never cross a turn, so per micro-batch (or chunk) equals the whole batch."""
         sc = self.scores
         teacher = None if sc.teacher is None else sc.teacher[idx]
+        tmask = None if self.teacher_mask is None or teacher is None else self.teacher_mask[idx]
+        gap = torch.zeros_like(old) if teacher is None else teacher - old
+        if tmask is not None:  # a turn without a teacher context: no gap
+            gap = torch.where(tmask, gap, torch.zeros_like(gap))
         t = TokenTerms(
             old_logp=old,
             advantages=self.advantages[idx],
@@ -256,9 +294,10 @@ class Terms:
             mask=self.mask[idx],
             traj_ids=self.traj[idx],
             segments=self.layout.segments(rows),
-            gap=torch.zeros_like(old) if teacher is None else teacher - old,
+            gap=gap,
             ref_logp=None if sc.ref is None else sc.ref[idx],
             teacher_logp=teacher,
+            teacher_mask=tmask,
         )
         r = self.rule.terms(t, self.step, **self.params)
         return replace(t, advantages=r.advantages, weights=r.weights, rule_loss=r.loss)
