@@ -97,6 +97,9 @@ class RolloutBatch:
     # trajectory's rows sum to its reward (its last row carries any difference, e.g. an episode an env
     # error ended). None where the batch was not made by collect_rollouts
     step_reward: Optional[Tensor] = None
+    # (R,) the observation each row's response answered, as the prompt shows it (the env's text after
+    # the prompt family's view; no history). Empty where the batch was not made by collect_rollouts
+    observation: list[str] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:
@@ -188,6 +191,7 @@ class RolloutBatch:
             step_reward=None if self.step_reward is None else self.step_reward[ridx],
             env_error=[self.env_error[t] for t in trajs] if self.env_error else [],
             env_error_step=[self.env_error_step[t] for t in trajs] if self.env_error_step else [],
+            observation=pick(self.observation) if self.observation else [],
         )
 
     @staticmethod
@@ -244,6 +248,7 @@ class RolloutBatch:
             step_reward=opt("step_reward"),
             env_error=cat("env_error") if all(b.env_error for b in batches) else [],
             env_error_step=cat("env_error_step") if all(b.env_error_step for b in batches) else [],
+            observation=cat("observation") if all(b.observation for b in batches) else [],
         )
 
 
@@ -379,6 +384,7 @@ def collect_rollouts(
     rows_prompt, rows_teacher, rows_resp, rows_lp = [], [], [], []
     rows_traj, rows_turn, rows_valid, rows_action = [], [], [], []
     rows_anchor: list[int] = []
+    rows_obs: list[str] = []
     rows_env_reward: list[float] = []  # the env's reward of the row's step (Python envs; 0 for the others)
     rows_penalty: list[float] = []
     turn = 0
@@ -444,6 +450,7 @@ def collect_rollouts(
                 rows_valid.append(parsed.is_valid)
                 rows_action.append(parsed.action)
                 rows_anchor.append(anchor_now[e])
+                rows_obs.append(obs[e])
                 rows_env_reward.append(0.0)
                 rows_penalty.append(0.0 if parsed.is_valid else invalid_action_penalty)
                 if not parsed.is_valid:
@@ -512,6 +519,7 @@ def collect_rollouts(
         env_error_step=error_step,
         anchor=torch.tensor(rows_anchor, dtype=torch.int64),
         step_reward=step_reward,
+        observation=rows_obs,
     )
 
 
