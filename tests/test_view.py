@@ -296,7 +296,7 @@ def test_episode_tables_go_to_tensorboard_and_wandb(tmp_path, monkeypatch):
     from pcsd.train.metrics import MetricsLogger
 
     rb = batch()
-    recs = episode_records(rb, [0, 2], decode, arrays(rb), True, kind="train", step=1)
+    recs = episode_records(rb, pick_episodes(rb, 4), decode, arrays(rb), True, kind="train", step=1)
     columns, rows = episode_rows(recs)
     assert columns[0] == "where" and rows[0][0] == "step 1" and rows[0][6] == "go to 0 > !go to 1"
 
@@ -318,7 +318,10 @@ def test_episode_tables_go_to_tensorboard_and_wandb(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     with MetricsLogger(tmp_path, wandb=dict(project="pcsd", config={"a": 1})) as m:
         m.log(dict(step=1, reward=2.0, gap_mean=0.5))
-        m.log_episodes("step 1", recs, 1)
+        log = EpisodeLog(tmp_path, decode)
+        log.update_callback(1)(arrays(rb))
+        log.log_step(1, rb, rb)  # before the logger is attached (the evaluation before RL): kept for it
+        log.attach(m)
     acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0}).Reload()
     (ev,) = acc.Tensors("episodes/step_1/text_summary")
     text = ev.tensor_proto.string_val[0].decode()

@@ -264,8 +264,8 @@ def _dumps(rec: dict) -> str:
 class EpisodeLog:
     """Rank 0's episode records of a run (see the module docs). :meth:`update_callback` captures the
     update's arrays, :meth:`log_step` writes a step's file, :meth:`eval_sink` and :meth:`log_eval`
-    an evaluation's. ``metrics`` (a :class:`pcsd.train.metrics.MetricsLogger`, set by the loop) gets
-    each file's episode table (TensorBoard, Weights & Biases)."""
+    an evaluation's. The metrics logger (:meth:`attach`) gets each file's episode table (TensorBoard,
+    Weights & Biases); the tables written before it is attached (the evaluation before RL) on attaching."""
 
     def __init__(
         self,
@@ -285,6 +285,7 @@ class EpisodeLog:
         self.teacher = teacher
         self.warn = warn
         self.metrics: Any = None
+        self._pending: list[tuple[str, list[dict], int]] = []
         self._arrays: dict[int, dict] = {}
         self._warned = False
 
@@ -331,9 +332,22 @@ class EpisodeLog:
                 f.write(_dumps(r) + "\n")
         os.replace(tmp, path)
         self._keep_under_cap(path)
-        if self.metrics is not None and recs:
-            self.metrics.log_episodes(title, recs, step)
+        if recs:
+            self._pending.append((title, recs, step))
+            self._flush()
         return path
+
+    def attach(self, metrics: Any) -> None:
+        """Sends the episode tables to ``metrics`` (a :class:`pcsd.train.metrics.MetricsLogger`)."""
+        self.metrics = metrics
+        self._flush()
+
+    def _flush(self) -> None:
+        if self.metrics is None:
+            return
+        for title, recs, step in self._pending:
+            self.metrics.log_episodes(title, recs, step)
+        self._pending.clear()
 
     def _keep_under_cap(self, newest: Path) -> None:
         files = episode_files(self.run_dir)

@@ -738,7 +738,7 @@ def rl_loop(job: Job) -> None:
         else contextlib.nullcontext(None)
     ) as metrics:
         if job.episode_log is not None:
-            job.episode_log.metrics = metrics  # the episode tables go to TensorBoard / W&B too
+            job.episode_log.attach(metrics)  # the episode tables go to TensorBoard / W&B too
         if metrics is not None and job.ckpt is None and job.before is not None:
             metrics.log_eval("before", job.before, step=0)
         for step in range(job.first_step, cfg.optim.steps):
