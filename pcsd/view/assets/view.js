@@ -57,12 +57,12 @@
       const w = turn.weight ? turn.weight[i] : null;
       if (w === null || w === undefined) return "transparent";
       const a = Math.max(0, Math.min(1, w / Math.max(1, turn._wmax || 1)));
-      return "rgba(22, 163, 74, " + (0.08 + 0.8 * a).toFixed(3) + ")";
+      return "rgba(22, 163, 74, " + (0.08 + 0.6 * a).toFixed(3) + ")";
     }
     const g = turn.gap ? turn.gap[i] : null;
     if (g === null || g === undefined) return "transparent";
     const a = Math.min(1, Math.abs(g) / GAP_CLIP);
-    return g >= 0 ? "rgba(37, 99, 235, " + (0.08 + 0.8 * a).toFixed(3) + ")" : "rgba(220, 38, 38, " + (0.08 + 0.8 * a).toFixed(3) + ")";
+    return g >= 0 ? "rgba(37, 99, 235, " + (0.08 + 0.6 * a).toFixed(3) + ")" : "rgba(220, 38, 38, " + (0.08 + 0.6 * a).toFixed(3) + ")";
   }
   function tokenTitle(turn, i) {
     const t = JSON.stringify(turn.tokens[i]);
@@ -77,8 +77,8 @@
     }
     const bar = document.getElementById("legend-bar");
     bar.style.background = state.colour === "weight"
-      ? "linear-gradient(90deg, rgba(22,163,74,.08), rgba(22,163,74,.88))"
-      : "linear-gradient(90deg, rgba(220,38,38,.88), rgba(220,38,38,.08) 48%, rgba(37,99,235,.08) 52%, rgba(37,99,235,.88))";
+      ? "linear-gradient(90deg, rgba(22,163,74,.08), rgba(22,163,74,.68))"
+      : "linear-gradient(90deg, rgba(220,38,38,.68), rgba(220,38,38,.08) 48%, rgba(37,99,235,.08) 52%, rgba(37,99,235,.68))";
     document.getElementById("legend-lo").textContent = state.colour === "weight" ? "w 0" : "gap -" + GAP_CLIP;
     document.getElementById("legend-hi").textContent = state.colour === "weight" ? "w 1" : "+" + GAP_CLIP;
   }
