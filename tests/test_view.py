@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import string
 import sys
 import types
@@ -258,14 +259,10 @@ def test_the_page_in_a_real_browser(tmp_path):
     run = make_run(tmp_path)
     assert view_main([str(run)]) == 0
     url = (run / "view" / "index.html").resolve().as_uri()
-    dom = dump_dom(url + "#colour=gap&selftest=1")
-    out = json.loads(_unescape(dom.rsplit('<pre id="selftest">', 1)[1].split("</pre>", 1)[0]))
     data = json.loads((run / "episodes" / "step_000001.jsonl").read_text().splitlines()[0])
-    # the first episode shown: the evaluation's failure (no token values) comes first in the list,
-    # so the page opens on it; its tokens are there, without values
-    assert out["episode"] == 0 and out["tokens"]
-    dom2 = dump_dom(url + "#colour=gap&selftest=1&ep0=2")
-    out = json.loads(_unescape(dom2.rsplit('<pre id="selftest">', 1)[1].split("</pre>", 1)[0]))
+    # episode 2: the first of step 1 (the evaluation before RL lists its two failures first)
+    dom = dump_dom(url + "#colour=gap&selftest=1&ep0=2")
+    out = json.loads(_unescape(dom.rsplit('<pre id="selftest">', 1)[1].split("</pre>", 1)[0]))
     first_turn = data["turns"][0]
     n = len(first_turn["tokens"])
     assert out["episode"] == 2 and out["tokens"][:n] == first_turn["tokens"]
@@ -276,7 +273,10 @@ def test_the_page_in_a_real_browser(tmp_path):
     assert out["first"] == "gap" and out["second"] == "weight" and "colour=weight" in out["hash"]
     assert out["colours_first"] != out["colours_second"]
     assert len(set(out["colours_first"])) > 1  # coloured by value, not one colour
-    assert "teacher-only" in dom2 and "privileged" in dom2
+    # the teacher's prompt: its teacher-only part marked, the env's privileged text within it
+    assert re.search(
+        r'<mark class="teacher-only"[^>]*>skills\. <mark class="privileged"[^>]*>' + re.escape(PRIVILEGED_HEADER), dom
+    )
     png = screenshot(url + "#colour=weight&ep0=2", tmp_path / "page.png")
     st = pixel_stats(png)
     assert st["width"] == 1400 and st["std"] > 0.05 and st["colours"] > 50, st

@@ -60,12 +60,12 @@ def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     return r
 
 
-def dump_dom(url: str, timeout: float = 60.0, window: tuple[int, int] = (1400, 900)) -> str:
+def dump_dom(url: str, timeout: float = 180.0, window: tuple[int, int] = (1400, 900)) -> str:
     """The page's DOM after its scripts ran (``--dump-dom``)."""
     return _run([f"--window-size={window[0]},{window[1]}", "--dump-dom", url], timeout).stdout
 
 
-def screenshot(url: str, out: str | Path, window: tuple[int, int] = (1400, 900), timeout: float = 60.0) -> Path:
+def screenshot(url: str, out: str | Path, window: tuple[int, int] = (1400, 900), timeout: float = 180.0) -> Path:
     """A PNG of the page's first ``window`` pixels."""
     out = Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
