@@ -2,6 +2,7 @@
 # pcsd's two commands on a fresh clone (see README):
 #   bash run.sh train [key=value ...]   set up, then python -m pcsd.train
 #   bash run.sh test                    set up, then the linters, cargo test and the whole pytest suite
+#                                       (Chromium for the page's browser test installed when absent)
 #   bash run.sh lint                    set up, then the linters only (configured in pyproject.toml)
 # Setup makes ./.venv (or $PCSD_VENV), installs torch, vLLM (the CPU build where there is no
 # NVIDIA GPU; PCSD_VLLM=off skips it), then `pip install .[dev,alfworld,textarena,openenv]`, which compiles
@@ -57,6 +58,16 @@ lint() {
      && cargo clippy --locked --all-targets --features python -- -D warnings && cargo fmt --check)
 }
 
+browser() {
+  # the episodes page's browser test (tests/test_view.py) runs headless Chromium, the Debian package
+  if command -v chromium >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then return 0; fi
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
+  log "installing chromium (Debian package) for the page's browser test"
+  { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+    || log "could not install chromium: tests/test_view.py's browser test skips (and fails under CI=true)"
+}
+
 cmd="${1:-}"
 shift || true
 case "$cmd" in
@@ -69,6 +80,7 @@ case "$cmd" in
     lint
     log "cargo test (rust_envpool)"
     (cd rust_envpool && cargo test --locked)
+    browser
     log "pytest"
     # Slow tests (the full differential run over every shared ALFWorld game) are opt-in:
     # bash run.sh test -m slow

@@ -382,6 +382,12 @@ def test_smoke_run_then_stop_and_resume_is_bit_exact(tmp_path, tiny_dir, child_e
     w1 = load_file(str(part / "checkpoints" / "step-00000001" / "model" / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert any(not torch.equal(wa[k], w1[k]) for k in wa)  # step 2 really moved the weights
+    # the episode records: every step once after the resume, step 2's as the uninterrupted run's
+    from pcsd.train.episodes import episode_files
+
+    assert [(step, name) for step, name, _ in episode_files(part) if name == "train"] == [(1, "train"), (2, "train")]
+    for f in ("step_000002.jsonl", "step_000001.jsonl"):
+        assert (full / "episodes" / f).read_text() == (part / "episodes" / f).read_text()
     resumed = json.loads((part / "summary.json").read_text())
     assert resumed["success_before"] == summary["success_before"]
     assert resumed["success_after"] == summary["success_after"] and resumed["steps"] == 2
@@ -620,6 +626,28 @@ def test_skill_sd_trains_and_records_gaps_the_diagnostics_read(tmp_path, tiny_di
         assert g.gap.shape == g.mask.shape == g.weights.shape == g.teacher_logp.shape
         assert g.cu_seqlens[0] == 0 and g.cu_seqlens[-1] == g.num_tokens and g.mask.all()
         np.testing.assert_allclose(g.gap, g.teacher_logp - g.student_logp, atol=1e-5)
+    # the episode records (run.log_episodes, default 4 a step) hold the update's own numbers: per turn
+    # as many tokens as the recorded row, and the same float32 gaps, weights and log-probs
+    from pcsd.train.episodes import episode_files
+
+    files = [(step, path) for step, name, path in episode_files(run) if name == "train"]
+    assert [step for step, _ in files] == [g.step for g in gaps] == [1, 2]
+    for (_, path), g in zip(files, gaps):
+        recs = [json.loads(x) for x in path.read_text().splitlines()]
+        assert len(recs) == 2 and all(r["token_values"] and r["turns"] for r in recs)  # 1 task x 2 rollouts
+        assert sorted(r["traj"] for r in recs) == [0, 1]
+        for r in recs:
+            rows = np.flatnonzero(g.row_traj == r["traj"])
+            assert [int(g.row_turn[i]) for i in rows] == [t["turn"] for t in r["turns"]]
+            assert r["reward"] == float(g.traj_reward[r["traj"]])
+            for i, t in zip(rows, r["turns"]):
+                lo, hi = int(g.cu_seqlens[i]), int(g.cu_seqlens[i + 1])
+                assert len(t["tokens"]) == hi - lo > 0
+                for name, arr in (("gap", g.gap), ("weight", g.weights), ("student_logp", g.student_logp)):
+                    np.testing.assert_array_equal(np.float32(t[name]), arr[lo:hi], err_msg=name)
+                np.testing.assert_array_equal(np.float32(t["teacher_logp"]), g.teacher_logp[lo:hi])
+    assert any(x != 0 for r in recs for t in r["turns"] for x in t["gap"])  # (skill-sd's weights are all 0)
+    assert (run / "view" / "index.html").is_file()  # the page, written at the run's end
     from pcsd.diagnostics.cli import main as diag
 
     out = tmp_path / "diag"

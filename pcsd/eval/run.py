@@ -144,6 +144,7 @@ def play_games(
     env: Optional[str] = None,
     env_options: Optional[dict] = None,
     pools: Optional[Pools] = None,
+    on_batch: Optional[Callable[[Any], Any]] = None,
 ) -> list[GameResult]:
     """Plays every game once (one episode each) and returns the results in the order of ``games``.
 
@@ -155,6 +156,8 @@ def play_games(
         pools: the env kind's pools (:class:`pcsd.envs.kind.Pools`); without them, ``env`` names
             the kind (default: the default kind, ALFWorld's game files) and ``env_options`` its
             pool options (:meth:`pcsd.envs.kind.EnvKind.pools`).
+        on_batch: called with each batch's :class:`pcsd.rollout.loop.RolloutBatch` (trajectory
+            ``i``: the batch's game ``i``), e.g. to record its failed episodes (``run.log_eval_failures``).
     """
     from pcsd.rollout.loop import collect_rollouts
 
@@ -191,6 +194,8 @@ def play_games(
             progress=cb,
             pools=pools,
         )
+        if on_batch is not None:
+            on_batch(rb)
         acts: list[list[str]] = [[] for _ in chunk]
         for e, a in zip(rb.traj_id.tolist(), rb.actions):  # rows are in turn order
             acts[e].append(a)
@@ -226,11 +231,12 @@ def evaluate(
     progress=None,
     env_options: Optional[dict] = None,
     pools: Optional[Pools] = None,
+    on_batch: Optional[Callable[[Any], Any]] = None,
 ) -> dict[str, Any]:
     """The trainer's evaluation (before and after RL): every game once, fixed order and seed, with
     ``cfg.eval`` settings, on the pools of the kind ``cfg.env.name`` (``pools``, else built from
     ``env_options``). Returns the :class:`EvalResult` as a dict (``overall``, the kind's figures,
-    per-game ``games``) plus ``per_task`` (success by task type)."""
+    per-game ``games``) plus ``per_task`` (success by task type). ``on_batch``: as for :func:`play_games`."""
     from pcsd.models import eos_id
 
     if pools is None:
@@ -250,6 +256,7 @@ def evaluate(
         stop_token_ids=[eos_id(builder)],
         progress=progress,
         pools=pools,
+        on_batch=on_batch,
     )
     er = EvalResult(
         label=label,

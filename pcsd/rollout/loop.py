@@ -101,6 +101,9 @@ class RolloutBatch:
     # skills, the env's privileged text or a peer's success; pcsd.rollout.teacher_context). None: every
     # row's does (the default context)
     teacher_context: Optional[Tensor] = None
+    # (R,) the observation each row's response answered, as the prompt shows it (the env's text after
+    # the prompt family's view; no history). Empty where the batch was not made by collect_rollouts
+    observation: list[str] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:
@@ -193,6 +196,7 @@ class RolloutBatch:
             teacher_context=None if self.teacher_context is None else self.teacher_context[ridx],
             env_error=[self.env_error[t] for t in trajs] if self.env_error else [],
             env_error_step=[self.env_error_step[t] for t in trajs] if self.env_error_step else [],
+            observation=pick(self.observation) if self.observation else [],
         )
 
     @staticmethod
@@ -250,6 +254,7 @@ class RolloutBatch:
             teacher_context=opt("teacher_context"),
             env_error=cat("env_error") if all(b.env_error for b in batches) else [],
             env_error_step=cat("env_error_step") if all(b.env_error_step for b in batches) else [],
+            observation=cat("observation") if all(b.observation for b in batches) else [],
         )
 
 
@@ -396,6 +401,7 @@ def collect_rollouts(
     rows_prompt, rows_teacher, rows_resp, rows_lp = [], [], [], []
     rows_traj, rows_turn, rows_valid, rows_action = [], [], [], []
     rows_anchor: list[int] = []
+    rows_obs: list[str] = []
     rows_env_reward: list[float] = []  # the env's reward of the row's step (Python envs; 0 for the others)
     rows_penalty: list[float] = []
     turn = 0
@@ -465,6 +471,7 @@ def collect_rollouts(
                 rows_valid.append(parsed.is_valid)
                 rows_action.append(parsed.action)
                 rows_anchor.append(anchor_now[e])
+                rows_obs.append(obs[e])
                 rows_env_reward.append(0.0)
                 rows_penalty.append(0.0 if parsed.is_valid else invalid_action_penalty)
                 if not parsed.is_valid:
@@ -541,6 +548,7 @@ def collect_rollouts(
         anchor=torch.tensor(rows_anchor, dtype=torch.int64),
         step_reward=step_reward,
         teacher_context=context,
+        observation=rows_obs,
     )
 
 

@@ -226,6 +226,13 @@ class RunConfig:
     progress: Optional[bool] = None  # rich progress bars; None = on an interactive terminal outside CI
     tensorboard: bool = True  # per-step scalars to <run dir>/tensorboard as well as metrics.jsonl
     record_gaps: bool = False  # per-token gaps/weights/masks of each logged step to <run dir>/gaps/ (npz)
+    # episode records in <run dir>/episodes/ (pcsd.train.episodes; the page: python -m pcsd.view): training
+    # episodes per step with each response token's gap and weight, failed episodes per evaluation, and the
+    # folder's cap in MB (over it, the oldest training steps' files go); 0 turns each off
+    log_episodes: int = 4
+    log_eval_failures: int = 32
+    episodes_max_mb: float = 100.0
+    wandb: bool = False  # the step scalars and episode tables to Weights & Biases too (the wandb extra)
 
 
 @dataclass
@@ -342,6 +349,10 @@ RESUME_MUTABLE = (
     "run.stop_after",
     "run.log_every",
     "run.record_gaps",
+    "run.log_episodes",
+    "run.log_eval_failures",
+    "run.episodes_max_mb",
+    "run.wandb",
     "env.num_threads",
     "run.overwrite",
 )
@@ -598,6 +609,7 @@ def _validate(cfg: DictConfig) -> None:
     _validate_skills(cfg)
     if not isinstance(cfg.run.record_gaps, bool):
         raise ConfigError(f"run.record_gaps must be true or false, got {cfg.run.record_gaps!r}")
+    _validate_records(cfg)
     if not 0 < cfg.algo.clip_eps < 1:
         raise ConfigError(f"algo.clip_eps must be in (0, 1), got {cfg.algo.clip_eps}")
     _validate_ranges(cfg)
@@ -607,6 +619,21 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(
             "algo.grpo and algo.distill are both false: nothing to train (use optim.steps=0 for the Vanilla baseline)"
         )
+
+
+def _validate_records(cfg: DictConfig) -> None:
+    """The episode records' bounds and ``run.wandb`` (its package must be there)."""
+    from pcsd.train.metrics import WANDB_INSTALL, wandb_missing
+
+    for key in ("run.log_episodes", "run.log_eval_failures"):
+        if OmegaConf.select(cfg, key) < 0:
+            raise ConfigError(f"{key} must be >= 0 (0: none), got {OmegaConf.select(cfg, key)}")
+    if not cfg.run.episodes_max_mb > 0:
+        raise ConfigError(f"run.episodes_max_mb must be > 0, got {cfg.run.episodes_max_mb}")
+    if not isinstance(cfg.run.wandb, bool):
+        raise ConfigError(f"run.wandb must be true or false, got {cfg.run.wandb!r}")
+    if cfg.run.wandb and wandb_missing():
+        raise ConfigError(f"run.wandb=true needs the wandb package, which is not installed: {WANDB_INSTALL}")
 
 
 #: run.seed's range: numpy's generators (the paper protocol's draws) take seeds below 2**32, and the

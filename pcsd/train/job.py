@@ -48,7 +48,8 @@ from pcsd.rollout.backends import make_backend, usable_backend
 from pcsd.rollout.loop import collect_rollouts
 from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
-from pcsd.train.metrics import MetricsLogger, anchor_fields, step_record
+from pcsd.train.episodes import cut_episodes, open_episode_log, update_record
+from pcsd.train.metrics import MetricsLogger, anchor_fields, step_record, wandb_settings
 from pcsd.train.optim import make_adamw
 from pcsd.train.precision import (
     export_model,
@@ -62,6 +63,7 @@ from pcsd.train.precision import (
 from pcsd.train.sampling import sample_groups
 from pcsd.train.sft import game_corpus, sft_examples, sft_warmup
 from pcsd.train.update import update_step
+from pcsd.view import write_run_page
 
 __all__ = ["Job", "train"]
 
@@ -110,6 +112,7 @@ class Job:
     stopped_at: Optional[int] = None
     phases: dict[str, float] = field(default_factory=dict)  # wall seconds per phase
     gap_recorder: Any = None  # pcsd.train.gaps.GapRecorder with run.record_gaps
+    episode_log: Any = None  # pcsd.train.episodes.EpisodeLog (rank 0) with run.log_episodes / log_eval_failures
 
     @property
     def kind(self) -> Any:
@@ -446,6 +449,7 @@ def build_models(job: Job) -> None:
         from pcsd.train.gaps import GapRecorder
 
         job.gap_recorder = GapRecorder(job.run_dir, cfg.rule, cfg.run.log_every, rank=ctx.rank)
+    job.episode_log = open_episode_log(job)
 
 
 def sync_generation_weights(job: Job) -> None:
@@ -498,6 +502,7 @@ def validation_index(cfg: DictConfig, step: int) -> int:
 
 def _evaluate(job: Job, label: str, bar: str, step: int = 0) -> dict:
     index = validation_index(job.cfg, step)
+    sink = job.episode_log.eval_sink() if job.episode_log is not None else None  # its failed episodes
     out = evaluate(
         job.backend,
         job.builder,
@@ -508,7 +513,10 @@ def _evaluate(job: Job, label: str, bar: str, step: int = 0) -> dict:
         split=job.eval_split,
         progress=job.progress.rollout(bar),
         pools=job.env.eval_pools,
+        on_batch=sink,
     )
+    if sink is not None:
+        job.episode_log.log_eval(label, step, sink)
     out["settings"].update(validation_index=index, draw_seed=job.cfg.run.seed)
     return out
 
@@ -569,6 +577,7 @@ def _cut_records(job: Job, last_step: int) -> None:
         if path.exists():
             keep = [ln for ln in path.read_text().splitlines() if ln.strip() and step_of(ln) <= last_step]
             path.write_text("".join(ln + "\n" for ln in keep))
+    cut_episodes(job.run_dir, last_step)
 
 
 def save(job: Job, done: int) -> None:
@@ -694,11 +703,13 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
             step,
             ctx,
             progress=job.progress.phase,
-            record=job.gap_recorder.for_step(step + 1) if job.gap_recorder else None,
+            record=update_record(job, step + 1),
         )
         t_sync = time.time()
         refresh_generation(job)
     rb = sampled.played
+    if job.episode_log is not None:  # run.log_episodes: the step's episodes, with the update's token values
+        job.episode_log.log_step(step + 1, sampled.train, rb)
     rec = step_record(step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0)
     # GiGPO's anchor groups, of the groups the step trained on (what the estimator read)
     anchored = get_estimator(cfg.algo.get("estimator", "grpo")).needs_anchor  # the same on every rank
@@ -743,8 +754,12 @@ def rl_loop(job: Job) -> None:
     cfg, ctx = job.cfg, job.ctx
     job.phases = {"sft": float(job.summary.get("sft_seconds", 0.0))}
     with (
-        MetricsLogger(job.run_dir, tensorboard=cfg.run.tensorboard) if ctx.is_main else contextlib.nullcontext(None)
+        MetricsLogger(job.run_dir, tensorboard=cfg.run.tensorboard, wandb=wandb_settings(cfg))
+        if ctx.is_main
+        else contextlib.nullcontext(None)
     ) as metrics:
+        if job.episode_log is not None:
+            job.episode_log.attach(metrics)  # the episode tables go to TensorBoard / W&B too
         if metrics is not None and job.ckpt is None and job.before is not None:
             metrics.log_eval("before", job.before, step=0)
         for step in range(job.first_step, cfg.optim.steps):
@@ -807,6 +822,8 @@ def finish(job: Job) -> dict[str, Any]:
     cfg, ctx = job.cfg, job.ctx
     job.backend.close()
     job.env.close()  # e.g. the Python envs' worker processes
+    if ctx.is_main:
+        write_run_page(job.run_dir, job.say)  # python -m pcsd.view: the run's episodes page
     if job.stopped_at is not None:
         job.say(
             f"stopped after step {job.stopped_at} (run.stop_after); continue with "

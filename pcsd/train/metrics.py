@@ -6,7 +6,11 @@ statistics and the phase timings) and hands it to :meth:`MetricsLogger.log`. Key
 TensorBoard tags by :func:`tag_for` (``reward`` -> ``train/reward``, ``gap_mean`` ->
 ``pcsd/gap_mean``, ``kl`` -> ``loss/kl``, ``rollout_seconds`` -> ``time/rollout``, ``success/Pick`` as
 is, ...). Evaluations (before/after RL) go to ``eval/<category>`` and ``eval/overall`` and into
-``evals.jsonl``. :meth:`MetricsLogger.plot` draws
+``evals.jsonl``. With episode records (``run.log_episodes``, :mod:`pcsd.train.episodes`) each
+step's and each evaluation's episodes also go to TensorBoard as a markdown table (the Text tab,
+tag ``episodes/<step or evaluation>``). With ``run.wandb=true`` (the ``wandb`` extra) the same
+scalars and tables go to Weights & Biases (:class:`WandbSink`; ``WANDB_MODE=offline`` keeps them
+local, ``WANDB_PROJECT`` names the project, default ``pcsd``). :meth:`MetricsLogger.plot` draws
 
 - ``training_dynamics.png``: mean teacher-student gap and gate-activation ratio (share of valid
   tokens with w > 0.5) against the step, the two curves of the paper's training-dynamics figure;
@@ -21,7 +25,18 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-__all__ = ["MetricsLogger", "anchor_fields", "category_success", "plot_history", "read_jsonl", "step_record", "tag_for"]
+__all__ = [
+    "MetricsLogger",
+    "WandbSink",
+    "anchor_fields",
+    "category_success",
+    "plot_history",
+    "read_jsonl",
+    "step_record",
+    "tag_for",
+    "wandb_missing",
+    "wandb_settings",
+]
 
 #: record key -> TensorBoard tag (keys not listed go to ``train/<key>``; keys with a ``/`` are kept)
 TAGS: dict[str, str] = {
@@ -148,9 +163,17 @@ class MetricsLogger:
         run_dir: the run directory.
         tensorboard: also write TensorBoard scalars.
         append: append to an existing ``metrics.jsonl`` (a resumed run) instead of starting anew.
+        wandb: ``wandb.init``'s settings (:func:`wandb_settings`) to log to Weights & Biases too, or None.
     """
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, append: bool = True) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        append: bool = True,
+        wandb: Optional[Mapping[str, Any]] = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.run_dir / "metrics.jsonl"
@@ -167,6 +190,7 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        self._wandb = WandbSink(self.run_dir, wandb) if wandb is not None else None
 
     def log(self, record: Mapping[str, Any]) -> None:
         """One step: a JSON line (all keys) and a scalar per numeric key at ``record["step"]``."""
@@ -176,12 +200,12 @@ class MetricsLogger:
         self.history.append(rec)
         self._jsonl.write(json.dumps(rec) + "\n")
         self._jsonl.flush()
+        scalars = {tag_for(k): x for k, x in ((k, _scalar(v)) for k, v in rec.items()) if k != "step" and x is not None}
         if self._tb is not None:
-            step = int(rec["step"])
-            for k, v in rec.items():
-                x = _scalar(v)
-                if k != "step" and x is not None:
-                    self._tb.add_scalar(tag_for(k), x, step)
+            for tag, x in scalars.items():
+                self._tb.add_scalar(tag, x, int(rec["step"]))
+        if self._wandb is not None:
+            self._wandb.log(scalars, int(rec["step"]))
 
     def log_eval(self, name: str, result: Mapping[str, Any], step: int) -> None:
         """An evaluation (``name`` e.g. ``"before"``/``"after"``) with ``overall`` and
@@ -195,11 +219,27 @@ class MetricsLogger:
         self.evals.append(rec)
         with self.evals_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
+        scalars = {"eval/overall": rec["overall"]}
+        scalars.update({f"eval/{c}": float(v) for c, v in rec["per_category"].items() if v is not None})
         if self._tb is not None:
-            self._tb.add_scalar("eval/overall", rec["overall"], rec["step"])
-            for c, v in rec["per_category"].items():
-                if v is not None:
-                    self._tb.add_scalar(f"eval/{c}", float(v), rec["step"])
+            for tag, x in scalars.items():
+                self._tb.add_scalar(tag, x, rec["step"])
+        if self._wandb is not None:
+            self._wandb.log(scalars, rec["step"])
+
+    def log_episodes(self, title: str, episodes: Sequence[Mapping[str, Any]], step: int) -> None:
+        """A table of recorded episodes (:mod:`pcsd.train.episodes`; ``title`` e.g. ``step 3``): a
+        markdown table in TensorBoard's Text tab (tag ``episodes/<title>``), a table in W&B."""
+        from pcsd.train.episodes import episode_rows
+
+        columns, rows = episode_rows(episodes)
+        tag = "episodes/" + title.replace(" ", "_")
+        if self._tb is not None:
+            head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+            body = "".join("| " + " | ".join(_md_cell(c) for c in r) + " |\n" for r in rows)
+            self._tb.add_text(tag, head + body, int(step))
+        if self._wandb is not None:
+            self._wandb.table(tag, columns, rows, int(step))
 
     def plot(self, out_dir: Optional[str | Path] = None) -> list[Path]:
         """The PNG plots of this run (see the module docs); returns their paths."""
@@ -211,12 +251,72 @@ class MetricsLogger:
             self._tb.flush()
             self._tb.close()
             self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
 
     def __enter__(self) -> "MetricsLogger":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _md_cell(v: Any) -> str:
+    """A value as one markdown table cell (no line breaks, ``|`` escaped)."""
+    text = f"{v:.3g}" if isinstance(v, float) else str(v)
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+#: what ``run.wandb=true`` without the package says (at config read)
+WANDB_INSTALL = "pip install 'pcsd[wandb]' (or pip install wandb)"
+
+
+def wandb_missing() -> bool:
+    """Whether the ``wandb`` package cannot be imported."""
+    import importlib.util
+
+    return importlib.util.find_spec("wandb") is None
+
+
+def wandb_settings(cfg: Any) -> Optional[dict[str, Any]]:
+    """``wandb.init``'s settings for a run config with ``run.wandb=true`` (else None): the project
+    (``WANDB_PROJECT``, default ``pcsd``) and the resolved config."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    if not cfg.run.get("wandb", False):
+        return None
+    return dict(project=os.environ.get("WANDB_PROJECT", "pcsd"), config=OmegaConf.to_container(cfg, resolve=True))
+
+
+class WandbSink:
+    """The run's Weights & Biases run: scalars by step, episode tables. Its id is kept in
+    ``<run dir>/wandb-id`` so that a resumed run continues the same W&B run; W&B's files go to
+    ``<run dir>/wandb/`` (``WANDB_MODE=offline``: only there)."""
+
+    def __init__(self, run_dir: Path, settings: Mapping[str, Any]) -> None:
+        import wandb
+
+        self._wandb = wandb
+        id_file = run_dir / "wandb-id"
+        run_id = id_file.read_text().strip() if id_file.is_file() else None
+        self.run = wandb.init(
+            dir=str(run_dir), name=run_dir.name, id=run_id, resume="allow" if run_id else None, **settings
+        )
+        if run_id is None and getattr(self.run, "id", None):
+            id_file.write_text(str(self.run.id) + "\n")
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        if scalars:
+            self.run.log(dict(scalars), step=step)
+
+    def table(self, tag: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        self.run.log({tag: self._wandb.Table(columns=columns, data=rows)}, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
 
 
 def plot_history(
