@@ -228,3 +228,35 @@ def test_attention_choice_on_cuda(monkeypatch, requested, installed, sliding, wa
     else:
         with pytest.raises(ValueError, match=f"model.attn_impl={requested}: {want}"):
             attention_choice(requested, torch.device("cuda"), config)
+
+
+def test_bench_flex_part_on_cpu(eager_flex, tmp_path, monkeypatch):
+    """``python -m pcsd.bench gpu --parts flex`` in-process, FlexAttention eager (see the module
+    docstring) and a shorter batch: both paths timed, the log-probs compared (a check)."""
+    from pcsd.bench import gpu
+
+    real = gpu.flex_batch
+    monkeypatch.setattr(gpu, "flex_batch", lambda ctx, vocab: tuple(x[:6] for x in real(ctx, vocab)))
+    part = gpu.run_part("flex", gpu.Ctx(torch.device("cpu"), True, tmp_path, None))
+    assert part.status == "pass", part.reason + part.figures.get("traceback", "")
+    f = part.figures
+    assert f["mode"] == "forward" and f["sequences"] == 6 and f["padded_positions"] > f["tokens"]
+    assert f["packed_flex"]["tokens_per_s"] > 0 and f["padded"]["tokens_per_s"] > 0
+    assert f["logp_max_abs_diff"] <= gpu.FLEX_CPU_TOL and "(CPU figure: forward only)" in part.summary
+    assert [c["ok"] for c in part.checks] == [True] and len(part.goals) == 1
+
+
+@pytest.mark.slow
+def test_bench_flex_part_compiled_on_cpu(tmp_path, child_env):
+    """The part as a user runs it: FlexAttention compiled by torch.compile for the CPU (forward)."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "pcsd.bench", "gpu", "--device", "cpu", "--small", "--parts", "flex"]
+    res = subprocess.run(
+        cmd + ["--out", str(tmp_path)], capture_output=True, text=True, timeout=900, cwd=tmp_path, env=child_env
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (part,) = json.loads((tmp_path / "gpu.json").read_text())["parts"]
+    assert part["status"] == "pass" and part["figures"]["logp_max_abs_diff"] <= 1e-4, part
