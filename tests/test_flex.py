@@ -113,7 +113,8 @@ def test_packed_flex_equals_padded(models, shape, seed):
     lp16, g16 = logprobs_and_grads(flex, prompts, responses, w, torch.bfloat16)
     assert (lp16 - lp_ref).abs().max() <= K_BF16 * (lp_pad16 - lp_ref).abs().max() + ATOL_BF16
     for name, gr in g_ref.items():
-        bound = K_BF16 * (g_pad16[name] - gr).abs().max() + ATOL_BF16 * gr.abs().max()
+        # + 1e-6: a gradient that is 0 exactly (one-token sequences: softmax over one key), 2e-10 in bf16
+        bound = K_BF16 * (g_pad16[name] - gr).abs().max() + ATOL_BF16 * gr.abs().max() + 1e-6
         assert (g16[name] - gr).abs().max() <= bound, name
 
 
