@@ -22,13 +22,17 @@ from typing import Optional
 import torch
 
 __all__ = [
+    "ATTN_IMPLS",
     "MODEL_FILES",
     "ModelLoadError",
     "ModelNotFound",
+    "attention_choice",
+    "attention_implementation",
     "check_model_dir",
     "check_model_spec",
     "compute_context",
     "eos_id",
+    "flex_problem",
     "hub_kwargs",
     "is_model_id",
     "load_model",
@@ -256,9 +260,98 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_model(path: str | Path, device: torch.device, dtype: str = "auto"):
+#: ``model.attn_impl``: how the scoring and update passes attend (docs/configuration.md). ``flash`` and
+#: ``flex`` score packed rows (position ids restarting per sequence, no padding); ``sdpa-padded``
+#: right-pads each micro-batch to its longest row; ``auto`` takes the first of them that can run.
+ATTN_IMPLS = ("auto", "flash", "flex", "sdpa-padded")
+
+
+def _flash_problem(device: torch.device) -> Optional[str]:
+    """Why flash-attention cannot run on ``device`` (None: it can)."""
+    import importlib.util
+
+    if device.type != "cuda":
+        return f"flash-attention runs on CUDA only (the device is {device.type})"
+    if importlib.util.find_spec("flash_attn") is None:
+        return "flash-attn is not installed"
+    return None
+
+
+def flex_problem(device: torch.device, config=None) -> Optional[str]:
+    """Why FlexAttention cannot run the update on ``device`` for a model of ``config`` (None: it
+    can): it needs CUDA (torch has no FlexAttention backward on CPU), torch.compile's GPU backend
+    (triton) and a model class transformers runs with ``attn_implementation="flex_attention"``."""
+    import importlib.util
+
+    if device.type != "cuda":
+        return f"torch {torch.__version__} has no FlexAttention backward on {device.type}, only on CUDA"
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
+    except ImportError:
+        return f"torch {torch.__version__} has no FlexAttention (torch >= 2.5 has it)"
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (torch.compile's GPU backend, which FlexAttention is compiled with)"
+    if config is not None:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        try:
+            cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        except KeyError:
+            cls = None
+        if cls is not None and not getattr(cls, "_supports_flex_attn", False):
+            return f"transformers runs {cls.__name__} without FlexAttention"
+        if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+            return "the model has sliding-window layers, which the packed rows' document mask does not model"
+    return None
+
+
+def attention_choice(requested: str, device: torch.device, config=None) -> tuple[str, str]:
+    """``model.attn_impl=requested`` on ``device`` for a model of ``config`` (a transformers config;
+    None: not checked): transformers' ``attn_implementation`` and one line saying which path the
+    passes take and why. ``flash`` / ``flex`` that cannot run raise ValueError naming the key."""
+    if requested not in ATTN_IMPLS:
+        raise ValueError(f"model.attn_impl={requested!r} is not valid; choose one of {', '.join(ATTN_IMPLS)}")
+    if requested == "sdpa-padded":
+        return "sdpa", "attention: padded micro-batches (sdpa), as model.attn_impl=sdpa-padded asks"
+    flash = _flash_problem(device)
+    if requested == "flash" and flash:
+        raise ValueError(f"model.attn_impl=flash: {flash}")
+    if flash is None and requested in ("auto", "flash"):
+        return "flash_attention_2", "attention: packed rows, flash-attention varlen (no padding)"
+    flex = flex_problem(device, config)
+    if requested == "flex" and flex:
+        raise ValueError(f"model.attn_impl=flex: {flex}; model.attn_impl=sdpa-padded pads instead")
+    if flex is None:
+        why = "" if requested == "flex" else f" ({flash})"
+        return "flex_attention", f"attention: packed rows, FlexAttention with a document mask (no padding){why}"
+    return "sdpa", f"attention: padded micro-batches (sdpa): {flash}, and {flex}"
+
+
+def attention_implementation(model, impl: str):
+    """A context in which ``model`` attends with transformers' ``impl`` (e.g. ``sdpa`` for
+    generation by a model that trains with FlexAttention: its masks would be rebuilt and its
+    kernel recompiled at every new length of a decode); a no-op when it already does."""
+    import contextlib
+
+    before = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if before is None or before == impl:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def switched():
+        model.set_attn_implementation(impl)
+        try:
+            yield
+        finally:
+            model.set_attn_implementation(before)
+
+    return switched()
+
+
+def load_model(path: str | Path, device: torch.device, dtype: str = "auto", attn_impl: str = "auto"):
     """The causal LM at ``path`` (a folder or a Hugging Face model id, see
-    :func:`resolve_model_path`) on ``device``."""
+    :func:`resolve_model_path`) on ``device``, attending as ``attn_impl`` (``model.attn_impl``, see
+    :func:`attention_choice`) asks; ``model.pcsd_attention`` is the line saying which path."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if dtype not in ("auto", "float32", "bfloat16"):
@@ -278,26 +371,25 @@ def load_model(path: str | Path, device: torch.device, dtype: str = "auto"):
         "float32": torch.float32,
         "bfloat16": torch.bfloat16,
     }[dtype]
-    kwargs = {}
-    if device.type == "cuda":
-        import importlib.util
-
-        if importlib.util.find_spec("flash_attn") is not None:
-            # varlen flash attention over packed sequences (position ids restart per sequence)
-            kwargs["attn_implementation"] = "flash_attention_2"
+    try:
+        impl, line = attention_choice(attn_impl, device, cfg)
+    except ValueError as exc:  # e.g. model.attn_impl=flex for a model class transformers runs without it
+        raise ModelLoadError(f"{p}: {exc}") from None
+    kwargs = {"attn_implementation": impl}
     from safetensors import SafetensorError
 
     try:
+        model = None
         if device.type != "cpu":  # straight onto the device: never the whole model in host memory
             model = load_on_device(p, cfg, device, torch_dtype, **kwargs)
-            if model is not None:
-                return model
-        model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype, **kwargs)
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype, **kwargs).to(device)
     except (OSError, SafetensorError) as exc:  # a damaged file the header check above cannot see
         raise ModelLoadError(
             f"{p}: cannot load the weights ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
         ) from None
-    return model.to(device)
+    model.pcsd_attention = line
+    return model
 
 
 def _weight_files(folder: Path) -> list[Path]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from omegaconf import OmegaConf
 
 from pcsd.train.config import load_config
 from pcsd.train.plan import BUILTIN_SHAPES, GiB, PlanError, Shape, memory_plan, model_shape
@@ -103,7 +104,7 @@ def test_a_plan_that_does_not_fit_names_the_setting():
     assert memory_plan(at, 1, 80 * GiB, varlen=True).fits  # the advice is the largest budget that fits
     assert not memory_plan(over, 1, 80 * GiB, varlen=True).fits
     # padded to twice the budget, not even one row's micro-batch fits without checkpointing
-    padded = memory_plan(cfg, 1, 80 * GiB, varlen=False).render()
+    padded = memory_plan(with_keys(cfg, "model.attn_impl=sdpa-padded"), 1, 80 * GiB, varlen=False).render()
     assert "tokens_per_microbatch" not in padded and "more GPUs" in padded
     small = memory_plan(load_config(["preset=alfworld-qwen2.5-3b"]), 1, 40 * GiB)
     assert not small.fits and "more GPUs" in small.render()
@@ -146,8 +147,10 @@ def test_qwen25_3b_on_one_80gb_gpu_by_hand():
     per_tok = 294_912 + 126_528 + 8_192  # 429,632 B = 420 KiB
     static = 4 * Q25_P + 4 * Q25_P + 8 * Q25_P + 2 * Q25_P + 2 * GiB  # 57,694,380,032
     lm = HEAD_W + 16_384 * H * 4 + TILE  # [V,H] + [16384,H] + the tile = 1,690,042,368
-    for varlen, beyond in ((False, 16_384 * per_tok), (True, 0)):  # sdpa: padded to <= 2 x 16384 positions
-        plan = memory_plan(cfg, 1, 80 * GiB, varlen=varlen)
+    padded_cfg = with_keys(cfg, "model.attn_impl=sdpa-padded")
+    # sdpa: padded to <= 2 x 16384 positions; flash-attention (varlen) and FlexAttention: packed, no padding
+    for c, varlen, beyond in ((padded_cfg, False, 16_384 * per_tok), (cfg, True, 0), (cfg, False, 0)):
+        plan = memory_plan(c, 1, 80 * GiB, varlen=varlen)
         r = rows_of(plan)
         assert r["AdamW step (fused)"] == 0  # fused=True on CUDA: in place (pcsd.train.optim)
         assert "AdamW step temporaries (foreach)" not in r
@@ -162,10 +165,15 @@ def test_qwen25_3b_on_one_80gb_gpu_by_hand():
         assert plan.rollout_bytes == 20 * GiB
         assert plan.peak == static + max(20 * GiB, micro)
         # torch's default foreach AdamW: sqrt of the fp32 second moments, a parameter-sized temporary
-        foreach = memory_plan(cfg, 1, 80 * GiB, varlen=varlen, adamw="foreach")
+        foreach = memory_plan(c, 1, 80 * GiB, varlen=varlen, adamw="foreach")
         assert rows_of(foreach)["AdamW step temporaries (foreach)"] == 4 * Q25_P == 12_343_754_752
         assert foreach.step_bytes == 4 * Q25_P + GiB and foreach.peak == plan.peak  # the micro-batch is larger
-    assert memory_plan(cfg, 1, 80 * GiB, varlen=False).peak == 80_708_222_976  # 75.17 GiB: fits, 94 %
+    assert memory_plan(padded_cfg, 1, 80 * GiB, varlen=False).peak == 80_708_222_976  # 75.17 GiB: fits, 94 %
+    # packed without flash-attention (FlexAttention): the 6.56 GiB of padding are gone, the
+    # micro-batch (16.6 GiB above the static lines) falls below vLLM's 20 GiB share, which is the peak
+    flex = memory_plan(cfg, 1, 80 * GiB, varlen=False)
+    assert flex.microbatch_bytes == 2 * Q25_P + 16_384 * per_tok + lm + GiB < 20 * GiB
+    assert flex.peak == static + 20 * GiB == 79_169_216_512
     with pytest.raises(ValueError, match="adamw must be fused or foreach"):
         memory_plan(cfg, 1, 80 * GiB, adamw="sgd")
     # vLLM's KV cache: 20 GiB - bf16 weights 2P - 1 GiB activations - 1 GiB graphs = 13,155,475,456 B;
@@ -175,7 +183,7 @@ def test_qwen25_3b_on_one_80gb_gpu_by_hand():
 
 
 def test_qwen3_17b_on_8_40gb_gpus_by_hand():
-    cfg = load_config(["preset=alfworld-qwen3-1.7b"])
+    cfg = load_config(["preset=alfworld-qwen3-1.7b", "model.attn_impl=sdpa-padded"])
     plan = memory_plan(cfg, 8, 40 * GiB, varlen=False)
     r = rows_of(plan)
     assert r["AdamW step (fused)"] == 0
@@ -236,6 +244,40 @@ def test_hf_batch_is_the_backends():
     from pcsd.train.plan import HF_MAX_BATCH
 
     assert inspect.signature(HFBackend.__init__).parameters["max_batch"].default == HF_MAX_BATCH
+
+
+def with_keys(cfg, *keys):
+    return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(keys)))
+
+
+@pytest.mark.parametrize(
+    "attn, varlen, flex, packer",
+    [
+        ("auto", True, True, "flash-attention"),
+        ("auto", False, True, "FlexAttention"),
+        ("flex", False, True, "FlexAttention"),
+        ("flash", False, True, "flash-attention"),
+        ("sdpa-padded", True, True, None),
+        ("auto", False, False, None),  # a torch without FlexAttention pads
+    ],
+)
+def test_packed_update_counts_no_padding(monkeypatch, attn, varlen, flex, packer):
+    """The "beyond the budget" line: 0 for packed rows (flash-attention, or FlexAttention where
+    flash-attention is absent), the padding up to 2 x the budget for padded rows."""
+    import sys
+
+    from pcsd.train.plan import config_microbatch
+
+    if not flex:
+        monkeypatch.setitem(sys.modules, "torch.nn.attention.flex_attention", None)  # its import fails
+    cfg = load_config(["preset=alfworld-qwen2.5-3b", f"model.attn_impl={attn}"])
+    mb = config_microbatch(cfg, varlen)
+    beyond = rows_of(memory_plan(cfg, 1, 80 * GiB, varlen=varlen))["micro-batch beyond the budget"]
+    if packer is None:
+        assert mb.tokens == 2 * 16_384 and mb.how.startswith("padded rows")
+        assert beyond == 16_384 * 429_632  # 6.56 GiB
+    else:
+        assert mb.tokens == 16_384 and mb.how == f"{packer}: packed rows" and beyond == 0
 
 
 def test_predict_update_for_a_batch_by_hand():

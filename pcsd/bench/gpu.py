@@ -29,6 +29,14 @@ Parts, in order:
   static total (``torch.cuda.memory_allocated`` between updates: weights, gradients, AdamW state,
   frozen copy) against the plan's static lines, and the peak above it during the update
   (``max_memory_allocated`` minus that) against its micro-batch and optimizer-step lines.
+* ``flex``: packed rows under FlexAttention (``model.attn_impl=flex``: a document mask, position
+  ids restarting per sequence) against right-padded micro-batches (sdpa) on the same weights and
+  the same ragged sequences (``--small``: 24 of 32-256 tokens; else 16 of 512-2,560, the paper's
+  row lengths) in one pass each (:func:`pcsd.ops.scoring.score_packed`), each timed after an
+  untimed run (FlexAttention's compilation; on CPU the best of 3 timed runs): tokens/s (real tokens, padding not counted), peak
+  memory on CUDA, and the log-probs of both paths compared. On CUDA a bf16 copy of the student with
+  gradient checkpointing, forward and backward (the update's pass; gradients compared too); on CPU
+  the fp32 student forward only (torch has no FlexAttention backward on CPU), a CPU figure only.
 * ``hf_generation``: the hf backend (:class:`pcsd.rollout.backends.HFBackend`) at that shape on
   the fp32 student under autocast, as a one-GPU run generates, after a warm-up that generates one
   token per prompt (the prefill alone): tokens/s; on CUDA the memory above the weights at the
@@ -77,8 +85,8 @@ import torch
 
 NAME = "gpu"
 HELP = (
-    "prove the GPU path: op, fused loss, update_step, a 3B-shaped update vs the plan, hf/vLLM generation, "
-    "a training run with a bit-identical resume, CUDA tests"
+    "prove the GPU path: op, fused loss, update_step, a 3B-shaped update vs the plan, packed FlexAttention "
+    "vs padded, hf/vLLM generation, a training run with a bit-identical resume, CUDA tests"
 )
 DEFAULTS: dict[str, tuple] = {}  # shapes come from --small
 
@@ -413,6 +421,121 @@ def part_fused(part: Part, ctx: Ctx) -> None:
         f"{n} tokens x V {vocab:,}: grad_weight error {errs['grad_weight']['fused_bf16']:.1e} "
         f"(plain bf16 {errs['grad_weight']['plain_bf16']:.1e}); fused {speed:.2f}x the full-logits "
         f"speed{mem}"
+    )
+
+
+# ----------------------------------------------------------------------------- packed (FlexAttention) vs padded
+FLEX_CPU_TOL = 1e-4  # max |log-prob| difference of the two fp32 paths on CPU
+FLEX_GRAD_TOL = 0.1  # relative error of the bf16 paths' gradients to each other on CUDA (a wrong mask: ~1)
+
+
+def flex_batch(ctx: Ctx, vocab: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Ragged sequences (a fifth of each is its response): ``--small`` 24 of 32-256 tokens, else 16
+    of 512-2,560 (the paper presets' rows)."""
+    g = torch.Generator().manual_seed(13)
+    n, lo, hi = (24, 32, 256) if ctx.small else (16, 512, 2560)
+    prompts, responses = [], []
+    for length in torch.randint(lo, hi + 1, (n,), generator=g).tolist():
+        ids = torch.randint(3, vocab, (length,), generator=g).tolist()
+        cut = length - max(1, length // 5)
+        prompts.append(ids[:cut])
+        responses.append(ids[cut:])
+    return prompts, responses
+
+
+def part_flex(part: Part, ctx: Ctx) -> None:
+    from pcsd.models import attention_implementation, flex_problem
+    from pcsd.ops.scoring import score_packed
+    from pcsd.train.precision import frozen_copy
+
+    student = student_model(ctx)
+    if ctx.cuda:
+        why = flex_problem(ctx.device, student.config)
+        if why:
+            raise Skip(f"FlexAttention cannot run here: {why}")
+    else:
+        try:
+            from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
+        except ImportError:
+            raise Skip(f"torch {torch.__version__} has no FlexAttention") from None
+    train = ctx.cuda  # the update's pass (forward and backward) on CUDA; scoring alone on CPU
+    timed_runs = 1 if ctx.cuda else 3  # the best of 3 on a CPU, which other processes share
+    model = student
+    if train:  # bf16 weights and checkpointed layers: the padded batch's activations fit beside the student
+        model = frozen_copy(student, "bfloat16").requires_grad_(True).train()  # cast a parameter at a time
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    prompts, responses = flex_batch(ctx, student.config.vocab_size)
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    tokens, positions = sum(lengths), len(lengths) * max(lengths)
+    layers = model.model.layers
+    watched = {"layer0.q_proj": layers[0].self_attn.q_proj.weight, "last.down_proj": layers[-1].mlp.down_proj.weight}
+
+    def run(impl: str) -> dict[str, Any]:
+        _free()
+        seconds = math.inf
+        with attention_implementation(model, impl), torch.set_grad_enabled(train):
+            for k in range(1 + timed_runs):  # untimed first: FlexAttention's compilation, the first launches
+                model.zero_grad(set_to_none=True)
+                mem: dict[str, float] = {}
+                ctx.sync()
+                t0 = time.perf_counter()
+                with peak_memory(ctx, mem):
+                    logp = torch.cat(score_packed(model, prompts, responses, max_tokens_per_pass=1 << 40))
+                    if train:
+                        logp.sum().backward()
+                ctx.sync()
+                if k:
+                    seconds = min(seconds, time.perf_counter() - t0)
+        grads = {k: w.grad.detach().float().clone() for k, w in watched.items()} if train else {}
+        return dict(logp=logp.detach().float(), grads=grads, seconds=seconds, mem=mem)
+
+    padded = run("sdpa")
+    packed = run("flex_attention")
+    if train:
+        model.zero_grad(set_to_none=True)
+        del model
+    figures: dict[str, Any] = dict(
+        sequences=len(lengths),
+        tokens=tokens,
+        padded_positions=positions,
+        mode="forward+backward" if train else "forward",
+    )
+    for name, res in (("packed_flex", packed), ("padded", padded)):
+        figures[name] = dict(seconds=res["seconds"], tokens_per_s=tokens / res["seconds"], **res["mem"])
+    ratio = figures["packed_flex"]["tokens_per_s"] / figures["padded"]["tokens_per_s"]
+    figures["speed_ratio"] = ratio
+    diff = float((packed["logp"] - padded["logp"]).abs().max())
+    figures["logp_max_abs_diff"] = diff
+    if train:  # Liger-Kernel's bound: the bf16 fast path's error to fp32 at most twice the bf16 reference's
+        with torch.no_grad():
+            ref = torch.cat(score_packed(student, prompts, responses, max_tokens_per_pass=1 << 40)).float()
+        e_packed = float((packed["logp"] - ref).abs().max())
+        e_padded = float((padded["logp"] - ref).abs().max())
+        figures.update(logp_err_packed_bf16=e_packed, logp_err_padded_bf16=e_padded)
+        part.check(
+            "bf16 log-probs: packed error to fp32 <= 2 x padded error + 0.02",
+            e_packed <= 2 * e_padded + 0.02,
+            f"{e_packed:.2e} vs {e_padded:.2e}",
+        )
+        for k in watched:
+            e = rel_err(packed["grads"][k], padded["grads"][k])
+            figures[f"grad_rel_err_{k}"] = e
+            part.check(f"bf16 gradient of {k}: packed = padded within {FLEX_GRAD_TOL}", e <= FLEX_GRAD_TOL, f"{e:.2e}")
+    else:
+        part.check(f"fp32 log-probs: packed = padded within {FLEX_CPU_TOL:.0e}", diff <= FLEX_CPU_TOL, f"{diff:.2e}")
+    part.goal("packed rows at least as fast as padded ones", ratio >= 1.0, f"{ratio:.2f}x")
+    part.add(**figures)
+    mem = ""
+    if ctx.cuda:
+        mem = (
+            f"; peak {figures['packed_flex']['peak_allocated_GiB']:.2f} vs "
+            f"{figures['padded']['peak_allocated_GiB']:.2f} GiB"
+        )
+    part.summary = (
+        f"{len(lengths)} sequences, {tokens:,} tokens ({positions:,} padded positions), {figures['mode']}: "
+        f"packed FlexAttention {figures['packed_flex']['tokens_per_s']:,.0f} tok/s vs padded "
+        f"{figures['padded']['tokens_per_s']:,.0f} ({ratio:.2f}x){mem}; log-probs max diff {diff:.1e}"
+        + ("" if ctx.cuda else " (CPU figure: forward only)")
     )
 
 
@@ -1081,6 +1204,7 @@ PARTS: dict[str, Callable[[Part, Ctx], None]] = {
     "fused": part_fused,
     "update": part_update,
     "paper_update": part_paper_update,
+    "flex": part_flex,
     "hf_generation": part_hf_generation,
     "vllm": part_vllm,
     "train": part_train,

@@ -7,8 +7,10 @@ over tokens *and* vocabulary with an online logsumexp: peak extra memory is one
 fused linear cross-entropy does), so training through it is as memory-light as scoring.
 
 Packed layout: sequences are concatenated into one row with ``position_ids`` restarting at 0 for
-each sequence; transformers builds a block-diagonal causal mask from restarting position ids
-(flash-attention varlen on GPU when available), so no compute is spent on padding.
+each sequence, so no compute is spent on padding: flash-attention varlen reads the sequences'
+boundaries from the restarting position ids; FlexAttention (when flash-attention is absent) gets a
+document mask, causal and within one sequence (:func:`document_mask`). Other attention
+implementations get right-padded batches (``model.attn_impl``, :func:`pcsd.models.attention_choice`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ __all__ = [
     "selective_logprobs",
     "selective_logprobs_naive",
     "PackedBatch",
+    "document_mask",
     "pack_sequences",
     "pad_sequences",
     "lm_head",
@@ -268,12 +271,36 @@ def pad_sequences(seqs: Sequence[Sequence[int]], device: torch.device | str = "c
     return ids.to(device), attn.to(device)
 
 
+def _attn_impl(model: nn.Module) -> str:
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) or ""
+
+
 def uses_varlen_attention(model: nn.Module) -> bool:
-    """Whether the model's attention is flash-attention, which attends within each sequence of a
-    packed row (position ids restarting). Other implementations (sdpa, eager) would attend over the
-    whole packed row under a block mask, quadratic in the row's length: they get padded batches."""
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or ""
-    return impl.startswith("flash_attention")
+    """Whether the model's passes take packed rows: its attention is flash-attention (which attends
+    within each sequence of a packed row, position ids restarting) or FlexAttention (given a
+    :func:`document_mask`). Other implementations (sdpa, eager) would attend over the whole packed
+    row under a dense mask, quadratic in the row's length: they get padded batches."""
+    impl = _attn_impl(model)
+    return impl.startswith("flash_attention") or impl == "flex_attention"
+
+
+def document_mask(cu_seqlens: Tensor, total: int, device: torch.device) -> Any:
+    """FlexAttention's ``BlockMask`` for one packed row of ``total`` tokens whose sequences start
+    at ``cu_seqlens`` ``[S + 1]``: token ``q`` attends to ``kv`` when ``kv <= q`` and both are in the
+    same sequence (causal AND same document). Blocks of 128 x 128 tokens outside every sequence's
+    causal triangle are skipped by the kernel, so the row costs ``sum(L^2)``, not ``total^2``. On
+    CUDA the mask is built by a compiled function (no ``[total, total]`` tensor is ever made)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(device=device, dtype=torch.int64)
+    doc = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths)
+
+    def causal_same_document(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+        return (kv <= q) & (doc[q] == doc[kv])
+
+    return create_block_mask(
+        causal_same_document, None, None, total, total, device=str(device), _compile=device.type == "cuda"
+    )
 
 
 def lm_head(model: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
@@ -289,7 +316,7 @@ def response_hidden(
     model: nn.Module, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
 ) -> tuple[Tensor, Tensor, list[int]]:
     """One forward pass of ``model`` over the sequences ``prompt + response`` (a packed row with
-    flash-attention, a right-padded batch otherwise: see :func:`uses_varlen_attention`).
+    flash-attention or FlexAttention, a right-padded batch otherwise: see :func:`uses_varlen_attention`).
 
     Returns the final hidden states ``[R, H]`` at the positions whose *next* token is a response
     token (R = total response tokens, sequences in order), those tokens ``[R]`` int64, and each
@@ -302,10 +329,15 @@ def response_hidden(
     decoder: Any = getattr(model, "model", None)  # the causal LM's decoder stack (transformers' layout)
     if uses_varlen_attention(model):  # one row, position ids restarting per sequence (varlen attention)
         pb = pack_sequences(seqs, device)
+        mask = None  # flash-attention: the sequences' boundaries from the restarting position ids
+        if _attn_impl(model) == "flex_attention":
+            mask = document_mask(pb.cu_seqlens, pb.input_ids.shape[1], pb.input_ids.device)
         if fwd is not None:
-            hidden = fwd(pb.input_ids, pb.position_ids)[0]
+            hidden = fwd(pb.input_ids, pb.position_ids, mask)[0]
         else:
-            hidden = decoder(input_ids=pb.input_ids, position_ids=pb.position_ids, use_cache=False).last_hidden_state[0]
+            hidden = decoder(
+                input_ids=pb.input_ids, position_ids=pb.position_ids, attention_mask=mask, use_cache=False
+            ).last_hidden_state[0]
         starts = pb.cu_seqlens[:-1].tolist()
     else:  # right-padded [B, L] batch: attention costs sum(B L^2), not (sum L)^2 of a packed row
         ids, attn = pad_sequences(seqs, device)
@@ -338,8 +370,8 @@ def score_packed(
     """Log-probs of each response's tokens given its prompt (teacher forcing), one ``[len]`` float32
     tensor per response. Sequences are grouped greedily into passes of at most
     ``max_tokens_per_pass`` tokens (padding not counted); gradients flow when the model requires
-    them. A pass is one packed row with flash-attention (varlen) and a right-padded batch otherwise
-    (see :func:`uses_varlen_attention`); both give the same log-probs.
+    them. A pass is one packed row with flash-attention (varlen) or FlexAttention (a document mask)
+    and a right-padded batch otherwise (see :func:`uses_varlen_attention`); all give the same log-probs.
     """
     if len(prompts) != len(responses):
         raise ValueError(f"prompts and responses differ in length ({len(prompts)} vs {len(responses)})")

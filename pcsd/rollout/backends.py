@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import torch
 from torch import nn
 
-from pcsd.models import compute_context
+from pcsd.models import attention_implementation, compute_context
 
 log = logging.getLogger("pcsd.rollout")
 
@@ -233,7 +233,8 @@ class HFBackend(GenerationBackend):
                     att[i, width - len(p) :] = 1
                 torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
                 recorder = _SampledLogprobs()
-                with compute_context(model):  # bf16 autocast for an fp32 student (set by the trainer)
+                # sdpa for decoding: FlexAttention (model.attn_impl) would rebuild and recompile at every length
+                with compute_context(model), attention_implementation(model, "sdpa"):
                     seqs = model.generate(
                         input_ids=ids.to(device),
                         attention_mask=att.to(device),

@@ -310,7 +310,8 @@ def _write_config(cfg: DictConfig, run_dir: Path) -> None:
 
 
 def _check_device(cfg: DictConfig) -> None:
-    """``run.device=cuda`` needs a GPU that torch can use."""
+    """``run.device=cuda`` needs a GPU that torch can use; ``model.attn_impl=flash|flex`` an
+    attention that runs on the run's device (``--plan`` plans a GPU run from anywhere: not here)."""
     if cfg.run.device == "cuda":
         import torch
 
@@ -319,6 +320,12 @@ def _check_device(cfg: DictConfig) -> None:
                 "run.device=cuda, but torch sees no CUDA GPU (torch.cuda.is_available() is false); "
                 "use run.device=cpu or run.device=auto"
             )
+    from pcsd.models import attention_choice, resolve_device
+
+    try:
+        attention_choice(cfg.model.attn_impl, resolve_device(cfg.run.device))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _plan_on_this_gpu(cfg: DictConfig):

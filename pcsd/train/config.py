@@ -64,6 +64,8 @@ class ModelConfig:
     teacher_dtype: str = "float32"  # the frozen teacher/reference copy: float32 | bfloat16
     export_dtype: str = "float32"  # final-model/: float32 | bfloat16
     enable_thinking: Optional[bool] = None  # the chat template's enable_thinking (Qwen3); None = its default
+    # how scoring and update passes attend (pcsd.models.attention_choice): auto | flash | flex | sdpa-padded
+    attn_impl: str = "auto"
     # LoRA (pcsd.lora, docs/lora.md): rank 0 = off (full fine-tuning). The base weights are frozen in
     # compute_dtype and are the teacher/reference (adapters switched off); adapters and AdamW state: param_dtype
     lora_rank: int = 0
@@ -279,6 +281,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.compute_dtype": ("float32", "bfloat16"),
     "model.teacher_dtype": ("float32", "bfloat16"),
     "model.export_dtype": ("float32", "bfloat16"),
+    "model.attn_impl": ("auto", "flash", "flex", "sdpa-padded"),
     "eval.protocol": ("full", "paper"),
     "optim.sft_schedule": ("cosine", "constant"),
     "optim.sft_navigation": ("plan", "sweep"),

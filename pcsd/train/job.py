@@ -300,7 +300,8 @@ def load_student(job: Job) -> None:
             os.replace(tmp, job.model_dir)
         dist_utils.barrier(ctx)
         job.say(f"tiny model written to {job.model_dir}")
-    job.student = load_model(job.model_dir, ctx.device, cfg.model.param_dtype)
+    job.student = load_model(job.model_dir, ctx.device, cfg.model.param_dtype, cfg.model.attn_impl)
+    job.say(job.student.pcsd_attention)  # which path the scoring and update passes take (model.attn_impl)
     job.builder = PromptBuilder(
         kind.prompt,
         history_length=cfg.env.history_length,
@@ -376,7 +377,7 @@ def warm_up(job: Job) -> None:
     if job.ckpt is not None or job.warmup_saved is not None or not ctx.is_main:
         if not (policy_dir / "config.json").is_file():
             raise CheckpointError(f"{policy_dir}: the warm-up's model of this run is missing")
-        job.student = load_model(policy_dir, ctx.device, cfg.model.param_dtype)
+        job.student = load_model(policy_dir, ctx.device, cfg.model.param_dtype, cfg.model.attn_impl)
         if job.warmup_saved is not None:  # what the summary said about the warm-up
             job.summary.update(job.warmup_saved.get("summary", {}))
 

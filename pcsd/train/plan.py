@@ -36,8 +36,9 @@ device; under FSDP2 the unsharded root (embeddings, lm head) plus two decoder la
 gathered); activations of the widest micro-batch (per token and layer the tensors autograd keeps,
 :func:`activation_bytes_per_token`; with ``optim.gradient_checkpointing`` each layer's input plus one
 layer recomputed); the rows beyond ``optim.tokens_per_microbatch`` (a row longer than the budget
-is a micro-batch of its own; without flash-attention a micro-batch is a right-padded ``[rows,
-longest]`` batch, counted as at most :data:`PAD_RATIO` x the budget); the lm head's gradient buffers
+is a micro-batch of its own; packed rows, with flash-attention or FlexAttention, add no padding;
+with ``model.attn_impl=sdpa-padded`` a micro-batch is a right-padded ``[rows, longest]`` batch,
+counted as at most :data:`PAD_RATIO` x the budget); the lm head's gradient buffers
 (``[V, H]`` float32 for the weight, ``[tokens, H]`` for the hidden states, one logits tile: a
 ``[max(110, longest response), V]`` float32 tile on the fused path, ``3 x 1024 x 16384`` on the
 recomputing one); under FSDP2 the fused path's float32 copy of the gathered lm-head weight (once
@@ -64,7 +65,7 @@ GiB = 1024**3
 CONTEXT_BYTES = 2 * GiB
 TOKEN_CHUNK, VOCAB_CHUNK = 1024, 16384  # pcsd.ops.scoring.score_packed's defaults
 FUSED_TILE_ELEMS = 1 << 24  # pcsd.ops.fused.DEFAULT_TILE_ELEMS: floats in one fused logits tile
-#: a micro-batch without flash-attention is a right-padded [rows, longest] batch; its rows are turns
+#: a padded micro-batch (model.attn_impl=sdpa-padded) is a right-padded [rows, longest] batch; its rows are turns
 #: of the same rollout steps (one template, one history window), counted as at least half the longest
 PAD_RATIO = 2
 #: vLLM's CUDA graph pool: an upper estimate for models of a few billion parameters (vLLM logs its
@@ -402,31 +403,46 @@ def attention_is_varlen() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
+def update_packing(cfg: Any, varlen: bool) -> Optional[str]:
+    """What packs the update's micro-batches on a GPU run of ``cfg`` (None: nothing, rows are
+    padded): ``model.attn_impl`` as :func:`pcsd.models.attention_choice` resolves it on CUDA, with
+    flash-attention where ``varlen`` says it is installed and FlexAttention wherever torch has it."""
+    impl = cfg.model.get("attn_impl", "auto")
+    if impl == "sdpa-padded":
+        return None
+    if impl == "flash" or (impl == "auto" and varlen):
+        return "flash-attention"
+    try:
+        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
+    except ImportError:
+        return None
+    return "FlexAttention"
+
+
 def config_microbatch(cfg: Any, varlen: bool, budget: Optional[int] = None) -> MicroBatch:
     """The widest micro-batch a config can make: ``optim.tokens_per_microbatch`` (``budget``)
-    packed tokens, or one row of ``max_prompt + max_response`` tokens when that is longer; without
-    flash-attention rows are padded to the longest of their micro-batch (at most :data:`PAD_RATIO`
-    x the budget, see the module doc)."""
+    packed tokens, or one row of ``max_prompt + max_response`` tokens when that is longer. Packed
+    rows (flash-attention or FlexAttention, :func:`update_packing`) cost no padding; padded rows
+    (``model.attn_impl=sdpa-padded``, or no FlexAttention in torch) are padded to the longest of
+    their micro-batch (at most :data:`PAD_RATIO` x the budget, see the module doc)."""
     budget = int(cfg.optim.tokens_per_microbatch if budget is None else budget)
     row = int(cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens)
     packed = max(budget, row)
     longest = int(cfg.rollout.max_response_tokens)
-    if varlen:
-        how = (
-            "flash-attention: packed rows"
-            if row <= budget
-            else f"flash-attention: a {row}-token row is a micro-batch of its own"
-        )
+    packer = update_packing(cfg, varlen)
+    if packer is not None:
+        how = f"{packer}: packed rows" if row <= budget else f"{packer}: a {row}-token row is a micro-batch of its own"
         return MicroBatch(packed, budget, packed, longest, how)
     tokens = max(row, PAD_RATIO * budget)
     return MicroBatch(
-        tokens, budget, packed, longest, f"no flash-attention: rows padded to the longest (<= {PAD_RATIO} x budget)"
+        tokens, budget, packed, longest, f"padded rows (sdpa): padded to the longest (<= {PAD_RATIO} x budget)"
     )
 
 
 def batch_microbatch(cfg: Any, prompt_lens: Sequence[int], response_lens: Sequence[int], varlen: bool) -> MicroBatch:
     """The widest micro-batch :func:`pcsd.train.update.update_step` makes of a batch with these
-    row lengths (the same greedy grouping); a padded micro-batch is ``rows x longest`` wide."""
+    row lengths (the same greedy grouping); ``varlen``: whether its rows are packed (flash-attention
+    or FlexAttention); a padded micro-batch is ``rows x longest`` wide."""
     from pcsd.ops.scoring import greedy_microbatches
 
     sizes = [p + r if r else 0 for p, r in zip(prompt_lens, response_lens)]
