@@ -18,6 +18,7 @@ The per-token algebra lives in :mod:`pcsd.ops`; this module only orders it and r
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple, Optional
@@ -219,6 +220,38 @@ def estimate_advantages(rb: RolloutBatch, cfg: DictConfig, tok_traj: Tensor) -> 
     return torch.repeat_interleave(adv, lengths)
 
 
+def gap_noise(offsets, sigma: float, rho: float, seed: int) -> Tensor:
+    """``experiment.gap_noise``: Gaussian noise ``[T]`` of standard deviation ``sigma`` for every token
+    of the packed responses (``offsets``: each row's first token, and T last), AR(1) with correlation
+    ``rho`` along each response (``rho=0``: i.i.d.): ``e_0 = z_0``, ``e_t = rho e_(t-1) +
+    sqrt(1 - rho^2) z_t``, so every token's noise has variance ``sigma^2``; a response never carries
+    its noise into the next. Drawn on the CPU from ``seed`` (the same noise on every device)."""
+    offs = [int(o) for o in offsets]
+    T = offs[-1] if offs else 0
+    gen = torch.Generator().manual_seed(int(seed))
+    z = torch.randn(T, generator=gen, dtype=torch.float64)
+    if rho != 0.0 and T:
+        e = z.tolist()
+        c = math.sqrt(1.0 - rho * rho)
+        first = set(offs[:-1])
+        for t in range(1, T):  # a sequential recurrence over the batch's response tokens (plain floats)
+            if t not in first:
+                e[t] = rho * e[t - 1] + c * e[t]
+        z = torch.tensor(e, dtype=torch.float64)
+    return (sigma * z).float()
+
+
+def experiment_teacher(teacher: Tensor, old: Tensor, noise: Optional[Tensor], idx: Tensor, negate: bool) -> Tensor:
+    """The teacher log-probs every rule reads, under the experiment settings: ``noise[idx]`` added (so
+    the gap ``teacher - old`` carries it) and, with ``negate`` (the negative control), the gap's sign
+    reversed (``old - gap``). Without either, ``teacher`` itself."""
+    if noise is not None:
+        teacher = teacher + noise[idx]
+    if negate:
+        teacher = 2.0 * old - teacher  # gap -> -gap
+    return teacher
+
+
 class Terms:
     """Phase 2: the per-token terms. The batch's (advantages, aggregation coefficients, the
     normalisers summed over ranks) at construction; a micro-batch's :class:`TokenTerms`, the rule
@@ -243,12 +276,22 @@ class Terms:
         self.cache: dict[int, TokenTerms] = {}  # micro-batch -> its terms (computed once)
         self.sums = dict(gap=0.0, w=0.0, gate=0.0, nll=0.0)  # over the batch's tokens
         self.valid: dict[int, float] = {}  # micro-batch -> its valid-token count M_mb
+        exp = cfg.get("experiment")
+        # the experiment settings (never a preset's): the one place every rule's gap comes from
+        self.negate_gap = bool(exp is not None and exp.negate_gap)
+        self.gap_noise: Optional[Tensor] = None
+        if exp is not None and exp.gap_noise > 0 and sc.teacher is not None:
+            seed = (int(cfg.run.seed) * 1_000_003 + self.step * 7919 + ctx.rank) % 2**62
+            noise = gap_noise(layout.offsets, float(exp.gap_noise), float(exp.gap_noise_rho), seed)
+            self.gap_noise = noise.to(device=dev, dtype=sc.teacher.dtype)
 
     def micro(self, rows: list[int], idx: Tensor, old: Tensor) -> TokenTerms:
         """The terms of the whole turns ``rows`` (packed positions ``idx``) given their log pi_old
         ``old``. Windows never cross a turn, so per micro-batch (or chunk) equals the whole batch."""
         sc = self.scores
         teacher = None if sc.teacher is None else sc.teacher[idx]
+        if teacher is not None:
+            teacher = experiment_teacher(teacher, old, self.gap_noise, idx, self.negate_gap)
         t = TokenTerms(
             old_logp=old,
             advantages=self.advantages[idx],
@@ -451,6 +494,10 @@ def _record_arrays(terms: Terms, rb: RolloutBatch) -> dict:
         old[idx] = t.old_logp.detach().float().cpu().numpy()
         mask[idx] = t.mask.detach().cpu().numpy().astype(bool)
     teacher = terms.scores.teacher
+    if teacher is not None and (terms.gap_noise is not None or terms.negate_gap):
+        t_lp = np.zeros(T, dtype=np.float32)  # the teacher log-probs the rules read (pcsd.train.update.Terms)
+        t_lp[mask] = (gap + old)[mask]
+        teacher = torch.from_numpy(t_lp)
     return dict(
         gap=gap,
         weights=w,
