@@ -420,6 +420,9 @@ NOISE_LEVELS = {
     "noisy": ["env.kwargs.rule_noise=0.25", "experiment.gap_noise=1.0", "experiment.gap_noise_rho=0.0"],
 }
 EVIDENCE_ESTIMATORS = ("grpo", "gigpo")
+#: the distillation coefficient of the comparison (docs/evidence.md: the paper's 0.01 pulls a token ~1/100
+#: as hard as the policy gradient does)
+EVIDENCE_LAMBDA = 1.0
 DISTILLERS = ("grpo+opsd", "sdar", "rlsd", "skill-sd", "pcsd")
 ABLATIONS = ("pcsd-fixed-n1", "pcsd-fixed-n4", "pcsd-no-trend", "pcsd-no-decay")
 
@@ -429,7 +432,9 @@ def evidence_overrides(method: str, estimator: str, noise: str) -> list[str]:
     if noise not in NOISE_LEVELS:
         raise SystemExit(f"--noise: {noise!r} is not a noise level ({', '.join(NOISE_LEVELS)})")
     ov = list(NEGATIVE_CONTROL[1]) if method == NEGATIVE_CONTROL[0] else entry_overrides(method)
-    return [*ov, f"algo.estimator={estimator}", *NOISE_LEVELS[noise]]
+    # the rules that read lambda (not grpo, rlsd, nor skill-sd, which sets its own 0.001)
+    lam = [f"algo.lambda_distill={EVIDENCE_LAMBDA}"] if method not in ("grpo", "rlsd", "skill-sd") else []
+    return [*ov, *lam, f"algo.estimator={estimator}", *NOISE_LEVELS[noise]]
 
 
 def _run_in_process(item: tuple[list[str], str, str]) -> tuple[str, int, float]:

@@ -260,6 +260,13 @@ def test_the_toy_short_form_teacher_advantage_and_one_distillation_update(tmp_pa
     tr = _compare_methods().trace_distillation(warm, "pcsd", games=12, lr=1.0, optimizer="sgd")
     assert tr["favoured_tokens"] > 0 and tr["grad_rule_tokens"] < 0, tr  # descent raises their log-probs
     assert tr["student_logp_favoured_after"] > tr["student_logp_favoured_before"], tr
+    # P5's diagnostic runs on a Python env's run: its expert (told it reads the rule), the run's template
+    from pcsd.diagnostics.cli import main as diagnostics
+
+    out = tmp_path / "diag"
+    assert diagnostics(["quality-alignment", "--run-dir", str(warm), "--games", "6", "--quiet", "--out", str(out)]) == 0
+    qa = json.loads((out / "diagnostics.json").read_text())["quality_alignment"]
+    assert "privileged=True" in qa["episodes_source"], qa["episodes_source"]
 
 
 @pytest.mark.slow

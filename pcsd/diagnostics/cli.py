@@ -127,7 +127,10 @@ def _skills(args, cfg):
     from pcsd.train.job import skill_repository
 
     if args.run_dir and cfg.env.get("skills_dir") is not None and (Path(args.run_dir) / "skills").is_dir():
-        return SkillRepository(Path(args.run_dir) / "skills", cfg.env.name)
+        from pcsd.envs import registry
+
+        # the prompt family's layout (a Python env's kinds share "text")
+        return SkillRepository(Path(args.run_dir) / "skills", registry.get(str(cfg.env.name)).prompt)
     return skill_repository(cfg)
 
 

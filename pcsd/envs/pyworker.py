@@ -197,7 +197,7 @@ class _WorkerState:
         self.envs = []
 
 
-def _expert_of(env: Any) -> Optional[Callable[[], Any]]:
+def _expert_of(env: Any) -> Optional[Callable[..., Any]]:
     """The env's ``expert_action`` (also under Gymnasium's wrappers, on ``env.unwrapped``)."""
     for obj in (env, getattr(env, "unwrapped", None)):
         fn = getattr(obj, "expert_action", None)
