@@ -108,7 +108,14 @@ def expert_pairs(episodes: Sequence, max_pairs: int = 0) -> list[ExpertPair]:
         for obs, adm, action in ep.steps:
             pairs.append(
                 ExpertPair(
-                    dict(task=ep.task, observation=obs, admissible=list(adm), history=list(hist), step=len(hist)),
+                    dict(
+                        task=ep.task,
+                        observation=obs,
+                        admissible=list(adm),
+                        history=list(hist),
+                        step=len(hist),
+                        task_type=tt,  # a text env's skills are retrieved by its reported type
+                    ),
                     tt,
                     action,
                     e,
@@ -160,7 +167,7 @@ def score_contexts(
     shuffled_texts, shuffled_types = [], []
     types = sorted(TASK_TYPE_EXAMPLES)
     repo = getattr(builder, "skills", None)  # a user's skill folder (env.skills_dir), else the built-in skills
-    tasks = sorted({p.request["task"] for p in pairs})
+    tasks = sorted({(p.request["task"], p.task_type) for p in pairs})
     for p in pairs:
         r = p.request
         s = builder.build(r["task"], r["observation"], r["admissible"], r["history"], r["step"])
@@ -169,21 +176,22 @@ def score_contexts(
             shuffled_types.append(other)
             shuffled_texts.append(_skill_prefix(builder, TASK_TYPE_EXAMPLES[other], r) + s)
         else:  # the skills the folder retrieves for another task of the episodes, when they differ
-            own = repo.retrieve(r["task"])
-            others = [t for t in tasks if repo.retrieve(t) != own]
+            own = repo.retrieve(r["task"], p.task_type)
+            others = [t for t in tasks if repo.retrieve(*t) != own]
             if not others:
                 raise ValueError(
                     f"skills folder {str(repo.folder)!r} retrieves the same skills for every task "
                     "of these episodes: nothing to shuffle"
                 )
             other = rng.choice(others)
-            shuffled_types.append(other)
-            shuffled_texts.append(repo.block(other) + s)
+            shuffled_types.append(other[1] if builder.env == "text" else other[0])
+            shuffled_texts.append(repo.block(*other) + s)
     shuffled = builder.encode_chat(shuffled_texts)
     tok = builder.tokenizer
     responses, spans = [], []
     for p in pairs:
-        head = tok.encode(f"<think>{think_for(p.request['task'], p.action)}</think><action>")
+        think = think_for(p.request["task"], p.action, builder.env == "text")  # as the warm-up's targets
+        head = tok.encode(f"<think>{think}</think><action>")
         act = tok.encode(p.action)
         tail = tok.encode("</action>") + [eos]
         responses.append(head + act + tail)

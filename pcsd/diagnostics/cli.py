@@ -127,7 +127,10 @@ def _skills(args, cfg):
     from pcsd.train.job import skill_repository
 
     if args.run_dir and cfg.env.get("skills_dir") is not None and (Path(args.run_dir) / "skills").is_dir():
-        return SkillRepository(Path(args.run_dir) / "skills", cfg.env.name)
+        from pcsd.envs import registry
+
+        # the prompt family's layout (a Python env's kinds share "text")
+        return SkillRepository(Path(args.run_dir) / "skills", registry.get(str(cfg.env.name)).prompt)
     return skill_repository(cfg)
 
 
@@ -143,9 +146,15 @@ def _scored(args, console):
     model_dir = _model_dir(args)
     skills = _skills(args, cfg)
     t0 = time.time()
+    from pcsd.envs import registry
+
+    kind = registry.get(str(cfg.env.name))
+    text_env = kind.prompt == "text"
     if args.episodes:
         episodes = load_episodes(args.episodes)
         src = args.episodes
+    elif text_env:  # a Python env: its own expert, told that the teacher's context is in the prompt
+        episodes, src = _env_expert_episodes(cfg, args.games)
     else:
         from pcsd.diagnostics.report import out_dir_for
         from pcsd.envs.kinds.alfworld import procedural_knobs
@@ -167,11 +176,12 @@ def _scored(args, console):
     torch.manual_seed(args.seed)
     model = load_model(model_dir, device, "float32" if device.type == "cpu" else "auto").eval()
     builder = PromptBuilder(
-        "alfworld",
+        kind.prompt if text_env else "alfworld",
         history_length=cfg.env.history_length,
         max_prompt_tokens=cfg.rollout.max_prompt_tokens,
         tokenizer_dir=model_dir,
         skills=skills,
+        template=kind.template(cfg, Path(args.run_dir) if args.run_dir else None) if text_env else None,
     )
     sc = score_contexts(
         model, builder, pairs, eos_id(builder), seed=args.seed, tokens_per_pass=cfg.optim.tokens_per_microbatch
@@ -181,6 +191,25 @@ def _scored(args, console):
         f"in 4 contexts, {time.time() - t0:.1f}s"
     )
     return sc, dict(model=str(model_dir), episodes_source=src, num_episodes=len(episodes))
+
+
+def _env_expert_episodes(cfg, games: int) -> tuple[list, str]:
+    """A Python env's expert episodes on ``games`` seeds apart from training's and evaluation's: its
+    ``expert_action(privileged=True)`` when it takes the keyword (the expert that reads the teacher's
+    context, docs/environments.md), else ``expert_action()``."""
+    from pcsd.envs.kinds.text import env_check, factories
+    from pcsd.envs.pypool import PythonEnvPool, play_experts
+
+    factory = factories(cfg)[0]
+    check = env_check(factory, float(cfg.env.step_timeout))
+    if not check.has_expert:
+        raise SystemExit(f"error: {factory.describe()} has no expert_action() to play the diagnostics' episodes")
+    flag = True if check.expert_takes_privileged else None
+    seeds = [DIAG_GAMES_SEED + k for k in range(games)]
+    with PythonEnvPool(factory, games, seeds=seeds, max_steps=cfg.env.max_steps) as pool:
+        episodes = play_experts(pool, flag)
+    who = "expert_action(privileged=True)" if flag else "expert_action()"
+    return episodes, f"{games} episodes of {factory.describe()} played by its {who}"
 
 
 def _rollout_gaps(args, console):

@@ -584,16 +584,18 @@ class PythonEnvPool:
                 raise ValueError(f"actions: expected one action per env id ({len(ids)}), got {len(acts)}")
         return self._call(ids, acts, reset=False)
 
-    def expert_actions(self, env_ids: Iterable[int]) -> list[Optional[str]]:
+    def expert_actions(self, env_ids: Iterable[int], privileged: Optional[bool] = None) -> list[Optional[str]]:
         """Each env's ``expert_action()`` now (None where its expert has nothing to do); raises
-        RuntimeError naming the env when one has no expert or its expert fails."""
+        RuntimeError naming the env when one has no expert or its expert fails. ``privileged``
+        (True / False): ``expert_action(privileged=...)``, the expert told whether the teacher's
+        privileged text is in the prompt (None: called without it)."""
         self._check_open()
         ids = _env_ids(env_ids)
         self._check_ids(ids)
         for e in ids:
             if self._state[e] != "live":
                 raise RuntimeError(f"env {e}: expert_action() needs an episode in progress (state {self._state[e]})")
-        res = self._send([(e, ("expert", self._slot[e])) for e in ids])
+        res = self._send([(e, ("expert", self._slot[e], privileged)) for e in ids])
         out = []
         for e, r in zip(ids, res):
             if r[0] != "ok":
@@ -881,6 +883,7 @@ class EnvCheck:
     action: str
     has_expert: bool
     privileged: bool = False
+    expert_takes_privileged: bool = False  # expert_action(privileged=...) (optim.sft_teacher_demos=skills)
 
 
 def check_env(make_env: Callable[[], Any], *, seed: int = 0, timeout: float = 60.0) -> EnvCheck:
@@ -906,6 +909,7 @@ def check_env(make_env: Callable[[], Any], *, seed: int = 0, timeout: float = 60
     with EnvWorkers(make_env, 1, step_timeout=timeout, quiet=True) as workers:
         obs, _, _, _, task, adm, _, _, privileged, _ = call(("reset", 0, seed, None), "reset()")
         has_expert = call(("has_expert", 0), "expert_action()")
+        takes = bool(call(("expert_takes_privileged", 0), "expert_action()")) if has_expert else False
         action = call(("expert", 0), "expert_action()") if has_expert else None
         if action is None:
             action = adm[0] if adm else "help"
@@ -917,19 +921,21 @@ def check_env(make_env: Callable[[], Any], *, seed: int = 0, timeout: float = 60
         action=action,
         has_expert=has_expert,
         privileged=bool(privileged) or bool(stepped[8]),
+        expert_takes_privileged=takes,
     )
 
 
-def play_experts(pool: PythonEnvPool) -> list[ExpertEpisode]:
+def play_experts(pool: PythonEnvPool, privileged: Optional[bool] = None) -> list[ExpertEpisode]:
     """One expert episode per env of ``pool`` (reset first, played to ``done`` or the pool's step
     limit, stopping where the expert returns None): the agent's view of each step (observation,
-    admissible actions, the expert's action) and ``won``. An env error ends that episode unwon."""
+    admissible actions, the expert's action) and ``won``. An env error ends that episode unwon.
+    ``privileged``: passed to every ``expert_action`` call (:meth:`PythonEnvPool.expert_actions`)."""
     b = pool.reset()
     eps = [ExpertEpisode(task=pool.task_of(e)[1], task_type=pool.task_of(e)[0]) for e in range(pool.num_envs)]
     obs = {int(e): (o, a) for e, o, a, err in zip(b.env_id, b.obs, b.admissible, b.error) if not err}
     active = sorted(obs)
     while active:
-        acts = pool.expert_actions(active)
+        acts = pool.expert_actions(active, privileged)
         go = [(e, a) for e, a in zip(active, acts) if a is not None]
         if not go:
             break

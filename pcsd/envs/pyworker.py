@@ -4,7 +4,8 @@ it stays light: the standard library and :mod:`pcsd.envs.protocol`).
 A worker receives the pickled env factory, then lists of requests, and answers each list with one
 list of results. Requests: ``("reset", slot, seed, options)``, ``("step", slot, action)``,
 ``("replay", slot, seed, options, actions, expected_observation)`` (rebuild an episode on a new
-worker), ``("expert", slot)``, ``("has_expert", slot)``; results: ``("ok", value)`` or
+worker), ``("expert", slot[, privileged])``, ``("has_expert", slot)``,
+``("expert_takes_privileged", slot)``; results: ``("ok", value)`` or
 ``("error", message, stage)``. Before each request the worker counts it in shared memory
 (:data:`MARK`: requests started, requests finished), from which the parent tells which request a
 dead worker was in.
@@ -166,8 +167,8 @@ class _WorkerState:
                 fn = _expert_of(self.built(op[1]))
                 if fn is None:
                     return ("error", f"{type(self.envs[op[1]]).__name__} has no expert_action()", "env")
-                try:
-                    a = fn()
+                try:  # ("expert", slot, privileged): the expert told whether the teacher's text is in the prompt
+                    a = fn() if len(op) < 3 or op[2] is None else fn(privileged=bool(op[2]))
                 except Exception as exc:
                     return ("error", f"expert_action() raised {first_line(exc)}", "env")
                 if a is not None and not isinstance(a, str):
@@ -175,6 +176,8 @@ class _WorkerState:
                 return ("ok", a if a is None else _plain(a))
             if kind == "has_expert":
                 return ("ok", _expert_of(self.env(op[1])) is not None)
+            if kind == "expert_takes_privileged":
+                return ("ok", expert_takes_privileged(_expert_of(self.env(op[1]))))
             return ("error", f"unknown request {kind!r}", "env")
         except EnvBuildError as exc:
             return ("error", f"building the env: {exc}", exc.stage)
@@ -194,7 +197,7 @@ class _WorkerState:
         self.envs = []
 
 
-def _expert_of(env: Any) -> Optional[Callable[[], Any]]:
+def _expert_of(env: Any) -> Optional[Callable[..., Any]]:
     """The env's ``expert_action`` (also under Gymnasium's wrappers, on ``env.unwrapped``)."""
     for obj in (env, getattr(env, "unwrapped", None)):
         fn = getattr(obj, "expert_action", None)
@@ -360,3 +363,17 @@ def main(sock_fd: int, mark_fd: int, index: int, step_timeout: float = 60.0) -> 
         state.close()
     except (EOFError, OSError):  # the parent went away
         pass
+
+
+def expert_takes_privileged(fn: Optional[Callable[..., Any]]) -> bool:
+    """Whether an env's ``expert_action`` takes the keyword ``privileged`` (``expert_action(privileged=
+    True)``: the expert that reads what the teacher's prompt shows; ``False``: the one that does not)."""
+    import inspect
+
+    if fn is None:
+        return False
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "privileged" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

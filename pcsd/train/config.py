@@ -245,6 +245,16 @@ class DistConfig:
 
 
 @dataclass
+class ExperimentConfig:
+    """Settings for experiments on the method itself (docs/evidence.md), never a preset's (refused
+    there): they change what every rule reads, in one place (pcsd.train.update.Terms)."""
+
+    gap_noise: float = 0.0  # std of Gaussian noise added to every token's teacher gap before any rule reads it
+    gap_noise_rho: float = 0.0  # that noise's AR(1) correlation along each response (0: i.i.d.), in (-1, 1)
+    negate_gap: bool = False  # the negative control: every teacher gap negated (the teacher's preference reversed)
+
+
+@dataclass
 class TrainConfig:
     preset: str = "tiny-cpu"
     method: str = "pcsd"  # a Table 1 method (pcsd.train.methods); sets algo.grpo/distill/skills and rule
@@ -257,6 +267,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
 
 
 def _kind_choices() -> dict[str, tuple[Any, ...]]:
@@ -404,6 +415,11 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
             cfg = OmegaConf.merge(cfg, base)
         else:
             preset_cfg = OmegaConf.load(PRESET_DIR / f"{preset}.yaml")
+            if "experiment" in preset_cfg:
+                raise ConfigError(
+                    f"preset {preset}: experiment.* are experiment settings (docs/evidence.md), given on the "
+                    "command line only, never in a preset"
+                )
             _check_replaced(list(_flatten(OmegaConf.to_container(preset_cfg))), f"preset {preset}")
             cfg = OmegaConf.merge(cfg, preset_cfg)
             env_name = _cli_value(overrides, "env.name")
@@ -891,6 +907,13 @@ def _validate_ranges(cfg: DictConfig) -> None:
         check_pcsd_params(**params)
     except ValueError as exc:
         raise ConfigError(f"algo.pcsd: {exc}") from None
+    exp = cfg.experiment
+    if exp.gap_noise < 0:
+        raise ConfigError(f"experiment.gap_noise must be >= 0 (a standard deviation), got {exp.gap_noise}")
+    if not -1.0 < exp.gap_noise_rho < 1.0:
+        raise ConfigError(
+            f"experiment.gap_noise_rho must be in (-1, 1) (an AR(1) correlation), got {exp.gap_noise_rho}"
+        )
     positive = {
         "algo.adv_eps": cfg.algo.adv_eps,
         "rollout.temperature": cfg.rollout.temperature,

@@ -176,7 +176,12 @@ def sft_examples(
     for ep in episodes:
         hist: list[tuple[str, str]] = []
         for obs, adm, action in ep.steps:
-            reqs.append(dict(task=ep.task, observation=obs, admissible=adm, history=hist, step=len(hist)))
+            # the task type: a text env's teacher prompt retrieves that type's skills by it
+            reqs.append(
+                dict(
+                    task=ep.task, observation=obs, admissible=adm, history=hist, step=len(hist), task_type=ep.task_type
+                )
+            )
             text = sft_target(ep.task, action, restate)
             resps.append(builder.tokenizer.encode(text) + [eos_id])
             with_teacher.append(teacher_share > 0 and rng.random() < teacher_share)
@@ -188,7 +193,16 @@ def sft_examples(
             hist = []
             for obs, adm, action in ep.steps:
                 if teacher_share > 0 and rng.random() < teacher_share:
-                    t_reqs.append(dict(task=ep.task, observation=obs, admissible=adm, history=hist, step=len(hist)))
+                    t_reqs.append(
+                        dict(
+                            task=ep.task,
+                            observation=obs,
+                            admissible=adm,
+                            history=hist,
+                            step=len(hist),
+                            task_type=ep.task_type,
+                        )
+                    )
                     text = sft_target(ep.task, action, restate)
                     t_resps.append(builder.tokenizer.encode(text) + [eos_id])
                 hist = hist + [(obs, action)]

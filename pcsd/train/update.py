@@ -18,6 +18,7 @@ The per-token algebra lives in :mod:`pcsd.ops`; this module only orders it and r
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple, Optional
@@ -230,6 +231,38 @@ def teacher_token_mask(rb: RolloutBatch, layout: Layout) -> Optional[Tensor]:
     return torch.repeat_interleave(rb.teacher_context.bool(), lengths).to(layout.dev)
 
 
+def gap_noise(offsets, sigma: float, rho: float, seed: int) -> Tensor:
+    """``experiment.gap_noise``: Gaussian noise ``[T]`` of standard deviation ``sigma`` for every token
+    of the packed responses (``offsets``: each row's first token, and T last), AR(1) with correlation
+    ``rho`` along each response (``rho=0``: i.i.d.): ``e_0 = z_0``, ``e_t = rho e_(t-1) +
+    sqrt(1 - rho^2) z_t``, so every token's noise has variance ``sigma^2``; a response never carries
+    its noise into the next. Drawn on the CPU from ``seed`` (the same noise on every device)."""
+    offs = [int(o) for o in offsets]
+    T = offs[-1] if offs else 0
+    gen = torch.Generator().manual_seed(int(seed))
+    z = torch.randn(T, generator=gen, dtype=torch.float64)
+    if rho != 0.0 and T:
+        e = z.tolist()
+        c = math.sqrt(1.0 - rho * rho)
+        first = set(offs[:-1])
+        for t in range(1, T):  # a sequential recurrence over the batch's response tokens (plain floats)
+            if t not in first:
+                e[t] = rho * e[t - 1] + c * e[t]
+        z = torch.tensor(e, dtype=torch.float64)
+    return (sigma * z).float()
+
+
+def experiment_teacher(teacher: Tensor, old: Tensor, noise: Optional[Tensor], idx: Tensor, negate: bool) -> Tensor:
+    """The teacher log-probs every rule reads, under the experiment settings: ``noise[idx]`` added (so
+    the gap ``teacher - old`` carries it) and, with ``negate`` (the negative control), the gap's sign
+    reversed (``old - gap``). Without either, ``teacher`` itself."""
+    if noise is not None:
+        teacher = teacher + noise[idx]
+    if negate:
+        teacher = 2.0 * old - teacher  # gap -> -gap
+    return teacher
+
+
 class Terms:
     """Phase 2: the per-token terms. The batch's (advantages, aggregation coefficients, the
     normalisers summed over ranks) at construction; a micro-batch's :class:`TokenTerms`, the rule
@@ -242,6 +275,14 @@ class Terms:
         self.step = step + 1  # the update's number: 1 at the first (the public RLSD trainer's global_steps)
         self.traj = rb.token_traj_ids().to(dev)
         self.mask = torch.ones(T, dtype=torch.bool, device=dev)
+        exp = cfg.get("experiment")
+        # the experiment settings (never a preset's): the one place every rule's gap comes from
+        self.negate_gap = bool(exp is not None and exp.negate_gap)
+        self.gap_noise: Optional[Tensor] = None
+        if exp is not None and exp.gap_noise > 0 and sc.teacher is not None:
+            seed = (int(cfg.run.seed) * 1_000_003 + self.step * 7919 + ctx.rank) % 2**62
+            noise = gap_noise(layout.offsets, float(exp.gap_noise), float(exp.gap_noise_rho), seed)
+            self.gap_noise = noise.to(device=dev, dtype=sc.teacher.dtype)
         self.teacher_mask = teacher_token_mask(rb, layout)
         self.advantages = self._batch_advantages(rb, estimate_advantages(rb, cfg, self.traj))
         coef = token_coefficients(self.mask, self.traj, rb.num_trajectories, algo.loss_agg)
@@ -264,7 +305,8 @@ class Terms:
         sc, dev = self.scores, self.layout.dev
         gap = torch.zeros_like(adv)
         if sc.teacher is not None and sc.old is not None:
-            gap = sc.teacher - sc.old
+            every = torch.arange(sc.teacher.shape[0], device=sc.teacher.device)
+            gap = experiment_teacher(sc.teacher, sc.old, self.gap_noise, every, self.negate_gap) - sc.old
             if self.teacher_mask is not None:
                 gap = torch.where(self.teacher_mask, gap, torch.zeros_like(gap))
         rows = RowBatch(
@@ -283,6 +325,8 @@ class Terms:
         ``old``. Windows never cross a turn, so per micro-batch (or chunk) equals the whole batch."""
         sc = self.scores
         teacher = None if sc.teacher is None else sc.teacher[idx]
+        if teacher is not None:
+            teacher = experiment_teacher(teacher, old, self.gap_noise, idx, self.negate_gap)
         tmask = None if self.teacher_mask is None or teacher is None else self.teacher_mask[idx]
         gap = torch.zeros_like(old) if teacher is None else teacher - old
         if tmask is not None:  # a turn without a teacher context: no gap
@@ -490,6 +534,10 @@ def _record_arrays(terms: Terms, rb: RolloutBatch) -> dict:
         old[idx] = t.old_logp.detach().float().cpu().numpy()
         mask[idx] = t.mask.detach().cpu().numpy().astype(bool)
     teacher = terms.scores.teacher
+    if teacher is not None and (terms.gap_noise is not None or terms.negate_gap):
+        t_lp = np.zeros(T, dtype=np.float32)  # the teacher log-probs the rules read (pcsd.train.update.Terms)
+        t_lp[mask] = (gap + old)[mask]
+        teacher = torch.from_numpy(t_lp)
     return dict(
         gap=gap,
         weights=w,

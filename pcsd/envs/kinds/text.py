@@ -233,17 +233,19 @@ def env_check(factory: Any, timeout: float) -> Any:
 
 def template_source(cfg: Any, run_dir: Optional[Path] = None) -> Optional[str]:
     """The text of ``env.template`` (None: the built-in template; a relative path is read from the
-    current folder); a run's own copy (``<run_dir>/template.jinja``, written when the run started)
+    current folder, else from the presets' folder ``pcsd/train/configs/``, as ``env.skills_dir``); a run's own copy (``<run_dir>/template.jinja``, written when the run started)
     when there is one."""
     if cfg.env.get("template") is None:
         return None
     if run_dir is not None and (run_dir / "template.jinja").is_file():
         return (run_dir / "template.jinja").read_text(encoding="utf-8")
-    path = Path(str(cfg.env.template)).expanduser()
+    from pcsd.train.paths import resolve_config_path
+
+    path = resolve_config_path(str(cfg.env.template))  # as env.skills_dir: the current folder, else the presets'
     if not path.is_file():
         raise ValueError(
             f"env.template={cfg.env.template}: no such file (expected a Jinja template; a relative path is read "
-            f"from the current folder, {os.getcwd()})"
+            f"from the current folder, {os.getcwd()}, else from the presets' folder)"
         )
     return path.read_text(encoding="utf-8")
 
@@ -380,11 +382,6 @@ class PythonKind(EnvKind):
     def check(self, cfg: Any) -> Optional[str]:
         from omegaconf import OmegaConf
 
-        if cfg.optim.get("sft_teacher_demos", "same") == "skills":
-            return (
-                "optim.sft_teacher_demos=skills uses the ALFWorld expert that follows the skills; a Python env has "
-                "only its own expert_action (expected optim.sft_teacher_demos=same)"
-            )
         if cfg.eval.get("protocol", "full") == "paper":
             return (
                 f"eval.protocol=paper draws verl-agent's ALFWorld / WebShop validation episodes; env.name={self.name} "
@@ -411,6 +408,14 @@ class PythonKind(EnvKind):
         problem = _check_env(cfg, train, "kwargs")
         if problem is None and evaluation is not train:
             problem = _check_env(cfg, evaluation, "eval_kwargs")
+        if problem is None and cfg.optim.get("sft_teacher_demos", "same") == "skills" and cfg.optim.sft_steps > 0:
+            check = env_check(train, float(cfg.env.step_timeout))
+            if not check.expert_takes_privileged:
+                return (
+                    f"optim.sft_teacher_demos=skills: the warm-up asks the env's expert_action(privileged=True) for "
+                    f"the teacher's examples and privileged=False for the student's; {train.describe()}'s "
+                    "expert_action takes no privileged argument (expected optim.sft_teacher_demos=same)"
+                )
         return problem
 
     def expert_sample(self, cfg: Any) -> Optional[tuple[str, str, str]]:
@@ -593,22 +598,36 @@ class PythonRun(EnvRun):
         return f"{self.train_workers.describe} has no expert_action() to learn from"
 
     def warmup(self, count: int, *, skills: Any) -> Warmup:
-        """The env's own ``expert_action()`` on ``count`` warm-up seeds."""
+        """The env's own ``expert_action()`` on ``count`` warm-up seeds; with
+        ``optim.sft_teacher_demos=skills`` the student's examples from ``expert_action(privileged=False)``
+        and the teacher's from ``expert_action(privileged=True)`` (the same seeds)."""
         from pcsd.envs.pypool import PythonEnvPool, play_experts
 
         cfg = self.cfg
         if self.no_expert() is not None:
             return Warmup()
-        with PythonEnvPool(
-            self.train_workers,
-            count,
-            seeds=sft_seeds(count),
-            max_steps=cfg.env.max_steps,
-            success_threshold=float(cfg.env.success_threshold),
-        ) as pool:
-            return Warmup(play_experts(pool))
+        split = cfg.optim.get("sft_teacher_demos", "same") == "skills"
+
+        def play(privileged: Optional[bool]) -> list[Any]:
+            with PythonEnvPool(
+                self.train_workers,
+                count,
+                seeds=sft_seeds(count),
+                max_steps=cfg.env.max_steps,
+                success_threshold=float(cfg.env.success_threshold),
+            ) as pool:
+                return play_experts(pool, privileged)
+
+        if not split:
+            return Warmup(play(None))
+        out = Warmup(play(False), teacher_episodes=play(True))
+        for who, eps in (("student", out.episodes), ("teacher", out.teacher_episodes or [])):
+            out.summary[f"sft_{who}_expert_success"] = 100.0 * sum(ep.won for ep in eps) / max(len(eps), 1)
+        return out
 
     def demonstrations(self, episodes: list[Any]) -> list[Any]:
+        if self.cfg.optim.get("sft_teacher_demos", "same") == "skills":
+            return episodes  # the blind expert's every episode: its won ones would show the rule it cannot read
         won = [ep for ep in episodes if ep.won]
         return won or episodes
 
