@@ -67,7 +67,7 @@ def _load(model_dir):
 def _worker(rank: int, world: int, port: int, model_dir: str, out: str, algo: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train import distributed as du
     from pcsd.train.update import update_step
 
@@ -118,7 +118,7 @@ def two_ranks(tiny_dir, tmp_path_factory):
     ids=["paper-agg", "token-mean", "fused-vs-recompute"],
 )
 def test_two_gloo_ranks_match_one_process(tiny_dir, two_ranks, algo, ref_extra):
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.update import update_step
 
     got = two_ranks(algo)
@@ -159,7 +159,7 @@ def test_split_groups_covers_every_group_once():
 
 
 def test_select_groups_keeps_whole_groups():
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
 
     rb = synthetic_rollout_batch(num_groups=4, group_size=3, seed=1)
     sub = select_groups(rb, range(1, 3))
