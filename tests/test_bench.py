@@ -500,3 +500,22 @@ def test_gpu_cuda_branches_run_with_a_stand_in_allocator(tmp_path, monkeypatch):
     assert gen["predicted_GiB"] > 0 and gen["static_GiB"] == 2.0 and gen["prefill_GiB"] == 1.0
     assert gen["predicted_prefill_GiB"] <= gen["predicted_increment_GiB"]
     assert parts["fused"].figures["fused_bf16_peak_allocated_GiB"] == 3.0
+
+
+def test_step_sides_read_the_estimator_the_policy_loss_and_the_upper_clip():
+    """``pcsd.bench step --estimator/--policy-loss/--clip-eps-high``: both sides compute the step of
+    those settings (the straightforward side wrote GRPO and PPO's symmetric clip whatever was set,
+    and the command had no way to set them). One epoch scores pi_old with the step's own weights, so
+    the ratios are 1 and only the estimator moves the loss; the clips are the policy loss's own."""
+    import argparse
+
+    from pcsd.bench.step import DEFAULTS, algo_overrides, step_worker
+
+    spec = {k: v[2] for k, v in DEFAULTS.items() if k != "models"}
+    spec.update(algo=["algo.estimator=gigpo", "algo.policy_loss=gspo", "algo.clip_eps_high=0.28"])
+    got = {side: step_worker(side, "tiny", spec) for side in ("pcsd", "straightforward")}
+    assert got["pcsd"]["loss"] == pytest.approx(got["straightforward"]["loss"], rel=1e-3, abs=1e-7)
+    plain = step_worker("straightforward", "tiny", dict(spec, algo=[]))
+    assert plain["loss"] != pytest.approx(got["straightforward"]["loss"], rel=1e-3, abs=1e-7)
+    ns = argparse.Namespace(estimator="gigpo", policy_loss=None, clip_eps_high=0.28)
+    assert algo_overrides(ns) == ["algo.estimator=gigpo", "algo.clip_eps_high=0.28"]

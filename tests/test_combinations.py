@@ -44,7 +44,7 @@ def _cfg(*extra: str):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     from pcsd.models import load_model
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     path = make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=1, seed=3)
     student = load_model(path, torch.device("cpu"), "float32")
@@ -69,7 +69,7 @@ def _update(models, cfg, rb):
 
 
 def _combinations(models, method: str, pairs) -> dict:
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
 
     rb = synthetic_rollout_batch(num_groups=3, group_size=2, seed=5)
     rb.reward[0] += 1.0  # no two groups alike
@@ -107,7 +107,7 @@ def test_every_estimator_and_policy_loss_with_every_method(models, method):
 
 
 def test_gigpo_without_anchors_is_one_line(models):
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
 
     rb = synthetic_rollout_batch(num_groups=2, group_size=2, seed=5)
     rb.anchor = None
@@ -125,7 +125,7 @@ def _free_port() -> int:
 def _worker(rank: int, world: int, port: int, model_dir: str, out: str, extra: list, shares: list) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train import distributed as du
     from pcsd.train.update import update_step
 
@@ -171,7 +171,7 @@ def _load(model_dir):
 def test_two_gloo_ranks_match_one_process(models, tmp_path, extra, shares):
     import torch.multiprocessing as mp
 
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.distributed import single_process
     from pcsd.train.update import update_step
 

@@ -138,7 +138,7 @@ def test_cuda_without_a_gpu_is_one_line(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=1, seed=3)
 
@@ -235,3 +235,92 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_earlier_checkpoin
     assert "optimizer.pt" in err and f"--resume {run}" in err
     assert [s for s, _ in ck.list_checkpoints(run)] == [1] and ck.load_checkpoint(run).step == 1
     assert not list((run / "checkpoints").glob(".tmp-*"))
+
+
+# ----------------------------------------------------------------------------- issue 42: sizes, clips
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (["rollout.max_sample_batches=1000000"], "rollout.max_sample_batches must be <= 100"),
+        (["algo.clip_eps_high=0.1"], "algo.clip_eps_high=0.1 is below algo.clip_eps=0.2"),
+        (
+            ["model.lora_rank=1024"],
+            "model.lora_rank=1024 is larger than the model's width (the tiny model: hidden_size=128)",
+        ),
+        (["model.lora_rank=100000000", "model.tiny_hidden_size=64"], "choose a rank <= 64"),
+        (["rollout.max_privileged_tokens=0"], "rollout.max_privileged_tokens must be >= 1"),
+    ],
+)
+def test_sizes_that_failed_late_or_never_are_refused_at_config_read(override, message, tmp_path, capsys):
+    """A million sample batches sat silent, a LoRA rank of 10^8 allocated 51 GB after the warm-up
+    wrote its folders, an upper clip below the lower one was taken: one line, nothing written."""
+    from pcsd.train.cli import main
+
+    with pytest.raises(ConfigError) as exc:
+        load_config(override)
+    assert message in str(exc.value)
+    assert main([*override, f"run.dir={tmp_path / 'run'}"]) == 2
+    _one_line(capsys.readouterr().err, message)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_bounds_themselves_are_taken():
+    cfg = load_config(
+        [
+            "rollout.dynamic_sampling=true",
+            "rollout.max_sample_batches=100",
+            "algo.clip_eps_high=0.2",
+            "model.lora_rank=128",
+        ]
+    )
+    assert cfg.rollout.max_sample_batches == 100 and cfg.model.lora_rank == 128
+    assert load_config(["rollout.max_privileged_tokens=null"]).rollout.max_privileged_tokens is None
+
+
+def test_lora_rank_against_a_model_folders_width(tmp_path):
+    """A model folder readable at config read is checked then; one that is not (a model id not
+    fetched yet) when the run reads its config.json, before the warm-up (lora_rank_problem)."""
+    import json
+
+    from pcsd.train.config import lora_rank_problem
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64}))
+    assert lora_rank_problem(64, tmp_path) is None
+    problem = lora_rank_problem(65, tmp_path)
+    assert problem is not None and f"({tmp_path}: hidden_size=64)" in problem and "\n" not in problem
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"hidden_size": 32}}))
+    assert "hidden_size=32" in (lora_rank_problem(33, tmp_path) or "")
+    (tmp_path / "config.json").write_text("{not json")
+    assert lora_rank_problem(10**8, tmp_path) is None  # the model's load says what is wrong with it
+
+
+def test_a_warm_up_without_a_won_expert_episode_is_refused_before_anything_is_written():
+    from types import SimpleNamespace
+
+    from pcsd.envs.experts import ExpertEpisode
+    from pcsd.envs.registry import get
+    from pcsd.train.config import warmup_problem
+
+    cfg = load_config(["env.max_steps=4"])
+    lost = [ExpertEpisode("buy a shirt", "webshop"), ExpertEpisode("buy a hat", "webshop")]
+    problem = warmup_problem(get("webshop"), lost, [], cfg)
+    assert problem is not None and "\n" not in problem
+    assert problem.startswith("env.max_steps=4: the WebShop expert won none of the warm-up's 2 episodes")
+    assert warmup_problem(get("webshop"), lost, lost[:1], cfg) is None
+    assert warmup_problem(get("webshop"), [], [], cfg) is None  # no expert at all: said elsewhere
+    assert warmup_problem(get("webshop"), lost, [], SimpleNamespace(optim=SimpleNamespace(sft_steps=0))) is None
+
+
+def test_webshop_steps_shorter_than_its_expert_are_refused_at_config_read(webshop_data, tmp_path, capsys):
+    """env.max_steps=2 failed in the warm-up (``examples is empty``) after writing base-model/."""
+    from pcsd.train.cli import main
+
+    over = ["preset=tiny-cpu-webshop", f"env.webshop_data={webshop_data}", "env.max_steps=2"]
+    message = "env.max_steps=2 is shorter than any episode of the WebShop expert"
+    with pytest.raises(ConfigError, match=message):
+        load_config(over)
+    assert main([*over, f"run.dir={tmp_path / 'run'}"]) == 2
+    _one_line(capsys.readouterr().err, message)
+    assert not (tmp_path / "run").exists()
+    assert load_config([*over[:2], "env.max_steps=3"]).env.max_steps == 3
+    assert load_config([*over, "optim.sft_steps=0"]).env.max_steps == 2  # no warm-up: no expert to fit

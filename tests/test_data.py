@@ -445,7 +445,7 @@ def test_webshop_without_spacy_says_how_to_get_it(shop_server, tmp_path, capsys,
 # ----------------------------------------------------------------------------- models
 @pytest.fixture(scope="module")
 def tiny_repo(tmp_path_factory) -> Path:
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("repo") / "tiny", hidden_size=32, num_layers=1, num_heads=1)
 

@@ -130,7 +130,7 @@ def test_cli_rank_robustness_writes_table_json_and_figures(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("diag") / "m", hidden_size=64, num_layers=1, seed=5)
 

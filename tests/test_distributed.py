@@ -70,7 +70,7 @@ def _load(model_dir):
 def _worker(rank: int, world: int, port: int, model_dir: str, out: str, algo: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train import distributed as du
     from pcsd.train.update import update_step
 
@@ -130,7 +130,7 @@ def test_two_gloo_ranks_match_one_process(tiny_dir, two_ranks, algo, ref_extra):
 def assert_matches_one_process(got: dict, model_dir, cfg) -> None:
     """``got`` (rank 0's stats and full weights after a sharded update of the hand-made batch)
     equals the same update in one process on the whole batch."""
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.update import update_step
 
     student, frozen = _load(model_dir)
@@ -313,7 +313,7 @@ def test_split_groups_covers_every_group_once():
 
 
 def test_select_groups_keeps_whole_groups():
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
 
     rb = synthetic_rollout_batch(num_groups=4, group_size=3, seed=1)
     sub = select_groups(rb, range(1, 3))

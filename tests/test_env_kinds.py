@@ -181,3 +181,87 @@ def test_every_table_reports_env_errors_and_prompt_overflows():
         assert "Episodes ended unwon because a prompt exceeded the token budget" in t
         assert "Episodes ended unwon by an env error: " in t and "(first: env 0: boom)" in t
     assert render_table([EvalResult("B", "valid_seen", games("look_at_obj_in_light")[2:])]).count("Episodes ended") == 0
+
+
+# ----------------------------------------------------------------------------- issue 42
+def test_the_native_kinds_build_their_pools_one_way(webshop_data):
+    """ALFWorld's, WebShop's and the test game's pools come from one builder (NativePools): the
+    tasks go to the native pool as the kind's task argument, one per group, a count refused where
+    the kind needs tasks."""
+    from pcsd.envs.kind import NativePools
+    from pcsd.envs.webshop import WebShop
+
+    dummy = registry.get("dummy").pools({"episode_len": 2})
+    assert type(dummy) is NativePools and dummy.options == {"episode_len": 2}
+    alf = registry.get("alfworld").pools()
+    webshop = registry.get("webshop").pools({"shop": WebShop.load(webshop_data, goals="synthetic", seed=0)})
+    assert type(alf) is type(webshop) is NativePools
+    for pools, what in ((alf, "one game"), (webshop, "one goal index")):
+        with pytest.raises(
+            ValueError, match=f"games: env kind '{pools.kind.name}' needs {what} per group, got a count"
+        ):
+            pools.make(2, 2, 1, max_steps=3, num_threads=1, seed=0)
+    with webshop.make(4, 2, [3, 5], max_steps=3, num_threads=1, seed=0) as pool:
+        b = pool.reset()
+        assert len(b) == 4 and b.obs[0] == b.obs[1] and b.obs[0] != b.obs[2]
+        assert pool.task_of(0)[1] == pool.task_of(1)[1] != pool.task_of(2)[1]
+
+
+def test_alfworld_pools_play_the_games_they_are_given(tmp_path):
+    from pcsd.envs.procedural import write_games
+
+    games = write_games(tmp_path / "games", 2, 7)
+    with registry.get("alfworld").pools().make(4, 2, games, max_steps=3, num_threads=1, seed=0) as pool:
+        b = pool.reset()
+        assert b.obs[0] == b.obs[1] and [pool.task_of(e)[1] for e in (0, 2)] != [""] * 2
+
+
+def test_step_tasks_draw_every_training_task():
+    """The default draw of an RL step's tasks reaches the last task of the list too (a draw from
+    range(len - 1) never would), and follows the run's task sampler."""
+    import random
+    from types import SimpleNamespace
+
+    from pcsd.envs.kind import EnvKind, EnvRun
+
+    run = EnvRun(EnvKind(), SimpleNamespace(rollout=SimpleNamespace(tasks_per_step=4)))
+    run.train_tasks = ["a", "b", "c"]
+    rng = random.Random(0)
+    drawn = [t for step in range(30) for t in run.step_tasks(step, rng)]
+    assert set(drawn) == {"a", "b", "c"} and len(drawn) == 120
+    ref = random.Random(0)
+    assert drawn[:4] == [run.train_tasks[ref.randrange(3)] for _ in range(4)]
+
+
+def test_text_envs_evaluate_on_seeds_above_every_training_and_warm_up_seed(monkeypatch):
+    """The evaluation seeds of a Python env (the trainer's, before and after RL, and pcsd.eval's
+    --split env) are EVAL_SEED_BASE + i: never a seed training or the warm-up plays."""
+    import random
+    from argparse import Namespace
+
+    from omegaconf import OmegaConf
+
+    from pcsd.envs.kinds.text import EVAL_SEED_BASE, SFT_SEED_BASE, TRAIN_SEEDS, eval_seeds, sft_seeds, train_seeds
+    from pcsd.train.config import load_config
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+    cfg = load_config(
+        ["env.name=gym", "env.entry_point=textenv_secret:SecretDoor", "eval.episodes=3", "env.num_threads=1"]
+    )
+    kind = registry.get("gym")
+    run = kind.open(cfg, Path("."), main=True, barrier=lambda: None)
+    try:
+        want = [EVAL_SEED_BASE, EVAL_SEED_BASE + 1, EVAL_SEED_BASE + 2]
+        assert run.eval_tasks(0) == run.eval_tasks(5) == eval_seeds(3) == want
+        assert max(run.train_tasks) < TRAIN_SEEDS <= SFT_SEED_BASE <= min(sft_seeds(cfg.optim.sft_games))
+        assert max(sft_seeds(10_000)) < EVAL_SEED_BASE and train_seeds(70)[-1] == 69
+        args = Namespace(env=None, episodes=0, count=0, protocol="full", games_file=None, task_types=None)
+        run_cfg = OmegaConf.to_container(cfg, resolve=True)
+        plan = kind.eval_plan("env", args, None, run_cfg, Path("."))
+        assert plan.tasks == want  # pcsd.eval evaluates on the trainer's seeds
+        with plan.pools.make(2, 1, plan.tasks[:2], max_steps=2, num_threads=1, seed=0) as pool:
+            # the door of each evaluation env is the one its seed draws: the seeds reach the envs
+            secrets = pool.reset().privileged
+        assert secrets == [f"door {random.Random(s).randrange(3) + 1} leads out" for s in want[:2]]
+    finally:
+        run.close()

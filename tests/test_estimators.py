@@ -111,6 +111,33 @@ def test_discounted_returns_by_hand():
         discounted_returns(torch.ones(2), torch.tensor([0, 0]), torch.tensor([1, 1]), 0.9)
 
 
+def test_a_turn_without_a_row_is_no_step():
+    """verl-agent discounts over the rows a trajectory has (``compute_step_discounted_returns``: the
+    next row is one gamma away); a turn number with no row is neither a reward-0 step nor a further
+    gamma. Trajectory 0 has turns 0, 2 and 5 (rows given out of order), trajectory 1 turns 1, 2."""
+    step_reward = torch.tensor([10.0, 1.0, 2.0, 0.0, 4.0], dtype=torch.float64)
+    row_traj = torch.tensor([0, 0, 0, 1, 1])
+    row_turn = torch.tensor([5, 0, 2, 2, 1])
+    got = discounted_returns(step_reward, row_traj, row_turn, gamma=0.5)
+    # traj 0 in turn order: 1, 2, 10 -> 1 + 0.5 (2 + 0.5 * 10) = 4.5, 2 + 5 = 7, 10; traj 1: 4 + 0, 0
+    assert got.tolist() == [10.0, 4.5, 7.0, 0.0, 4.0]
+    # the same as the turns renumbered 0, 1, 2 (what the trajectory's rows are)
+    dense = discounted_returns(step_reward, row_traj, torch.tensor([2, 0, 1, 1, 0]), gamma=0.5)
+    assert torch.equal(got, dense)
+    # and as the plain loop (verl-agent's) on a GiGPO batch whose trajectories skip turns
+    b = AdvantageInputs(
+        torch.tensor([10.0, 0.0, 10.0]),
+        torch.tensor([4, 4, 4]),
+        torch.tensor([0, 0, 1, 1, 2, 2]),
+        torch.tensor([0, 3, 1, 4, 0, 1]),
+        torch.tensor([0.0, 10.0, 0.0, 0.0, 0.0, 10.0]),
+        torch.tensor([1, 2, 1, 2, 1, 2]),
+    )
+    exp = loop_gigpo(b, "mean_std", 0.7, 0.5, 1e-6)
+    got_adv = get_estimator("gigpo")(b, eps=1e-6, norm="mean_std", step_weight=0.7, gamma=0.5)
+    torch.testing.assert_close(got_adv.double(), torch.tensor(exp, dtype=torch.float64), atol=2e-5, rtol=1e-5)
+
+
 def gigpo_hand(norm: str, step_weight: float) -> dict:
     """GiGPO on :func:`hand_batch` with gamma 0.5, worked out by hand."""
     # returns (gamma 0.5): traj 0: 2.5, 5, 10; traj 1: 0, 0; traj 2: 10; traj 3: 5, 10; traj 4: 10; traj 5: 10

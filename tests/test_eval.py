@@ -14,8 +14,8 @@ import torch
 import pcsd.eval as ev
 from pcsd.eval import cli as ev_cli
 from pcsd.rollout.backends import make_backend
-from pcsd.testing import make_tiny_model
 from pcsd.text.prompts import PromptBuilder
+from pcsd.tiny_model import make_tiny_model
 
 PAPER_HEADER = ["Method", "Pick", "Look", "Clean", "Heat", "Cool", "Pick2", "Overall"]
 

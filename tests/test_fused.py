@@ -289,7 +289,7 @@ def test_fused_score_loss_matches_score_packed(tie):
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
     from pcsd.models import load_model
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     d = make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, seed=3)
     base = load_model(d, torch.device("cpu"), "float32")
@@ -328,7 +328,7 @@ def _update(base, frozen, rb, method, extra):
 )
 @pytest.mark.parametrize("epochs", [1, 2])
 def test_update_step_fused_equals_recomputing(tiny_pair, method, epochs):
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
 
     base, frozen = tiny_pair
     rb = synthetic_rollout_batch(num_groups=5, group_size=2, seed=7)
@@ -346,7 +346,7 @@ def test_update_step_fused_equals_recomputing(tiny_pair, method, epochs):
 
 
 def test_joint_frozen_pass_equals_two_passes(tiny_pair):
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.update import microbatches, scores
 
     _, frozen = tiny_pair
@@ -369,7 +369,7 @@ def test_joint_frozen_pass_equals_two_passes(tiny_pair):
 
 @pytest.mark.parametrize("method", ["pcsd", "rlsd"])
 def test_update_step_joint_pass_equals_two_passes(tiny_pair, method):
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
 
     base, frozen = tiny_pair
     rb = synthetic_rollout_batch(num_groups=5, group_size=2, seed=7)

@@ -91,7 +91,7 @@ def test_update_runs_the_student_in_the_compute_dtype_on_both_paths(tiny_dir, fu
     update's student sees autocast on and bf16 activations, with optim.fused_lm_head on (the
     default) or off; the gradients reach the fp32 master weights."""
     from pcsd.models import load_model
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.precision import frozen_copy, precision_of, prepare_student
     from pcsd.train.update import update_step
 
@@ -307,7 +307,7 @@ def _sync(model_dir, student, engine_model, bucket_mb, dtype="bfloat16"):
 
 @pytest.fixture(scope="module")
 def wide_dir(tmp_path_factory) -> Path:
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("wide") / "m", hidden_size=64, num_layers=8, seed=4)
 
@@ -491,7 +491,7 @@ def _fsdp_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> 
     torch.set_num_threads(1)
     import pcsd.ops.fused as fused_mod
     from pcsd.models import load_model
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train import distributed as du
     from pcsd.train.precision import frozen_copy, fsdp_policy, precision_of, prepare_student
     from pcsd.train.update import update_step

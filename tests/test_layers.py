@@ -21,11 +21,11 @@ ALLOWED: dict[str, set[str]] = {
     "progress": set(),
     "data": {"envs", "models", "progress"},
     "rollout": {"envs", "text", "models"},
-    "testing": {"rollout", "envs", "text", "models"},
-    "eval": {"rollout", "envs", "text", "models", "lora", "progress", "testing"},
-    "train": {"ops", "envs", "text", "models", "lora", "progress", "rollout", "eval", "testing"},
-    "diagnostics": {"ops", "envs", "text", "models", "lora", "progress", "rollout", "eval", "testing", "train"},
-    "bench": {"ops", "envs", "text", "models", "lora", "progress", "rollout", "eval", "testing", "train"},
+    "tiny_model": {"rollout", "envs", "text", "models"},
+    "eval": {"rollout", "envs", "text", "models", "lora", "progress", "tiny_model"},
+    "train": {"ops", "envs", "text", "models", "lora", "progress", "rollout", "eval", "tiny_model"},
+    "diagnostics": {"ops", "envs", "text", "models", "lora", "progress", "rollout", "eval", "tiny_model", "train"},
+    "bench": {"ops", "envs", "text", "models", "lora", "progress", "rollout", "eval", "tiny_model", "train"},
 }
 OPEN = {"pcsd", "pcsd._native", "pcsd._C", "pcsd._envpool"}
 

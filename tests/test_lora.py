@@ -60,7 +60,7 @@ def _cfg(*extra: str):
 
 
 def _batch():
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
 
     return synthetic_rollout_batch(num_groups=3, group_size=3, seed=5, turns=(1, 3), prompt_len=(6, 18))
 
@@ -180,7 +180,7 @@ def test_a_lora_update_equals_a_hand_computed_step(tiny_dir):
     eps)`` with ``m = g``, ``v = g^2`` after bias correction."""
     from plain_update import plain_update_loss
 
-    from pcsd.testing import plain_logprobs
+    from pcsd.tiny_model import plain_logprobs
     from pcsd.train.update import update_step
 
     cfg = _cfg("method=pcsd", "optim.lr=1e-3", "optim.weight_decay=0.1")
@@ -385,3 +385,76 @@ def test_plan_command_lines(args, gpu_gb, fits, capsys, monkeypatch, tmp_path):
     assert ("verdict: fits" in out) == fits
     if args:
         assert "LoRA adapters" in out and "base weights (frozen)" in out
+
+
+# ----------------------------------------------------------------------------- adapter folders (issue 42)
+def test_to_peft_names_are_the_names_peft_saves_and_from_peft_names_inverts_them(tiny_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from pcsd.lora import from_peft_names, save_adapter, to_peft_names
+
+    student, peft = lora_student(tiny_dir)
+    out = save_adapter(peft, tmp_path / "adapter", tiny_dir)
+    state = {n: p.detach() for n, p in student.named_parameters()}
+    named = to_peft_names(state)
+    saved = load_file(str(out / "adapter_model.safetensors"))
+    assert set(named) == set(saved) and len(named) == 2 * 7 * 2  # A and B, 7 targets, 2 layers
+    for k, v in named.items():
+        assert torch.equal(v, saved[k]), k
+    adapters = {n: v for n, v in state.items() if ".lora_" in n}
+    assert from_peft_names(named).keys() == adapters.keys()  # every other parameter left out, then back
+
+
+def _adapter_eval(adapter, tmp_path) -> list[str]:
+    return [
+        "--model",
+        str(adapter),
+        "--backend",
+        "hf",
+        "--device",
+        "cpu",
+        "--split",
+        "procedural",
+        "--procedural-games",
+        "2",
+        "--max-steps",
+        "1",
+        "--max-response-tokens",
+        "4",
+        "--quiet",
+        "--out",
+        str(tmp_path / "out" / "eval"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        ("weights", "adapter_model.safetensors is damaged"),
+        ("no weights", "no adapter_model.safetensors (the adapter's weights) beside its adapter_config.json"),
+        ("config", "adapter_config.json is damaged: not valid JSON"),
+    ],
+)
+def test_a_damaged_adapter_is_one_line_and_leaves_no_output_folder(tiny_dir, tmp_path, capsys, damage, needle):
+    """A SafetensorError was a traceback; a corrupt adapter_config.json read as "names no base
+    model", a missing adapter_model.safetensors as "does not fit its base model"; the refused
+    evaluation left its output folder behind (empty, or with the procedural games it wrote)."""
+    from pcsd.eval.cli import main
+    from pcsd.lora import save_adapter
+
+    _, peft = lora_student(tiny_dir)
+    adapter = save_adapter(peft, tmp_path / "adapter", tiny_dir)
+    weights, config = adapter / "adapter_model.safetensors", adapter / "adapter_config.json"
+    if damage == "weights":
+        weights.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}" + b"\0" * 64)
+    elif damage == "no weights":
+        weights.unlink()
+    else:
+        config.write_text('{"base_model_name_or_path": "' + str(tiny_dir) + '", ')
+    capsys.readouterr()
+    assert main(_adapter_eval(adapter, tmp_path)) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("pcsd.eval:")]  # (beside the base's progress bar)
+    assert "Traceback" not in err and len(lines) == 1 and needle in lines[0], err
+    assert "names no base model" not in err and "does not fit" not in err
+    assert not (tmp_path / "out").exists()  # the folder and the parent made for it are gone again

@@ -39,7 +39,7 @@ _TINY = [
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=1, seed=3)
 
@@ -161,7 +161,7 @@ def test_vllm_rollouts_with_the_trained_adapter_equal_hf(vllm_available, tmp_pat
     from pcsd.lora import AdaptersOff, LoraSpec, add_adapters
     from pcsd.models import load_model
     from pcsd.rollout.backends import make_backend
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.distributed import iter_weights, single_process
     from pcsd.train.update import update_step
 
@@ -251,7 +251,7 @@ def _cfg():
 def _fsdp_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train import distributed as du
     from pcsd.train.update import update_step
 
@@ -279,7 +279,7 @@ def test_fsdp2_with_lora_on_two_gloo_ranks_matches_one_process(tmp_path, tiny_di
     import torch.multiprocessing as mp
 
     from pcsd.lora import weight_sources
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.distributed import single_process
     from pcsd.train.update import update_step
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from pcsd.testing import plain_logprobs, student_and_frozen
+from pcsd.tiny_model import plain_logprobs, student_and_frozen
 from pcsd.train.config import ConfigWarning, load_config, resume_config
 from pcsd.train.methods import METHODS, available_methods, unused_keys
 
@@ -34,7 +34,7 @@ def _load(overrides):
 # The gradient of method=opsd against plain autograd of kl_beta x KL + lambda x the sdar-weighted
 # loss: tests/test_train.py::test_total_loss_gradients_match_plain_autograd[opsd, opsd-unfused].
 def test_opsd_keeps_the_kl_term_and_drops_the_policy_gradient(tiny_dir):
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.update import update_step
 
     cfg = load_config(SMALL + ["method=opsd"])
@@ -53,7 +53,7 @@ def test_every_gated_rule_reads_algo_pcsd_beta_gate(tiny_dir, method):
     the rule's at the configured algo.pcsd.beta_gate, not at a fixed 5 (before the fix sdar and opsd
     read their own beta of 5.0)."""
     from pcsd.ops.weighting import get_rule
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.update import update_step
 
     cfg = load_config(SMALL + [f"method={method}", "algo.pcsd.beta_gate=1.5"])
@@ -199,7 +199,7 @@ def test_the_update_applies_rlsd_at_its_update_number(tiny_dir, monkeypatch, ste
     0.495 (before the fix: 0.5, one step late), the last (k = 149) with 0; the advantages the
     update uses are the transform at that lambda."""
     import pcsd.ops.weighting as W
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.update import update_step
 
     seen = []
@@ -240,7 +240,7 @@ def test_sdar_norm_trains(tiny_dir):
     """update_step with sdar-norm: every parameter moves, the recorded weights average 1 per turn."""
     import numpy as np
 
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.update import update_step
 
     cfg = load_config(SMALL + ["method=sdar-norm", "optim.lr=1e-3", "algo.lambda_distill=0.5"])

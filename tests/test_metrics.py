@@ -215,7 +215,7 @@ def test_update_step_reports_scoring_and_micro_batches(ppo_epochs):
     only); more epochs score the old policy first."""
     from omegaconf import OmegaConf
 
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
     from pcsd.train.config import TrainConfig
     from pcsd.train.update import update_step
 

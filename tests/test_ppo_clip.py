@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pcsd.ops.grpo import grpo_token_terms
-from pcsd.testing import plain_logprobs
+from pcsd.tiny_model import plain_logprobs
 from pcsd.train.config import ConfigError, load_config
 
 
@@ -73,7 +73,7 @@ def test_the_clip_acts_on_both_sides_of_the_range():
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, seed=3)
 
@@ -116,7 +116,7 @@ def test_two_ppo_epochs_with_a_learning_rate_match_a_plain_reference(tiny_dir, f
     good share of the ratios are outside [0.8, 1.2]; update_step's second-epoch gradients, final
     parameters and clip share equal the plain reference's, and a reference with a wider clip range
     (the mutant of issue 22) is measurably different, so this test catches it."""
-    from pcsd.testing import student_and_frozen, synthetic_rollout_batch
+    from pcsd.tiny_model import student_and_frozen, synthetic_rollout_batch
     from pcsd.train.update import update_step
 
     lr = 0.05  # the second epoch: ~35 % of the ratios outside [0.8, 1.2], most within [0.6, 1.4]

@@ -32,7 +32,7 @@ _OV = ["rollout.backend=hf", "env.source=procedural"]
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, seed=3)
 
@@ -65,7 +65,7 @@ def _models(cfg, ctx=None):
 def _step(cfg, ctx=None, rb=None):
     """One update of the paper preset's precision on the synthetic batch; the full weights and
     gradients (fp32) before and after, and the optimizer."""
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train import distributed as du
     from pcsd.train.update import update_step
 
@@ -188,7 +188,7 @@ def _free_port() -> int:
 def _worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train import distributed as du
 
     ctx = du.init_distributed(rank=rank, world_size=world, device="cpu")
@@ -216,7 +216,7 @@ def test_fsdp2_two_gloo_ranks_mixed_precision(tiny_dir, tmp_path):
     state stay fp32, >= 99 % of the elements move, and the step matches one all-fp32 process."""
     import torch.multiprocessing as mp
 
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
 
     out = tmp_path / "rank0.pt"
     mp.spawn(_worker, args=(2, _free_port(), str(tiny_dir), str(out)), nprocs=2, join=True)
@@ -312,7 +312,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_dir):
     grads = []
     for ckpt in (False, True):
         from pcsd.models import load_model
-        from pcsd.testing import synthetic_rollout_batch
+        from pcsd.tiny_model import synthetic_rollout_batch
         from pcsd.train.precision import frozen_copy
         from pcsd.train.update import update_step
 

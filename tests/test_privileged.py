@@ -26,7 +26,7 @@ def tiny(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     from pcsd.rollout.backends import make_backend
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     sys.path.insert(0, str(HERE))  # the worker processes import the env by name, as a user's module
     path = make_tiny_model(tmp_path_factory.mktemp("tiny"), hidden_size=64, num_layers=1, seed=0)
@@ -168,3 +168,54 @@ def test_a_skills_folder_is_read_from_the_current_folder_and_only_when_read(tmp_
         warnings.simplefilter("always")
         load_config([*gym, "method=grpo"])
     assert not [w for w in caught if issubclass(w.category, ConfigWarning)]
+
+
+# ----------------------------------------------------------------------------- issue 42
+def test_a_steps_empty_privileged_text_clears_the_resets(tiny):
+    """The docs: a step's text replaces the reset's, so ``info["privileged"] = ""`` after a step
+    leaves the teacher without it: the pool carries the "" (PythonEnvPool), the rollout clears it."""
+    from pcsd.envs.pypool import PythonEnvPool
+
+    with PythonEnvPool(EnvFactory("textenv_secret:SecretDoor", kwargs={"clear": True}), 1, seeds=[5]) as pool:
+        assert pool.reset().privileged == ["door 3 leads out"]  # random.Random(5).randrange(3) + 1
+        assert pool.step(["open door 1"]).privileged == [""]  # the wrong door: the text cleared
+    rb, student, teacher = _roll(tiny, clear=True)
+    later = [k for k, t in enumerate(rb.turn.tolist()) if t > 0]
+    assert later, "no later turn to check"
+    for k, (s, t) in enumerate(zip(student, teacher)):
+        if k in later:
+            assert PRIVILEGED_HEADER not in t and t == s, t  # no skills, no text: the student's prompt
+        else:
+            assert PRIVILEGED_HEADER in t and "leads out" in t
+
+
+def test_a_huge_privileged_text_is_cut_to_the_budget_with_one_line(tiny, capsys):
+    """2 MB of info["privileged"] ended scoring with a 4 TB allocation: the teacher's prompt keeps the
+    text's first rollout.max_privileged_tokens tokens (one stderr line on the first cut)."""
+    import time
+
+    from pcsd.text.prompts import DEFAULT_MAX_PRIVILEGED_TOKENS, PRIVILEGED_CUT
+
+    path = tiny[0]
+    req = dict(task="leave the room", observation="You see 3 doors.", admissible=["open door 1"])
+    huge = "the exit is door 2. " * 100_000  # 2 MB
+    pb = PromptBuilder("text", tokenizer_dir=path, max_privileged_tokens=16)
+    t0 = time.perf_counter()
+    (text, ids), (text2, ids2) = pb.build_batch([dict(req, privileged=huge), dict(req, privileged=huge)], teacher=True)
+    assert time.perf_counter() - t0 < 5.0
+    ((s_text, s_ids),) = pb.build_batch([req])
+    assert text == text2 and PRIVILEGED_CUT.strip() in text and "the exit is door 2." in text
+    cut = text[text.index(PRIVILEGED_HEADER) :].split("\n")[1]
+    assert len(pb.tokenizer.encode(cut.removesuffix(PRIVILEGED_CUT))) <= 16
+    assert len(ids) <= len(s_ids) + 16 + 40  # the block's header, footer and the cut mark
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rollout.max_privileged_tokens" in err[0] and "first 16" in err[0], err
+    assert pb.privileged_cuts == 1  # the same text is cut once
+    short = "door 2 leads out"  # under the budget: unchanged, nothing said
+    assert pb.build_teacher(req["task"], req["observation"], req["admissible"], privileged=short).count(short) == 1
+    assert capsys.readouterr().err == ""
+    assert PromptBuilder("text", tokenizer_dir=path).max_privileged_tokens == DEFAULT_MAX_PRIVILEGED_TOKENS
+    whole = PromptBuilder("text", tokenizer_dir=path, max_privileged_tokens=None)
+    assert whole.within_budget(huge[:5000]) == huge[:5000]
+    with pytest.raises(ValueError, match="max_privileged_tokens: expected a positive int or None, got 0"):
+        PromptBuilder("text", tokenizer_dir=path, max_privileged_tokens=0)

@@ -26,7 +26,7 @@ ADM = ["go to cabinet 1", "go to coffeemachine 1", "go to countertop 1", "help",
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> dict[str, Path]:
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     return {
         name: make_tiny_model(tmp_path_factory.mktemp(name.replace(".", "")), template=str(path))

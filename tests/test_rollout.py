@@ -8,8 +8,8 @@ import torch
 
 from pcsd.rollout.backends import make_backend
 from pcsd.rollout.loop import collect_rollouts
-from pcsd.testing import make_tiny_model
 from pcsd.text.prompts import PromptBuilder
+from pcsd.tiny_model import make_tiny_model
 
 
 @pytest.fixture(scope="module")

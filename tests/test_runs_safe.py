@@ -34,7 +34,7 @@ _TINY = [
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=1, seed=3)
 

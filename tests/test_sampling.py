@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from pcsd.testing import synthetic_rollout_batch
+from pcsd.tiny_model import synthetic_rollout_batch
 from pcsd.train.distributed import DistContext
 from pcsd.train.sampling import sample_groups, share_quota
 
@@ -143,3 +143,53 @@ def test_single_process_context_is_the_default():
     a = sample_groups(play, target=2, max_batches=2, dynamic=True)
     b = sample_groups(Player([True, True]), target=2, max_batches=2, dynamic=True, ctx=DistContext())
     assert a.metrics() == b.metrics()
+
+
+# ----------------------------------------------------------------------------- issue 42
+def test_group_ids_that_are_not_positions_keep_the_groups_with_a_signal():
+    """take_groups takes group ids; the kept groups were named by their position among the batch's
+    groups, right only while the ids are 0..k-1."""
+    rb = batch([False, True, False, True]).take_groups([0, 1, 2, 3])
+    rb.traj_group = rb.traj_group * 5 + 3  # ids 3, 8, 13, 18: the signal is in groups 8 and 18
+    out = sample_groups(lambda b: rb, target=2, max_batches=1, dynamic=True)
+    assert out.kept == 2 and out.train.num_groups == 2
+    assert out.train.response_ids == rb.take_groups([8, 18]).response_ids
+    for g in range(2):  # each kept group has its reward signal
+        assert out.train.reward[out.train.traj_group == g].unique().numel() == 2
+
+
+def test_share_quota_deals_from_the_first_rank():
+    assert share_quota([2, 2], 3) == [2, 1]
+    assert share_quota([1, 1, 1], 2) == [1, 1, 0]
+    assert share_quota([3, 0, 3], 5) == [3, 0, 2]
+
+
+def test_each_further_batch_says_what_it_found():
+    lines: list[str] = []
+    play = Player([False, True, False], [True, False, False], [True, True, True])
+    out = sample_groups(play, target=3, max_batches=4, dynamic=True, report=lines.append)
+    assert play.calls == [0, 1, 2] and out.kept == 3
+    assert lines == [  # the first batch says nothing: one line per further batch
+        "dynamic sampling: batch 2 (of at most rollout.max_sample_batches=4): 1 of its 3 groups carry a reward "
+        "signal; 2 of the 3 wanted so far",
+        "dynamic sampling: batch 3 (of at most rollout.max_sample_batches=4): 3 of its 3 groups carry a reward "
+        "signal; 5 of the 3 wanted so far",
+    ]
+    quiet: list[str] = []
+    sample_groups(Player([True, True, True]), target=3, max_batches=4, dynamic=True, report=quiet.append)
+    assert quiet == []
+
+
+def test_anchor_counts_are_of_the_groups_trained_on_not_of_every_group_played():
+    """GiGPO's anchor fields of a step count the groups the estimator read (dynamic sampling's kept
+    ones), not the dropped groups played beside them."""
+    from pcsd.ops.estimators import anchor_group_counts
+
+    play = Player([False, True, False, False])
+    out = sample_groups(play, target=1, max_batches=1, dynamic=True)
+    tb, pb = out.train, out.played
+    assert out.anchor_counts() == anchor_group_counts(tb.traj_group, tb.traj_id, tb.anchor)
+    assert out.anchor_counts()[0] == tb.num_rows < pb.num_rows
+    assert out.anchor_counts() != anchor_group_counts(pb.traj_group, pb.traj_id, pb.anchor)
+    skipped = sample_groups(Player([False, False]), target=1, max_batches=1, dynamic=True)
+    assert skipped.skipped and skipped.anchor_counts() == (0, 0, 0)

@@ -58,7 +58,7 @@ def test_repository_errors(tmp_path):
 
 
 def test_builder_uses_the_repository(tmp_path):
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     folder = _repo(tmp_path / "skills", {"keywords/keychain.md": "Keychains are kept in dressers."})
     model = make_tiny_model(tmp_path / "m")
@@ -139,7 +139,7 @@ def test_preset_skills_match_the_generator():
 
 def test_sft_examples_with_teacher_episodes(tmp_path):
     from pcsd.models import eos_id
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
     from pcsd.train.sft import expert_episodes, sft_examples, skill_search_first
 
     games = write_games(

@@ -255,7 +255,7 @@ def tiny(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     from pcsd.rollout.backends import make_backend
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     path = make_tiny_model(tmp_path_factory.mktemp("tiny"), hidden_size=64, num_layers=2, seed=0)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -26,7 +26,7 @@ REQS = [
 
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory) -> Path:
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("q3"), template=str(FIXTURES / "qwen3.jinja"))
 
@@ -65,7 +65,7 @@ def test_chat_template_jinja_wins_like_transformers(tmp_path):
     Qwen3's; transformers renders with the .jinja file, and so must the Rust renderer."""
     from transformers import AutoTokenizer
 
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     d = make_tiny_model(tmp_path / "both", template="qwen2.5")
     (d / "chat_template.jinja").write_text((FIXTURES / "qwen3.jinja").read_text())

@@ -1,4 +1,4 @@
-"""pcsd.testing.make_tiny_model: a real, tiny, offline Qwen2 model + trained BPE tokenizer."""
+"""pcsd.tiny_model.make_tiny_model: a real, tiny, offline Qwen2 model + trained BPE tokenizer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pcsd import testing as T
+from pcsd import tiny_model as T
 
 FIXTURES = Path(__file__).parent / "fixtures" / "templates"
 

@@ -21,20 +21,20 @@ from pcsd.train.methods import METHODS, available_methods
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, seed=3)
 
 
 def _models(tiny_dir, perturb_frozen: float = 0.0):
-    from pcsd.testing import student_and_frozen
+    from pcsd.tiny_model import student_and_frozen
 
     return student_and_frozen(tiny_dir, perturb_frozen)
 
 
 # ----------------------------------------------------------------------------- one update
 def test_every_trained_parameter_changes(tiny_dir):
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.update import update_step
 
     cfg = load_config(
@@ -90,7 +90,7 @@ def test_total_loss_gradients_match_plain_autograd(tiny_dir, extra):
     from plain_update import plain_update_loss
 
     from pcsd.ops.grpo import group_advantages
-    from pcsd.testing import plain_logprobs, synthetic_rollout_batch
+    from pcsd.tiny_model import plain_logprobs, synthetic_rollout_batch
     from pcsd.train.update import update_step
 
     cfg = load_config(
@@ -133,7 +133,7 @@ def test_a_new_rule_is_a_registration(tiny_dir):
     -sum(c) = -1) and scores no teacher for a rule that needs none."""
     from pcsd.ops import weighting
     from pcsd.ops.weighting import RuleTerms, register_rule
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.update import update_step
 
     @register_rule("test-ones", "terms", needs_teacher=False)
@@ -500,7 +500,7 @@ def test_game_corpus_makes_every_name_one_token(tmp_path):
     from tokenizers import Tokenizer
 
     from pcsd.envs.procedural import write_games as procedural_games
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
     from pcsd.train.sft import expert_episodes, game_corpus
 
     games = procedural_games(tmp_path / "g", 12, 5, distractors=4)

@@ -577,6 +577,54 @@ def test_damaged_and_stale_caches_are_rebuilt_with_one_line(
     reload("stale (items_ins_v2.json changed: size")
 
 
+def test_a_named_pipe_at_the_cache_path_does_not_block_the_load(
+    tmp_path: Path, webshop_data: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Opening a FIFO for reading waits for a writer: the load blocked for ever. It is passed over
+    with one line and the cache written in its place. (A writer thread opens the pipe after 20 s,
+    so that the old behaviour fails this test instead of hanging the suite.)"""
+    import os
+    import threading
+    import time
+
+    root = _small_catalogue(tmp_path, webshop_data)
+    cache = tmp_path / "cache"
+    path = Path(WebShop.load(root, cache=cache).cache_path or "")
+    path.unlink()
+    os.mkfifo(path)
+    done = threading.Event()
+
+    def release() -> None:  # unblocks a reader stuck in open(); a no-op once the load is done
+        if not done.wait(20.0):
+            with open(path, "wb"):
+                pass
+
+    threading.Thread(target=release, daemon=True).start()
+    caplog.clear()
+    t0 = time.perf_counter()
+    shop = WebShop.load(root, cache=cache)
+    done.set()
+    assert time.perf_counter() - t0 < 15.0, "the load waited on the pipe"
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and "not a regular file but a named pipe" in msgs[0] and "rebuilding it" in msgs[0], msgs
+    assert not shop.cache_hit and path.is_file()
+    assert WebShop.load(root, cache=cache).cache_hit
+
+
+def test_num_products_is_part_of_the_cache_key(tmp_path: Path, webshop_data: Path) -> None:
+    """A cache made from the first N products is not the whole catalogue's: even under the name the
+    whole catalogue's cache would have, the key tells them apart (stale, rebuilt)."""
+    root = _small_catalogue(tmp_path, webshop_data)
+    cache = tmp_path / "cache"
+    whole = WebShop.load(root, cache=cache)
+    first = WebShop.load(root, cache=cache, num_products=40)
+    assert first.num_products == 40 < whole.num_products and first.cache_path != whole.cache_path
+    Path(whole.cache_path or "").write_bytes(Path(first.cache_path or "").read_bytes())
+    again = WebShop.load(root, cache=cache)
+    assert not again.cache_hit and again.num_products == whole.num_products
+    assert WebShop.load(root, cache=cache, num_products=40).cache_hit
+
+
 def test_a_read_only_data_folder_sends_the_cache_to_the_user_cache(
     webshop_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -252,7 +252,7 @@ class _ShopperBackend:
 
 @pytest.fixture(scope="module")
 def tiny_builder(tmp_path_factory):
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     path = make_tiny_model(tmp_path_factory.mktemp("tiny_ws"), seed=0)
     pb = P.PromptBuilder("webshop", history_length=2, max_prompt_tokens=None, tokenizer_dir=path)
@@ -349,7 +349,7 @@ def test_evaluation_reports_score_and_acc(webshop_data: Path, tiny_builder) -> N
 def test_eval_cli_webshop_split(webshop_data: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     """``python -m pcsd.eval --split webshop``: validation goals, Score and Acc in the table."""
     from pcsd.eval import cli as ev
-    from pcsd.testing import make_tiny_model
+    from pcsd.tiny_model import make_tiny_model
 
     monkeypatch.delenv("WEBSHOP_DATA", raising=False)
     path = make_tiny_model(tmp_path / "m", seed=0)

@@ -87,7 +87,7 @@ def _models():
 def run_case(method: str, overrides: list[str], models=None) -> dict:
     """One update_step of ``method`` with ``overrides`` on the fixed batch: its statistics, each
     parameter's gradient norm and distance moved."""
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.config import load_config
     from pcsd.train.update import update_step
 

@@ -615,7 +615,7 @@ def part_update(part: Part, ctx: Ctx) -> None:
 
 # ----------------------------------------------------------------------------- a paper-preset update
 def paper_batch(ctx: Ctx, vocab: int):
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
 
     if ctx.small:
         return synthetic_rollout_batch(

@@ -156,8 +156,8 @@ def _stream_times(
 def cmd_prompts(args) -> dict:
     import multiprocessing as mp
 
-    from pcsd.testing import make_tiny_model
     from pcsd.text.prompts import PromptBuilder
+    from pcsd.tiny_model import make_tiny_model
 
     notes = []
     rows = []

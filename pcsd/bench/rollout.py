@@ -59,8 +59,8 @@ def cmd_rollout(args) -> dict:
     from pcsd.ops.scoring import score_packed
     from pcsd.rollout.backends import make_backend
     from pcsd.rollout.loop import collect_rollouts
-    from pcsd.testing import make_tiny_model
     from pcsd.text.prompts import PromptBuilder
+    from pcsd.tiny_model import make_tiny_model
 
     check_model_path(args)
     real = args.model_path is not None

@@ -1,5 +1,6 @@
 """``python -m pcsd.bench step``: one GRPO + PCSD training step (scoring + update; no rollout) on a
-fixed batch of synthetic multi-turn responses, three ways, in the same run:
+fixed batch of synthetic multi-turn responses, four ways, in the same run (``--estimator``,
+``--policy-loss`` and ``--clip-eps-high`` set ``algo.*`` for every side):
 
 * ``pcsd``: :func:`pcsd.train.update.update_step` with the default config (``optim.fused_lm_head``
   on, ``optim.joint_frozen_pass=auto``): log-probs of response tokens only, the lm-head and the
@@ -69,7 +70,7 @@ def make_models(name: str, seed: int = 0):
 
 
 def make_batch(spec: dict, vocab: int):
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
 
     return synthetic_rollout_batch(
         num_groups=spec["tasks"],
@@ -117,9 +118,11 @@ def straightforward_step(student, frozen, opt, rb, cfg, step: int, naive_tokens:
     """One GRPO + PCSD step the straightforward way (same loss as update_step)."""
     from omegaconf import OmegaConf
 
-    from pcsd.ops.grpo import group_advantages, grpo_token_terms, token_coefficients
-    from pcsd.ops.losses import pcsd_loss
+    from pcsd.ops.grpo import k3_kl, token_coefficients
+    from pcsd.ops.losses import TokenTerms, pcsd_loss
+    from pcsd.ops.policy_losses import get_policy_loss
     from pcsd.ops.weighting import get_rule
+    from pcsd.train.update import estimate_advantages
 
     algo = cfg.algo
     rule = get_rule(cfg.rule)
@@ -152,7 +155,8 @@ def straightforward_step(student, frozen, opt, rb, cfg, step: int, naive_tokens:
 
     t0 = time.perf_counter()
     tok_traj = rb.token_traj_ids()
-    adv = group_advantages(rb.reward, rb.traj_group, eps=algo.adv_eps)[tok_traj].float()
+    adv = estimate_advantages(rb, cfg, tok_traj)  # algo.estimator's, as the update takes them
+    policy = get_policy_loss(algo.policy_loss)  # algo.policy_loss, with algo.clip_eps / clip_eps_high
     mask = torch.ones(T, dtype=torch.bool)
     coef = token_coefficients(mask, tok_traj, rb.num_trajectories, algo.loss_agg).float()
     cu = torch.tensor(offsets)
@@ -163,7 +167,18 @@ def straightforward_step(student, frozen, opt, rb, cfg, step: int, naive_tokens:
     total = 0.0
     for rows, idx in zip(mbs, idxs):
         lp = full_logits_logprobs(student, rb.prompt_ids, rb.response_ids, rows)
-        pg, kl, _ = grpo_token_terms(lp, old[idx], ref[idx], adv[idx], algo.clip_eps)
+        lengths = [len(rb.response_ids[i]) for i in rows]
+        terms = TokenTerms(
+            old_logp=old[idx],
+            advantages=adv[idx],
+            coef=coef[idx],
+            mask=mask[idx],
+            traj_ids=tok_traj[idx],
+            segments=tuple(int(x) for x in torch.tensor([0, *lengths]).cumsum(0)),
+            gap=(teacher - old)[idx],
+        )
+        pg, _ = policy(lp, terms, algo)
+        kl = k3_kl(lp, ref[idx])
         loss = (coef[idx] * pg).sum() + algo.kl_beta * (coef[idx] * kl).sum()
         loss = loss + algo.lambda_distill * pcsd_loss(lp, teacher[idx], weights[idx], mask[idx]) * (len(idx) / T)
         loss.backward()
@@ -205,6 +220,7 @@ def step_worker(side: str, model: str, spec: dict) -> dict:
             f"rollout.max_prompt_tokens={spec['tokens_per_microbatch'] - spec['tokens_per_microbatch'] // 4}",
             f"optim.fused_lm_head={fused}",
             f"optim.joint_frozen_pass={joint}",
+            *spec.get("algo", []),  # --estimator, --policy-loss, --clip-eps-high
         ]
     )
     opt = torch.optim.SGD(student.parameters(), lr=cfg.optim.lr)
@@ -278,6 +294,7 @@ def cmd_step(args) -> dict:
         naive_tokens=args.naive_tokens,
         warmup=args.warmup,
         repeats=args.repeats,
+        algo=algo_overrides(args),
     )
     rows = []
     for model in args.models:
@@ -324,7 +341,8 @@ def cmd_step(args) -> dict:
         f"responses {args.response_len[0]}-{args.response_len[1]} tokens (synthetic ids, seed 5)",
         f"pcsd sides: optim.tokens_per_microbatch={args.tokens_per_microbatch}; straightforward: padded "
         f"micro-batches of <= {args.naive_tokens} tokens; SGD; {args.warmup} warm-up step(s), best of "
-        f"{args.repeats}; each side in a fresh subprocess",
+        f"{args.repeats}; each side in a fresh subprocess; "
+        + (", ".join(spec["algo"]) if spec["algo"] else "algo.estimator=grpo, algo.policy_loss=ppo (the defaults)"),
         "peak_extra_MB: RSS growth over the loaded models and batch during the timed steps (polled every 2 ms); "
         "tokens_per_s: prompt+response tokens of the batch / (score_s + update_s)",
     ]
@@ -389,6 +407,20 @@ DEFAULTS: dict[str, tuple] = dict(
 )
 
 
+def algo_overrides(args) -> list[str]:
+    """The config overrides of ``--estimator``, ``--policy-loss`` and ``--clip-eps-high`` (both sides
+    of the step read them: the update through the config, the straightforward step through the same
+    registries)."""
+    out = []
+    if getattr(args, "estimator", None):
+        out.append(f"algo.estimator={args.estimator}")
+    if getattr(args, "policy_loss", None):
+        out.append(f"algo.policy_loss={args.policy_loss}")
+    if getattr(args, "clip_eps_high", None) is not None:
+        out.append(f"algo.clip_eps_high={args.clip_eps_high}")
+    return out
+
+
 def _len_range(s: str) -> int:
     return pos_int(s)
 
@@ -405,6 +437,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens-per-microbatch", type=pos_int, help="optim.tokens_per_microbatch of the pcsd sides")
     p.add_argument("--naive-tokens", type=pos_int, help="padded tokens per micro-batch of the straightforward side")
     p.add_argument("--warmup", type=int, help="untimed steps before the timed ones")
+    from pcsd.ops.estimators import available_estimators
+    from pcsd.ops.policy_losses import available_policy_losses
+
+    p.add_argument("--estimator", choices=available_estimators(), help="algo.estimator (default grpo)")
+    p.add_argument("--policy-loss", choices=available_policy_losses(), help="algo.policy_loss (default ppo)")
+    p.add_argument("--clip-eps-high", type=float, help="algo.clip_eps_high, the upper clip (default: algo.clip_eps)")
 
 
 def run(args) -> dict:

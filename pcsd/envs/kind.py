@@ -49,6 +49,7 @@ __all__ = [
     "EnvRun",
     "EvalPlan",
     "Key",
+    "NativePools",
     "Pool",
     "Pools",
     "TaskError",
@@ -107,7 +108,7 @@ class Pool(Protocol):
 class Pools:
     """The pools of one phase of a run (training, or evaluation) for one kind: the kind's options
     typed and fixed once (a shop, worker processes, ...); :meth:`make` lays a pool over a task
-    list. Subclasses: :class:`pcsd.envs.kinds.NativePools`, :class:`pcsd.envs.kinds.PythonPools`."""
+    list. Subclasses: :class:`NativePools` (the native kinds), :class:`pcsd.envs.kinds.text.PythonPools`."""
 
     def __init__(self, kind: EnvKind) -> None:
         self.kind = kind
@@ -122,6 +123,41 @@ class Pools:
     def describe(self) -> str:
         """What the evaluation rows call these envs (the kind's name by default)."""
         return self.kind.name
+
+
+class NativePools(Pools):
+    """The native pool (:class:`pcsd.envs.pool.EnvPool`) of a native kind, the one builder of
+    ALFWorld's, WebShop's and the test game's pools: the tasks go to the pool as its ``task_arg``
+    (``games``: game files; ``goals``: goal indices of a loaded shop), one per group; ``per_group``
+    says what a task is in the message for a count of groups (None: a count of groups is taken, the
+    test game's tasks); ``options`` are the pool's keyword arguments of the kind (a loaded shop, the
+    test game's knobs), checked by the kind before."""
+
+    def __init__(
+        self, kind: EnvKind, task_arg: str = "games", per_group: Optional[str] = "one game", **options: Any
+    ) -> None:
+        super().__init__(kind)
+        self.task_arg, self.per_group, self.options = task_arg, per_group, options
+
+    def make(
+        self, num_envs: int, group_size: int, tasks: Sequence[Any] | int, *, max_steps: int, num_threads: int, seed: int
+    ) -> Pool:
+        from pcsd.envs.pool import EnvPool
+
+        if isinstance(tasks, int) and self.per_group is not None:
+            raise ValueError(f"games: env kind {self.kind.name!r} needs {self.per_group} per group, got a count")
+        task_list = None if isinstance(tasks, int) else list(tasks)
+        tasks_kw: dict[str, Any] = {self.task_arg: task_list}
+        return EnvPool(
+            self.kind.name,
+            num_envs,
+            group_size=group_size,
+            max_steps=max_steps,
+            num_threads=num_threads,
+            seed=seed,
+            **tasks_kw,
+            **self.options,
+        )
 
 
 @dataclass

@@ -18,7 +18,7 @@ An environment is an object with Gymnasium's two methods, on text::
 ``"privileged"`` (str)      what a privileged teacher should know and the student must not (the
                             hidden target, the map, the solution): the teacher's prompt shows it
                             (beside the skills), the student's never; read at ``reset`` and replaced
-                            whenever a step's info gives it
+                            whenever a step's info gives it (``""`` clears it)
 ``"anchor"`` (str)          the state as GiGPO's step-level groups compare it (``algo.estimator=
                             gigpo``): the current observation without history; without it, the
                             observation itself (read at ``reset`` and after every step)

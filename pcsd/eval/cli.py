@@ -64,8 +64,10 @@ before and after RL calls :func:`evaluate`, the same code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -100,7 +102,10 @@ def adapter_base_dir(adapter_dir: Path, base: Optional[str]) -> Path:
     """The local folder of an adapter's base model: ``base`` (``--base``) when given, else what the
     adapter's ``adapter_config.json`` names (a folder or a Hugging Face model id). One-line
     :class:`EvalError` when neither names a model that can be had."""
-    spec = base or adapter_base(adapter_dir)
+    try:
+        spec = base or adapter_base(adapter_dir)
+    except ValueError as exc:  # a damaged adapter_config.json
+        raise EvalError(f"model={str(adapter_dir)!r}: {exc}") from None
     if not spec:
         raise EvalError(
             f"model={str(adapter_dir)!r}: a LoRA adapter whose adapter_config.json names no base model; "
@@ -408,15 +413,9 @@ def _default_split(args: argparse.Namespace) -> str:
 
 
 def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
-    """Evaluates every ``--model`` on every split; returns (markdown, JSON document)."""
-    import torch
-
-    from pcsd.envs.kind import TaskError
-    from pcsd.models import eos_id, resolve_device
-    from pcsd.progress import ProgressReporter
-    from pcsd.rollout.backends import usable_backend
-    from pcsd.text.prompts import PromptBuilder
-
+    """Evaluates every ``--model`` on every split; returns (markdown, JSON document). The output
+    folder is made once the arguments and models check out, and removed again (with the parents
+    made for it) when the evaluation is refused or fails after that."""
     if args.split is None:  # a run evaluates on the env it trained on
         args.split = _default_split(args)
     splits = [s.strip() for s in args.split.split(",") if s.strip()]
@@ -454,7 +453,31 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
             else Path("eval-results") / time.strftime("%Y%m%d-%H%M%S")
         )
     )
+    made = [d for d in (out_dir, *out_dir.parents) if not d.exists()]  # what this evaluation creates
     out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _evaluate(args, splits, kinds, envs, models, out_dir)
+    except BaseException:  # a refused or failed evaluation leaves no folder of its own behind
+        if made:
+            shutil.rmtree(made[0], ignore_errors=True)  # the folder written into (games/ of procedural)
+            for d in made[1:]:
+                with contextlib.suppress(OSError):
+                    d.rmdir()  # the parents created for it, where they stayed empty
+        raise
+
+
+def _evaluate(
+    args: argparse.Namespace, splits: list[str], kinds: dict, envs: list[str], models: list, out_dir: Path
+) -> tuple[str, dict]:
+    """The evaluation of :func:`run_cli` once its arguments are checked and ``out_dir`` exists."""
+    import torch
+
+    from pcsd.envs.kind import TaskError
+    from pcsd.models import eos_id, resolve_device
+    from pcsd.progress import ProgressReporter
+    from pcsd.rollout.backends import usable_backend
+    from pcsd.text.prompts import DEFAULT_MAX_PRIVILEGED_TOKENS, PromptBuilder
+
     first_run = _run_config(models[0][2])
     args.draw_seed = _draw_seed(args, first_run)
     try:
@@ -509,6 +532,7 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
                     enable_thinking=thinking,
                     skills=repos[kind.prompt],
                     template=templates.get(kind.prompt),
+                    max_privileged_tokens=roll_c.get("max_privileged_tokens", DEFAULT_MAX_PRIVILEGED_TOKENS),
                 )
                 least = builders[kind.prompt].min_prompt_tokens()  # a budget no prompt of the template fits in
                 if least is not None and limits(s)[2] < least:

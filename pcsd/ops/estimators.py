@@ -242,8 +242,10 @@ def _rloo(b: AdvantageInputs, *, eps: float, group_stats: str = "trajectory") ->
 # ----------------------------------------------------------------------------- gigpo
 def discounted_returns(step_reward: Tensor, row_traj: Tensor, row_turn: Tensor, gamma: float) -> Tensor:
     """``[R]`` float64: each row's discounted return ``G_t = r_t + gamma G_{t+1}`` within its
-    trajectory, turns in order (verl-agent's ``compute_step_discounted_returns``, its Eq. 5).
-    A turn without a row (none in pcsd's batches) counts as a step of reward 0."""
+    trajectory, turns in order (verl-agent's ``compute_step_discounted_returns``, its Eq. 5): the
+    next step is the trajectory's next row by turn. A turn number without a row (none in pcsd's
+    batches) is no step: it adds neither a reward nor a discount, as verl-agent discounts over the
+    rows a trajectory has (a reward-0 step there would shrink the later rewards by one more gamma)."""
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     R = step_reward.numel()
@@ -251,13 +253,21 @@ def discounted_returns(step_reward: Tensor, row_traj: Tensor, row_turn: Tensor, 
         return step_reward.to(torch.float64)
     traj, n = _dense_ids(row_traj)
     width = int(row_turn.max()) + 1
-    if torch.unique(traj * width + row_turn).numel() != R:
+    key = traj * width + row_turn
+    if torch.unique(key).numel() != R:
         raise ValueError("row_turn must name each turn of a trajectory once (two rows share a (trajectory, turn))")
-    dense = torch.zeros(n, width + 1, dtype=torch.float64, device=step_reward.device)
-    dense[traj, row_turn] = step_reward.to(torch.float64)
-    for t in range(width - 1, -1, -1):  # the last column stays 0: nothing after the last turn
+    # each row's step index within its trajectory: its rank among the trajectory's turns
+    order = torch.argsort(key)
+    counts = torch.bincount(traj, minlength=n)
+    starts = torch.cumsum(counts, 0) - counts
+    step = torch.empty_like(row_turn)
+    step[order] = torch.arange(R, device=row_turn.device) - starts[traj[order]]
+    steps = int(counts.max())
+    dense = torch.zeros(n, steps + 1, dtype=torch.float64, device=step_reward.device)
+    dense[traj, step] = step_reward.to(torch.float64)
+    for t in range(steps - 1, -1, -1):  # the last column stays 0: nothing after the last step
         dense[:, t] += gamma * dense[:, t + 1]
-    return dense[traj, row_turn]
+    return dense[traj, step]
 
 
 def gigpo_episode_advantages(reward: Tensor, traj_group: Tensor, *, norm: str, eps: float) -> Tensor:

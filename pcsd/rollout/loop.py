@@ -12,8 +12,8 @@ episode's reward is (the env kind's :class:`pcsd.envs.kind.Pools`), and what the
 how a response becomes an action (:mod:`pcsd.text.formats`, by the prompt builder's family).
 
 The teacher's prompt of a turn carries the env's privileged text (``StepBatch.privileged``: a
-Python env's ``info["privileged"]`` at reset, replaced when a step's info gives it) beside its
-skills; the student's never does.
+Python env's ``info["privileged"]`` at reset, replaced when a step's info gives it, cleared when a
+step gives ``""``) beside its skills; the student's never does.
 
 Env errors: where the kind says so, an env error (an exception, hang or crash of a Python env, a
 step the original WebShop raises on) ends that episode unwon; the batch keeps each one's message
@@ -495,8 +495,11 @@ def collect_rollouts(
                     env_errors += 1
                     continue
                 obs[e], adm[e] = fmt.view(res.obs[k], res.admissible[k], tasks[e][1], res.has_search_bar[k])
-                if privileged is not None and privileged[k]:
-                    secret[e] = privileged[k]
+                if privileged is not None:  # the env's latest text: a step's "" clears the reset's
+                    if privileged[k]:
+                        secret[e] = privileged[k]
+                    else:
+                        secret.pop(e, None)
                 if spec.env_reward:
                     rows_env_reward[row_of[e]] = float(res.reward[k])
                 anchor_now[e] = anchors.setdefault(_anchor_of(res, k), len(anchors))

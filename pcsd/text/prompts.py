@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,8 @@ if TYPE_CHECKING:  # bound on first use by __getattr__ (the native module loads 
     TEXT_TEMPLATE_VARIABLES: tuple[str, ...]
 
 __all__ = [
+    "DEFAULT_MAX_PRIVILEGED_TOKENS",
+    "PRIVILEGED_CUT",
     "PRIVILEGED_FOOTER",
     "PRIVILEGED_HEADER",
     "ChatTokenizer",
@@ -68,6 +71,12 @@ ENV_NAMES = ("alfworld", "webshop", "text")
 #: Around an environment's privileged text in a teacher prompt (after the skills, before the student prompt).
 PRIVILEGED_HEADER = "[Privileged Environment Information]"
 PRIVILEGED_FOOTER = "[End of Environment Information]"
+#: What ends an env's privileged text cut to ``max_privileged_tokens`` in a teacher prompt.
+PRIVILEGED_CUT = " [...]"
+#: The default budget of an env's privileged text in a teacher prompt (``rollout.max_privileged_tokens``).
+DEFAULT_MAX_PRIVILEGED_TOKENS = 1024
+# at most this many characters of a privileged text are tokenized to cut it (a token is rarely longer)
+_CHARS_PER_TOKEN = 32
 #: One past step: ``(observation, action)`` or a mapping with ``observation`` and ``action`` keys.
 HistoryItem = Union[tuple[str, str], Mapping[str, str]]
 
@@ -309,6 +318,10 @@ class PromptBuilder:
         skills: a :class:`SkillRepository` or its folder: the teacher prompts' skills come from it
             instead of the built-in repository (None: the built-in skills; none for ``text``, whose
             teacher prompt is then the student prompt).
+        max_privileged_tokens: budget on the env's privileged text in a teacher prompt (measured
+            with the tokenizer, like ``max_prompt_tokens``): a longer text keeps its first
+            ``max_privileged_tokens`` tokens and ends with :data:`PRIVILEGED_CUT`; the first cut says
+            so in one line on stderr (:attr:`privileged_cuts` counts them). ``None``: no budget.
         template: ``env="text"`` only: the Jinja source of the prompt (None: :data:`TEXT_TEMPLATE`).
             Syntax and variables: ``rust_envpool/src/text/template.rs`` and
             ``docs/environments.md``; a syntax error is a ValueError here, an unknown variable a
@@ -330,6 +343,7 @@ class PromptBuilder:
         num_threads: int = 0,
         skills: SkillRepository | str | os.PathLike[str] | None = None,
         template: str | None = None,
+        max_privileged_tokens: int | None = DEFAULT_MAX_PRIVILEGED_TOKENS,
     ) -> None:
         self.env: str = _check_env(env)
         if template is not None and not isinstance(template, str):
@@ -347,8 +361,17 @@ class PromptBuilder:
             isinstance(max_prompt_tokens, bool) or not isinstance(max_prompt_tokens, int) or max_prompt_tokens <= 0
         ):
             raise ValueError(f"max_prompt_tokens: expected a positive int or None, got {max_prompt_tokens!r}")
+        if max_privileged_tokens is not None and (
+            isinstance(max_privileged_tokens, bool)
+            or not isinstance(max_privileged_tokens, int)
+            or max_privileged_tokens <= 0
+        ):
+            raise ValueError(f"max_privileged_tokens: expected a positive int or None, got {max_privileged_tokens!r}")
         self.history_length = history_length
         self.max_prompt_tokens = max_prompt_tokens
+        self.max_privileged_tokens = max_privileged_tokens
+        self.privileged_cuts = 0  # privileged texts cut to max_privileged_tokens so far
+        self._cut_cache: dict[str, str] = {}
         self.tokenizer: ChatTokenizer | None = (
             ChatTokenizer(tokenizer_dir, enable_thinking) if tokenizer_dir is not None else None
         )
@@ -435,7 +458,39 @@ class PromptBuilder:
                 task, observation, _str_list("admissible", admissible), _history(history), _step(step)
             )
             block = full[: len(full) - len(student)]
-        return block + privileged_block(privileged) + student
+        return block + privileged_block(self.within_budget(privileged)) + student
+
+    def within_budget(self, privileged: str | None) -> str | None:
+        """The env's privileged text as a teacher prompt holds it: its first ``max_privileged_tokens``
+        tokens and :data:`PRIVILEGED_CUT` when it is longer (unchanged without a budget or a
+        tokenizer). Only a prefix of a huge text is tokenized (``_CHARS_PER_TOKEN`` characters a
+        token), and the same text is cut once."""
+        budget = self.max_privileged_tokens
+        if not privileged or budget is None or self.tokenizer is None or len(privileged) <= budget // 4:
+            return privileged  # a character is at most 4 bytes and a token at least 1: this text fits
+        cut = self._cut_cache.get(privileged)
+        if cut is not None:
+            return cut
+        head = privileged[: budget * _CHARS_PER_TOKEN]
+        ids = self.tokenizer.encode(head)
+        if len(ids) <= budget and len(head) == len(privileged):
+            out = privileged
+        else:
+            out = self.tokenizer.decode(ids[:budget]).rstrip() + PRIVILEGED_CUT
+            self.privileged_cuts += 1
+            if self.privileged_cuts == 1:
+                size = f"{len(ids)}+" if len(head) < len(privileged) else str(len(ids))
+                print(
+                    f"[pcsd] warning: an env's info['privileged'] is {size} tokens ({len(privileged):,} characters): "
+                    f"teacher prompts keep its first {budget} (rollout.max_privileged_tokens); later cuts are "
+                    "not reported",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if len(self._cut_cache) >= 256:
+            self._cut_cache.clear()
+        self._cut_cache[privileged] = out
+        return out
 
     def build_batch(
         self,
@@ -492,7 +547,7 @@ class PromptBuilder:
                 teachers = self._inner.build_batch(requests, True, system, True)
                 blocks = [t[: len(t) - len(s)] for (t, _), (s, _) in zip(teachers, students)]
             texts = [
-                b + privileged_block(p) + text
+                b + privileged_block(self.within_budget(p)) + text
                 for b, p, (text, _) in zip(blocks, secrets or [None] * len(blocks), students)
             ]
             ids = self.encode_chat(texts, system)

@@ -42,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from pcsd.ops.defaults import PCSD_DEFAULTS
+from pcsd.text.prompts import DEFAULT_MAX_PRIVILEGED_TOKENS
 from pcsd.train.paths import PRESET_DIR, resolve_config_path
 
 
@@ -124,6 +125,8 @@ class RolloutConfig:
     # tasks_per_step carry a signal or max_sample_batches batches were played (pcsd.train.sampling)
     dynamic_sampling: bool = False
     max_sample_batches: int = 3
+    # the env's privileged text (info["privileged"]) in a teacher prompt: its first this many tokens (null: all)
+    max_privileged_tokens: Optional[int] = DEFAULT_MAX_PRIVILEGED_TOKENS
 
 
 @dataclass
@@ -633,6 +636,7 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(f"algo.clip_eps must be in (0, 1), got {cfg.algo.clip_eps}")
     _validate_ranges(cfg)
     _validate_run_inputs(cfg)
+    _validate_sizes(cfg)
     _validate_env(cfg)
     if not (cfg.algo.grpo or cfg.algo.distill or cfg.optim.steps == 0):
         raise ConfigError(
@@ -684,6 +688,63 @@ def _validate_estimator(cfg: DictConfig) -> None:
             f"rollout.dynamic_sampling=true drops groups whose rewards are all equal, and a group of "
             f"rollout.group_size={cfg.rollout.group_size} always is: use groups of >= 2 rollouts"
         )
+
+
+def _validate_sizes(cfg: DictConfig) -> None:
+    """Sizes a run would otherwise meet late or never: the batches dynamic sampling may play in one
+    step, the upper clip against the lower one, and the LoRA rank against the model's width (the
+    tiny model's, or a model folder's that can be read now; else :func:`lora_rank_problem` when the
+    run reads the model's config, before the warm-up writes anything)."""
+    from pcsd.train.sampling import MAX_SAMPLE_BATCHES
+
+    n = cfg.rollout.max_sample_batches
+    if n > MAX_SAMPLE_BATCHES:
+        raise ConfigError(
+            f"rollout.max_sample_batches must be <= {MAX_SAMPLE_BATCHES} (each further batch plays "
+            f"rollout.tasks_per_step more groups in the same step), got {n}"
+        )
+    p = cfg.rollout.max_privileged_tokens
+    if p is not None and p < 1:
+        raise ConfigError(f"rollout.max_privileged_tokens must be >= 1 (null: no budget), got {p}")
+    high, low = cfg.algo.clip_eps_high, cfg.algo.clip_eps
+    if high is not None and high < low:
+        raise ConfigError(
+            f"algo.clip_eps_high={high} is below algo.clip_eps={low}: the upper clip 1 + clip_eps_high is "
+            f"clip-higher (DAPO: 0.28 over 0.2), at least clip_eps; set it >= {low} or null (= clip_eps)"
+        )
+    if cfg.model.lora_rank > 0:
+        folder = _model_folder_now(cfg.model.path)
+        problem = None
+        if cfg.model.path is None:
+            problem = lora_rank_problem(cfg.model.lora_rank, int(cfg.model.tiny_hidden_size), "the tiny model")
+        elif folder is not None:
+            problem = lora_rank_problem(cfg.model.lora_rank, folder)
+        if problem:
+            raise ConfigError(problem)
+
+
+def lora_rank_problem(rank: int, model: Path | int, what: Optional[str] = None) -> Optional[str]:
+    """Why ``model.lora_rank`` does not fit the model (``model``: its folder, whose ``config.json``
+    gives ``hidden_size``, or the width itself), or None: a rank above the model's width makes
+    adapters larger than the full-rank update they stand for (and can exhaust memory)."""
+    import json
+
+    if isinstance(model, int):
+        width: Optional[int] = model
+    else:
+        try:
+            conf = json.loads((Path(model) / "config.json").read_text())
+            conf = conf.get("text_config", conf) if isinstance(conf, dict) else {}
+            width = int(conf["hidden_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            width = None  # the model's load says what is wrong with its config
+        what = what or str(model)
+    if width is None or rank <= width:
+        return None
+    return (
+        f"model.lora_rank={rank} is larger than the model's width ({what}: hidden_size={width}): adapters of "
+        f"that rank hold more than the full-rank update; choose a rank <= {width} (LoRA ranks are usually 8-128)"
+    )
 
 
 def _validate_run_inputs(cfg: DictConfig) -> None:
@@ -793,6 +854,19 @@ def response_budget_problem(builder, episodes, cfg: DictConfig) -> Optional[str]
         f"rollout.max_response_tokens={budget} is shorter than the warm-up's targets: the longest is {n} tokens "
         f"({text!r} and the end of turn); every sampled action would be cut before </action> (invalid): raise "
         f"rollout.max_response_tokens to at least {n}"
+    )
+
+
+def warmup_problem(kind: Any, episodes: list, demonstrations: list, cfg: DictConfig) -> Optional[str]:
+    """Why the warm-up has nothing to learn from (the kind's expert played ``episodes`` and none of
+    them is a demonstration: none won within ``env.max_steps``), or None. Checked when the expert's
+    episodes are played, before the run writes its model."""
+    if cfg.optim.sft_steps <= 0 or not episodes or demonstrations:
+        return None
+    return (
+        f"env.max_steps={cfg.env.max_steps}: the {kind.title or kind.name} expert won none of the warm-up's "
+        f"{len(episodes)} episodes within that many steps, so the warm-up (optim.sft_steps={cfg.optim.sft_steps}) "
+        "has no example; raise env.max_steps or set optim.sft_steps=0"
     )
 
 

@@ -42,7 +42,7 @@ from pcsd.envs import registry
 from pcsd.eval.run import evaluate, render_table
 from pcsd.lora import AdaptersOff, LoraSpec, save_adapter
 from pcsd.models import eos_id, load_model, resolve_device, resolve_model_path
-from pcsd.ops.estimators import anchor_group_counts, get_estimator
+from pcsd.ops.estimators import get_estimator
 from pcsd.progress import ProgressReporter
 from pcsd.rollout.backends import make_backend, usable_backend
 from pcsd.rollout.loop import collect_rollouts
@@ -269,14 +269,25 @@ def load_student(job: Job) -> None:
         if job.episodes:
             job.summary["sft_expert_success"] = 100.0 * sum(ep.won for ep in job.episodes) / len(job.episodes)
         job.summary["sft_expert_seconds"] = time.time() - t0
+    from pcsd.train.config import ConfigError, lora_rank_problem, warmup_problem
+
+    problem = (
+        warmup_problem(kind, job.episodes, job.env.demonstrations(job.episodes), cfg) if job.warm_up_here else None
+    )
+    problem = dist_utils.broadcast_object(problem, ctx)  # rank 0 alone played the expert
+    if problem:  # before anything is written (the tiny model, the warm-up's model)
+        raise ConfigError(problem)
     if cfg.model.path:  # a folder, or a Hugging Face model id: its snapshot (rank 0 fetches it first)
         if ctx.is_main:
             job.model_dir = resolve_model_path(cfg.model.path)
         dist_utils.barrier(ctx)
         if not ctx.is_main:
             job.model_dir = resolve_model_path(cfg.model.path, download=False)
+        problem = lora_rank_problem(cfg.model.lora_rank, job.model_dir) if cfg.model.lora_rank > 0 else None
+        if problem:  # model.path's config could not be read at config read (a model id not fetched yet)
+            raise ConfigError(problem)
     else:
-        from pcsd.testing import make_tiny_model
+        from pcsd.tiny_model import make_tiny_model
 
         job.model_dir = job.run_dir / "base-model"
         if ctx.is_main and not (job.model_dir / "config.json").exists():
@@ -310,8 +321,9 @@ def load_student(job: Job) -> None:
         enable_thinking=cfg.model.enable_thinking,  # student and teacher prompts alike
         skills=skill_repository(cfg, only_if_read=True),
         template=kind.template(cfg, job.run_dir),
+        max_privileged_tokens=cfg.rollout.max_privileged_tokens,
     )
-    from pcsd.train.config import ConfigError, prompt_budget_problem, response_budget_problem
+    from pcsd.train.config import prompt_budget_problem, response_budget_problem
 
     problem = prompt_budget_problem(job.builder, cfg.rollout.max_prompt_tokens)  # the tiny model's tokenizer is new
     if problem is None and job.warm_up_here and cfg.optim.sft_steps > 0:  # the warm-up's targets, tokenized
@@ -688,6 +700,7 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
         max_batches=cfg.rollout.max_sample_batches,
         dynamic=bool(cfg.rollout.dynamic_sampling),
         ctx=ctx,
+        report=lambda line: job.say(f"step {step + 1}: {line}"),
     )
     if sampled.warning:
         job.say(f"warning: step {step + 1}: {sampled.warning}")
@@ -714,10 +727,7 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
     rec = step_record(step + 1, rb, st, sync_seconds=time.time() - t_sync, step_seconds=time.time() - t0)
     # GiGPO's anchor groups, of the groups the step trained on (what the estimator read)
     anchored = get_estimator(cfg.algo.get("estimator", "grpo")).needs_anchor  # the same on every rank
-    tb = sampled.train
-    counts = (
-        anchor_group_counts(tb.traj_group, tb.traj_id, tb.anchor) if anchored and tb.anchor is not None else (0, 0, 0)
-    )
+    counts = sampled.anchor_counts() if anchored else (0, 0, 0)
     rec.update(sampled.metrics())
     if sampled.skipped:
         rec["skipped"] = True

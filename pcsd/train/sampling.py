@@ -21,12 +21,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from pcsd.ops.estimators import groups_with_signal
+import torch
+
+from pcsd.ops.estimators import anchor_group_counts, groups_with_signal
 from pcsd.rollout.loop import RolloutBatch
 from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
 
-__all__ = ["Sampled", "sample_groups", "share_quota"]
+__all__ = ["MAX_SAMPLE_BATCHES", "Sampled", "sample_groups", "share_quota", "signal_groups"]
+
+#: the most batches one step may play (``rollout.max_sample_batches``'s bound, checked at config read):
+#: a model whose groups never carry a signal costs at most this many batches' rollouts per step
+MAX_SAMPLE_BATCHES = 100
 
 
 @dataclass
@@ -47,6 +53,16 @@ class Sampled:
         """Dynamic sampling left no group: the step trains on nothing."""
         return self.dynamic and self.kept == 0
 
+    def anchor_counts(self) -> tuple[int, int, int]:
+        """GiGPO's anchor-group counts (:func:`pcsd.ops.estimators.anchor_group_counts`: rows, anchor
+        groups, rows in a group of two or more) of the groups the step trains on, which the
+        estimator read, not of every group played; zeros for a skipped step or a batch without
+        anchor states."""
+        tb = self.train
+        if tb.anchor is None:
+            return 0, 0, 0
+        return anchor_group_counts(tb.traj_group, tb.traj_id, tb.anchor)
+
     def metrics(self) -> dict[str, int]:
         """The step record's sampling counts (none without dynamic sampling)."""
         if not self.dynamic:
@@ -54,6 +70,18 @@ class Sampled:
         return dict(
             sample_batches=self.batches, groups_kept=self.kept, groups_dropped=self.dropped, groups_surplus=self.surplus
         )
+
+
+def signal_groups(rb: RolloutBatch) -> list[int]:
+    """The ids (values of ``rb.traj_group``, in sorted order) of the groups whose rewards are not all
+    equal: what :meth:`pcsd.rollout.loop.RolloutBatch.take_groups` takes, whatever the ids are."""
+    ids = torch.unique(rb.traj_group, sorted=True).tolist()
+    mask = groups_with_signal(rb.reward, rb.traj_group).tolist()
+    return [g for g, s in zip(ids, mask) if s]
+
+
+def _count_groups(rb: RolloutBatch) -> int:
+    return int(torch.unique(rb.traj_group).numel())
 
 
 def share_quota(counts: list[int], target: int) -> list[int]:
@@ -78,6 +106,7 @@ def sample_groups(
     max_batches: int,
     dynamic: bool,
     ctx: Optional[DistContext] = None,
+    report: Optional[Callable[[str], None]] = None,
 ) -> Sampled:
     """The step's rollouts. ``play(b)`` plays batch ``b`` (0, 1, ...): this rank's share of a draw of
     ``target`` task groups. Without ``dynamic`` one batch is played and trained on whole.
@@ -87,7 +116,8 @@ def sample_groups(
     ``max_batches`` were played; at most ``target`` groups are kept, the first ones played on each
     rank (:func:`share_quota` over ranks). Ending short of ``target`` sets ``warning``; with no group
     at all the step is ``skipped`` (the caller trains nothing: the step still counts, its games were
-    played, the model is unchanged)."""
+    played, the model is unchanged). ``report`` gets one line per further batch (batch 2, 3, ...):
+    what it found, over every rank (give it on every rank or on none)."""
     ctx = ctx or single_process()
     if target < 1 or max_batches < 1:
         raise ValueError(f"target and max_batches must be >= 1, got {target} and {max_batches}")
@@ -95,25 +125,32 @@ def sample_groups(
     if not dynamic:
         return Sampled(train=first, played=first, batches=1)
     batches = [first]
-    signal = [groups_with_signal(first.reward, first.traj_group).tolist()]
+    signal = [signal_groups(first)]  # per batch: the ids of its groups with a signal
     while True:
-        (n_signal,) = dist_utils.global_sum([sum(sum(s) for s in signal)], ctx)
+        (n_signal,) = dist_utils.global_sum([sum(len(s) for s in signal)], ctx)
         if n_signal >= target or len(batches) >= max_batches:
             break
         rb = play(len(batches))
         batches.append(rb)
-        signal.append(groups_with_signal(rb.reward, rb.traj_group).tolist())
-    mine = sum(sum(s) for s in signal)
+        signal.append(signal_groups(rb))
+        if report is not None:  # what the extra batch found, summed over ranks
+            found, groups = dist_utils.global_sum([len(signal[-1]), _count_groups(rb)], ctx)
+            report(
+                f"dynamic sampling: batch {len(batches)} (of at most rollout.max_sample_batches={max_batches}): "
+                f"{int(found)} of its {int(groups)} groups carry a reward signal; {int(n_signal + found)} of the "
+                f"{target} wanted so far"
+            )
+    mine = sum(len(s) for s in signal)
     onehot = [0.0] * ctx.world_size
     onehot[ctx.rank] = float(mine)
     counts = [int(c) for c in dist_utils.global_sum(onehot, ctx)]
     quota = share_quota(counts, target)[ctx.rank]
     parts = []
     for rb, sig in zip(batches, signal):
-        take = [g for g, s in enumerate(sig) if s][:quota]
+        take = sig[:quota]
         quota -= len(take)
         parts.append(rb.take_groups(take))
-    played_groups = int(dist_utils.global_sum([sum(len(s) for s in signal)], ctx)[0])
+    played_groups = int(dist_utils.global_sum([sum(_count_groups(rb) for rb in batches)], ctx)[0])
     total = sum(counts)
     kept = min(total, target)
     out = Sampled(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from pcsd.envs.alfworld import CATEGORIES, CATEGORY_ORDER
-from pcsd.envs.kind import EnvKind, EnvRun, EvalPlan, Key, Pool, Pools, TaskError, Warmup
+from pcsd.envs.kind import EnvKind, EnvRun, EvalPlan, Key, NativePools, Pools, TaskError, Warmup
 
 __all__ = ["ALFWORLD", "DUMMY", "AlfworldKind", "DummyKind", "procedural_knobs"]
 
@@ -39,27 +39,6 @@ def procedural_knobs(cfg: Any) -> dict[str, Any]:
     if cfg.env.get("rooms") is not None:
         kw["rooms"] = tuple(cfg.env.rooms)
     return kw
-
-
-class AlfworldPools(Pools):
-    """The native pool of ALFWorld games (tasks: game files or :class:`ProceduralGame`\\ s)."""
-
-    def make(
-        self, num_envs: int, group_size: int, tasks: Sequence[Any] | int, *, max_steps: int, num_threads: int, seed: int
-    ) -> Pool:
-        from pcsd.envs.pool import EnvPool
-
-        if isinstance(tasks, int):
-            raise ValueError(f"games: env kind {self.kind.name!r} needs one game per group, got a count")
-        return EnvPool(
-            self.kind.name,
-            num_envs,
-            group_size=group_size,
-            games=list(tasks),
-            max_steps=max_steps,
-            num_threads=num_threads,
-            seed=seed,
-        )
 
 
 class AlfworldKind(EnvKind):
@@ -119,7 +98,7 @@ class AlfworldKind(EnvKind):
             raise ValueError(
                 f"{next(iter(options))}: env kind 'alfworld' takes no pool options (got {sorted(options)})"
             )
-        return AlfworldPools(self)
+        return NativePools(self)
 
     def open(self, cfg: Any, run_dir: Path, *, main: bool, barrier: Callable[[], None]) -> EnvRun:
         return AlfworldRun(self, cfg, run_dir, main, barrier)
@@ -213,7 +192,7 @@ class AlfworldKind(EnvKind):
         games = protocol_games(
             games, args.protocol, args.episodes, seed=args.draw_seed, validation_index=args.validation_index
         )
-        return EvalPlan(tasks=games, pools=AlfworldPools(self), split=split)
+        return EvalPlan(tasks=games, pools=NativePools(self), split=split)
 
 
 class AlfworldRun(EnvRun):
@@ -226,7 +205,7 @@ class AlfworldRun(EnvRun):
         super().__init__(kind, cfg)
         self.run_dir, self.main = run_dir, main
         self.knobs = procedural_knobs(cfg)
-        self._pools = AlfworldPools(kind)
+        self._pools = NativePools(kind)
         if cfg.env.source == "procedural":
             # generated when played (pcsd.envs.procedural.ProceduralGames): no files, any length
             pool_n = max(64, cfg.rollout.tasks_per_step * max(cfg.optim.steps, 1))
@@ -278,37 +257,17 @@ class AlfworldRun(EnvRun):
         return out
 
 
-class DummyPools(Pools):
-    """The native pool's deterministic test game (tasks: a count of groups); ``options``: its
-    ``episode_len``, ``busy_iters``, ``panic_at_step``."""
+def dummy_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The test game's pool options (``episode_len``, ``busy_iters``, ``panic_at_step``), checked."""
+    from pcsd.envs.pool import ENV_KINDS
 
-    def __init__(self, kind: EnvKind, options: Mapping[str, Any]) -> None:
-        from pcsd.envs.pool import ENV_KINDS
-
-        super().__init__(kind)
-        known = ENV_KINDS["dummy"].options
-        for k, v in options.items():
-            if k not in known:
-                raise ValueError(f"{k}: not an option of env kind 'dummy' (its options: {', '.join(sorted(known))})")
-            if not known[k].check(v):
-                raise ValueError(f"{k}: expected {known[k].expected}, got {v!r}")
-        self.options = dict(options)
-
-    def make(
-        self, num_envs: int, group_size: int, tasks: Sequence[Any] | int, *, max_steps: int, num_threads: int, seed: int
-    ) -> Pool:
-        from pcsd.envs.pool import EnvPool
-
-        return EnvPool(
-            "dummy",
-            num_envs,
-            group_size=group_size,
-            games=None if isinstance(tasks, int) else list(tasks),
-            max_steps=max_steps,
-            num_threads=num_threads,
-            seed=seed,
-            **self.options,
-        )
+    known = ENV_KINDS["dummy"].options
+    for k, v in options.items():
+        if k not in known:
+            raise ValueError(f"{k}: not an option of env kind 'dummy' (its options: {', '.join(sorted(known))})")
+        if not known[k].check(v):
+            raise ValueError(f"{k}: expected {known[k].expected}, got {v!r}")
+    return dict(options)
 
 
 class DummyKind(EnvKind):
@@ -320,7 +279,7 @@ class DummyKind(EnvKind):
     errors_end_episode = False
 
     def pools(self, options: Optional[Mapping[str, Any]] = None) -> Pools:
-        return DummyPools(self, options or {})
+        return NativePools(self, per_group=None, **dummy_options(options or {}))
 
 
 ALFWORLD = AlfworldKind()

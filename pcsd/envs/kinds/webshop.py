@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from pcsd.envs.kind import EnvKind, EnvRun, EvalPlan, Key, Pool, Pools, TaskError, Warmup
+from pcsd.envs.kind import EnvKind, EnvRun, EvalPlan, Key, NativePools, Pools, TaskError, Warmup
 
 __all__ = [
     "WEBSHOP",
@@ -46,6 +46,8 @@ __all__ = [
 
 #: the seed of the warm-up's goal draw
 SFT_GOALS_SEED = 500_000
+#: the WebShop expert's shortest won episode: search, open the goal's product, buy (one more step per option)
+EXPERT_MIN_STEPS = 3
 PAPER_EPISODES = 128
 
 
@@ -129,34 +131,13 @@ def webshop_expert_episodes(shop: Any, goals: Sequence[int], max_steps: int) -> 
     return out
 
 
-class WebShopPools(Pools):
-    """The native pool of WebShop sessions on one loaded shop (tasks: its goal indices)."""
+def webshop_pools(kind: EnvKind, shop: Any) -> Pools:
+    """The native pools of WebShop sessions on one loaded shop (tasks: its goal indices)."""
+    from pcsd.envs.webshop import WebShop
 
-    def __init__(self, kind: EnvKind, shop: Any) -> None:
-        from pcsd.envs.webshop import WebShop
-
-        super().__init__(kind)
-        if not isinstance(shop, WebShop):
-            raise ValueError(f"shop: env kind 'webshop' needs shop=<a loaded WebShop>, got {type(shop).__name__}")
-        self.shop = shop
-
-    def make(
-        self, num_envs: int, group_size: int, tasks: Sequence[Any] | int, *, max_steps: int, num_threads: int, seed: int
-    ) -> Pool:
-        from pcsd.envs.pool import EnvPool
-
-        if isinstance(tasks, int):
-            raise ValueError("games: env kind 'webshop' needs one goal index per group, got a count")
-        return EnvPool(
-            "webshop",
-            num_envs,
-            group_size=group_size,
-            max_steps=max_steps,
-            num_threads=num_threads,
-            seed=seed,
-            shop=self.shop,
-            goals=list(tasks),
-        )
+    if not isinstance(shop, WebShop):
+        raise ValueError(f"shop: env kind 'webshop' needs shop=<a loaded WebShop>, got {type(shop).__name__}")
+    return NativePools(kind, "goals", "one goal index", shop=shop)
 
 
 class WebShopKind(EnvKind):
@@ -190,6 +171,13 @@ class WebShopKind(EnvKind):
             webshop_data_dir(cfg)
         except ValueError as exc:
             return str(exc)
+        if cfg.optim.get("sft_steps", 0) > 0 and cfg.env.max_steps < EXPERT_MIN_STEPS:
+            return (
+                f"env.max_steps={cfg.env.max_steps} is shorter than any episode of the WebShop expert the warm-up "
+                f"imitates (search, open the product, its options, buy: at least {EXPERT_MIN_STEPS} steps), so "
+                f"the warm-up (optim.sft_steps={cfg.optim.sft_steps}) would have no example; raise env.max_steps "
+                "(verl-agent's WebShop: 15) or set optim.sft_steps=0"
+            )
         if cfg.eval.episodes > len(VALIDATION_GOALS):
             return (
                 f"eval.episodes={cfg.eval.episodes}: WebShop validates on distinct goals drawn from the "
@@ -202,7 +190,7 @@ class WebShopKind(EnvKind):
         shop = opts.pop("shop", None)
         if opts:
             raise ValueError(f"{next(iter(opts))}: not an option of env kind 'webshop' (its options: shop)")
-        return WebShopPools(self, shop)
+        return webshop_pools(self, shop)
 
     def open(self, cfg: Any, run_dir: Path, *, main: bool, barrier: Callable[[], None]) -> EnvRun:
         return WebShopRun(self, cfg)
@@ -268,7 +256,7 @@ class WebShopKind(EnvKind):
             variant=str(run_env.get("webshop_variant") or "verl"),
         )
         # defaults for a model that was not trained on WebShop: 15 steps, prompts of 4,096 tokens
-        return EvalPlan(tasks=goals, pools=WebShopPools(self, shop), split=split, max_steps=15, max_prompt_tokens=4096)
+        return EvalPlan(tasks=goals, pools=webshop_pools(self, shop), split=split, max_steps=15, max_prompt_tokens=4096)
 
 
 class WebShopRun(EnvRun):
@@ -280,7 +268,7 @@ class WebShopRun(EnvRun):
     def __init__(self, kind: WebShopKind, cfg: Any) -> None:
         super().__init__(kind, cfg)
         self.train_shop, self.val_shop = load_shops(cfg)
-        self._train, self._eval = WebShopPools(kind, self.train_shop), WebShopPools(kind, self.val_shop)
+        self._train, self._eval = webshop_pools(kind, self.train_shop), webshop_pools(kind, self.val_shop)
 
     @property
     def train_pools(self) -> Pools:

@@ -373,6 +373,12 @@ impl Image {
 /// body's checksum (read through the file, not the map, so that checking does not make the whole
 /// file resident), then maps it.
 pub fn open(path: &Path, key: &str) -> Result<Image, Invalid> {
+    // not a regular file (a named pipe would block the open until a writer comes, a device or a
+    // folder is no cache): passed over before it is opened
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => return Err(Invalid::Unreadable(format!("not a regular file but {}", file_kind(&m)))),
+        _ => {}
+    }
     let mut file = match File::open(path) {
         Ok(f) => f,
         Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => {
@@ -410,6 +416,23 @@ pub fn open(path: &Path, key: &str) -> Result<Image, Invalid> {
         return Err(Invalid::Damaged("the file changed while it was checked".into()));
     }
     Image::from_map(map)
+}
+
+/// What a file that is not a regular one is, in words.
+fn file_kind(m: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = m.file_type();
+    if t.is_dir() {
+        "a folder"
+    } else if t.is_fifo() {
+        "a named pipe"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_block_device() || t.is_char_device() {
+        "a device"
+    } else {
+        "not a file"
+    }
 }
 
 /// What differs between two cache keys, in words.

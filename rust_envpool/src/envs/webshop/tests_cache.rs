@@ -166,6 +166,41 @@ fn stale_foreign_truncated_and_damaged_caches_are_rebuilt_with_one_line() {
 }
 
 #[test]
+fn a_named_pipe_at_the_cache_path_is_passed_over_with_one_line() {
+    // opening a FIFO for reading waits for a writer: the load must not open it
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_catalogue(dir.path(), 8);
+    let policy = CachePolicy::Dir(dir.path().join("cache"));
+    let path = reopen(&files, &policy).path.unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let made = std::process::Command::new("mkfifo").arg(&path).status().unwrap();
+    assert!(made.success());
+    let r = reopen(&files, &policy);
+    assert!(!r.hit && r.notes.len() == 1, "{r:?}");
+    assert!(
+        r.notes[0].contains("not a regular file but a named pipe") && r.notes[0].contains("rebuilding it"),
+        "{r:?}"
+    );
+    assert!(
+        std::fs::metadata(&path).unwrap().is_file(),
+        "the cache written over the pipe"
+    );
+    assert!(reopen(&files, &policy).hit);
+}
+
+#[test]
+fn the_cache_key_names_num_products() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_catalogue(dir.path(), 6);
+    let all = cache::key(&files, GoalSet::Synthetic, None).unwrap();
+    assert_ne!(all, cache::key(&files, GoalSet::Synthetic, Some(3)).unwrap());
+    assert_ne!(
+        cache::key(&files, GoalSet::Synthetic, Some(3)).unwrap(),
+        cache::key(&files, GoalSet::Synthetic, Some(4)).unwrap()
+    );
+}
+
+#[test]
 fn folders_that_cannot_take_the_cache_are_passed_over_with_one_line() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();

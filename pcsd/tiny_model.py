@@ -1,4 +1,5 @@
-"""Test helpers: a tiny, offline Qwen2-architecture causal LM with a trained BPE tokenizer.
+"""The CPU default's model: a tiny, offline Qwen2-architecture causal LM with a trained BPE tokenizer
+(what a run without ``model.path`` trains), and the hand-made batches the tests and benchmarks use.
 
 :func:`make_tiny_model` writes a complete Hugging Face model directory (config, float32
 safetensors weights, ``tokenizer.json``, ``tokenizer_config.json`` with a ChatML chat template,
