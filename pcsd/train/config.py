@@ -168,6 +168,8 @@ class OptimConfig:
     grad_clip: float = 1.0
     steps: int = 150
     ppo_epochs: int = 1
+    # an update whose loss or gradient norm is not finite is not applied; this many such RL steps in a row stop the run
+    max_nonfinite_updates: int = 3
     tokens_per_microbatch: int = 8192
     gradient_checkpointing: bool = False  # recompute each decoder layer in the backward (activations / ~layers)
     allow_low_precision_params: bool = False  # let AdamW update bf16 parameters (most updates round away)
@@ -582,6 +584,7 @@ def _validate(cfg: DictConfig) -> None:
     if not 0 < cfg.algo.clip_eps < 1:
         raise ConfigError(f"algo.clip_eps must be in (0, 1), got {cfg.algo.clip_eps}")
     _validate_ranges(cfg)
+    _validate_scales(cfg)
     _validate_run_inputs(cfg)
     _validate_env(cfg)
     if not (cfg.algo.grpo or cfg.algo.distill or cfg.optim.steps == 0):
@@ -618,6 +621,46 @@ def _validate_estimator(cfg: DictConfig) -> None:
         raise ConfigError(
             f"rollout.dynamic_sampling=true drops groups whose rewards are all equal, and a group of "
             f"rollout.group_size={cfg.rollout.group_size} always is: use groups of >= 2 rollouts"
+        )
+
+
+#: the largest magnitude of a reward or loss-weight setting (:func:`_validate_scales`): rewards and
+#: advantages are float32, and a reward times a weight times a group's sum must stay far below
+#: float32's 3.4e38 (1e6 * 1e6 * the largest batch is still 1e15 or so)
+MAX_SCALE = 1e6
+#: the smallest sampling temperature (logits / temperature must stay finite in float32; vLLM samples
+#: greedily below it)
+MIN_TEMPERATURE = 1e-5
+
+
+def _validate_scales(cfg: DictConfig) -> None:
+    """The reward and weight settings that scale float32 values (rewards, advantages, the loss, the
+    logits): finite Python floats such as 1e300 overflow float32 (-inf rewards, NaN losses and
+    weights), so each has a bound, one line naming it; ``optim.max_nonfinite_updates``."""
+    scales = {
+        "rollout.invalid_action_penalty": cfg.rollout.invalid_action_penalty,
+        "algo.success_reward": cfg.algo.success_reward,
+        "algo.gigpo.step_weight": cfg.algo.gigpo.step_weight,
+        "algo.lambda_distill": cfg.algo.lambda_distill,
+        "algo.kl_beta": cfg.algo.kl_beta,
+    }
+    for key, val in scales.items():
+        if not abs(val) <= MAX_SCALE:
+            raise ConfigError(
+                f"{key}={val} is too large: rewards, advantages and the loss are float32, so a reward or "
+                f"weight must be at most {MAX_SCALE:g} in magnitude"
+            )
+    for key in ("rollout.temperature", "eval.temperature"):
+        val = OmegaConf.select(cfg, key)
+        if 0 < val < MIN_TEMPERATURE and not (key == "eval.temperature" and cfg.eval.greedy):
+            raise ConfigError(
+                f"{key}={val} is too small: logits / temperature overflow float32 below {MIN_TEMPERATURE:g} "
+                "(eval.greedy=true plays greedily)"
+            )
+    if cfg.optim.max_nonfinite_updates < 1:
+        raise ConfigError(
+            f"optim.max_nonfinite_updates must be >= 1 (updates not applied in a row before the run stops), "
+            f"got {cfg.optim.max_nonfinite_updates}"
         )
 
 
