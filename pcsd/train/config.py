@@ -36,7 +36,7 @@ import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
@@ -225,17 +225,26 @@ class RunConfig:
     record_gaps: bool = False  # per-token gaps/weights/masks of each logged step to <run dir>/gaps/ (npz)
 
 
+# the env and eval sections are made at import (their keys come from the env kinds' registry): a type
+# checker cannot know their fields, so it sees them as Any; OmegaConf reads the dataclasses themselves
+if TYPE_CHECKING:
+    EnvSection = Any
+    EvalSection = Any
+else:
+    EnvSection, EvalSection = EnvConfig, EvalConfig
+
+
 @dataclass
 class TrainConfig:
     preset: str = "tiny-cpu"
     method: str = "pcsd"  # a Table 1 method (pcsd.train.methods); sets algo.grpo/distill/skills and rule
     rule: str = "pcsd"
     model: ModelConfig = field(default_factory=ModelConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
+    env: EnvSection = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: EvalSection = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
 
@@ -319,8 +328,24 @@ def unknown_key_message(key: str) -> str:
     return f"unknown config key {key!r}{hint} (the groups: {', '.join(groups)}; docs/configuration.md lists every key)"
 
 
+def _merged(*parts: Any) -> DictConfig:
+    """``OmegaConf.merge`` onto the schema (a mapping, so the result is one)."""
+    out = OmegaConf.merge(*parts)
+    if not isinstance(out, DictConfig):
+        raise TypeError(f"a config merge gave a {type(out).__name__}, not a mapping")
+    return out
+
+
+def _container(node: Any) -> dict[str, Any]:
+    """A config section as a plain dict (``OmegaConf.to_container`` of a mapping)."""
+    out = OmegaConf.to_container(node)
+    if not isinstance(out, dict):
+        raise TypeError(f"expected a config mapping, got a {type(out).__name__}")
+    return {str(k): v for k, v in out.items()}
+
+
 # Keys a resumed run may change without changing what the run computes.
-RESUME_MUTABLE = (
+RESUME_MUTABLE: tuple[str, ...] = (
     "run.resume",
     "run.dir",
     "run.save_every",
@@ -371,11 +396,11 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
         OmegaConf.set_struct(node, False)
     try:
         if base is not None:
-            cfg = OmegaConf.merge(cfg, base)
+            cfg = _merged(cfg, base)
         else:
             preset_cfg = OmegaConf.load(PRESET_DIR / f"{preset}.yaml")
             _check_replaced(list(_flatten(OmegaConf.to_container(preset_cfg))), f"preset {preset}")
-            cfg = OmegaConf.merge(cfg, preset_cfg)
+            cfg = _merged(cfg, preset_cfg)
             env_name = _cli_value(overrides, "env.name")
             if env_name is not None and env_name != cfg.env.name:  # another env than the preset's
                 cfg = _without_env_keys(cfg)
@@ -396,9 +421,9 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
                 ) from None
             ov = method_overrides(method)
             ov["method"] = method
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{k}={v}" for k, v in ov.items()]))
+            cfg = _merged(cfg, OmegaConf.from_dotlist([f"{k}={v}" for k, v in ov.items()]))
             overrides = [o for o in overrides if o.split("=", 1)[0].strip() != "method"]
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+        cfg = _merged(cfg, OmegaConf.from_dotlist(overrides))
     except (ConfigAttributeError, ConfigKeyError) as exc:
         key = getattr(exc, "full_key", None) or str(exc).split("\n")[0]
         raise ConfigError(unknown_key_message(str(key))) from None
@@ -423,7 +448,7 @@ def env_kind_keys() -> tuple[str, ...]:
 
 def _without_env_keys(cfg: DictConfig, keys: Optional[tuple[str, ...]] = None) -> DictConfig:
     defaults = EnvConfig()
-    out = OmegaConf.merge(cfg, {})
+    out = _merged(cfg, {})
     for k in env_kind_keys() if keys is None else keys:
         OmegaConf.update(out, f"env.{k}", getattr(defaults, k), merge=False)
     for node in (out.env.kwargs, out.env.eval_kwargs):
@@ -879,7 +904,7 @@ def _validate_ranges(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={val} must be a finite number")
     # PCSD: n_min / n_max / alpha / tau_low / tau_high / gamma / beta_gate, as the op checks them
     base = get_rule("pcsd").defaults
-    params = {**base, **{k: v for k, v in OmegaConf.to_container(cfg.algo.pcsd).items() if k in base}}
+    params = {**base, **{k: v for k, v in _container(cfg.algo.pcsd).items() if k in base}}
     try:
         check_pcsd_params(**params)
     except ValueError as exc:

@@ -279,6 +279,7 @@ def load_student(job: Job) -> None:
             os.replace(tmp, job.model_dir)
         dist_utils.barrier(ctx)
         job.say(f"tiny model written to {job.model_dir}")
+    assert job.model_dir is not None  # set on every rank by either branch
     job.student = load_model(job.model_dir, ctx.device, cfg.model.param_dtype)
     job.builder = PromptBuilder(
         kind.prompt,
@@ -707,12 +708,10 @@ def rl_step(job: Job, step: int) -> StepRecord:
             ],
             ctx,
         )
-        rec.rollout.update(
-            reward=r_sum / max(n_traj, 1),
-            success=100.0 * won_sum / max(n_traj, 1),
-            turns=len_sum / max(n_traj, 1),
-            valid_actions=valid_sum / max(n_rows, 1),
-        )
+        rec.rollout["reward"] = r_sum / max(n_traj, 1)
+        rec.rollout["success"] = 100.0 * won_sum / max(n_traj, 1)
+        rec.rollout["turns"] = len_sum / max(n_traj, 1)
+        rec.rollout["valid_actions"] = valid_sum / max(n_rows, 1)
         counts = (int(a_rows), int(a_groups), int(a_shared))
     if anchored:
         rec.fields.update(anchor_fields(*counts))
@@ -778,7 +777,7 @@ def rl_loop(job: Job) -> None:
             if stop:
                 job.stopped_at = done
                 break
-        if job.stopped_at is None and ctx.is_main:
+        if job.stopped_at is None and metrics is not None:  # rank 0
             after = _evaluate(job, "after RL", "eval after", step=cfg.optim.steps)
             metrics.log_eval("after", after, step=cfg.optim.steps)
             job.say(f"success after RL: {_result_text(job, after)}")

@@ -288,7 +288,7 @@ class MetricsLogger:
         self._jsonl.write(json.dumps(rec) + "\n")
         self._jsonl.flush()
         if self._tb is not None:
-            step = int(rec["step"])
+            step = int(record["step"])
             for k, v in rec.items():
                 x = _scalar(v)
                 if k != "step" and x is not None:
@@ -297,20 +297,16 @@ class MetricsLogger:
     def log_eval(self, name: str, result: Mapping[str, Any], step: int) -> None:
         """An evaluation (``name`` e.g. ``"before"``/``"after"``) with ``overall`` and
         ``per_category`` (the dict of :func:`pcsd.eval.evaluate`)."""
-        rec = dict(
-            name=name,
-            step=int(step),
-            overall=float(result["overall"]),
-            per_category=dict(result.get("per_category", {})),
-        )
+        overall, per_category = float(result["overall"]), dict(result.get("per_category", {}))
+        rec = dict(name=name, step=int(step), overall=overall, per_category=per_category)
         self.evals.append(rec)
         with self.evals_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
         if self._tb is not None:
-            self._tb.add_scalar("eval/overall", rec["overall"], rec["step"])
-            for c, v in rec["per_category"].items():
+            self._tb.add_scalar("eval/overall", overall, int(step))
+            for c, v in per_category.items():
                 if v is not None:
-                    self._tb.add_scalar(f"eval/{c}", float(v), rec["step"])
+                    self._tb.add_scalar(f"eval/{c}", float(v), int(step))
 
     def plot(self, out_dir: Optional[str | Path] = None) -> list[Path]:
         """The PNG plots of this run (see the module docs); returns their paths."""

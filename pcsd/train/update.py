@@ -162,7 +162,8 @@ def _frozen_scores(student, frozen, rb, cfg, layout: Layout, ctx, need_ref: bool
     current = cfg.algo.teacher == "current"  # the teacher is the student itself (adapters on)
     jf = cfg.optim.get("joint_frozen_pass", "never")
     args = (rb.response_ids, layout.mbs, layout.n_passes, layout.T)
-    teacher = None
+    ref: Optional[Tensor] = None
+    teacher: Optional[Tensor] = None
     with frozen_base(frozen) as base:
         joint = (
             need_ref
