@@ -51,7 +51,7 @@ lint() {
   log "ruff check, ruff format --check"
   "$VENV/bin/ruff" check
   "$VENV/bin/ruff" format --check
-  log "mypy (pcsd/ops, envs, text, rollout), stubtest of the compiled modules' stubs"
+  log "mypy (pcsd/ops, envs, text, rollout, train, eval), stubtest of the compiled modules' stubs"
   # PYTHONSAFEPATH: the installed (compiled) modules are checked against the stubs in this tree
   PYTHONSAFEPATH=1 "$PY" -m mypy
   PYTHONSAFEPATH=1 "$PY" -m mypy.stubtest --mypy-config-file pyproject.toml --allowlist tools/stubtest_allowlist.txt \

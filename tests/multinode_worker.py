@@ -26,7 +26,7 @@ def main(model_dir: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     from test_distributed import _cfg, _load, _optimizer
 
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train import distributed as du
     from pcsd.train.rundir import RunDirError, check_shared_run_dir
     from pcsd.train.update import update_step

@@ -142,7 +142,7 @@ def test_update_step_flex_equals_padded(models, method):
     the same statistics and the same updated weights on both paths."""
     from test_fused import _update
 
-    from pcsd.testing import synthetic_rollout_batch
+    from pcsd.tiny_model import synthetic_rollout_batch
 
     rb = synthetic_rollout_batch(num_groups=3, group_size=2, vocab_size=300, seed=5)
     out = {}

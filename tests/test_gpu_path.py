@@ -210,6 +210,7 @@ def test_rl_step_sleeps_after_rollouts_and_wakes_in_stages_after_releasing_the_c
     import pcsd.train.job as job_mod
     from pcsd.models import load_model
     from pcsd.train.distributed import single_process
+    from pcsd.train.metrics import StepRecord
 
     log: list[str] = []
     student = load_model(tiny_dir, torch.device("cpu"), "float32")
@@ -224,7 +225,7 @@ def test_rl_step_sleeps_after_rollouts_and_wakes_in_stages_after_releasing_the_c
         for p in st.parameters():  # the update leaves gradients and moves the weights
             p.grad = torch.ones_like(p)
         opt.step()
-        return {}
+        return {"nonfinite_updates": 0}
 
     def fake_empty_cache():
         log.append("empty_cache" + ("" if all(p.grad is None for p in student.parameters()) else " (grads held)"))
@@ -233,7 +234,7 @@ def test_rl_step_sleeps_after_rollouts_and_wakes_in_stages_after_releasing_the_c
     clean_env.setattr(torch.cuda, "empty_cache", fake_empty_cache)
     clean_env.setattr(job_mod, "collect_rollouts", lambda *a, **k: log.append("rollout") or SimpleNamespace(score=None))
     clean_env.setattr(job_mod, "update_step", fake_update)
-    clean_env.setattr(job_mod, "step_record", lambda *a, **k: {})
+    clean_env.setattr(job_mod, "step_record", lambda *a, **k: StepRecord(1, {}, None, 0.0, 0.0, 0.0))
     clean_env.setattr(job_mod, "eos_id", lambda builder: 1)
     cfg = load_config(["rollout.backend=vllm", "rollout.sync_bucket_mb=0.01"])
     progress = SimpleNamespace(rollout=lambda name: None, phase=None)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pcsd.envs.alfworld import CATEGORIES
 from pcsd.progress import ProgressReporter
 from pcsd.rollout.loop import RolloutBatch, RolloutTimings
-from pcsd.train.metrics import MetricsLogger, category_success, read_jsonl, step_record, tag_for
+from pcsd.train.metrics import MetricsLogger, UpdateStats, category_success, read_jsonl, step_record, tag_for
 
 TT = list(CATEGORIES)
 
@@ -42,8 +42,8 @@ def fake_batch(step: int) -> RolloutBatch:
     )
 
 
-def fake_stats(step: int) -> dict:
-    return dict(
+def fake_stats(step: int) -> UpdateStats:
+    return UpdateStats(
         loss=0.1 * step,
         pg=0.05,
         kl=0.001 * step,
@@ -57,6 +57,7 @@ def fake_stats(step: int) -> dict:
         weight_mean=0.4,
         gate_activation=0.25 * step,
         entropy_proxy=2.0,
+        nonfinite_updates=0,
     )
 
 
@@ -75,7 +76,7 @@ def test_anchor_fields_and_their_tags():
 
 
 def test_step_record_fields():
-    rec = step_record(1, fake_batch(1), fake_stats(1), step_seconds=2.0, sync_seconds=0.25)
+    rec = step_record(1, fake_batch(1), fake_stats(1), step_seconds=2.0, sync_seconds=0.25).line()
     assert rec["step"] == 1 and rec["success"] == 25.0 and rec["reward"] == 2.5
     assert rec["success/Pick"] == 50.0 and rec["success/Heat"] == 0.0 and rec["success/Pick2"] == 0.0
     assert "success/Look" not in rec  # only categories present in the batch
@@ -110,7 +111,7 @@ def test_category_success_rejects_mismatched_lengths():
 def test_three_steps_to_jsonl_tensorboard_and_pngs(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    recs = [step_record(s, fake_batch(s), fake_stats(s), step_seconds=2.0, sync_seconds=0.1) for s in (1, 2, 3)]
+    recs = [step_record(s, fake_batch(s), fake_stats(s), step_seconds=2.0, sync_seconds=0.1).line() for s in (1, 2, 3)]
     with MetricsLogger(tmp_path) as m:
         m.log_eval("before", dict(overall=10.0, per_category={"Pick": 20.0, "Look": None}), step=0)
         for r in recs:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, runtime_che
 if TYPE_CHECKING:
     from pcsd.envs.experts import ExpertEpisode
     from pcsd.envs.pool import StepBatch
+    from pcsd.text.prompts import EnvName
 
 __all__ = [
     "EnvFailure",
@@ -197,7 +198,7 @@ class EnvKind:
     title: str = ""
     description: str = ""
     #: the prompt family of :mod:`pcsd.text` (``alfworld``, ``webshop`` or ``text``)
-    prompt: str = "text"
+    prompt: EnvName = "text"
     #: Python envs in worker processes (:mod:`pcsd.envs.pypool`), the others native
     python: bool = False
     #: a value ``env.name`` may take (the native pool's test game is not)

@@ -71,13 +71,18 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from pcsd.envs import registry
 from pcsd.eval.games import DEFAULT_SEED, RULE_LABELS, EvalError
 from pcsd.eval.run import EvalResult, play_games, render_table
 from pcsd.lora import ADAPTER_CONFIG, adapter_base, is_adapter_dir, load_merged
 from pcsd.models import ModelNotFound, is_model_id, resolve_model_path
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from pcsd.text.prompts import EnvName
 
 
 # ----------------------------------------------------------------------------- models
@@ -178,9 +183,7 @@ def resolve_model(path: str | os.PathLike[str], base: Optional[str] = None) -> t
     tok_cands = [model_dir]
     if run_dir is not None:
         tok_cands += [run_dir / "sft-model", run_dir / "base-model"]
-        from omegaconf import OmegaConf
-
-        mp = OmegaConf.load(run_dir / "config.yaml").get("model", {}).get("path")
+        mp = _saved_config(run_dir).get("model", {}).get("path")
         if mp:
             try:  # the run's base model: a folder, or a model id's cached snapshot
                 tok_cands.append(resolve_model_path(mp, download=False))
@@ -235,9 +238,7 @@ def start_backend(name: str, model_dir: Path, base: Optional[str], device, **kw)
 def _run_label(run_dir: Optional[Path], model_dir: Path, skills: bool) -> str:
     label = model_dir.name
     if run_dir is not None:
-        from omegaconf import OmegaConf
-
-        c = OmegaConf.load(run_dir / "config.yaml")
+        c = _saved_config(run_dir)
         algo, optim = c.get("algo", {}), c.get("optim", {})
         if optim.get("steps", 1) == 0:
             label = "Vanilla"
@@ -338,13 +339,25 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _saved_config(run_dir: Path) -> DictConfig:
+    """A run's saved ``config.yaml`` (a DictConfig; a file that is no mapping is an :class:`EvalError`)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    if not isinstance(cfg, DictConfig):
+        raise EvalError(f"{run_dir / 'config.yaml'} is not a config (a YAML mapping of keys)")
+    return cfg
+
+
 def _run_config(run_dir: Optional[Path]) -> dict:
     """A run's saved config as a dict (``{}`` for a model that is not a run)."""
     if run_dir is None:
         return {}
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
+    out = OmegaConf.to_container(_saved_config(run_dir))
+    assert isinstance(out, dict)  # a DictConfig's container
+    return out
 
 
 def _run_kind(run_cfg: dict):
@@ -356,7 +369,9 @@ def _run_kind(run_cfg: dict):
         raise EvalError(str(exc)) from None
 
 
-def _skill_repositories(args: argparse.Namespace, run_dir: Optional[Path], run_cfg: dict, envs: Sequence[str]) -> dict:
+def _skill_repositories(
+    args: argparse.Namespace, run_dir: Optional[Path], run_cfg: dict, envs: Sequence[EnvName]
+) -> dict:
     """The skills each prompt family's prompts read with ``--skills``: ``--skills-dir`` for every
     family, else the run's own copy (``<run>/skills/``, written by the trainer when it ran with
     ``env.skills_dir``) for the family it trained on, else None (the built-in skills)."""

@@ -212,7 +212,7 @@ def play_games(
                     seed=s,
                     actions=acts[i],
                     score=q,
-                    prompt_overflow=bool(rb.prompt_overflow[i]),
+                    prompt_overflow=rb.prompt_overflow is not None and bool(rb.prompt_overflow[i]),
                     env_error=rb.env_error[i] if rb.env_error else "",
                 )
             )

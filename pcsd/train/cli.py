@@ -202,9 +202,19 @@ def main(argv: list[str] | None = None) -> int:
     from pcsd.train import distributed as dist_utils
     from pcsd.train.checkpoint import CheckpointError
     from pcsd.train.rundir import check_shared_run_dir, discard_new_run, remove_stale_tmp
+    from pcsd.train.update import NonFiniteUpdate
 
-    # errors of the user's input, files or environment, reported in one line (exit status 2)
-    user_errors = (ConfigError, RunDirError, CheckpointError, ModelLoadError, ModelNotFound, EnvFailure)
+    # errors of the user's input, files or environment, reported in one line (exit status 2); a run that
+    # non-finite updates stopped (pcsd.train.update) too
+    user_errors = (
+        ConfigError,
+        RunDirError,
+        CheckpointError,
+        ModelLoadError,
+        ModelNotFound,
+        EnvFailure,
+        NonFiniteUpdate,
+    )
     try:
         ctx = dist_utils.init_distributed(device=cfg.run.device, mesh=cfg.dist.mesh)
     except ValueError as exc:  # the launcher's layout (LOCAL_WORLD_SIZE, LOCAL_RANK): one line

@@ -36,7 +36,7 @@ import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
@@ -178,6 +178,8 @@ class OptimConfig:
     grad_clip: float = 1.0
     steps: int = 150
     ppo_epochs: int = 1
+    # an update whose loss or gradient norm is not finite is not applied; this many such RL steps in a row stop the run
+    max_nonfinite_updates: int = 3
     tokens_per_microbatch: int = 8192
     gradient_checkpointing: bool = False  # recompute each decoder layer in the backward (activations / ~layers)
     allow_low_precision_params: bool = False  # let AdamW update bf16 parameters (most updates round away)
@@ -257,17 +259,26 @@ class ExperimentConfig:
     negate_gap: bool = False  # the negative control: every teacher gap negated (the teacher's preference reversed)
 
 
+# the env and eval sections are made at import (their keys come from the env kinds' registry): a type
+# checker cannot know their fields, so it sees them as Any; OmegaConf reads the dataclasses themselves
+if TYPE_CHECKING:
+    EnvSection = Any
+    EvalSection = Any
+else:
+    EnvSection, EvalSection = EnvConfig, EvalConfig
+
+
 @dataclass
 class TrainConfig:
     preset: str = "tiny-cpu"
     method: str = "pcsd"  # a Table 1 method (pcsd.train.methods); sets algo.grpo/distill/skills and rule
     rule: str = "pcsd"
     model: ModelConfig = field(default_factory=ModelConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
+    env: EnvSection = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: EvalSection = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
@@ -357,8 +368,24 @@ def unknown_key_message(key: str) -> str:
     return f"unknown config key {key!r}{hint} (the groups: {', '.join(groups)}; docs/configuration.md lists every key)"
 
 
+def _merged(*parts: Any) -> DictConfig:
+    """``OmegaConf.merge`` onto the schema (a mapping, so the result is one)."""
+    out = OmegaConf.merge(*parts)
+    if not isinstance(out, DictConfig):
+        raise TypeError(f"a config merge gave a {type(out).__name__}, not a mapping")
+    return out
+
+
+def _container(node: Any) -> dict[str, Any]:
+    """A config section as a plain dict (``OmegaConf.to_container`` of a mapping)."""
+    out = OmegaConf.to_container(node)
+    if not isinstance(out, dict):
+        raise TypeError(f"expected a config mapping, got a {type(out).__name__}")
+    return {str(k): v for k, v in out.items()}
+
+
 # Keys a resumed run may change without changing what the run computes.
-RESUME_MUTABLE = (
+RESUME_MUTABLE: tuple[str, ...] = (
     "run.resume",
     "run.dir",
     "run.save_every",
@@ -415,7 +442,7 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
         OmegaConf.set_struct(node, False)
     try:
         if base is not None:
-            cfg = OmegaConf.merge(cfg, base)
+            cfg = _merged(cfg, base)
         else:
             preset_cfg = OmegaConf.load(PRESET_DIR / f"{preset}.yaml")
             if "experiment" in preset_cfg:
@@ -424,7 +451,7 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
                     "command line only, never in a preset"
                 )
             _check_replaced(list(_flatten(OmegaConf.to_container(preset_cfg))), f"preset {preset}")
-            cfg = OmegaConf.merge(cfg, preset_cfg)
+            cfg = _merged(cfg, preset_cfg)
             env_name = _cli_value(overrides, "env.name")
             if env_name is not None and env_name != cfg.env.name:  # another env than the preset's
                 cfg = _without_env_keys(cfg)
@@ -445,9 +472,9 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
                 ) from None
             ov = method_overrides(method)
             ov["method"] = method
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{k}={v}" for k, v in ov.items()]))
+            cfg = _merged(cfg, OmegaConf.from_dotlist([f"{k}={v}" for k, v in ov.items()]))
             overrides = [o for o in overrides if o.split("=", 1)[0].strip() != "method"]
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+        cfg = _merged(cfg, OmegaConf.from_dotlist(overrides))
     except (ConfigAttributeError, ConfigKeyError) as exc:
         key = getattr(exc, "full_key", None) or str(exc).split("\n")[0]
         raise ConfigError(unknown_key_message(str(key))) from None
@@ -472,7 +499,7 @@ def env_kind_keys() -> tuple[str, ...]:
 
 def _without_env_keys(cfg: DictConfig, keys: Optional[tuple[str, ...]] = None) -> DictConfig:
     defaults = EnvConfig()
-    out = OmegaConf.merge(cfg, {})
+    out = _merged(cfg, {})
     for k in env_kind_keys() if keys is None else keys:
         OmegaConf.update(out, f"env.{k}", getattr(defaults, k), merge=False)
     for node in (out.env.kwargs, out.env.eval_kwargs):
@@ -635,6 +662,7 @@ def _validate(cfg: DictConfig) -> None:
     if not 0 < cfg.algo.clip_eps < 1:
         raise ConfigError(f"algo.clip_eps must be in (0, 1), got {cfg.algo.clip_eps}")
     _validate_ranges(cfg)
+    _validate_scales(cfg)
     _validate_run_inputs(cfg)
     _validate_sizes(cfg)
     _validate_env(cfg)
@@ -745,6 +773,46 @@ def lora_rank_problem(rank: int, model: Path | int, what: Optional[str] = None) 
         f"model.lora_rank={rank} is larger than the model's width ({what}: hidden_size={width}): adapters of "
         f"that rank hold more than the full-rank update; choose a rank <= {width} (LoRA ranks are usually 8-128)"
     )
+
+
+#: the largest magnitude of a reward or loss-weight setting (:func:`_validate_scales`): rewards and
+#: advantages are float32, and a reward times a weight times a group's sum must stay far below
+#: float32's 3.4e38 (1e6 * 1e6 * the largest batch is still 1e15 or so)
+MAX_SCALE = 1e6
+#: the smallest sampling temperature (logits / temperature must stay finite in float32; vLLM samples
+#: greedily below it)
+MIN_TEMPERATURE = 1e-5
+
+
+def _validate_scales(cfg: DictConfig) -> None:
+    """The reward and weight settings that scale float32 values (rewards, advantages, the loss, the
+    logits): finite Python floats such as 1e300 overflow float32 (-inf rewards, NaN losses and
+    weights), so each has a bound, one line naming it; ``optim.max_nonfinite_updates``."""
+    scales = {
+        "rollout.invalid_action_penalty": cfg.rollout.invalid_action_penalty,
+        "algo.success_reward": cfg.algo.success_reward,
+        "algo.gigpo.step_weight": cfg.algo.gigpo.step_weight,
+        "algo.lambda_distill": cfg.algo.lambda_distill,
+        "algo.kl_beta": cfg.algo.kl_beta,
+    }
+    for key, val in scales.items():
+        if not abs(val) <= MAX_SCALE:
+            raise ConfigError(
+                f"{key}={val} is too large: rewards, advantages and the loss are float32, so a reward or "
+                f"weight must be at most {MAX_SCALE:g} in magnitude"
+            )
+    for key in ("rollout.temperature", "eval.temperature"):
+        val = OmegaConf.select(cfg, key)
+        if 0 < val < MIN_TEMPERATURE and not (key == "eval.temperature" and cfg.eval.greedy):
+            raise ConfigError(
+                f"{key}={val} is too small: logits / temperature overflow float32 below {MIN_TEMPERATURE:g} "
+                "(eval.greedy=true plays greedily)"
+            )
+    if cfg.optim.max_nonfinite_updates < 1:
+        raise ConfigError(
+            f"optim.max_nonfinite_updates must be >= 1 (updates not applied in a row before the run stops), "
+            f"got {cfg.optim.max_nonfinite_updates}"
+        )
 
 
 def _validate_run_inputs(cfg: DictConfig) -> None:
@@ -976,7 +1044,7 @@ def _validate_ranges(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={val} must be a finite number")
     # PCSD: n_min / n_max / alpha / tau_low / tau_high / gamma / beta_gate, as the op checks them
     base = get_rule("pcsd").defaults
-    params = {**base, **{k: v for k, v in OmegaConf.to_container(cfg.algo.pcsd).items() if k in base}}
+    params = {**base, **{k: v for k, v in _container(cfg.algo.pcsd).items() if k in base}}
     try:
         check_pcsd_params(**params)
     except ValueError as exc:

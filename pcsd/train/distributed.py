@@ -249,15 +249,15 @@ def shard_model(
 
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-    mp = {"mp_policy": mp_policy if mp_policy is not None else MixedPrecisionPolicy()}
+    mp = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
     for layer in _decoder_layers(model):
-        fully_shard(layer, mesh=ctx.mesh, reshard_after_forward=reshard_after_forward, **mp)
+        fully_shard(layer, mesh=ctx.mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
     # The root unit holds the embeddings, the final norm and the lm head. pcsd.ops.scoring reads the
     # lm-head weight outside forward (chunked log-probs), so the root keeps its parameters
     # unsharded after forward (FSDP2's default for the root) and the packed forward is
     # registered as an FSDP forward method, so the root's all-gather / reduce-scatter hooks run.
-    fully_shard(model, mesh=ctx.mesh, reshard_after_forward=False, **mp)
-    model.pcsd_packed_hidden = types.MethodType(_packed_hidden, model)
+    fully_shard(model, mesh=ctx.mesh, reshard_after_forward=False, mp_policy=mp)
+    setattr(model, "pcsd_packed_hidden", types.MethodType(_packed_hidden, model))  # a method, not a submodule
     register_fsdp_forward_method(model, "pcsd_packed_hidden")
     return model
 
@@ -356,7 +356,7 @@ def full_model_state(
     # ignore_frozen_params still gives a frozen weight tied to another name (the tied lm head): filtered
     opts = StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks, ignore_frozen_params=trainable_only)
     sd = get_model_state_dict(model, options=opts)
-    return {k: v.detach().cpu() for k, v in sd.items() if keep is None or k in keep}
+    return {k: v.detach().cpu() for k, v in sd.items() if isinstance(v, torch.Tensor) and (keep is None or k in keep)}
 
 
 def merged_model_state(model: nn.Module, ctx: DistContext, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -404,12 +404,16 @@ def iter_weights(
             size = 0
         buckets[-1].append(src)
         size += n
-    for plan in buckets:
-        bucket = [(src.names, src.make(dtype, _full)) for src in plan]
-        for names, t in bucket:
-            for name in names:
-                yield name, t
-        bucket = t = None  # dropped before the next bucket is made
+    for plan in buckets:  # a bucket's tensors live in _bucket's frame: dropped before the next is made
+        yield from _bucket(plan, dtype)
+
+
+def _bucket(plan: list[WeightSource], dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """One bucket of :func:`iter_weights`: its tensors made (cast, gathered), then yielded by name."""
+    made = [(src.names, src.make(dtype, _full)) for src in plan]
+    for names, t in made:
+        for name in names:
+            yield name, t
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

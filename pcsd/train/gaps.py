@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -51,12 +51,9 @@ class GapRecorder:
             missing = [k for k in _KEYS if k not in arrays]
             if missing:
                 raise ValueError(f"gap record lacks {missing}")
-            np.savez_compressed(
-                self.path(step),
-                step=np.int64(step),
-                rule=np.str_(self.rule),
-                **{k: np.asarray(arrays[k]) for k in _KEYS},
-            )
+            fields: dict[str, Any] = {k: np.asarray(arrays[k]) for k in _KEYS}
+            fields.update(step=np.int64(step), rule=np.str_(self.rule))
+            np.savez_compressed(self.path(step), **fields)
 
         return record
 

@@ -49,7 +49,15 @@ from pcsd.rollout.loop import collect_rollouts
 from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
 from pcsd.train.episodes import cut_episodes, open_episode_log, update_record
-from pcsd.train.metrics import MetricsLogger, anchor_fields, step_record, wandb_settings
+from pcsd.train.metrics import (
+    MetricsLogger,
+    StepRecord,
+    UpdateStats,
+    anchor_fields,
+    console_line,
+    step_record,
+    wandb_settings,
+)
 from pcsd.train.optim import make_adamw
 from pcsd.train.precision import (
     export_model,
@@ -62,7 +70,7 @@ from pcsd.train.precision import (
 )
 from pcsd.train.sampling import sample_groups
 from pcsd.train.sft import game_corpus, sft_examples, sft_warmup
-from pcsd.train.update import update_step
+from pcsd.train.update import NonFiniteUpdate, params_finite, update_step
 from pcsd.view import write_run_page
 
 __all__ = ["Job", "train"]
@@ -113,6 +121,7 @@ class Job:
     phases: dict[str, float] = field(default_factory=dict)  # wall seconds per phase
     gap_recorder: Any = None  # pcsd.train.gaps.GapRecorder with run.record_gaps
     episode_log: Any = None  # pcsd.train.episodes.EpisodeLog (rank 0) with run.log_episodes / log_eval_failures
+    nonfinite_in_a_row: int = 0  # RL steps in a row whose update was not applied (not finite)
 
     @property
     def kind(self) -> Any:
@@ -311,6 +320,7 @@ def load_student(job: Job) -> None:
             os.replace(tmp, job.model_dir)
         dist_utils.barrier(ctx)
         job.say(f"tiny model written to {job.model_dir}")
+    assert job.model_dir is not None  # set on every rank by either branch
     job.student = load_model(job.model_dir, ctx.device, cfg.model.param_dtype, cfg.model.attn_impl)
     job.say(job.student.pcsd_attention)  # which path the scoring and update passes take (model.attn_impl)
     job.builder = PromptBuilder(
@@ -600,6 +610,8 @@ def save(job: Job, done: int) -> None:
 
     ctx = job.ctx
     lora = job.peft is not None
+    if not params_finite(job.student, ctx):  # never a checkpoint of non-finite weights (agreed on every rank)
+        raise NonFiniteUpdate(f"the checkpoint after step {done} is not written: the model has non-finite parameters")
     model_state = dist_utils.full_model_state(job.student, ctx, trainable_only=lora)
     optim_state = dist_utils.full_optimizer_state(job.student, job.opt, ctx)
     if ctx.is_main:
@@ -685,12 +697,13 @@ def play_batch(job: Job, step: int, batch: int = 0, played: Optional[list] = Non
     )
 
 
-def rl_step(job: Job, step: int) -> dict[str, Any]:
+def rl_step(job: Job, step: int) -> StepRecord:
     """One RL step: rollouts on this rank's share of the sampled games (with
     ``rollout.dynamic_sampling``, batches until enough groups carry a signal:
     :mod:`pcsd.train.sampling`), the update, the weight sync. Returns the step's metrics record
     (batch totals over every rank; rollout figures over every episode played). A step dynamic
-    sampling leaves without a group trains nothing (``skipped`` in its record) and still counts."""
+    sampling leaves without a group trains nothing (its record has no update: ``skipped``, the
+    rule of :class:`pcsd.train.metrics.StepRecord`) and still counts."""
     cfg, ctx = job.cfg, job.ctx
     t0 = time.time()
     played: list = []  # this rank's games of every batch played, one per group, in the batches' order
@@ -704,7 +717,7 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
     )
     if sampled.warning:
         job.say(f"warning: step {step + 1}: {sampled.warning}")
-    st: dict[str, Any] = {}
+    st: Optional[UpdateStats] = None  # a skipped step trains nothing: no update fields (StepRecord's rule)
     t_sync = time.time()
     if not sampled.skipped:
         job.backend.sleep()  # the rollouts are done: the engine's memory goes to the update
@@ -721,6 +734,7 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
         )
         t_sync = time.time()
         refresh_generation(job)
+        _count_nonfinite(job, step, st)
     rb = sampled.played
     if job.episode_log is not None:  # run.log_episodes: the step's episodes, with the update's token values
         job.episode_log.log_step(step + 1, sampled.train, rb)
@@ -728,10 +742,8 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
     # GiGPO's anchor groups, of the groups the step trained on (what the estimator read)
     anchored = get_estimator(cfg.algo.get("estimator", "grpo")).needs_anchor  # the same on every rank
     counts = sampled.anchor_counts() if anchored else (0, 0, 0)
-    rec.update(sampled.metrics())
-    if sampled.skipped:
-        rec["skipped"] = True
-    rec.update(job.kind.step_fields(rb))  # the kind's figures of the batch (WebShop's Score, env errors)
+    rec.fields.update(sampled.metrics())
+    rec.fields.update(job.kind.step_fields(rb))  # the kind's figures of the batch (WebShop's Score, env errors)
     _report_env_errors(job, step, played, rb)
     if ctx.distributed:  # the batch's totals over every rank (per-category success: this rank's)
         # every rank holds whole task groups, so their anchor groups add up too
@@ -747,16 +759,32 @@ def rl_step(job: Job, step: int) -> dict[str, Any]:
             ],
             ctx,
         )
-        rec.update(
-            reward=r_sum / max(n_traj, 1),
-            success=100.0 * won_sum / max(n_traj, 1),
-            turns=len_sum / max(n_traj, 1),
-            valid_actions=valid_sum / max(n_rows, 1),
-        )
+        rec.rollout["reward"] = r_sum / max(n_traj, 1)
+        rec.rollout["success"] = 100.0 * won_sum / max(n_traj, 1)
+        rec.rollout["turns"] = len_sum / max(n_traj, 1)
+        rec.rollout["valid_actions"] = valid_sum / max(n_rows, 1)
         counts = (int(a_rows), int(a_groups), int(a_shared))
     if anchored:
-        rec.update(anchor_fields(*counts))
+        rec.fields.update(anchor_fields(*counts))
     return rec
+
+
+def _count_nonfinite(job: Job, step: int, st: UpdateStats) -> None:
+    """One line for an update not applied (its loss or gradient norm not finite,
+    :func:`pcsd.train.update.train_epochs`), counted in the summary; ``optim.max_nonfinite_updates``
+    such steps in a row stop the run (:func:`rl_loop`, after the step's metrics line)."""
+    if not st["nonfinite_updates"]:
+        job.nonfinite_in_a_row = 0
+        return
+    job.nonfinite_in_a_row += 1
+    job.summary["nonfinite_updates"] = job.summary.get("nonfinite_updates", 0) + st["nonfinite_updates"]
+    n, passes = st["nonfinite_updates"], job.cfg.optim.ppo_epochs
+    which = "the update was" if n == passes else f"{n} of the update's {passes} passes were"
+    job.say(
+        f"warning: step {step + 1}: {which} not applied: loss {st['loss']:.3g}, gradient norm {st['grad_norm']:.3g} "
+        f"({job.nonfinite_in_a_row} in a row; the run stops at optim.max_nonfinite_updates="
+        f"{job.cfg.optim.max_nonfinite_updates})"
+    )
 
 
 def rl_loop(job: Job) -> None:
@@ -779,33 +807,24 @@ def rl_loop(job: Job) -> None:
             val = None
             if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.optim.steps and ctx.is_main:
                 val = _evaluate(job, f"step {done}", "validation", step=done)  # periodic validation
-                rec.update(job.kind.validation_fields(val))
-                rec.update(
+                rec.fields.update(job.kind.validation_fields(val))
+                rec.fields.update(
                     val_success=val["overall"],
                     **{f"val_success/{c}": v for c, v in val["per_category"].items() if v is not None},
                 )
             if metrics is not None:
-                metrics.log(rec)
+                metrics.log(rec.line())
                 if val is not None:
                     metrics.log_eval(f"step {done}", val, step=done)
                     job.say(f"validation at step {done}: {val['overall']:.1f}% {val['per_category']}")
-            for ph, key in (
-                ("rollout", "rollout_seconds"),
-                ("score", "score_seconds"),
-                ("update", "update_seconds"),
-                ("weight_sync", "sync_seconds"),
-            ):
-                job.phases[ph] = job.phases.get(ph, 0.0) + float(rec.get(key, 0.0))
-            teacher = f"gap {rec['gap_mean']:.3f} gate {rec['gate_activation']:.2f} " if uses_teacher(cfg) else ""
-            if rec.get("skipped"):
-                job.say(
-                    f"step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% reward {rec['reward']:.2f} "
-                    f"no update (no group with a reward signal) {rec['step_seconds']:.1f}s"
-                )
-            else:
-                job.say(
-                    f"step {step + 1}/{cfg.optim.steps} success {rec['success']:.1f}% reward {rec['reward']:.2f} "
-                    f"{teacher}kl {rec['kl']:.4f} {rec['tokens_per_s']:.0f} tok/s {rec['step_seconds']:.1f}s"
+            for ph in ("rollout", "score", "update", "weight_sync"):
+                job.phases[ph] = job.phases.get(ph, 0.0) + rec.seconds(ph)
+            job.say(console_line(rec, cfg.optim.steps, uses_teacher(cfg)))
+            if job.nonfinite_in_a_row >= cfg.optim.max_nonfinite_updates:
+                raise NonFiniteUpdate(
+                    f"stopped at step {done}: {job.nonfinite_in_a_row} updates in a row had a loss or gradient norm "
+                    f"that is not finite (optim.max_nonfinite_updates={cfg.optim.max_nonfinite_updates}); none was "
+                    f"applied, the checkpoints hold finite weights (lower optim.lr or the reward scales)"
                 )
             stop = bool(cfg.run.stop_after) and done >= cfg.run.stop_after and done < cfg.optim.steps
             if (cfg.run.save_every and done % cfg.run.save_every == 0) or done == cfg.optim.steps or stop:
@@ -813,7 +832,7 @@ def rl_loop(job: Job) -> None:
             if stop:
                 job.stopped_at = done
                 break
-        if job.stopped_at is None and ctx.is_main:
+        if job.stopped_at is None and metrics is not None:  # rank 0
             after = _evaluate(job, "after RL", "eval after", step=cfg.optim.steps)
             metrics.log_eval("after", after, step=cfg.optim.steps)
             job.say(f"success after RL: {_result_text(job, after)}")

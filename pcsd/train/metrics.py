@@ -1,8 +1,10 @@
 """Per-step training metrics: one JSON line per step (``metrics.jsonl``), TensorBoard scalars, and
 PNG plots at the end.
 
-The loop builds a flat record per step with :func:`step_record` (from the rollout batch, the update
-statistics and the phase timings) and hands it to :meth:`MetricsLogger.log`. Keys map to
+The loop builds a typed record per step with :func:`step_record` (a :class:`StepRecord`: the rollout
+batch's :class:`RolloutStats`, the update's :class:`UpdateStats` or none for a skipped step, the
+phase timings and the other fields) and hands its flat line (:meth:`StepRecord.line`) to
+:meth:`MetricsLogger.log`; :func:`console_line` is its console line. Keys map to
 TensorBoard tags by :func:`tag_for` (``reward`` -> ``train/reward``, ``gap_mean`` ->
 ``pcsd/gap_mean``, ``kl`` -> ``loss/kl``, ``rollout_seconds`` -> ``time/rollout``, ``success/Pick`` as
 is, ...). Evaluations (before/after RL) go to ``eval/<category>`` and ``eval/overall`` and into
@@ -22,14 +24,19 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, TypedDict
 
 __all__ = [
     "MetricsLogger",
+    "RolloutStats",
+    "StepRecord",
+    "UpdateStats",
     "WandbSink",
     "anchor_fields",
     "category_success",
+    "console_line",
     "plot_history",
     "read_jsonl",
     "step_record",
@@ -53,6 +60,8 @@ TAGS: dict[str, str] = {
     "pcsd": "loss/pcsd",
     "clip_frac": "loss/clip_frac",
     "grad_norm": "optim/grad_norm",
+    # updates not applied for a non-finite loss or gradient norm (pcsd.train.update; optim.max_nonfinite_updates)
+    "nonfinite_updates": "optim/nonfinite_updates",
     "entropy": "entropy",
     "tokens": "perf/response_tokens",
     "tokens_per_s": "perf/tokens_per_s",
@@ -101,33 +110,126 @@ def category_success(task_types: Sequence[str], won: Sequence[bool], kind: Any =
     return {f"success/{c}": 100.0 * sum(per[c]) / len(per[c]) for c in order}
 
 
+class UpdateStats(TypedDict):
+    """What one update measured (:func:`pcsd.train.update.update_step`), over every rank: the
+    update's fields of a step's line (``entropy_proxy`` is written ``entropy``)."""
+
+    loss: float  # the loss summed over the micro-batches (and PPO passes)
+    pg: float
+    kl: float
+    pcsd: float  # the distillation term (lambda not applied)
+    clip_frac: float
+    grad_norm: float  # the last applied pass's (before clipping); the non-finite one when none was
+    score_seconds: float
+    update_seconds: float
+    tokens: int  # response tokens trained on
+    gap_mean: float  # mean teacher - student gap per token (0 without a teacher)
+    weight_mean: float
+    gate_activation: float  # share of tokens with weight > 0.5
+    entropy_proxy: float  # mean negative log-prob of the sampled tokens
+    nonfinite_updates: int  # PPO passes not applied: their loss or gradient norm was not finite
+
+
+class RolloutStats(TypedDict):
+    """What a step's rollouts measured (every episode played): the line's rollout fields."""
+
+    reward: float
+    success: float
+    turns: float
+    valid_actions: float
+    prompt_overflows: int  # episodes ended: prompt over rollout.max_prompt_tokens
+    rollout_seconds: float
+    outside_model_share: float
+    gen_tokens_per_s: float
+
+
+@dataclass
+class StepRecord:
+    """One RL step's metrics; its ``metrics.jsonl`` line is :meth:`line`.
+
+    The rule for a **skipped** step (dynamic sampling left no group: nothing trained): ``update`` is
+    None, and its line has none of the update's fields (:class:`UpdateStats`: losses, gradient norm,
+    tokens trained, the teacher's gap and gate, scoring and update seconds), where a 0 would read as
+    a measurement, but ``skipped: true``; every other field is there as on any step (the rollouts,
+    the timings, dynamic sampling's counts, GiGPO's anchor-group counts of the groups trained on: 0).
+    Readers take the update's fields from ``update`` (typed ``Optional``: mypy refuses a reader that
+    does not ask whether the step trained)."""
+
+    step: int
+    rollout: RolloutStats
+    update: Optional[UpdateStats]  # None: the step trained nothing (skipped)
+    tokens_per_s: float  # the rollouts' response tokens per second of the whole step
+    sync_seconds: float
+    step_seconds: float
+    fields: dict[str, Any] = field(default_factory=dict)  # success/<category>, sampling counts, the kind's, ...
+
+    @property
+    def skipped(self) -> bool:
+        return self.update is None
+
+    def seconds(self, phase: str) -> float:
+        """Seconds of ``phase`` (rollout, score, update, weight_sync) in this step (0: it did not run)."""
+        if phase == "rollout":
+            return self.rollout["rollout_seconds"]
+        if phase == "weight_sync":
+            return self.sync_seconds
+        if phase == "score":
+            return 0.0 if self.update is None else self.update["score_seconds"]
+        if phase == "update":
+            return 0.0 if self.update is None else self.update["update_seconds"]
+        raise ValueError(f"unknown phase {phase!r}")
+
+    def line(self) -> dict[str, Any]:
+        """The flat ``metrics.jsonl`` line (and TensorBoard's scalars)."""
+        rec: dict[str, Any] = dict(step=self.step, **self.rollout)
+        rec.update(tokens_per_s=self.tokens_per_s, sync_seconds=self.sync_seconds, step_seconds=self.step_seconds)
+        if self.update is None:
+            rec["skipped"] = True
+        else:
+            for k, v in self.update.items():
+                rec["entropy" if k == "entropy_proxy" else k] = v
+        rec.update(self.fields)
+        return rec
+
+
 def step_record(
-    step: int, rb, stats: Mapping[str, Any], *, step_seconds: float, sync_seconds: float = 0.0
-) -> dict[str, Any]:
-    """The flat per-step record: rollout results (reward, success overall and per category, turns,
-    valid actions, episodes ended by an over-long prompt) of ``rb``, every episode the step played
-    (with dynamic sampling the dropped groups too), the update statistics (none for a skipped step),
-    tokens/s and the time per phase."""
-    won = rb.won.tolist()
+    step: int, rb, stats: Optional[UpdateStats], *, step_seconds: float, sync_seconds: float = 0.0
+) -> StepRecord:
+    """A step's record: rollout results (reward, success overall and per category, turns, valid
+    actions, episodes ended by an over-long prompt) of ``rb``, every episode the step played (with
+    dynamic sampling the dropped groups too), the update statistics (None: a skipped step), tokens/s
+    and the time per phase."""
     tokens = rb.num_tokens()
-    rec: dict[str, Any] = dict(
-        step=step,
+    rollout = RolloutStats(
         reward=float(rb.reward.mean()),
         success=100.0 * float(rb.won.float().mean()),
-        **category_success(rb.task_type, won),
         turns=float(rb.length.float().mean()),
         valid_actions=float(rb.action_valid.float().mean()),
-        prompt_overflows=rb.prompt_overflows,  # episodes ended: prompt over rollout.max_prompt_tokens
+        prompt_overflows=rb.prompt_overflows,
         rollout_seconds=rb.timings.total,
         outside_model_share=rb.timings.outside_model_share(),
         gen_tokens_per_s=tokens / max(rb.timings.generation, 1e-9),
+    )
+    return StepRecord(
+        step=step,
+        rollout=rollout,
+        update=stats,
         tokens_per_s=tokens / max(step_seconds, 1e-9),
         sync_seconds=sync_seconds,
         step_seconds=step_seconds,
+        fields=category_success(rb.task_type, rb.won.tolist()),
     )
-    for k, v in stats.items():
-        rec["entropy" if k == "entropy_proxy" else k] = v
-    return rec
+
+
+def console_line(rec: StepRecord, steps: int, teacher: bool) -> str:
+    """The step's console line: success and reward; then the update's KL (with a teacher, its gap and
+    gate), tokens/s and seconds, or why there was no update."""
+    head = f"step {rec.step}/{steps} success {rec.rollout['success']:.1f}% reward {rec.rollout['reward']:.2f} "
+    up = rec.update
+    if up is None:
+        return head + f"no update (no group with a reward signal) {rec.step_seconds:.1f}s"
+    gap = f"gap {up['gap_mean']:.3f} gate {up['gate_activation']:.2f} " if teacher else ""
+    return head + f"{gap}kl {up['kl']:.4f} {rec.tokens_per_s:.0f} tok/s {rec.step_seconds:.1f}s"
 
 
 def anchor_fields(rows: int, groups: int, shared: int) -> dict[str, float]:
@@ -196,26 +298,23 @@ class MetricsLogger:
         """One step: a JSON line (all keys) and a scalar per numeric key at ``record["step"]``."""
         if "step" not in record:
             raise ValueError("record needs a 'step' key")
-        rec = dict(record)
+        # a value that is not finite (an update not applied) is null: metrics.jsonl stays strict JSON
+        rec = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
         self.history.append(rec)
         self._jsonl.write(json.dumps(rec) + "\n")
         self._jsonl.flush()
         scalars = {tag_for(k): x for k, x in ((k, _scalar(v)) for k, v in rec.items()) if k != "step" and x is not None}
         if self._tb is not None:
             for tag, x in scalars.items():
-                self._tb.add_scalar(tag, x, int(rec["step"]))
+                self._tb.add_scalar(tag, x, int(int(step)))
         if self._wandb is not None:
-            self._wandb.log(scalars, int(rec["step"]))
+            self._wandb.log(scalars, int(int(step)))
 
     def log_eval(self, name: str, result: Mapping[str, Any], step: int) -> None:
         """An evaluation (``name`` e.g. ``"before"``/``"after"``) with ``overall`` and
         ``per_category`` (the dict of :func:`pcsd.eval.evaluate`)."""
-        rec = dict(
-            name=name,
-            step=int(step),
-            overall=float(result["overall"]),
-            per_category=dict(result.get("per_category", {})),
-        )
+        overall, per_category = float(result["overall"]), dict(result.get("per_category", {}))
+        rec = dict(name=name, step=int(step), overall=overall, per_category=per_category)
         self.evals.append(rec)
         with self.evals_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
@@ -223,9 +322,9 @@ class MetricsLogger:
         scalars.update({f"eval/{c}": float(v) for c, v in rec["per_category"].items() if v is not None})
         if self._tb is not None:
             for tag, x in scalars.items():
-                self._tb.add_scalar(tag, x, rec["step"])
+                self._tb.add_scalar(tag, x, int(step))
         if self._wandb is not None:
-            self._wandb.log(scalars, rec["step"])
+            self._wandb.log(scalars, int(step))
 
     def log_episodes(self, title: str, episodes: Sequence[Mapping[str, Any]], step: int) -> None:
         """A table of recorded episodes (:mod:`pcsd.train.episodes`; ``title`` e.g. ``step 3``): a

@@ -20,13 +20,16 @@ from __future__ import annotations
 import math
 import random
 import re
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
 from pcsd.envs.experts import ExpertEpisode, expert_episodes, skill_search_first
 from pcsd.ops.scoring import score_packed
 from pcsd.train.optim import make_adamw
+
+if TYPE_CHECKING:
+    from pcsd.text.prompts import EnvName
 
 __all__ = [
     "expert_episodes",
@@ -46,7 +49,7 @@ __all__ = [
 SCHEDULES = ("cosine", "constant")
 
 
-def game_corpus(episodes: Sequence[ExpertEpisode], skills=None, env: Optional[str] = None) -> list[str]:
+def game_corpus(episodes: Sequence[ExpertEpisode], skills=None, env: Optional[EnvName] = None) -> list[str]:
     r"""Tokenizer training text from played episodes: each task, observation and action, each
     admissible list written the way the prompts of the family ``env`` list them
     (:meth:`pcsd.text.formats.TextFormat.action_list`; default: the default env kind's), and the

@@ -40,8 +40,9 @@ from pcsd.rollout.loop import RolloutBatch
 from pcsd.train import distributed as dist_utils
 from pcsd.train.distributed import DistContext, single_process
 from pcsd.train.fused_update import joint_scores, pair_microbatches
+from pcsd.train.metrics import UpdateStats
 
-__all__ = ["microbatches", "scores", "estimate_advantages", "update_step"]
+__all__ = ["NonFiniteUpdate", "microbatches", "scores", "estimate_advantages", "update_step"]
 
 
 def microbatches(rb: RolloutBatch, budget: int) -> list[list[int]]:
@@ -163,7 +164,8 @@ def _frozen_scores(student, frozen, rb, cfg, layout: Layout, ctx, need_ref: bool
     current = cfg.algo.teacher == "current"  # the teacher is the student itself (adapters on)
     jf = cfg.optim.get("joint_frozen_pass", "never")
     args = (rb.response_ids, layout.mbs, layout.n_passes, layout.T)
-    teacher = None
+    ref: Optional[Tensor] = None
+    teacher: Optional[Tensor] = None
     with frozen_base(frozen) as base:
         joint = (
             need_ref
@@ -417,19 +419,44 @@ def micro_batch_loss(student, rb: RolloutBatch, terms: Terms, spec: LossSpec, k:
 STAT_KEYS = ("loss", "pg", "kl", "pcsd", "clip_frac")
 
 
+class NonFiniteUpdate(RuntimeError):
+    """The run stops: an update made a parameter non-finite (it cannot be undone), or
+    ``optim.max_nonfinite_updates`` updates in a row were not applied (:func:`train_epochs`)."""
+
+
+def params_finite(model, ctx) -> bool:
+    """Whether every trained parameter of ``model`` is finite, on every rank (under FSDP2 each rank
+    checks its shards; the answer is agreed, so every rank takes the same branch)."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters() if p.requires_grad]
+    ok = bool(torch.stack([torch.isfinite(t).all() for t in local]).all()) if local else True
+    return agreed(ok, ctx)
+
+
+def agreed(ok: bool, ctx) -> bool:
+    """``ok`` on every rank (one collective under FSDP2; the identity on one process)."""
+    return dist_utils.global_sum([0.0 if ok else 1.0], ctx)[0] == 0.0
+
+
 def train_epochs(student, opt, rb: RolloutBatch, cfg: DictConfig, terms: Terms, spec: LossSpec, ctx, progress) -> dict:
     """Phase 4: ``optim.ppo_epochs`` passes over the micro-batches (padding passes where this rank
     has fewer than another), each ended by gradient clipping and ``opt.step()``. Returns this
-    rank's sums of :data:`STAT_KEYS` and the last epoch's gradient norm."""
+    rank's sums of :data:`STAT_KEYS`, the last pass's gradient norm and ``nonfinite_updates``.
+
+    A pass whose loss (on any rank) or gradient norm is not finite is never applied: its gradients
+    are dropped, it and the step's remaining passes are counted in ``nonfinite_updates`` (every rank
+    agrees: :func:`agreed`), the passes before it stand. A parameter that an applied pass made
+    non-finite stops the run (:class:`NonFiniteUpdate`: nothing to undo it with, nothing written)."""
     layout, epochs = terms.layout, cfg.optim.ppo_epochs
     fused = cfg.optim.get("fused_lm_head", False)
     gscale = dist_utils.grad_scale(ctx)  # FSDP averages over ranks; the global loss is their sum
-    stats = dict.fromkeys(STAT_KEYS, 0.0)
+    stats: dict[str, float] = dict.fromkeys(STAT_KEYS, 0.0)
+    stats["nonfinite_updates"] = 0
     n_mb = len(layout.mbs) * epochs
     cb = progress("update", n_mb) if progress else None
     student.train()
     for epoch in range(epochs):
         opt.zero_grad(set_to_none=True)
+        loss_sum = 0.0  # this pass's loss on this rank
         for k in range(layout.n_passes):
             rows = layout.rows(k)
             if rows is None:  # padding pass: joins the collectives, adds nothing
@@ -440,25 +467,41 @@ def train_epochs(student, opt, rb: RolloutBatch, cfg: DictConfig, terms: Terms, 
             sums = (loss.detach(), parts.pg.sum(), parts.kl.sum(), terms.distill(k, parts), parts.clipped.sum())
             vals = torch.stack([v.to(torch.float64) for v in sums]).tolist()  # one host sync
             vals[-1] /= terms.tokens  # clip_frac: a share of the batch's tokens
+            loss_sum += vals[0]
             for key, v in zip(STAT_KEYS, vals):
                 stats[key] += v
             cb and cb(epoch * len(layout.mbs) + k + 1, n_mb)
         gn = torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.optim.grad_clip)
-        stats["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+        stats["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)  # the same on every rank
+        if not agreed(math.isfinite(loss_sum) and math.isfinite(stats["grad_norm"]), ctx):
+            opt.zero_grad(set_to_none=True)  # never applied
+            stats["nonfinite_updates"] = epochs - epoch
+            break
         opt.step()
+        if not params_finite(student, ctx):
+            raise NonFiniteUpdate(
+                f"an update with a finite loss and gradient norm ({stats['grad_norm']:.3g}) made a parameter "
+                f"non-finite (optim.lr={cfg.optim.lr}): stopped, no checkpoint of it written"
+            )
     student.eval()
     return stats
 
 
-def finish_stats(stats: dict, terms: Terms, ctx, t_update: float) -> dict:
+def finish_stats(stats: dict, terms: Terms, ctx, t_update: float) -> UpdateStats:
     """The statistics summed over ranks, the token statistics as means over the batch's tokens."""
     sums = dist_utils.global_sum(
         [stats[k] for k in STAT_KEYS] + [terms.sums[k] for k in ("gap", "w", "gate", "nll")], ctx
     )
-    stats.update(zip(STAT_KEYS, sums[: len(STAT_KEYS)]))
+    loss, pg, kl, pcsd, clip_frac = sums[: len(STAT_KEYS)]
     gap, w, gate, nll = sums[len(STAT_KEYS) :]
     n = terms.tokens
-    stats.update(
+    return UpdateStats(
+        loss=loss,
+        pg=pg,
+        kl=kl,
+        pcsd=pcsd,
+        clip_frac=clip_frac,
+        grad_norm=stats["grad_norm"],
         score_seconds=terms.scores.seconds,
         update_seconds=t_update,
         tokens=int(n),
@@ -466,8 +509,8 @@ def finish_stats(stats: dict, terms: Terms, ctx, t_update: float) -> dict:
         weight_mean=w / n,
         gate_activation=gate / n,
         entropy_proxy=nll / n,
+        nonfinite_updates=int(stats["nonfinite_updates"]),
     )
-    return stats
 
 
 def update_step(
@@ -480,7 +523,7 @@ def update_step(
     ctx: Optional[DistContext] = None,
     progress=None,
     record=None,
-) -> dict:
+) -> UpdateStats:
     """Scores the batch and applies one GRPO + lambda * distillation update (``optim.ppo_epochs``
     passes): the four phases of the module docstring.
 
