@@ -141,8 +141,8 @@ def played(tmp_path_factory):
     from pcsd.models import load_model
     from pcsd.rollout.backends import make_backend
     from pcsd.rollout.loop import collect_rollouts
-    from pcsd.tiny_model import make_tiny_model
     from pcsd.text.prompts import PromptBuilder
+    from pcsd.tiny_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("combinations")
     path = make_tiny_model(root / "m", hidden_size=64, num_layers=1, seed=3)

@@ -293,8 +293,8 @@ def test_a_text_envs_teacher_warm_up_examples_carry_its_task_types_skills(tmp_pa
     type (they showed none before: the requests carried no task_type, so the teacher never saw a rule)."""
     from pcsd.envs.experts import ExpertEpisode
     from pcsd.models import eos_id
-    from pcsd.tiny_model import make_tiny_model
     from pcsd.text.prompts import PromptBuilder, SkillRepository
+    from pcsd.tiny_model import make_tiny_model
     from pcsd.train.sft import sft_examples
 
     pb = PromptBuilder(

@@ -482,7 +482,7 @@ def run_cli(args: argparse.Namespace) -> tuple[str, dict]:
 
 
 def _evaluate(
-    args: argparse.Namespace, splits: list[str], kinds: dict, envs: list[str], models: list, out_dir: Path
+    args: argparse.Namespace, splits: list[str], kinds: dict, envs: Sequence[EnvName], models: list, out_dir: Path
 ) -> tuple[str, dict]:
     """The evaluation of :func:`run_cli` once its arguments are checked and ``out_dir`` exists."""
     import torch

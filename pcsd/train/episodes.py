@@ -31,7 +31,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -215,7 +215,7 @@ def _mean(xs: list) -> Optional[float]:
     return sum(vals) / len(vals) if vals else None
 
 
-def episode_rows(recs: Sequence[dict], max_actions: int = 8) -> tuple[list[str], list[list[Any]]]:
+def episode_rows(recs: Sequence[Mapping[str, Any]], max_actions: int = 8) -> tuple[list[str], list[list[Any]]]:
     """Recorded episodes as a table (TensorBoard's markdown table, a W&B table): the columns and
     one row per episode: where (step or evaluation), task type, task, success, reward, turns, the
     actions (the first ``max_actions``; the invalid ones marked ``!``), the mean gap and weight over

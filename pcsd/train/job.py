@@ -292,6 +292,7 @@ def load_student(job: Job) -> None:
         dist_utils.barrier(ctx)
         if not ctx.is_main:
             job.model_dir = resolve_model_path(cfg.model.path, download=False)
+        assert job.model_dir is not None  # resolved just above, on every rank
         problem = lora_rank_problem(cfg.model.lora_rank, job.model_dir) if cfg.model.lora_rank > 0 else None
         if problem:  # model.path's config could not be read at config read (a model id not fetched yet)
             raise ConfigError(problem)

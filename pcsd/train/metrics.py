@@ -306,9 +306,9 @@ class MetricsLogger:
         scalars = {tag_for(k): x for k, x in ((k, _scalar(v)) for k, v in rec.items()) if k != "step" and x is not None}
         if self._tb is not None:
             for tag, x in scalars.items():
-                self._tb.add_scalar(tag, x, int(int(step)))
+                self._tb.add_scalar(tag, x, int(record["step"]))
         if self._wandb is not None:
-            self._wandb.log(scalars, int(int(step)))
+            self._wandb.log(scalars, int(record["step"]))
 
     def log_eval(self, name: str, result: Mapping[str, Any], step: int) -> None:
         """An evaluation (``name`` e.g. ``"before"``/``"after"``) with ``overall`` and
@@ -318,8 +318,8 @@ class MetricsLogger:
         self.evals.append(rec)
         with self.evals_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
-        scalars = {"eval/overall": rec["overall"]}
-        scalars.update({f"eval/{c}": float(v) for c, v in rec["per_category"].items() if v is not None})
+        scalars: dict[str, float] = {"eval/overall": overall}
+        scalars.update({f"eval/{c}": float(v) for c, v in per_category.items() if v is not None})
         if self._tb is not None:
             for tag, x in scalars.items():
                 self._tb.add_scalar(tag, x, int(step))

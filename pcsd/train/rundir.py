@@ -286,9 +286,9 @@ def check_shared_run_dir(run_dir: Path, ctx, *, wait_s: float = SHARED_WAIT_S) -
             f"{report[0][1]} (its file {marker.name} did not appear there within {wait_s:g} s): a run over "
             f"several nodes needs run.dir on a file system every node mounts at the same path"
         )
-    exc = RunDirError(f"run.dir={run_dir}: {problem}")
-    exc.all_ranks = True  # type: ignore[attr-defined]
-    raise exc
+    err = RunDirError(f"run.dir={run_dir}: {problem}")
+    err.all_ranks = True  # type: ignore[attr-defined]
+    raise err
 
 
 def _wait_for_token(path: Path, token: str, wait_s: float) -> bool:
