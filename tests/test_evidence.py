@@ -190,6 +190,7 @@ def test_every_rule_reads_the_noised_gap_through_one_place(monkeypatch):
 
     class Spy:
         name = "spy"
+        needs_old = False  # not a batch rule (pcsd.ops.weighting.WeightRule.needs_old)
 
         def terms(self, t, step, **p):
             seen.append(t)
@@ -209,7 +210,11 @@ def test_every_rule_reads_the_noised_gap_through_one_place(monkeypatch):
     sc = type("S", (), dict(teacher=teacher, old=old, ref=None))()
     monkeypatch.setattr(upd, "estimate_advantages", lambda rb, cfg, traj: torch.zeros(T))
     monkeypatch.setattr(upd, "token_coefficients", lambda mask, traj, n, agg: torch.ones(T))
-    rb = type("RB", (), dict(num_trajectories=2, token_traj_ids=lambda self: torch.tensor([0, 0, 0, 1, 1, 1])))()
+    rb = type(
+        "RB",
+        (),
+        dict(num_trajectories=2, teacher_context=None, token_traj_ids=lambda self: torch.tensor([0, 0, 0, 1, 1, 1])),
+    )()
     for noise, negate in ((0.0, False), (1.5, False), (0.0, True), (1.5, True)):
         cfg = OmegaConf.create(
             dict(

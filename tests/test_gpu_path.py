@@ -252,6 +252,7 @@ def test_rl_step_sleeps_after_rollouts_and_wakes_in_stages_after_releasing_the_c
         progress=progress,
         frozen=None,
         gap_recorder=None,
+        episode_log=None,
         student=student,
         opt=opt,
         rollout_dtype="float32",

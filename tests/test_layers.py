@@ -16,6 +16,7 @@ ALLOWED: dict[str, set[str]] = {
     "ops": set(),
     "envs": {"text"},  # an env kind owns its prompt family (pcsd.envs.kinds)
     "text": set(),
+    "view": {"text"},  # the run's page: reads a run folder's records (pcsd.view.files)
     "models": set(),
     "lora": set(),
     "progress": set(),
@@ -23,9 +24,21 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"envs", "text", "models"},
     "tiny_model": {"rollout", "envs", "text", "models"},
     "eval": {"rollout", "envs", "text", "models", "lora", "progress", "tiny_model"},
-    "train": {"ops", "envs", "text", "models", "lora", "progress", "rollout", "eval", "tiny_model"},
-    "diagnostics": {"ops", "envs", "text", "models", "lora", "progress", "rollout", "eval", "tiny_model", "train"},
-    "bench": {"ops", "envs", "text", "models", "lora", "progress", "rollout", "eval", "tiny_model", "train"},
+    "train": {"view", "ops", "envs", "text", "models", "lora", "progress", "rollout", "eval", "tiny_model"},
+    "diagnostics": {
+        "view",
+        "ops",
+        "envs",
+        "text",
+        "models",
+        "lora",
+        "progress",
+        "rollout",
+        "eval",
+        "tiny_model",
+        "train",
+    },
+    "bench": {"view", "ops", "envs", "text", "models", "lora", "progress", "rollout", "eval", "tiny_model", "train"},
 }
 OPEN = {"pcsd", "pcsd._native", "pcsd._C", "pcsd._envpool"}
 

@@ -383,7 +383,7 @@ def test_smoke_run_then_stop_and_resume_is_bit_exact(tmp_path, tiny_dir, child_e
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert any(not torch.equal(wa[k], w1[k]) for k in wa)  # step 2 really moved the weights
     # the episode records: every step once after the resume, step 2's as the uninterrupted run's
-    from pcsd.train.episodes import episode_files
+    from pcsd.view.files import episode_files
 
     assert [(step, name) for step, name, _ in episode_files(part) if name == "train"] == [(1, "train"), (2, "train")]
     for f in ("step_000002.jsonl", "step_000001.jsonl"):
@@ -628,7 +628,7 @@ def test_skill_sd_trains_and_records_gaps_the_diagnostics_read(tmp_path, tiny_di
         np.testing.assert_allclose(g.gap, g.teacher_logp - g.student_logp, atol=1e-5)
     # the episode records (run.log_episodes, default 4 a step) hold the update's own numbers: per turn
     # as many tokens as the recorded row, and the same float32 gaps, weights and log-probs
-    from pcsd.train.episodes import episode_files
+    from pcsd.view.files import episode_files
 
     files = [(step, path) for step, name, path in episode_files(run) if name == "train"]
     assert [step for step, _ in files] == [g.step for g in gaps] == [1, 2]

@@ -21,13 +21,13 @@ from pcsd.text.prompts import PRIVILEGED_FOOTER, PRIVILEGED_HEADER
 from pcsd.train.episodes import (
     EpisodeLog,
     cut_episodes,
-    episode_files,
     episode_records,
     episode_rows,
     pick_episodes,
     prompt_parts,
 )
 from pcsd.view.cli import main as view_main
+from pcsd.view.files import episode_files
 
 VOCAB = list(string.ascii_letters + string.digits + " \n<>|.[]")
 

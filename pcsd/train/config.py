@@ -42,8 +42,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from pcsd.ops.defaults import PCSD_DEFAULTS
+from pcsd.text.paths import PRESET_DIR, resolve_config_path
 from pcsd.text.prompts import DEFAULT_MAX_PRIVILEGED_TOKENS
-from pcsd.train.paths import PRESET_DIR, resolve_config_path
 
 
 class ConfigError(ValueError):

@@ -35,11 +35,11 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from pcsd.view.files import EPISODES_DIR, episode_files
+
 __all__ = [
-    "EPISODES_DIR",
     "EpisodeLog",
     "cut_episodes",
-    "episode_files",
     "episode_records",
     "episode_rows",
     "pick_episodes",
@@ -47,9 +47,6 @@ __all__ = [
     "update_record",
 ]
 
-EPISODES_DIR = "episodes"
-_STEP_FILE = re.compile(r"^step_(\d{6,})\.jsonl$")
-_EVAL_FILE = re.compile(r"^eval_(\d{6,})_([A-Za-z0-9_-]+)\.jsonl$")
 #: the per-token arrays a training turn holds (the name in the record, the key of the update's arrays)
 TOKEN_FIELDS = (
     ("student_logp", "student_logp"),
@@ -57,23 +54,6 @@ TOKEN_FIELDS = (
     ("gap", "gap"),
     ("weight", "weights"),
 )
-
-
-def episode_files(run_dir: str | Path) -> list[tuple[int, str, Path]]:
-    """The episode files of a run as ``(step, name, path)``: ``name`` is ``"train"`` for a training
-    step's file, else the evaluation's name; ordered by step, training before evaluations."""
-    d = Path(run_dir) / EPISODES_DIR
-    out = []
-    if d.is_dir():
-        for p in d.iterdir():
-            m = _STEP_FILE.match(p.name)
-            if m:
-                out.append((int(m.group(1)), "train", p))
-                continue
-            m = _EVAL_FILE.match(p.name)
-            if m:
-                out.append((int(m.group(1)), m.group(2), p))
-    return sorted(out, key=lambda x: (x[0], x[1] != "train", x[1]))
 
 
 def cut_episodes(run_dir: str | Path, last_step: int) -> None:
@@ -386,7 +366,7 @@ class EvalSink:
 
 def open_episode_log(job: Any) -> Optional[EpisodeLog]:
     """The job's episode log (rank 0, ``run.log_episodes`` or ``run.log_eval_failures`` > 0), else None."""
-    from pcsd.train.job import uses_teacher
+    from pcsd.ops.weighting import active_rule
 
     run = job.cfg.run
     per_step, failures = int(run.get("log_episodes", 0)), int(run.get("log_eval_failures", 0))
@@ -398,7 +378,7 @@ def open_episode_log(job: Any) -> Optional[EpisodeLog]:
         per_step=per_step,
         eval_failures=failures,
         max_mb=float(run.get("episodes_max_mb", 100)),
-        teacher=uses_teacher(job.cfg),
+        teacher=active_rule(job.cfg.rule, bool(job.cfg.algo.distill)).needs_teacher,
         warn=job.say,
     )
 

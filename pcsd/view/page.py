@@ -74,7 +74,7 @@ def _config(run: Path) -> dict:
 
 def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """A run's records as the page shows them (see the module docs); :class:`ViewError` for bad input."""
-    from pcsd.train.episodes import EPISODES_DIR, episode_files
+    from pcsd.view.files import EPISODES_DIR, episode_files
 
     run = Path(run_dir)
     if not run.exists():
@@ -175,7 +175,7 @@ def build_page(run_dirs: Sequence[str | os.PathLike[str]], out: Optional[str | o
 def write_run_page(run_dir: str | os.PathLike[str], say: Callable[[str], Any]) -> Optional[Path]:
     """The page at the end of a training run (rank 0): written when the run recorded episodes, its
     path said; a run without episode records gets none, and a failure is a warning, never the run's."""
-    from pcsd.train.episodes import episode_files
+    from pcsd.view.files import episode_files
 
     if not episode_files(run_dir):
         return None

@@ -239,7 +239,7 @@ def template_source(cfg: Any, run_dir: Optional[Path] = None) -> Optional[str]:
         return None
     if run_dir is not None and (run_dir / "template.jinja").is_file():
         return (run_dir / "template.jinja").read_text(encoding="utf-8")
-    from pcsd.train.paths import resolve_config_path
+    from pcsd.text.paths import resolve_config_path
 
     path = resolve_config_path(str(cfg.env.template))  # as env.skills_dir: the current folder, else the presets'
     if not path.is_file():

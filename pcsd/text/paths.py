@@ -1,4 +1,4 @@
-"""Where a config's relative paths point (``env.skills_dir``): the current folder; a path that is
+"""Where a config's relative paths point (``env.skills_dir``, ``env.template``): the current folder; a path that is
 not there but ships with the presets (``pcsd/train/configs/``, e.g. ``skills/usual-places``) is the
 preset's file. A path found in neither is reported as the current folder's, where the user meant it."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 __all__ = ["PRESET_DIR", "resolve_config_path"]
 
-PRESET_DIR = Path(__file__).parent / "configs"
+PRESET_DIR = Path(__file__).resolve().parent.parent / "train" / "configs"
 
 
 def resolve_config_path(value: str) -> Path:
