@@ -87,7 +87,8 @@ case "$cmd" in
     log "pytest"
     # Slow tests (the full differential run over every shared ALFWorld game) are opt-in:
     # bash run.sh test -m slow
-    if [ "$#" -eq 0 ]; then set -- -m "not slow"; fi
+    # --durations: the 25 slowest tests close the log, so the suite's 20-minute budget is visible
+    if [ "$#" -eq 0 ]; then set -- -m "not slow" --durations=25; fi
     exec "$VENV/bin/pytest" -p no:cacheprovider -q "$@" ;;
   lint) setup; lint ;;
   setup) setup ;;

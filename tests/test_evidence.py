@@ -276,9 +276,9 @@ def test_the_toy_short_form_teacher_advantage_and_one_distillation_update(tmp_pa
 
 @pytest.mark.slow
 def test_the_toy_teacher_wins_after_the_presets_warm_up(tmp_path):
-    """The preset's whole warm-up (600 steps), then ``method=skill-prompt`` on the same 200 games:
-    the teacher (the rule in its prompt) wins far more often than the student (docs/evidence.md
-    measured +31 points; the issue's 40 was not reached by this model)."""
+    """The preset's whole warm-up (1500 steps), then ``method=skill-prompt`` on the same 200 games:
+    the teacher (the rule in its prompt) wins at least 40 points more often than the student
+    (docs/evidence.md measured 100 % vs 43 %, +57 points; issue 38's bar is 40)."""
     import json
 
     from pcsd.train.cli import main
@@ -290,7 +290,7 @@ def test_the_toy_teacher_wins_after_the_presets_warm_up(tmp_path):
     assert main([*args, "optim.sft_steps=0", "eval.before=false"]) == 0
     student_s = json.loads((warm / "summary.json").read_text())["success_after"]
     teacher_s = json.loads((teacher / "summary.json").read_text())["success_after"]
-    assert teacher_s - student_s >= 20.0, (teacher_s, student_s)
+    assert teacher_s - student_s >= 40.0, (teacher_s, student_s)
 
 
 def test_a_text_envs_teacher_warm_up_examples_carry_its_task_types_skills(tmp_path):

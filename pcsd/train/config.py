@@ -33,6 +33,7 @@ after K steps in total (checkpoint written), for preemptible schedulers and the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -416,6 +417,18 @@ def _cli_value(overrides: list[str], key: str) -> Optional[str]:
     return val
 
 
+@functools.lru_cache(maxsize=1)
+def _schema() -> DictConfig:
+    """The schema's defaults as a struct config (an env's constructor arguments take any names).
+    Built once (it is most of a config read's time); callers never change it: they merge onto it,
+    and ``OmegaConf.merge`` copies its first config."""
+    cfg = OmegaConf.structured(TrainConfig)
+    OmegaConf.set_struct(cfg, True)
+    for node in (cfg.env.kwargs, cfg.env.eval_kwargs):
+        OmegaConf.set_struct(node, False)
+    return cfg
+
+
 def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] = None) -> DictConfig:
     """Schema defaults <- preset file <- method overrides <- dotted ``key=value`` overrides,
     validated. With ``base`` (a saved run's config, for resuming) the preset and method steps are
@@ -436,10 +449,7 @@ def load_config(overrides: list[str] | None = None, base: Optional[DictConfig] =
     preset = _cli_value(overrides, "preset") or "tiny-cpu"
     if base is None and preset not in available_presets():
         raise ConfigError(f"unknown preset {preset!r}; valid presets: {', '.join(available_presets())}")
-    cfg = OmegaConf.structured(TrainConfig)
-    OmegaConf.set_struct(cfg, True)
-    for node in (cfg.env.kwargs, cfg.env.eval_kwargs):  # an env's constructor arguments: any names
-        OmegaConf.set_struct(node, False)
+    cfg = _schema()  # shared: every step below merges, and OmegaConf.merge copies its first config
     try:
         if base is not None:
             cfg = _merged(cfg, base)
