@@ -423,8 +423,15 @@ def _train(tmp_path, monkeypatch, env: list[str], *extra: str) -> tuple[dict, li
 
 
 #: a cheap end-to-end run: groups of 4 on 2 tasks (a coin-tossing env: a group with a success and a
-#: failure for 1 - 2 x 2^-4 of the draws), the smallest model, one evaluation episode each side
-CHEAP = ["rollout.group_size=4", "rollout.max_response_tokens=6", "eval.episodes=1", "model.tiny_hidden_size=32"]
+#: failure for 1 - 2 x 2^-4 of the draws), the smallest model, one evaluation episode each side, one
+#: env worker process per pool
+CHEAP = [
+    "rollout.group_size=4",
+    "rollout.max_response_tokens=6",
+    "eval.episodes=1",
+    "model.tiny_hidden_size=32",
+    "env.num_threads=1",
+]
 
 
 def _finite_update(rec: dict) -> None:
