@@ -133,10 +133,13 @@ def opsd_turn_reference(
 
 
 def opsd_case(seed: int = 0):
-    """Two groups: group 0 (3 trajectories: 3, 2 and 1 turns; two won), group 1 (2 trajectories of 2
-    turns, none won: all-equal rewards, advantage 0), turns of 1-5 tokens padded to 5."""
+    """Three groups: group 0 (3 trajectories: 3, 2 and 1 turns; two won), group 1 (2 trajectories of
+    2 turns, none won: all-equal rewards, advantage 0), group 2 (2 trajectories of 2 and 3 turns, none
+    won but rewards that differ, e.g. by the invalid-action penalty: the prior clamped to 1e-4 under
+    non-zero advantages), turns of 1-5 tokens padded to 5."""
     g = torch.Generator().manual_seed(seed)
     rows = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (3, 0), (3, 1), (4, 0), (4, 1)]
+    rows += [(5, 0), (5, 1), (6, 0), (6, 1), (6, 2)]
     rows = [rows[i] for i in torch.randperm(len(rows), generator=g).tolist()]  # rows in any order
     lens = torch.randint(1, 6, (len(rows),), generator=g)
     L = 5
@@ -144,12 +147,12 @@ def opsd_case(seed: int = 0):
     student = -torch.rand(len(rows), L, generator=g) * 2
     teacher = student + torch.randn(len(rows), L, generator=g)
     student, teacher = student * mask, teacher * mask  # padding: zeros
-    won = torch.tensor([True, False, True, False, False])
-    traj_group = torch.tensor([0, 0, 0, 1, 1])
-    seq_adv_traj = torch.tensor([0.7071, -1.4142, 0.7071, 0.0, 0.0])
+    won = torch.tensor([True, False, True, False, False, False, False])
+    traj_group = torch.tensor([0, 0, 0, 1, 1, 2, 2])
+    seq_adv_traj = torch.tensor([0.7071, -1.4142, 0.7071, 0.0, 0.0, 1.0, -1.0])
     traj = torch.tensor([t for t, _ in rows])
     turn = torch.tensor([k for _, k in rows])
-    v0 = torch.tensor([2 / 3, 2 / 3, 2 / 3, 0.0, 0.0])[traj]
+    v0 = torch.tensor([2 / 3, 2 / 3, 2 / 3, 0.0, 0.0, 0.0, 0.0])[traj]
     return rows, lens, mask, student, teacher, won, traj_group, seq_adv_traj, traj, turn, v0
 
 
@@ -176,9 +179,11 @@ def test_agentopsd_is_the_public_turn_advantage(seed):
     assert torch.equal(get_rule("agentopsd").batch_advantages(rb, 1), got)  # the registered defaults
     # group 1 (no success, all-equal rewards): advantage 0; the multiplier stays in [0.9, 1.1] x A
     tok_traj = torch.repeat_interleave(traj, lens)
-    assert bool((got[tok_traj >= 3] == 0).all())
-    ratio = got[tok_traj < 3] / rb.advantages[tok_traj < 3]
+    assert bool((got[(tok_traj == 3) | (tok_traj == 4)] == 0).all())
+    moved = (tok_traj < 3) | (tok_traj > 4)
+    ratio = got[moved] / rb.advantages[moved]
     assert bool((ratio >= 0.9 - 1e-6).all() and (ratio <= 1.1 + 1e-6).all())
+    assert float((ratio[tok_traj[moved] > 4] - 1).abs().max()) > 1e-3  # group 2: no success, still moved
 
 
 def test_agentopsd_by_hand():
@@ -396,7 +401,13 @@ def test_group_success_lets_a_teacher_train_without_skills_or_privileged_text(mo
         load_config([*env, "method=sdpo", "algo.teacher_context_tokens=0"])
 
 
-def _train(tmp_path, monkeypatch, *extra: str) -> dict:
+#: the coin env: no skills, no privileged text, a group's episodes both win and lose untrained
+COIN = ["env.name=gym", "env.entry_point=textenv_coin:CoinDoor", "env.max_steps=2"]
+
+
+def _train(tmp_path, monkeypatch, env: list[str], *extra: str) -> tuple[dict, list[dict]]:
+    """One RL step on the tiny model (:func:`test_privileged.one_step_args`, no warm-up), then
+    ``extra``: the summary and the step records (``metrics.jsonl``)."""
     import json
 
     from test_privileged import one_step_args
@@ -406,27 +417,79 @@ def _train(tmp_path, monkeypatch, *extra: str) -> dict:
     monkeypatch.syspath_prepend(str(HERE))
     monkeypatch.chdir(HERE)
     run = tmp_path / "run"
-    env = [
-        "env.name=gym",
-        "env.entry_point=textenv_secret:SecretDoor",
-        "env.kwargs.privileged=false",
-        "env.max_steps=3",
-    ]
-    assert main([*env, *extra, *one_step_args(run)]) == 0
-    return json.loads((run / "summary.json").read_text())
+    assert main([*env, *one_step_args(run), *extra]) == 0
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return json.loads((run / "summary.json").read_text()), lines
+
+
+#: a cheap end-to-end run: groups of 4 on 2 tasks (a coin-tossing env: a group with a success and a
+#: failure for 1 - 2 x 2^-4 of the draws), the smallest model, one evaluation episode each side, one
+#: env worker process per pool
+CHEAP = [
+    "rollout.group_size=4",
+    "rollout.max_response_tokens=6",
+    "eval.episodes=1",
+    "model.tiny_hidden_size=32",
+    "env.num_threads=1",
+]
+
+
+def _finite_update(rec: dict) -> None:
+    import math
+
+    assert not rec.get("skipped") and rec["tokens"] > 0
+    for k in ("loss", "pg", "kl", "pcsd", "grad_norm", "gap_mean"):
+        assert math.isfinite(rec[k]), (k, rec)
+    assert 0 < rec["success"] < 100, rec  # the coin: a group's successes for the teacher's context
+
+
+def test_sdpo_trains_end_to_end(tmp_path, monkeypatch):
+    """method=sdpo (group-success, its default) on an env without skills or privileged text: the
+    distillation term is the step's loss (no policy-gradient term), non-zero: the teachers of some
+    turns read a peer's success."""
+    s, (rec,) = _train(tmp_path, monkeypatch, COIN, "method=sdpo", *CHEAP)
+    assert s["method"] == "sdpo" and s["steps"] == 1
+    _finite_update(rec)
+    assert rec["pcsd"] != 0.0 and rec["gap_mean"] != 0.0
+    assert rec["pg"] == 0.0  # distillation alone (algo.grpo=false)
+
+
+def test_agentopsd_trains_end_to_end(tmp_path, monkeypatch):
+    """method=agentopsd on the same env: the update's advantages are the estimator's times the
+    turn multiplier, in [0.9, 1.1] (lambda 0.5, band 0.2), not all 1 (two turns per episode, gaps
+    from a peer's success); no distillation term."""
+    from pcsd.ops.weighting import WeightRule
+
+    seen = []
+    batch_advantages = WeightRule.batch_advantages
+
+    def spy(self, rows, step, **params):
+        out = batch_advantages(self, rows, step, **params)
+        seen.append((self.name, rows, out))
+        return out
+
+    monkeypatch.setattr(WeightRule, "batch_advantages", spy)
+    s, (rec,) = _train(tmp_path, monkeypatch, COIN, "method=agentopsd", "algo.teacher_context=group-success", *CHEAP)
+    assert s["method"] == "agentopsd" and s["steps"] == 1
+    _finite_update(rec)
+    assert rec["pcsd"] == 0.0 and rec["gap_mean"] != 0.0 and rec["pg"] != 0.0
+    ((name, rows, out),) = seen
+    assert name == "agentopsd" and bool(rows.gap.ne(0).any())
+    a = rows.advantages
+    ratio = out[a != 0] / a[a != 0]
+    assert ratio.numel() and bool(((ratio >= 0.9 - 1e-6) & (ratio <= 1.1 + 1e-6)).all()), ratio
+    assert float((ratio - 1).abs().max()) > 1e-3  # the multiplier moved some turn's advantage
 
 
 def test_pcsd_trains_with_the_groups_successes_on_an_env_without_skills_or_privileged_text(tmp_path, monkeypatch):
-    s = _train(tmp_path, monkeypatch, "method=pcsd", "algo.teacher_context=group-success")
+    """method=pcsd algo.teacher_context=group-success on the coin env (no skills, no
+    ``info["privileged"]``): the teacher reads a peer's success, so the gaps and the distillation
+    term are non-zero."""
+    s, (rec,) = _train(tmp_path, monkeypatch, COIN, "method=pcsd", "algo.teacher_context=group-success", *CHEAP)
     assert s["method"] == "pcsd" and s["steps"] == 1 and s["success_after"] is not None
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["sdpo", "agentopsd"])
-def test_the_new_methods_train_end_to_end(tmp_path, monkeypatch, method):
-    extra = [f"method={method}"] + (["algo.teacher_context=group-success"] if method == "agentopsd" else [])
-    s = _train(tmp_path, monkeypatch, *extra)
-    assert s["method"] == method and s["steps"] == 1
+    assert not (tmp_path / "run" / "skills").exists()
+    _finite_update(rec)
+    assert rec["gap_mean"] != 0.0 and rec["pcsd"] != 0.0
 
 
 def test_the_new_keys_are_warned_about_where_unread():
