@@ -324,3 +324,30 @@ def test_webshop_steps_shorter_than_its_expert_are_refused_at_config_read(websho
     assert not (tmp_path / "run").exists()
     assert load_config([*over[:2], "env.max_steps=3"]).env.max_steps == 3
     assert load_config([*over, "optim.sft_steps=0"]).env.max_steps == 2  # no warm-up: no expert to fit
+
+
+def test_webshop_steps_shorter_than_every_warm_up_play_are_refused_at_config_read(
+    webshop_data, tmp_path, capsys, monkeypatch
+):
+    """env.max_steps=4 with optim.sft_games=6: the 6 warm-up goals each have 2 or 3 options, so the
+    expert's plays take 5 or 6 steps and none fits. It passed the config check and was refused only
+    after the expert played; now the expert's plays are known at config read (the minimum named)
+    and nothing is written into the run folder (no base-model/, no config.yaml)."""
+    import pcsd.envs.kinds.webshop as ws
+    from pcsd.train.cli import main
+
+    over = ["preset=tiny-cpu-webshop", f"env.webshop_data={webshop_data}", "optim.sft_games=6", "env.max_steps=4"]
+    message = "env.max_steps=4 is shorter than any episode of the WebShop expert the warm-up imitates"
+    with pytest.raises(ConfigError, match=message + r" .* 6 plays, optim.sft_games, takes 5 steps\)"):
+        load_config(over)
+    run = tmp_path / "run"
+    run.mkdir()
+    assert main([*over, f"run.dir={run}"]) == 2
+    _one_line(capsys.readouterr().err, "raise env.max_steps to at least 5 (verl-agent's WebShop: 15)")
+    assert list(run.iterdir()) == []
+    assert load_config([*over[:3], "env.max_steps=5"]).env.max_steps == 5
+    with pytest.raises(ConfigError, match=r"^optim.sft_games=6411: the warm-up plays distinct training goals, and "):
+        load_config([*over[:2], "optim.sft_games=6411"])
+    monkeypatch.setattr(ws, "expert_play_lengths", lambda *a: (None, None))
+    with pytest.raises(ConfigError, match=r"^optim.sft_games=6: the WebShop expert wins none of the warm-up's 6 "):
+        load_config(over)
