@@ -103,6 +103,37 @@ def tiny_dir(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, seed=3)
 
 
+# ----------------------------------------------------------------------------- short runs
+#: the overrides of a short run on the tiny model (python -m pcsd.train): no warm-up, one task of two
+#: one-step plays with four-token answers, one evaluation game, two RL steps each checkpointed, a
+#: one-layer tiny model when no model.path is given. :func:`tiny_run` changes and adds to them.
+TINY_RUN = (
+    "rollout.backend=hf",
+    "optim.sft_steps=0",
+    "env.max_steps=1",
+    "rollout.tasks_per_step=1",
+    "rollout.group_size=2",
+    "rollout.max_response_tokens=4",
+    "eval.episodes=1",
+    "optim.steps=2",
+    "run.save_every=1",
+    "model.tiny_layers=1",
+)
+
+
+def tiny_run(*overrides: str, leave_out: tuple[str, ...] = ()) -> list[str]:
+    """:data:`TINY_RUN` with ``overrides`` (``key=value``): one naming a key of it takes that key's
+    place, the others follow in order; ``leave_out``: keys of it not given (e.g. ``env.max_steps``
+    when the env's keys set it before)."""
+    given = dict(o.split("=", 1) for o in overrides)
+    out = []
+    for o in TINY_RUN:
+        key = o.split("=", 1)[0]
+        if key not in leave_out:
+            out.append(f"{key}={given.pop(key)}" if key in given else o)
+    return out + [o for o in overrides if o.split("=", 1)[0] in given]
+
+
 # ----------------------------------------------------------------------------- processes of several ranks
 #: how long a run of several ranks (gloo processes) may take before it counts as a hang
 RANKS_TIMEOUT_S = 300.0

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import free_port, spawn_ranks
+from conftest import free_port, spawn_ranks, tiny_run
 
 from pcsd.ops.estimators import available_estimators
 from pcsd.ops.policy_losses import available_policy_losses
@@ -375,17 +375,7 @@ def test_a_teacher_method_with_skipped_steps_trains_and_resumes(played, tmp_path
         "algo.clip_eps_high=0.28",
         "rollout.dynamic_sampling=true",
         "rollout.max_sample_batches=1",
-        "rollout.backend=hf",
-        "optim.sft_steps=0",
-        "env.max_steps=1",
-        "rollout.tasks_per_step=2",
-        "rollout.group_size=2",
-        "rollout.max_response_tokens=4",
-        "eval.episodes=1",
-        "eval.before=false",
-        "optim.steps=2",
-        "run.stop_after=1",
-        "run.tensorboard=false",
+        *tiny_run("rollout.tasks_per_step=2", "eval.before=false", "run.stop_after=1", "run.tensorboard=false"),
     ]
     assert main(base) == 0
     assert main(["--resume", str(run)]) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_run
 
 from pcsd.train.config import ConfigError, load_config
 
@@ -216,19 +217,7 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_earlier_checkpoin
 
     monkeypatch.setattr(ck.torch, "save", full_disk)
     run = tmp_path / "run"
-    args = [
-        "rollout.backend=hf",
-        "optim.sft_steps=0",
-        "env.max_steps=1",
-        "rollout.tasks_per_step=1",
-        "rollout.group_size=2",
-        "rollout.max_response_tokens=4",
-        "eval.episodes=1",
-        "optim.steps=2",
-        "run.save_every=1",
-        f"model.path={tiny_model}",
-        f"run.dir={run}",
-    ]
+    args = tiny_run(f"model.path={tiny_model}", f"run.dir={run}")
     assert main(args) == 2
     err = capsys.readouterr().err
     _one_line(err, "No space left on device; the run's complete checkpoints are intact", only=False)

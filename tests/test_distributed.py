@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import free_port, spawn_ranks
+from conftest import free_port, spawn_ranks, tiny_run
 
 from pcsd.train.distributed import DistContext, select_groups, single_process, split_groups
 
@@ -253,22 +253,9 @@ def test_a_node_that_cannot_see_the_run_folder_stops_every_rank_with_one_line(tw
     assert "\n" not in msg
 
 
-_TINY_RUN = [
-    "rollout.backend=hf",
-    "optim.sft_steps=0",
-    "env.max_steps=1",
-    "rollout.tasks_per_step=4",
-    "rollout.group_size=2",
-    "rollout.max_response_tokens=4",
-    "eval.episodes=1",
-    "optim.steps=2",
-    "run.save_every=1",
-    "model.tiny_layers=1",
-    "optim.lr=1e-2",
-    "run.device=cpu",
-    "run.progress=false",
-    "run.tensorboard=false",
-]
+_TINY_RUN = tiny_run(
+    "rollout.tasks_per_step=4", "optim.lr=1e-2", "run.device=cpu", "run.progress=false", "run.tensorboard=false"
+)
 
 
 @pytest.mark.slow

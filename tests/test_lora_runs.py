@@ -15,26 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import free_port, spawn_ranks
+from conftest import free_port, spawn_ranks, tiny_run
 
 from pcsd.train.config import load_config
 
 #: the tiny-cpu-lora preset, shortened (no warm-up, one game, 3 steps)
 _TINY = [
     "preset=tiny-cpu-lora",
-    "rollout.backend=hf",
-    "optim.sft_steps=0",
-    "env.max_steps=1",
-    "rollout.tasks_per_step=1",
-    "rollout.group_size=2",
-    "rollout.max_response_tokens=4",
-    "eval.episodes=1",
-    "eval.before=false",
-    "optim.steps=3",
-    "run.save_every=1",
-    "run.tensorboard=false",
-    "model.tiny_layers=1",
-    "optim.lr=1e-2",
+    *tiny_run("eval.before=false", "optim.steps=3", "run.tensorboard=false", "optim.lr=1e-2"),
 ]
 
 
