@@ -11,7 +11,9 @@ update, the step record) on a batch the real rollout loop played on a native env
 :func:`start`) and stepped again next to the uninterrupted job. A new option joins :data:`OPTIONS`
 (and, where it needs one, :func:`_overrides`), not a test written by hand.
 
-Rows on 2 FSDP2 ranks (gloo processes) are ``slow``; one FSDP2 case stays in the default run
+Rows on 2 FSDP2 ranks (gloo processes) are ``slow``, all run by one pair of processes
+(:func:`two_rank_rows`: they import torch and join once; 0.5-30 s a row on 2 busy cores) under a
+deadline (:func:`conftest.spawn_ranks`: a hang fails with each rank's stack); one FSDP2 case stays in the default run
 (:func:`test_two_gloo_ranks_match_one_process`, which also checks that a non-finite update on one rank
 is skipped on both). The crash of issue 42 (a teacher method's skipped step: ``KeyError: 'gap_mean'``,
 and ``--resume`` the same) is one short end-to-end run."""
@@ -22,7 +24,6 @@ import copy
 import json
 import math
 import os
-import socket
 import sys
 import time
 import warnings
@@ -31,6 +32,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import free_port, spawn_ranks, tiny_run
 
 from pcsd.ops.estimators import available_estimators
 from pcsd.ops.policy_losses import available_policy_losses
@@ -240,12 +242,13 @@ def run_row(row: dict[str, Any], model_dir: Path, batch_file: Path, run_dir: Pat
     J.play_batch = _Plays(rb)
     try:
         rec = J.rl_step(job, 0)
+        after = _trained(job)  # collective under FSDP2: every rank gathers, rank 0 gets the weights
         out: dict[str, Any] = dict(
             line=rec.line(),
             console=console_line(rec, 2, J.uses_teacher(cfg)),
             skipped=rec.skipped,
             calls=J.play_batch.calls,
-            moved=[k for k, v in _trained(job).items() if not torch.equal(v, start[k])] if ctx.is_main else None,
+            moved=[k for k, v in after.items() if not torch.equal(v, start[k])],
             update_keys=set(UpdateStats.__annotations__),
         )
         if row["resume"]:
@@ -301,31 +304,58 @@ def test_a_row_of_the_table(played, tmp_path, row):
     _check(row, run_row(row, path, files[row["anchors"]], tmp_path / "run"))
 
 
-def _row_worker(rank: int, world: int, port: int, row: dict, model_dir: str, batch: str, run_dir: str, out: str):
+def _rows_worker(rank: int, world: int, port: int, rows: list, model_dir: str, batches: dict, root: str) -> None:
+    """One rank of :func:`two_rank_rows`: every row in turn in one process group (the ranks import
+    torch and join once); rank 0 saves each row's result and its seconds as it ends."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from pcsd.train import distributed as du
 
     ctx = du.init_distributed(rank=rank, world_size=world, device="cpu")
     try:
-        got = run_row(row, Path(model_dir), Path(batch), Path(run_dir), ctx)
-        if ctx.is_main:
-            torch.save(got, out)
+        for i, row in enumerate(rows):
+            t0 = time.perf_counter()
+            got = run_row(row, Path(model_dir), Path(batches[row["anchors"]]), Path(root) / f"run-{i}", ctx)
+            if ctx.is_main:
+                torch.save(dict(got, seconds=time.perf_counter() - t0), Path(root) / f"row-{i}.pt")
     finally:
         du.shutdown(ctx)
+
+
+@pytest.fixture(scope="module")
+def two_rank_rows(played, request, tmp_path_factory):
+    """``row id -> result`` of the two-rank rows this session runs (its selected tests), all on one
+    pair of gloo processes, and why the ranks stopped early (None when they ran every row). A hang
+    fails within :data:`conftest.RANKS_TIMEOUT_S` plus a minute a row, with the ranks' stacks."""
+    path, files = played
+    rows = [
+        item.callspec.params["row"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_a_row_of_the_table_on_two_gloo_ranks"
+    ]
+    root = tmp_path_factory.mktemp("two-ranks")
+    batches = {k: str(v) for k, v in files.items()}
+    failure = None
+    try:
+        spawn_ranks(_rows_worker, (2, free_port(), rows, str(path), batches, str(root)), timeout_s=120 + 60 * len(rows))
+    except (Exception, pytest.fail.Exception) as exc:
+        failure = f"{type(exc).__name__}: {exc}"
+    got = {}
+    for i, row in enumerate(rows):
+        if (root / f"row-{i}.pt").is_file():
+            got[_row_id(row)] = torch.load(root / f"row-{i}.pt", weights_only=False)
+            print(f"two ranks: {got[_row_id(row)]['seconds']:.1f} s {_row_id(row)}")
+    return got, failure
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.distributed.is_available() or sys.platform == "win32", reason="gloo is needed")
 @pytest.mark.parametrize("row", TWO_RANKS, ids=[_row_id(r) for r in TWO_RANKS])
-def test_a_row_of_the_table_on_two_gloo_ranks(played, tmp_path, row):
-    import torch.multiprocessing as mp
-
-    path, files = played
-    out = tmp_path / "rank0.pt"
-    args = (2, _free_port(), row, str(path), str(files[row["anchors"]]), str(tmp_path / "run"), str(out))
-    mp.spawn(_row_worker, args=args, nprocs=2, join=True)
-    _check(row, torch.load(out, weights_only=False))
+def test_a_row_of_the_table_on_two_gloo_ranks(two_rank_rows, row):
+    got, failure = two_rank_rows
+    if _row_id(row) not in got:
+        pytest.fail(f"the two ranks stopped before this row ended: {failure}", pytrace=False)
+    _check(row, got[_row_id(row)])
 
 
 # ----------------------------------------------------------------------------- the crash of issue 42
@@ -345,17 +375,7 @@ def test_a_teacher_method_with_skipped_steps_trains_and_resumes(played, tmp_path
         "algo.clip_eps_high=0.28",
         "rollout.dynamic_sampling=true",
         "rollout.max_sample_batches=1",
-        "rollout.backend=hf",
-        "optim.sft_steps=0",
-        "env.max_steps=1",
-        "rollout.tasks_per_step=2",
-        "rollout.group_size=2",
-        "rollout.max_response_tokens=4",
-        "eval.episodes=1",
-        "eval.before=false",
-        "optim.steps=2",
-        "run.stop_after=1",
-        "run.tensorboard=false",
+        *tiny_run("rollout.tasks_per_step=2", "eval.before=false", "run.stop_after=1", "run.tensorboard=false"),
     ]
     assert main(base) == 0
     assert main(["--resume", str(run)]) == 0
@@ -384,12 +404,6 @@ _UPDATE = [
 @pytest.fixture(scope="module")
 def models(played):
     return (played[0],)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, model_dir: str, out: str, extra: list, shares: list) -> None:
@@ -449,15 +463,13 @@ def _load(model_dir):
     ids=["gigpo-gspo-a-rank-without-groups", "rloo"],
 )
 def test_two_gloo_ranks_match_one_process(models, tmp_path, extra, shares):
-    import torch.multiprocessing as mp
-
     from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.distributed import single_process
     from pcsd.train.update import update_step
 
     path = str(models[0])
     out = tmp_path / "rank0.pt"
-    mp.spawn(_worker, args=(2, _free_port(), path, str(out), extra, shares), nprocs=2, join=True)
+    spawn_ranks(_worker, (2, free_port(), path, str(out), extra, shares))
     got = torch.load(out, weights_only=False)
     student, frozen = _load(path)
     rb = synthetic_rollout_batch(num_groups=5, group_size=2, seed=7)

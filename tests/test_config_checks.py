@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_run
 
 from pcsd.train.config import ConfigError, load_config
 
@@ -216,19 +217,7 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_earlier_checkpoin
 
     monkeypatch.setattr(ck.torch, "save", full_disk)
     run = tmp_path / "run"
-    args = [
-        "rollout.backend=hf",
-        "optim.sft_steps=0",
-        "env.max_steps=1",
-        "rollout.tasks_per_step=1",
-        "rollout.group_size=2",
-        "rollout.max_response_tokens=4",
-        "eval.episodes=1",
-        "optim.steps=2",
-        "run.save_every=1",
-        f"model.path={tiny_model}",
-        f"run.dir={run}",
-    ]
+    args = tiny_run(f"model.path={tiny_model}", f"run.dir={run}")
     assert main(args) == 2
     err = capsys.readouterr().err
     _one_line(err, "No space left on device; the run's complete checkpoints are intact", only=False)
@@ -324,3 +313,30 @@ def test_webshop_steps_shorter_than_its_expert_are_refused_at_config_read(websho
     assert not (tmp_path / "run").exists()
     assert load_config([*over[:2], "env.max_steps=3"]).env.max_steps == 3
     assert load_config([*over, "optim.sft_steps=0"]).env.max_steps == 2  # no warm-up: no expert to fit
+
+
+def test_webshop_steps_shorter_than_every_warm_up_play_are_refused_at_config_read(
+    webshop_data, tmp_path, capsys, monkeypatch
+):
+    """env.max_steps=4 with optim.sft_games=6: the 6 warm-up goals each have 2 or 3 options, so the
+    expert's plays take 5 or 6 steps and none fits. It passed the config check and was refused only
+    after the expert played; now the expert's plays are known at config read (the minimum named)
+    and nothing is written into the run folder (no base-model/, no config.yaml)."""
+    import pcsd.envs.kinds.webshop as ws
+    from pcsd.train.cli import main
+
+    over = ["preset=tiny-cpu-webshop", f"env.webshop_data={webshop_data}", "optim.sft_games=6", "env.max_steps=4"]
+    message = "env.max_steps=4 is shorter than any episode of the WebShop expert the warm-up imitates"
+    with pytest.raises(ConfigError, match=message + r" .* 6 plays, optim.sft_games, takes 5 steps\)"):
+        load_config(over)
+    run = tmp_path / "run"
+    run.mkdir()
+    assert main([*over, f"run.dir={run}"]) == 2
+    _one_line(capsys.readouterr().err, "raise env.max_steps to at least 5 (verl-agent's WebShop: 15)")
+    assert list(run.iterdir()) == []
+    assert load_config([*over[:3], "env.max_steps=5"]).env.max_steps == 5
+    with pytest.raises(ConfigError, match=r"^optim.sft_games=6411: the warm-up plays distinct training goals, and "):
+        load_config([*over[:2], "optim.sft_games=6411"])
+    monkeypatch.setattr(ws, "expert_play_lengths", lambda *a: (None, None))
+    with pytest.raises(ConfigError, match=r"^optim.sft_games=6: the WebShop expert wins none of the warm-up's 6 "):
+        load_config(over)

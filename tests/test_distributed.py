@@ -11,13 +11,14 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import free_port, spawn_ranks, tiny_run
 
 from pcsd.train.distributed import DistContext, select_groups, single_process, split_groups
 
@@ -46,12 +47,6 @@ def _optimizer(model):
     # first step is lr * g / (|g| + eps), about lr * sign(g): float rounding in near-zero gradient
     # entries would flip whole steps and say nothing about the loss normalisation.)
     return torch.optim.SGD(model.parameters(), lr=0.5)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _load(model_dir):
@@ -100,19 +95,32 @@ _RECOMPUTE = ("optim.fused_lm_head=false", "optim.joint_frozen_pass=never")
 def two_ranks(tiny_dir, tmp_path_factory):
     """``run(algo)``: rank 0's stats and full weights after the 2-rank update with ``algo``, computed once
     per ``algo`` (the first and third cases give the ranks the same update; only their references differ)."""
-    import torch.multiprocessing as mp
-
     done: dict = {}
 
     def run(algo: dict) -> dict:
         key = tuple(sorted(algo.items()))
         if key not in done:
             out = tmp_path_factory.mktemp("ranks") / "rank0.pt"
-            mp.spawn(_worker, args=(2, _free_port(), str(tiny_dir), str(out), algo), nprocs=2, join=True)
+            spawn_ranks(_worker, (2, free_port(), str(tiny_dir), str(out), algo))
             done[key] = torch.load(out, weights_only=False)
         return done[key]
 
     return run
+
+
+def _rank_one_hangs(rank: int) -> None:
+    if rank == 1:
+        time.sleep(600)
+
+
+def test_a_hang_of_two_ranks_fails_fast(capfd):
+    """conftest.spawn_ranks: a rank still running at the deadline (one waiting on a collective the
+    other never joins) fails the test within seconds, naming it, not after the gloo timeout."""
+    t0 = time.monotonic()
+    with pytest.raises(pytest.fail.Exception, match=r"^rank\(s\) (0, )?1 of 2 still running after 3 s \(a hang"):
+        spawn_ranks(_rank_one_hangs, (), timeout_s=3)
+    assert time.monotonic() - t0 < 120
+    assert "Traceback" not in capfd.readouterr().err  # rank 1 killed (rank 0 too while it still starts)
 
 
 @pytest.mark.parametrize(
@@ -185,7 +193,7 @@ def _torchrun_node(node: int, port: int, target: list[str], env: dict, cwd=None)
 
 def _two_nodes(target_of_node, env: dict, cwd=None, timeout: float = 300) -> list[tuple[int, str]]:
     """Both nodes' torchrun commands, run together: each one's exit status and output."""
-    port = _free_port()
+    port = free_port()
     procs = [_torchrun_node(n, port, target_of_node(n), env, cwd) for n in range(2)]
     results = []
     try:
@@ -245,22 +253,9 @@ def test_a_node_that_cannot_see_the_run_folder_stops_every_rank_with_one_line(tw
     assert "\n" not in msg
 
 
-_TINY_RUN = [
-    "rollout.backend=hf",
-    "optim.sft_steps=0",
-    "env.max_steps=1",
-    "rollout.tasks_per_step=4",
-    "rollout.group_size=2",
-    "rollout.max_response_tokens=4",
-    "eval.episodes=1",
-    "optim.steps=2",
-    "run.save_every=1",
-    "model.tiny_layers=1",
-    "optim.lr=1e-2",
-    "run.device=cpu",
-    "run.progress=false",
-    "run.tensorboard=false",
-]
+_TINY_RUN = tiny_run(
+    "rollout.tasks_per_step=4", "optim.lr=1e-2", "run.device=cpu", "run.progress=false", "run.tensorboard=false"
+)
 
 
 @pytest.mark.slow

@@ -15,25 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import free_port, spawn_ranks, tiny_run
 
 from pcsd.train.config import load_config
 
 #: the tiny-cpu-lora preset, shortened (no warm-up, one game, 3 steps)
 _TINY = [
     "preset=tiny-cpu-lora",
-    "rollout.backend=hf",
-    "optim.sft_steps=0",
-    "env.max_steps=1",
-    "rollout.tasks_per_step=1",
-    "rollout.group_size=2",
-    "rollout.max_response_tokens=4",
-    "eval.episodes=1",
-    "eval.before=false",
-    "optim.steps=3",
-    "run.save_every=1",
-    "run.tensorboard=false",
-    "model.tiny_layers=1",
-    "optim.lr=1e-2",
+    *tiny_run("eval.before=false", "optim.steps=3", "run.tensorboard=false", "optim.lr=1e-2"),
 ]
 
 
@@ -211,14 +200,6 @@ def test_vllm_rollouts_with_the_trained_adapter_equal_hf(vllm_available, tmp_pat
 
 
 # ----------------------------------------------------------------------------- FSDP2
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _lora_models(model_dir: str):
     from pcsd.lora import AdaptersOff, LoraSpec, add_adapters
     from pcsd.models import load_model
@@ -276,15 +257,13 @@ def test_fsdp2_with_lora_on_two_gloo_ranks_matches_one_process(tmp_path, tiny_di
     """FSDP2 over 2 processes: a LoRA student sharded (base frozen, adapters trained), the teacher
     and reference its adapters off (nothing else sharded or loaded); the update, the gathered
     adapters (trainable_only) and the merged weights equal one process on the whole batch."""
-    import torch.multiprocessing as mp
-
     from pcsd.lora import weight_sources
     from pcsd.tiny_model import synthetic_rollout_batch
     from pcsd.train.distributed import single_process
     from pcsd.train.update import update_step
 
     out = tmp_path / "rank0.pt"
-    mp.spawn(_fsdp_worker, args=(2, _free_port(), str(tiny_dir), str(out)), nprocs=2, join=True)
+    spawn_ranks(_fsdp_worker, (2, free_port(), str(tiny_dir), str(out)))
     got = torch.load(out, weights_only=False)
 
     student, frozen = _lora_models(str(tiny_dir))

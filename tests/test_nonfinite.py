@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_run
 
 from pcsd.train.config import ConfigError, load_config
 
@@ -181,17 +182,7 @@ def test_a_run_skips_counts_and_stops_after_non_finite_updates(models, tmp_path,
             f"model.path={path}",
             f"run.dir={run}",
             "method=grpo",
-            "rollout.backend=hf",
-            "optim.sft_steps=0",
-            "env.max_steps=1",
-            "rollout.tasks_per_step=1",
-            "rollout.group_size=2",
-            "rollout.max_response_tokens=4",
-            "eval.episodes=1",
-            "eval.before=false",
-            "optim.steps=4",
-            "run.save_every=1",
-            "optim.max_nonfinite_updates=2",
+            *tiny_run("eval.before=false", "optim.steps=4", "optim.max_nonfinite_updates=2"),
         ]
     )
     out, err = capsys.readouterr()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_run
 
 from pcsd.envs.protocol import EnvFactory
 from pcsd.text.prompts import PRIVILEGED_HEADER, PromptBuilder, SkillRepository
@@ -93,22 +94,20 @@ def test_a_teacher_needs_a_skills_folder_or_the_envs_privileged_text(monkeypatch
 
 
 def one_step_args(run: Path) -> list[str]:
-    """A one-step run on the tiny model, no warm-up, two groups of two (after the env and method keys)."""
-    return [
-        "optim.sft_steps=0",
+    """A one-step run on the tiny model, no warm-up, two groups of two (after the env and method
+    keys: the env's env.max_steps stays; the preset's checkpoints)."""
+    return tiny_run(
         "optim.steps=1",
         "rollout.tasks_per_step=2",
-        "rollout.group_size=2",
         "rollout.max_response_tokens=8",
         "rollout.max_prompt_tokens=512",
-        "rollout.backend=hf",
         "eval.episodes=2",
-        "model.tiny_layers=1",
         "model.tiny_hidden_size=64",
         "run.progress=false",
         "run.tensorboard=false",
         f"run.dir={run}",
-    ]
+        leave_out=("env.max_steps", "run.save_every"),
+    )
 
 
 def test_pcsd_trains_on_an_env_that_gives_privileged_text_without_a_skills_folder(tmp_path, monkeypatch):

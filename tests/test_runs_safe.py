@@ -14,22 +14,11 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
+from conftest import tiny_run
 
 from pcsd.train.rundir import LOCK_NAME, RunDirError, claim_run_dir
 
-_TINY = [
-    "rollout.backend=hf",
-    "optim.sft_steps=0",
-    "env.max_steps=1",
-    "rollout.tasks_per_step=1",
-    "rollout.group_size=2",
-    "rollout.max_response_tokens=4",
-    "eval.episodes=1",
-    "optim.steps=2",
-    "run.save_every=1",
-    "model.tiny_layers=1",
-    "optim.lr=1e-2",
-]
+_TINY = tiny_run("optim.lr=1e-2")
 
 
 @pytest.fixture(scope="module")
@@ -316,20 +305,17 @@ def test_ctrl_c_during_then_after_the_warm_up_and_resume(tmp_path, child_env):
     run = tmp_path / "run"
     args = [
         f"run.dir={run}",
-        "rollout.backend=hf",
-        "optim.sft_steps=50",
-        "optim.sft_games=4",
-        "optim.steps=1",
-        "optim.sft_batch_size=1",  # 50 steps are needed (progress is printed every 25th), not their size
-        "model.tiny_hidden_size=64",
-        "model.tiny_layers=1",
-        "rollout.tasks_per_step=1",
-        "rollout.group_size=2",
-        "rollout.max_response_tokens=40",  # holds the warm-up's targets (a shorter budget is refused)
-        "env.max_steps=2",
-        "eval.episodes=1",
-        "run.save_every=0",
-        "run.tensorboard=false",
+        *tiny_run(
+            "optim.sft_steps=50",
+            "optim.sft_games=4",
+            "optim.steps=1",
+            "optim.sft_batch_size=1",  # 50 steps are needed (progress is printed every 25th), not their size
+            "model.tiny_hidden_size=64",
+            "rollout.max_response_tokens=40",  # holds the warm-up's targets (a shorter budget is refused)
+            "env.max_steps=2",
+            "run.save_every=0",
+            "run.tensorboard=false",
+        ),
     ]
     out, err = _interrupt(args, "warm-up", tmp_path, child_env)  # during the warm-up
     assert "sft 25/50" in "".join(out) and "sft 50/50" not in "".join(out)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_run
 
 from pcsd.train.config import ConfigError, load_config, resume_config
 from pcsd.train.methods import METHODS, available_methods
@@ -320,19 +321,7 @@ def test_cli_errors_exit_2(capsys):
 
 
 # ----------------------------------------------------------------------------- runs
-_TINY = [
-    "rollout.backend=hf",
-    "optim.sft_steps=0",
-    "env.max_steps=1",
-    "rollout.tasks_per_step=1",
-    "rollout.group_size=2",
-    "rollout.max_response_tokens=4",
-    "eval.episodes=1",
-    "optim.steps=2",
-    "run.save_every=1",
-    "model.tiny_layers=1",
-    "optim.lr=1e-2",
-]
+_TINY = tiny_run("optim.lr=1e-2")
 
 
 def _records(run: Path) -> list[dict]:

@@ -74,6 +74,7 @@ __all__ = [
     "register_rule",
     "get_rule",
     "active_rule",
+    "uses_teacher",
     "NO_RULE",
     "available_rules",
     "rlsd_advantages",
@@ -247,6 +248,13 @@ def active_rule(name: str, distill: bool) -> WeightRule:
     as ``rlsd`` stays on)."""
     rule = get_rule(name)
     return rule if distill or not rule.distills else NO_RULE
+
+
+def uses_teacher(cfg: Any) -> bool:
+    """Whether a run with config ``cfg`` (its ``rule`` and ``algo.distill``) scores a teacher: the
+    rule :func:`active_rule` picks needs one (distillation, RLSD). Without one the rule, the gap and
+    the gate mean nothing: the console, the metrics and the episode log leave them out."""
+    return active_rule(str(cfg.rule), bool(cfg.algo.distill)).needs_teacher
 
 
 def _pcsd_variant(name: str, doc: str, adaptive: bool = True, trend: bool = True, **pins: Any) -> None:

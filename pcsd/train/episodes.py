@@ -366,7 +366,7 @@ class EvalSink:
 
 def open_episode_log(job: Any) -> Optional[EpisodeLog]:
     """The job's episode log (rank 0, ``run.log_episodes`` or ``run.log_eval_failures`` > 0), else None."""
-    from pcsd.ops.weighting import active_rule
+    from pcsd.ops.weighting import uses_teacher
 
     run = job.cfg.run
     per_step, failures = int(run.get("log_episodes", 0)), int(run.get("log_eval_failures", 0))
@@ -378,7 +378,7 @@ def open_episode_log(job: Any) -> Optional[EpisodeLog]:
         per_step=per_step,
         eval_failures=failures,
         max_mb=float(run.get("episodes_max_mb", 100)),
-        teacher=active_rule(job.cfg.rule, bool(job.cfg.algo.distill)).needs_teacher,
+        teacher=uses_teacher(job.cfg),
         warn=job.say,
     )
 

@@ -43,6 +43,7 @@ from pcsd.eval.run import evaluate, render_table
 from pcsd.lora import AdaptersOff, LoraSpec, save_adapter
 from pcsd.models import eos_id, load_model, resolve_device, resolve_model_path
 from pcsd.ops.estimators import get_estimator
+from pcsd.ops.weighting import uses_teacher
 from pcsd.progress import ProgressReporter
 from pcsd.rollout.backends import make_backend, usable_backend
 from pcsd.rollout.loop import collect_rollouts
@@ -240,14 +241,6 @@ def _load_chosen_checkpoint(job: Job, path: Path) -> None:
         )
         err.all_ranks = True  # type: ignore[attr-defined]
         raise err
-
-
-def uses_teacher(cfg: DictConfig) -> bool:
-    """Whether a teacher scores the student (distillation, RLSD): the rule, the gap and the gate
-    mean something; without one they are not shown or recorded."""
-    from pcsd.ops.weighting import active_rule
-
-    return active_rule(cfg.rule, bool(cfg.algo.distill)).needs_teacher
 
 
 def skill_repository(cfg: DictConfig, only_if_read: bool = False):

@@ -28,6 +28,7 @@ native shop per split (``docs/webshop.md``):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -39,6 +40,8 @@ __all__ = [
     "WebShopKind",
     "load_shops",
     "train_goals",
+    "warmup_goals",
+    "warmup_steps_problem",
     "webshop_data_dir",
     "webshop_expert_episodes",
     "webshop_validation_goals",
@@ -46,8 +49,9 @@ __all__ = [
 
 #: the seed of the warm-up's goal draw
 SFT_GOALS_SEED = 500_000
-#: the WebShop expert's shortest won episode: search, open the goal's product, buy (one more step per option)
-EXPERT_MIN_STEPS = 3
+#: the steps the config check follows the expert's play for (longer than any: it searches at most
+#: twice, pages through at most a few result pages, opens one product, picks its options, buys)
+EXPERT_PLAY_CAP = 100
 PAPER_EPISODES = 128
 
 
@@ -95,6 +99,69 @@ def webshop_validation_goals(protocol: str, episodes: int = 0, seed: int = 0, va
         )
     except (TypeError, ValueError) as exc:
         raise TaskError(f"episodes={episodes!r}, seed={seed!r}, validation_index={validation_index!r}: {exc}") from None
+
+
+def warmup_goals(shop: Any, count: int) -> list[int]:
+    """The ``count`` (``optim.sft_games``) training goal indices of ``shop`` the warm-up's expert plays."""
+    from pcsd.envs.webshop import draw_goals, train_goal_indices
+
+    return draw_goals(train_goal_indices(shop.num_goals), count, SFT_GOALS_SEED)
+
+
+@functools.lru_cache(maxsize=8)
+def expert_play_lengths(root: str, seed: int, variant: str, count: int) -> tuple[Optional[int], ...]:
+    """The steps of the expert's play on each of the warm-up's ``count`` goals of the training shop
+    (``root``, seed ``seed``, ``variant``), None for a play it does not win; played once a process
+    (the shop's index cache makes the load quick). The expert is deterministic, so its play cut at
+    ``env.max_steps`` wins exactly when this length is at most ``env.max_steps``."""
+    from pcsd.envs.webshop import WebShop, run_expert, train_goal_indices
+
+    shop = WebShop.load(root, goals="synthetic", seed=seed, variant=variant)
+    available = len(train_goal_indices(shop.num_goals))
+    if count > available:
+        raise LookupError(
+            f"optim.sft_games={count}: the warm-up plays distinct training goals, and the shop has {available} "
+            f"(expected at most {available})"
+        )
+    env = shop.env()
+    out: list[Optional[int]] = []
+    for g in warmup_goals(shop, count):
+        actions, reward, done = run_expert(env, g, EXPERT_PLAY_CAP)
+        out.append(len(actions) if done and reward == 1.0 else None)
+    return tuple(out)
+
+
+def warmup_steps_problem(cfg: Any) -> Optional[str]:
+    """Why the warm-up would have no example (``optim.sft_steps`` > 0): ``env.max_steps`` shorter than
+    every play of the expert on the warm-up's goals (naming the least that fits), or no play won at
+    all; else None. Plays the expert at config read (:func:`expert_play_lengths`), before the run
+    writes anything."""
+    if cfg.optim.get("sft_steps", 0) <= 0:
+        return None
+    count, max_steps = int(cfg.optim.sft_games), int(cfg.env.max_steps)
+    warm = f"the warm-up (optim.sft_steps={cfg.optim.sft_steps}) would have no example"
+    root = webshop_data_dir(cfg)
+    try:
+        lengths = expert_play_lengths(root, int(cfg.run.seed), str(cfg.env.webshop_variant), count)
+    except LookupError as exc:
+        return str(exc)
+    except (OSError, ValueError) as exc:
+        return f"env.webshop_data={root}: the warm-up's expert cannot play its training goals ({exc})"
+    won = [n for n in lengths if n is not None]
+    if not won:
+        return (
+            f"optim.sft_games={count}: the WebShop expert wins none of the warm-up's {count} goals, so {warm}; "
+            "raise optim.sft_games or set optim.sft_steps=0"
+        )
+    least = min(won)
+    if max_steps >= least:
+        return None
+    return (
+        f"env.max_steps={max_steps} is shorter than any episode of the WebShop expert the warm-up imitates (search, "
+        f"open the product, its options, buy: the shortest of its {count} plays, optim.sft_games, takes {least} "
+        f"steps), so {warm}; raise env.max_steps to at least {least} (verl-agent's WebShop: 15) or set "
+        "optim.sft_steps=0"
+    )
 
 
 def webshop_expert_episodes(shop: Any, goals: Sequence[int], max_steps: int) -> list[Any]:
@@ -171,19 +238,12 @@ class WebShopKind(EnvKind):
             webshop_data_dir(cfg)
         except ValueError as exc:
             return str(exc)
-        if cfg.optim.get("sft_steps", 0) > 0 and cfg.env.max_steps < EXPERT_MIN_STEPS:
-            return (
-                f"env.max_steps={cfg.env.max_steps} is shorter than any episode of the WebShop expert the warm-up "
-                f"imitates (search, open the product, its options, buy: at least {EXPERT_MIN_STEPS} steps), so "
-                f"the warm-up (optim.sft_steps={cfg.optim.sft_steps}) would have no example; raise env.max_steps "
-                "(verl-agent's WebShop: 15) or set optim.sft_steps=0"
-            )
         if cfg.eval.episodes > len(VALIDATION_GOALS):
             return (
                 f"eval.episodes={cfg.eval.episodes}: WebShop validates on distinct goals drawn from the "
                 f"{len(VALIDATION_GOALS)} validation goals; expected at most {len(VALIDATION_GOALS)} (0 = 128)"
             )
-        return None
+        return warmup_steps_problem(cfg)
 
     def pools(self, options: Optional[Mapping[str, Any]] = None) -> Pools:
         opts = dict(options or {})
@@ -293,9 +353,7 @@ class WebShopRun(EnvRun):
         return webshop_validation_goals(cfg.eval.protocol, int(cfg.eval.episodes), int(cfg.run.seed), index)
 
     def warmup(self, count: int, *, skills: Any) -> Warmup:
-        from pcsd.envs.webshop import draw_goals, train_goal_indices
-
-        goals = draw_goals(train_goal_indices(self.train_shop.num_goals), count, SFT_GOALS_SEED)
+        goals = warmup_goals(self.train_shop, count)
         return Warmup(webshop_expert_episodes(self.train_shop, goals, self.cfg.env.max_steps))
 
     def demonstrations(self, episodes: list[Any]) -> list[Any]:
