@@ -79,27 +79,33 @@ py::tuple weights_cpu(std::uintptr_t gap, std::uintptr_t cu, int64_t num_segment
 }
 
 #ifdef PCSD_WITH_CUDA
-void weights_cuda(std::uintptr_t gap, std::uintptr_t cu, int64_t num_segments, int64_t total,
-                  std::uintptr_t mask, int64_t n_min, int64_t n_max, double alpha, double tau_low,
-                  double tau_high, double gamma, double beta_gate, double eps_slope,
-                  double eps_scale, bool adaptive, bool trend, std::uintptr_t w, std::uintptr_t ad,
-                  std::uintptr_t r, std::uintptr_t slope, std::uintptr_t eta,
-                  std::uintptr_t stream) {
+// check: read the kernels' validation back (one 32-byte transfer, one stream synchronisation)
+// and return (status, err_index) as pcsd_weights_cpu does; without it (0, -1) and no host sync.
+py::tuple weights_cuda(std::uintptr_t gap, std::uintptr_t cu, int64_t num_segments, int64_t total,
+                       std::uintptr_t mask, int64_t n_min, int64_t n_max, double alpha,
+                       double tau_low, double tau_high, double gamma, double beta_gate,
+                       double eps_slope, double eps_scale, bool adaptive, bool trend,
+                       std::uintptr_t w, std::uintptr_t ad, std::uintptr_t r, std::uintptr_t slope,
+                       std::uintptr_t eta, std::uintptr_t stream, bool check) {
   const auto p = make_params(n_min, n_max, alpha, tau_low, tau_high, gamma, beta_gate, eps_slope,
                              eps_scale, adaptive, trend);
   int code;
+  int status = 0;
+  int64_t err_index = -1;
   {
     py::gil_scoped_release release;
     code = pcsd::pcsd_weights_cuda(as_ptr<const float>(gap), as_ptr<const int64_t>(cu),
                                    num_segments, total, as_ptr<const uint8_t>(mask), p,
                                    as_ptr<float>(w), as_ptr<float>(ad), as_ptr<float>(r),
                                    as_ptr<float>(slope), as_ptr<float>(eta),
-                                   reinterpret_cast<void*>(stream));
+                                   reinterpret_cast<void*>(stream), check ? &status : nullptr,
+                                   check ? &err_index : nullptr);
   }
   if (code != 0) {
     throw std::runtime_error(std::string("pcsd CUDA kernel failed: ") +
                              pcsd::pcsd_cuda_error_string(code));
   }
+  return py::make_tuple(status, err_index);
 }
 #endif
 
@@ -159,6 +165,14 @@ PYBIND11_MODULE(_C, m) {
         py::arg("x"), py::arg("y"), py::arg("n"));
 #ifdef PCSD_WITH_CUDA
   m.def("pcsd_weights_cuda", &weights_cuda,
-        "Segmented PCSD weights on CUDA buffers (raw device addresses, stream).");
+        "Segmented PCSD weights on CUDA buffers (raw device addresses, stream). check: return the "
+        "kernels' validation (status, err_index) as pcsd_weights_cpu does (one host sync); "
+        "without it (0, -1), asynchronous.",
+        py::arg("gap"), py::arg("cu"), py::arg("num_segments"), py::arg("total"), py::arg("mask"),
+        py::arg("n_min"), py::arg("n_max"), py::arg("alpha"), py::arg("tau_low"),
+        py::arg("tau_high"), py::arg("gamma"), py::arg("beta_gate"), py::arg("eps_slope"),
+        py::arg("eps_scale"), py::arg("adaptive"), py::arg("trend"), py::arg("w"), py::arg("ad"),
+        py::arg("r"), py::arg("slope"), py::arg("eta"), py::arg("stream"),
+        py::arg("check") = false);
 #endif
 }

@@ -6,6 +6,12 @@
 // ------------------------------------------------------------------------------------------------
 // Tokens are cut into fixed tiles of kTile = 2048 tokens (256 threads x 8 consecutive tokens).
 //
+// Validation (issue 40): the kernels check their input while they read it, so the caller needs no
+// torch-op pass over the data: kernel 0 checks cu_seqlens (cu[0] == 0, non-decreasing, cu[S] == T)
+// and kernel 1 the gaps' finiteness at valid positions, into four slots of the scratch buffer
+// (first offending index by atomicMin); kernels 1-3 return at once when cu_seqlens is malformed
+// (their segment walks assume it is not). A checked call reads the slots back in one transfer.
+//
 // 0. tile_segments_kernel: tile_seg[b] = segment of the tile's first token (one binary search
 //    per tile, all in parallel); tile b's tokens lie in segments [tile_seg[b], tile_seg[b + 1]].
 //    Kernels 1 and 3 stage cu_seqlens (and kernel 3 the inverse scales) of that range in shared
@@ -93,6 +99,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 #include "pcsd_kernels.h"
 
@@ -105,7 +112,8 @@ size_t pcsd_cuda_workspace_bytes(int64_t num_segments, int64_t total);
 int pcsd_weights_cuda_ws(const float* gap, const int64_t* cu_seqlens, int64_t num_segments,
                          int64_t total, const uint8_t* mask, const PcsdParams& p, float* w,
                          float* adaptive, float* r, float* slope, float* eta, void* workspace,
-                         size_t workspace_bytes, void* stream);
+                         size_t workspace_bytes, void* stream, int* status = nullptr,
+                         int64_t* err_index = nullptr);
 
 namespace {
 
@@ -115,6 +123,12 @@ constexpr int kTile = kThreads * kTok;      // tokens per block tile
 constexpr int kMaxCap = 32;                 // largest n_max served by the register kernel
 constexpr int kSegCache = 256;              // segments per tile staged in shared memory
 constexpr unsigned kFull = 0xffffffffu;
+// Validation slots in the workspace (set to kNone before kernel 0): [0] = 0 when cu[0] != 0,
+// [1] = the first s with cu[s + 1] < cu[s], [2] = S when cu[S] != T (kernel 0), [3] = the first
+// valid position with a non-finite gap (kernel 1). Kernels 1-3 do nothing when [0..2] name a fault:
+// with malformed cu_seqlens their segment walks could leave the arrays.
+constexpr int kStatusSlots = 4;
+constexpr unsigned long long kNone = ~0ull;
 
 struct Bufs {
   const float* gap;
@@ -129,6 +143,7 @@ struct Bufs {
   float* et;
   const float* scale;  // per-segment scale (kernel 3); written by kernels 1-2
   const int64_t* tile_seg;  // [tiles + 1]: seg(tile start), last entry S - 1 (kernel 0)
+  unsigned long long* status;  // [kStatusSlots] validation slots (see kNone)
   bool vec_in;         // gap 16-byte and mask 8-byte aligned: vector loads allowed
   bool vec_w, vec_ad, vec_rr, vec_sl, vec_et;  // 16-byte aligned outputs
 };
@@ -242,6 +257,12 @@ __device__ __forceinline__ uint32_t nz_bits4(uint32_t x) {
   return ((__vcmpne4(x, 0u) & 0x08040201u) * 0x01010101u) >> 24;
 }
 
+// True when kernel 0 found cu_seqlens malformed (block-uniform: the slots do not change while
+// kernels 1-3 run, so an early return before a barrier or shuffle is taken by the whole block).
+__device__ __forceinline__ bool cu_invalid(const unsigned long long* st) {
+  return st[0] != kNone || st[1] != kNone || st[2] != kNone;
+}
+
 // Loads tokens p .. p+7 (p a multiple of 8). Positions >= T or masked get v = 0 and a cleared bit.
 __device__ __forceinline__ void load8(const Bufs& a, int64_t p, float (&v)[kTok], uint32_t& bits) {
   if (a.vec_in && p + kTok <= a.T) {
@@ -291,12 +312,21 @@ __device__ __forceinline__ void store8(float* out, bool vec, int64_t p, int64_t 
 // tokens all lie in segments [tile_seg[b], tile_seg[b + 1]]. One binary search per tile here
 // spares every block of kernels 1 and 3 a serial chain of dependent loads at its start.
 __global__ void __launch_bounds__(kThreads)
-    tile_segments_kernel(const int64_t* __restrict__ cu, int64_t S, int64_t nt,
-                         int64_t* __restrict__ tile_seg) {
+    tile_segments_kernel(const int64_t* __restrict__ cu, int64_t S, int64_t T, int64_t nt,
+                         int64_t* __restrict__ tile_seg, unsigned long long* __restrict__ status) {
+  // Also validates cu_seqlens (the slots of kStatusSlots): a binary search over malformed offsets
+  // still returns an index in [0, S - 1], and kernels 1-3 skip their work when a slot is set.
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  for (int64_t b = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; b <= nt;
-       b += stride) {
-    tile_seg[b] = b < nt ? seg_search(cu, 0, S - 1, b * kTile) : S - 1;
+  const int64_t n = nt + 1 > S ? nt + 1 : S;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; j < n; j += stride) {
+    if (j <= nt) tile_seg[j] = j < nt ? seg_search(cu, 0, S - 1, j * kTile) : S - 1;
+    if (j < S && __ldg(cu + j + 1) < __ldg(cu + j)) {
+      atomicMin(status + 1, static_cast<unsigned long long>(j));
+    }
+    if (j == 0) {
+      if (__ldg(cu) != 0) status[0] = 0ull;
+      if (__ldg(cu + S) != T) status[2] = static_cast<unsigned long long>(S);
+    }
   }
 }
 
@@ -313,9 +343,18 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t hi = min(lo + static_cast<int64_t>(kTile), a.T);
   const int64_t i0 = lo + static_cast<int64_t>(kTok) * threadIdx.x;
   const int64_t i1 = min(i0 + kTok, hi);  // this thread's tokens are [i0, i1); may be empty
+  if (cu_invalid(a.status)) return;  // block-uniform, before any barrier
   float v[kTok];
   uint32_t bits;
   load8(a, i0, v, bits);  // issued first: its latency overlaps the staging below
+  {  // the first valid non-finite gap (positions >= T and masked ones have a cleared bit)
+    unsigned long long bad = kNone;
+#pragma unroll
+    for (int c = kTok - 1; c >= 0; --c) {
+      if (((bits >> c) & 1u) && !isfinite(v[c])) bad = static_cast<unsigned long long>(i0 + c);
+    }
+    if (bad != kNone) atomicMin(a.status + 3, bad);
+  }
   const SegView sv = stage_segments(a, b, sh_cu);
   __syncthreads();
 
@@ -393,7 +432,8 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     scale_finalize_kernel(const int64_t* __restrict__ cu, int64_t S, double eps_scale,
                           float* __restrict__ scale, const Part* __restrict__ head,
-                          const Part* __restrict__ tail) {
+                          const Part* __restrict__ tail, const unsigned long long* status) {
+  if (cu_invalid(status)) return;
   const int lane = threadIdx.x & 31;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
   const int64_t nwarps = (static_cast<int64_t>(gridDim.x) * kThreads) >> 5;
@@ -526,6 +566,7 @@ __global__ void __launch_bounds__(kThreads, 2) weights_kernel(Bufs a, DevParams 
   __shared__ int64_t sh_cu[kSegCache + 1];
   __shared__ float sh_inv_scale[kSegCache];
 
+  if (cu_invalid(a.status)) return;  // block-uniform, before the shuffles and the barrier
   const int64_t nt = (a.T + kTile - 1) / kTile;
   const int64_t b = nt - 1 - static_cast<int64_t>(blockIdx.x);  // reverse order: L2 reuse
   const int64_t lo = b * kTile;
@@ -618,6 +659,7 @@ __global__ void __launch_bounds__(kThreads, 2) weights_kernel(Bufs a, DevParams 
 // General fallback (n_max > 32 or n_max < 1): one thread per token, loops like the CPU kernel.
 __global__ void __launch_bounds__(kThreads)
     weights_general_kernel(Bufs a, DevParams p) {
+  if (cu_invalid(a.status)) return;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < a.T;
        i += stride) {
@@ -681,7 +723,7 @@ bool aligned(const void* ptr, uintptr_t n) { return (reinterpret_cast<uintptr_t>
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 struct Layout {
-  size_t scale_off, head_off, tail_off, tile_off, bytes;
+  size_t scale_off, head_off, tail_off, tile_off, status_off, bytes;
 };
 
 Layout workspace_layout(int64_t S, int64_t T) {
@@ -691,7 +733,8 @@ Layout workspace_layout(int64_t S, int64_t T) {
   l.head_off = align_up(static_cast<size_t>(S) * sizeof(float), 256);
   l.tail_off = l.head_off + align_up(static_cast<size_t>(nt) * sizeof(Part), 256);
   l.tile_off = l.tail_off + align_up(static_cast<size_t>(nt) * sizeof(Part), 256);
-  l.bytes = l.tile_off + align_up(static_cast<size_t>(nt + 1) * sizeof(int64_t), 256);
+  l.status_off = l.tile_off + align_up(static_cast<size_t>(nt + 1) * sizeof(int64_t), 256);
+  l.bytes = l.status_off + align_up(kStatusSlots * sizeof(unsigned long long), 256);
   return l;
 }
 
@@ -744,6 +787,61 @@ void launch_weights(const Bufs& a, const DevParams& d, unsigned grid, cudaStream
   }
 }
 
+// The host's view of a call's validation: cu_seqlens copied to the host and checked in the CPU
+// kernel's order (the kernels do not run when there are no tokens or no segments).
+int check_cu_on_host(const int64_t* cu_dev, int64_t S, int64_t T, cudaStream_t st, int* status,
+                     int64_t* err_index) {
+  *status = kOk;
+  *err_index = -1;
+  if (S < 0) return cudaErrorInvalidValue;
+  int64_t* h = static_cast<int64_t*>(std::malloc(static_cast<size_t>(S + 1) * sizeof(int64_t)));
+  if (h == nullptr) return cudaErrorMemoryAllocation;
+  cudaError_t err = cudaMemcpyAsync(h, cu_dev, static_cast<size_t>(S + 1) * sizeof(int64_t),
+                                    cudaMemcpyDeviceToHost, st);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(st);
+  if (err == cudaSuccess) {
+    if (h[0] != 0) {
+      *status = kBadCuStart;
+      *err_index = 0;
+    } else {
+      for (int64_t s = 0; s < S && *status == kOk; ++s) {
+        if (h[s + 1] < h[s]) {
+          *status = kCuDecreasing;
+          *err_index = s;
+        }
+      }
+      if (*status == kOk && h[S] != T) {
+        *status = kBadCuEnd;
+        *err_index = S;
+      }
+    }
+  }
+  std::free(h);
+  return err;
+}
+
+// Reads the validation slots (one 32-byte transfer, one stream synchronisation) and turns them
+// into the CPU kernel's status and index: the first fault in the order cu[0], a decrease, cu[S],
+// a non-finite gap.
+int read_status(const unsigned long long* slots_dev, cudaStream_t st, int* status,
+                int64_t* err_index) {
+  unsigned long long h[kStatusSlots];
+  cudaError_t err = cudaMemcpyAsync(h, slots_dev, sizeof(h), cudaMemcpyDeviceToHost, st);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(st);
+  if (err != cudaSuccess) return err;
+  static const int codes[kStatusSlots] = {kBadCuStart, kCuDecreasing, kBadCuEnd, kNonFiniteGap};
+  *status = kOk;
+  *err_index = -1;
+  for (int k = 0; k < kStatusSlots; ++k) {
+    if (h[k] != kNone) {
+      *status = codes[k];
+      *err_index = static_cast<int64_t>(h[k]);
+      break;
+    }
+  }
+  return cudaSuccess;
+}
+
 }  // namespace
 
 size_t pcsd_cuda_workspace_bytes(int64_t num_segments, int64_t total) {
@@ -753,8 +851,13 @@ size_t pcsd_cuda_workspace_bytes(int64_t num_segments, int64_t total) {
 int pcsd_weights_cuda_ws(const float* gap, const int64_t* cu_seqlens, int64_t num_segments,
                          int64_t total, const uint8_t* mask, const PcsdParams& p, float* w,
                          float* adaptive, float* r, float* slope, float* eta, void* workspace,
-                         size_t workspace_bytes, void* stream) {
-  if (total <= 0 || num_segments <= 0) return cudaSuccess;  // nothing to write
+                         size_t workspace_bytes, void* stream, int* status, int64_t* err_index) {
+  const bool check = status != nullptr && err_index != nullptr;
+  if (total <= 0 || num_segments <= 0) {  // nothing to write; the offsets are checked on the host
+    return check ? check_cu_on_host(cu_seqlens, num_segments, total,
+                                    static_cast<cudaStream_t>(stream), status, err_index)
+                 : cudaSuccess;
+  }
   const Layout lay = workspace_layout(num_segments, total);
   if (workspace == nullptr || workspace_bytes < lay.bytes) return cudaErrorInvalidValue;
   const int64_t nt = (total + kTile - 1) / kTile;
@@ -765,6 +868,7 @@ int pcsd_weights_cuda_ws(const float* gap, const int64_t* cu_seqlens, int64_t nu
   Part* head = reinterpret_cast<Part*>(ws + lay.head_off);
   Part* tail = reinterpret_cast<Part*>(ws + lay.tail_off);
   int64_t* tile_seg = reinterpret_cast<int64_t*>(ws + lay.tile_off);
+  unsigned long long* slots = reinterpret_cast<unsigned long long*>(ws + lay.status_off);
 
   Bufs a{};
   a.gap = gap;
@@ -779,6 +883,7 @@ int pcsd_weights_cuda_ws(const float* gap, const int64_t* cu_seqlens, int64_t nu
   a.et = eta;
   a.scale = scale;
   a.tile_seg = tile_seg;
+  a.status = slots;
   a.vec_in = aligned(gap, 16) && (mask == nullptr || aligned(mask, 8));
   a.vec_w = aligned(w, 16);
   a.vec_ad = aligned(adaptive, 16);
@@ -787,10 +892,13 @@ int pcsd_weights_cuda_ws(const float* gap, const int64_t* cu_seqlens, int64_t nu
   a.vec_et = aligned(eta, 16);
 
   cudaGetLastError();  // clear a stale error so that the codes below are ours
-  const int64_t tile_blocks = (nt + 1 + kThreads - 1) / kThreads;
-  tile_segments_kernel<<<static_cast<unsigned>(tile_blocks < 4096 ? tile_blocks : 4096), kThreads,
-                         0, st>>>(cu_seqlens, num_segments, nt, tile_seg);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = cudaMemsetAsync(slots, 0xff, kStatusSlots * sizeof(unsigned long long), st);
+  if (err != cudaSuccess) return err;
+  const int64_t k0_items = nt + 1 > num_segments ? nt + 1 : num_segments;
+  const int64_t k0_blocks = (k0_items + kThreads - 1) / kThreads;
+  tile_segments_kernel<<<static_cast<unsigned>(k0_blocks < 4096 ? k0_blocks : 4096), kThreads, 0,
+                         st>>>(cu_seqlens, num_segments, total, nt, tile_seg, slots);
+  err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   scale_partials_kernel<<<static_cast<unsigned>(nt), kThreads, 0, st>>>(a, p.eps_scale, scale,
                                                                          head, tail);
@@ -798,7 +906,8 @@ int pcsd_weights_cuda_ws(const float* gap, const int64_t* cu_seqlens, int64_t nu
   if (err != cudaSuccess) return err;
   const int64_t fin_blocks = (num_segments + (kThreads / 32) - 1) / (kThreads / 32);
   scale_finalize_kernel<<<static_cast<unsigned>(fin_blocks < 4096 ? fin_blocks : 4096), kThreads,
-                          0, st>>>(cu_seqlens, num_segments, p.eps_scale, scale, head, tail);
+                          0, st>>>(cu_seqlens, num_segments, p.eps_scale, scale, head, tail,
+                                   slots);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
@@ -818,13 +927,19 @@ int pcsd_weights_cuda_ws(const float* gap, const int64_t* cu_seqlens, int64_t nu
     weights_general_kernel<<<static_cast<unsigned>(blocks < (1 << 20) ? blocks : (1 << 20)),
                              kThreads, 0, st>>>(a, d);
   }
-  return cudaGetLastError();
+  err = cudaGetLastError();
+  if (err != cudaSuccess || !check) return err;
+  return read_status(slots, st, status, err_index);
 }
 
 int pcsd_weights_cuda(const float* gap, const int64_t* cu_seqlens, int64_t num_segments,
                       int64_t total, const uint8_t* mask, const PcsdParams& p, float* w,
-                      float* adaptive, float* r, float* slope, float* eta, void* stream) {
-  if (total <= 0 || num_segments <= 0) return cudaSuccess;
+                      float* adaptive, float* r, float* slope, float* eta, void* stream,
+                      int* status, int64_t* err_index) {
+  if (total <= 0 || num_segments <= 0) {
+    return pcsd_weights_cuda_ws(gap, cu_seqlens, num_segments, total, mask, p, w, adaptive, r,
+                                slope, eta, nullptr, 0, stream, status, err_index);
+  }
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const size_t bytes = pcsd_cuda_workspace_bytes(num_segments, total);
   // Stream-ordered scratch from the device's default memory pool: no device synchronisation,
@@ -840,7 +955,7 @@ int pcsd_weights_cuda(const float* gap, const int64_t* cu_seqlens, int64_t num_s
   }
   if (err != cudaSuccess) return err;
   const int code = pcsd_weights_cuda_ws(gap, cu_seqlens, num_segments, total, mask, p, w, adaptive,
-                                        r, slope, eta, ws, bytes, stream);
+                                        r, slope, eta, ws, bytes, stream, status, err_index);
   cudaError_t ferr;
   if (pooled) {
     ferr = cudaFreeAsync(ws, st);

@@ -73,12 +73,16 @@ const char* cpu_kernel_name(const PcsdParams& p, CpuImpl impl);
 bool cpu_vexp_nonpositive(const float* x, float* y, int64_t n);
 
 #ifdef PCSD_WITH_CUDA
-// CUDA kernel: all pointers are device pointers; stream is a cudaStream_t. Inputs are assumed
-// validated by the caller (pcsd/ops/kernels.py checks cu_seqlens and finiteness with torch ops).
+// CUDA kernel: all pointers are device pointers; stream is a cudaStream_t. The kernels validate
+// their input as they read it (cu_seqlens in the first launch, which stops the others when it is
+// malformed; the gaps' finiteness at valid positions in the second). With status and err_index
+// given, the call reads that verdict back (one 32-byte transfer and a stream synchronisation) as
+// the CPU kernel's Status and index; without them it never synchronises with the host.
 // Returns 0 or a cudaError_t value.
 int pcsd_weights_cuda(const float* gap, const int64_t* cu_seqlens, int64_t num_segments,
                       int64_t total, const uint8_t* mask, const PcsdParams& p, float* w,
-                      float* adaptive, float* r, float* slope, float* eta, void* stream);
+                      float* adaptive, float* r, float* slope, float* eta, void* stream,
+                      int* status = nullptr, int64_t* err_index = nullptr);
 const char* pcsd_cuda_error_string(int code);
 #endif
 

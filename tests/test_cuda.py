@@ -52,3 +52,33 @@ def test_gpu_bench_part_passes_on_small_shapes(name, tmp_path):
 
     part = run_part(name, Ctx(torch.device("cuda"), True, tmp_path, None))
     assert part.status == "pass", (part.reason, part.figures.get("traceback"))
+
+
+def test_fused_lm_head_float32_output_gemms_equal_the_sliced_fallback(monkeypatch):
+    # the fused lm-head's fast path on CUDA (bf16 operands, GEMMs writing and accumulating float32)
+    # against its sliced fallback: the same loss, log-probs and gradients within bf16's rounding
+    import pcsd.ops.fused as fused
+
+    dev = torch.device("cuda")
+    assert fused.out_dtype_gemms(dev, torch.bfloat16, torch.float32), f"torch {torch.__version__}: no out_dtype GEMMs"
+    g = torch.Generator(device=dev).manual_seed(0)
+    n, vocab, hid = 300, 5000, 64
+    h = torch.randn(n, hid, device=dev, generator=g, requires_grad=True)
+    w = (torch.randn(vocab, hid, device=dev, generator=g) / hid**0.5).requires_grad_(True)
+    t = torch.randint(0, vocab, (n,), device=dev, generator=g)
+    coef = torch.randn(n, device=dev, generator=g)
+
+    def run():
+        h.grad = w.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss, lp = fused.fused_logprob_loss(
+                h, w, t, lambda x, lo, hi: coef[lo:hi] * x, token_chunk=64, group_elems=128 * vocab
+            )
+        loss.backward()
+        return loss.detach(), lp, h.grad.clone(), w.grad.clone()
+
+    fast = run()
+    monkeypatch.setattr(fused, "out_dtype_gemms", lambda *a: False)
+    slow = run()
+    for a, b in zip(fast, slow):
+        assert float((a - b).norm() / b.norm()) < 1e-2

@@ -13,12 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+import pcsd.ops.fused as fused_mod
 from pcsd.ops.fused import (
     auto_token_chunk,
     chunk_bounds,
     fused_logprob_loss,
     fused_logprob_loss_reference,
     fused_score_loss,
+    token_groups,
 )
 from pcsd.ops.grpo import token_coefficients
 from pcsd.ops.losses import LossSpec, TokenTerms, update_token_loss
@@ -215,7 +217,92 @@ def test_chunk_bounds_keep_segments_whole():
     assert chunk_bounds(10, 6, [0, 3, 5, 9, 10]) == [(0, 5), (5, 10)]
     assert chunk_bounds(10, 2, [0, 10]) == [(0, 10)]  # a longer segment is a chunk of its own
     assert chunk_bounds(0, 2, [0]) == []
-    assert auto_token_chunk(151_936) == (1 << 24) // 151_936 == 110 and auto_token_chunk(10**9) == 1
+    assert auto_token_chunk(151_936) == (1 << 26) // 151_936 == 441 and auto_token_chunk(10**9) == 1
+
+
+def test_token_groups_gather_consecutive_chunks():
+    assert token_groups([(0, 3), (3, 5), (5, 9), (9, 10)], 5) == [[(0, 3), (3, 5)], [(5, 9), (9, 10)]]
+    assert token_groups([(0, 3), (3, 5)], 0) == [[(0, 3)], [(3, 5)]]  # each chunk its own group
+    assert token_groups([(0, 8), (8, 9)], 4) == [[(0, 8)], [(8, 9)]]  # a longer chunk alone
+    assert token_groups([], 4) == []
+
+
+def _fast_gemms_emulated(monkeypatch, calls: list):
+    """The CUDA fast path (GEMMs writing float32 from bf16 operands) emulated on the CPU: the
+    products of the bf16 operands summed in float32, into ``out``."""
+
+    def mm_to(out, a, b):
+        calls.append("mm")
+        out.copy_(a.float() @ b.float())
+
+    def addmm_to(out, a, b):
+        calls.append("addmm")
+        out.add_(a.float() @ b.float())
+
+    monkeypatch.setattr(fused_mod, "_mm_to", mm_to)
+    monkeypatch.setattr(fused_mod, "_addmm_to", addmm_to)
+    monkeypatch.setattr(fused_mod, "out_dtype_gemms", lambda dev, mm, acc: mm != acc)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 40),
+    vocab=st.integers(2, 200),
+    tc=st.integers(1, 16),
+    group=st.integers(1, 64),
+    fast=st.booleans(),
+    bias=st.booleans(),
+    temperature=st.sampled_from([1.0, 0.6]),
+)
+def test_bf16_groups_match_float64(seed, n, vocab, tc, group, fast, bias, temperature):
+    """Under bf16 autocast (matmul dtype bf16, float32 tile): any chunking and grouping, with the
+    GEMMs' float32-output fast path (emulated) or the sliced fallback, gives the float64
+    reference's loss, log-probs and gradients within bf16's rounding of the softmax gradient."""
+    with pytest.MonkeyPatch.context() as mp:
+        calls: list = []
+        if fast:
+            _fast_gemms_emulated(mp, calls)
+        g = torch.Generator().manual_seed(seed)
+        hid = 8
+        h = torch.randn(n, hid, generator=g).bfloat16().float().requires_grad_(True)
+        w = (torch.randn(vocab, hid, generator=g) * hid**-0.5).bfloat16().float().requires_grad_(True)
+        b = torch.randn(vocab, generator=g).bfloat16().float().requires_grad_(True) if bias else None
+        t = torch.randint(0, vocab, (n,), generator=g)
+        coef = torch.randn(n, generator=g, dtype=torch.float64)
+
+        def loss_fn(lp, lo, hi):
+            return coef[lo:hi].to(lp.dtype) * lp - 0.05 * lp**2
+
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = _grads(
+                lambda: fused_logprob_loss(
+                    h,
+                    w,
+                    t,
+                    loss_fn,
+                    b,
+                    token_chunk=tc,
+                    group_elems=group * vocab,
+                    vocab_chunk=7,
+                    temperature=temperature,
+                ),
+                h,
+                w,
+                b,
+            )
+        h64, w64 = h.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
+        b64 = None if b is None else b.detach().double().requires_grad_(True)
+        ref = _grads(
+            lambda: fused_logprob_loss_reference(h64, w64, t, loss_fn, b64, temperature=temperature), h64, w64, b64
+        )
+        for a, r in zip(got, ref):
+            if a is not None:
+                err = float((a.double() - r).norm() / r.norm().clamp_min(1e-30))
+                assert err < 2e-2 or float((a.double() - r).abs().max()) < 1e-3, err
+        if fast:  # one weight-gradient GEMM per group of chunks, not one per chunk
+            n_groups = len(token_groups(chunk_bounds(n, tc), max(tc, group)))
+            assert calls.count("addmm") == n_groups
 
 
 @pytest.mark.parametrize(
@@ -379,3 +466,10 @@ def test_update_step_joint_pass_equals_two_passes(tiny_pair, method):
         assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-7), key
     for k, v in sd_ref.items():
         torch.testing.assert_close(sd[k], v, rtol=1e-5, atol=2e-7, msg=k)
+
+
+def test_fused_buffer_bytes():
+    v = 151_936
+    assert fused_mod.fused_buffer_bytes(v, matmul_bytes=4) == 441 * v * 4
+    assert fused_mod.fused_buffer_bytes(v) == 441 * v * 4 + 883 * v * 2
+    assert fused_mod.fused_buffer_bytes(v, longest_segment=2000) == 2000 * v * 4 + 2000 * v * 2

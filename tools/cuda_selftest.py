@@ -57,7 +57,11 @@ def main() -> int:
                     f"  T={total:>9}  {'mask' if use_mask else 'no mask':<8} {r['kernel_s'] * 1e6:8.1f} us"
                     f"  {r['kernel_GBps']:7.1f} GB/s  ratio={r['kernel_vs_copy']:.2f}"
                     f"{'' if r['kernel_vs_copy'] >= 0.6 or total < 10_000_000 else '  (below the 0.6 target)'}"
+                    f"  public call {r['api_s'] * 1e6:.1f} us = {r['api_vs_kernel']:.2f}x the kernel"
+                    f"{'' if r['api_vs_kernel'] <= 1.3 or total < 10_000_000 else '  (above the 1.3 target)'}"
                 )
+                for name, us in r.get("kernel_breakdown_us", {}).items():
+                    print(f"      {us:8.1f} us  {name}")
     if errs:
         print(f"\n{len(errs)} FAILURES:")
         for e in errs[:50]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import astuple, dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -403,7 +403,7 @@ def correctness(
     return n, errs
 
 
-def bandwidth(total: int, use_mask: bool, device: str = "cuda", iters: int = 50) -> dict[str, float]:
+def bandwidth(total: int, use_mask: bool, device: str = "cuda", iters: int = 50) -> dict[str, Any]:
     """The op on ``total`` tokens of agent-like turns (1..2000 tokens, a masked observation run in a
     third of them) against a copy of the same bytes on ``device``: the kernel called as the
     self-test calls it (addresses, weights only, scratch included) and the public
@@ -416,7 +416,7 @@ def bandwidth(total: int, use_mask: bool, device: str = "cuda", iters: int = 50)
     from pcsd.ops.kernels import pcsd_weights
 
     rng = np.random.default_rng(7)
-    lengths = []
+    lengths: list[int] = []
     while sum(lengths) < total:
         lengths.append(int(rng.integers(1, 2001)))
     lengths[-1] -= sum(lengths) - total
@@ -480,7 +480,12 @@ def bandwidth(total: int, use_mask: bool, device: str = "cuda", iters: int = 50)
     t_api = time_it(lambda: pcsd_weights(gap, cu, mask, out=w))
     t_c = time_it(lambda: dst.copy_(src))
     copy_bw = 2 * src.numel() / t_c
+    extra: dict[str, dict[str, float]] = {}
+    if dev.type == "cuda":
+        extra["kernel_breakdown_us"] = kernel_breakdown(kernel)
+        extra["api_breakdown_us"] = kernel_breakdown(lambda: pcsd_weights(gap, cu, mask, out=w))
     return dict(
+        **extra,
         tokens=total,
         mask=use_mask,
         kernel_s=t_k,
@@ -490,4 +495,28 @@ def bandwidth(total: int, use_mask: bool, device: str = "cuda", iters: int = 50)
         copy_GBps=copy_bw / 1e9,
         kernel_vs_copy=nbytes / t_k / copy_bw,
         api_vs_copy=nbytes / t_api / copy_bw,
+        api_vs_kernel=t_api / t_k,
     )
+
+
+def kernel_breakdown(fn, iters: int = 20) -> dict[str, float]:
+    """Device microseconds per call of each kernel (and memset/memcpy) that ``fn`` launches, from
+    torch's profiler (CUPTI sees the extension's kernels too): which launch costs what, for the next
+    step on the op's bandwidth. Empty when the profiler cannot run."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                fn()
+            torch.cuda.synchronize()
+        out: dict[str, float] = {}
+        for e in prof.key_averages():
+            t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0) or 0
+            if t > 0:
+                name = e.key.split("(")[0].split("::")[-1][:60]
+                out[name] = out.get(name, 0.0) + t / iters
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    except Exception as exc:  # a profiler without CUPTI, an older torch
+        return {"unavailable": float("nan"), type(exc).__name__: float("nan")}

@@ -27,6 +27,20 @@ call (one micro-batch), never per token chunk.
 
 The softmax normaliser needs the whole vocabulary row, so a tile spans the vocabulary; the token
 chunk is chosen so that a tile holds at most ``tile_elems`` floats (``token_chunk`` overrides it).
+
+Speed (issue 40, part 3). At 4,096 x 151,936 x 2,048 in bf16 the time goes to (a) the three GEMMs,
+which want a few hundred rows each (a 110-token chunk reads the whole ``[V, H]`` weight twice per
+chunk at a fraction of the tensor cores' rate), (b) the passes over the ``[chunk, V]`` tile and (c)
+the float32 weight gradient, read and written once per update of it (1.2 GiB each way at that
+shape). So: chunks of 441 tokens (a 256 MiB float32 tile, allocated once per call); under bf16
+the softmax gradient of consecutive chunks is written, cast, into one group buffer (256 MiB:
+883 tokens) and the gradient GEMMs run once per group; on CUDA the GEMMs write float32 from bf16
+operands themselves (``out_dtype``: the logits straight into the tile, the hidden gradient into
+its rows, the weight gradient accumulated in place), with no matmul-dtype copy and no separate
+add; the softmax gradient is one scaling pass (the target's entry set to ``e - s`` first); no
+host synchronisation inside the loop. Peak extra memory: the float32 weight gradient, the tile
+and the group buffer (:func:`fused_buffer_bytes`), below the backward's cast of that gradient
+(float32 plus the weight's dtype) at the bench's shape.
 """
 
 from __future__ import annotations
@@ -42,6 +56,8 @@ __all__ = [
     "fused_logprob_loss_reference",
     "auto_token_chunk",
     "chunk_bounds",
+    "fused_buffer_bytes",
+    "token_groups",
     "fused_score_loss",
     "matmul_dtype",
 ]
@@ -52,7 +68,10 @@ __all__ = [
 #: is detached data the function closes over and slices with ``lo:hi``.
 TokenLoss = Callable[[Tensor, int, int], Tensor]
 
-DEFAULT_TILE_ELEMS = 1 << 24  # 16 Mi floats = 64 MiB: 110 tokens x 151,936 vocabulary
+DEFAULT_TILE_ELEMS = 1 << 26  # 64 Mi floats = 256 MiB: 441 tokens x 151,936 vocabulary
+#: elements of the group buffer (the softmax gradient of a group of chunks in the matmul dtype,
+#: 256 MiB in bf16: 883 tokens x 151,936) that the gradient GEMMs read
+DEFAULT_GROUP_ELEMS = 1 << 27
 
 
 def auto_token_chunk(vocab: int, tile_elems: int = DEFAULT_TILE_ELEMS) -> int:
@@ -61,6 +80,24 @@ def auto_token_chunk(vocab: int, tile_elems: int = DEFAULT_TILE_ELEMS) -> int:
     if vocab <= 0 or tile_elems <= 0:
         raise ValueError(f"vocab and tile_elems must be > 0, got {vocab} and {tile_elems}")
     return max(1, tile_elems // vocab)
+
+
+def fused_buffer_bytes(
+    vocab: int,
+    longest_segment: int = 0,
+    matmul_bytes: int = 2,
+    tile_elems: int = DEFAULT_TILE_ELEMS,
+    group_elems: int = DEFAULT_GROUP_ELEMS,
+) -> int:
+    """Bytes of the fused path's temporaries over the vocabulary with the default chunking (the
+    memory plan's line): the float32 tile of one chunk (a segment longer than the chunk is a
+    chunk of its own) and, where the matmul dtype is not float32 (``matmul_bytes`` < 4), the group
+    buffer of the softmax gradients in that dtype."""
+    chunk = max(auto_token_chunk(vocab, tile_elems), longest_segment)
+    tile = chunk * vocab * 4
+    if matmul_bytes >= 4:
+        return tile
+    return tile + max(chunk, group_elems // vocab) * vocab * matmul_bytes
 
 
 def chunk_bounds(n: int, token_chunk: int, segments: Optional[Sequence[int]] = None) -> list[tuple[int, int]]:
@@ -112,6 +149,55 @@ def matmul_dtype(weight: Tensor) -> torch.dtype:
     return weight.dtype
 
 
+#: (device, matmul dtype, accumulation dtype) -> whether torch's ``out_dtype`` GEMMs run there
+_OUT_DTYPE_GEMMS: dict[tuple[str, torch.dtype, torch.dtype], bool] = {}
+
+
+def out_dtype_gemms(device: torch.device, mm: torch.dtype, acc: torch.dtype) -> bool:
+    """Whether ``torch.mm``/``torch.addmm`` with ``out_dtype=acc`` run for ``mm`` operands on
+    ``device`` (CUDA with bf16/fp16 operands and float32 output, torch >= 2.8): then the logits
+    tile, the hidden gradient and the lm-head weight gradient are written by the GEMMs in float32
+    directly, with no ``[chunk, V]`` or ``[V, H]`` temporary in the matmul dtype and no separate
+    add. Probed once per device with a tiny GEMM (dispatch errors are raised synchronously)."""
+    if device.type != "cuda" or mm == acc or mm not in (torch.bfloat16, torch.float16) or acc != torch.float32:
+        return False
+    key = (str(device), mm, acc)
+    if key not in _OUT_DTYPE_GEMMS:
+        try:
+            a = torch.ones(2, 2, device=device, dtype=mm)
+            c = torch.zeros(2, 2, device=device, dtype=acc)
+            _mm_to(c, a, a)
+            _addmm_to(c, a.T, a)
+            _OUT_DTYPE_GEMMS[key] = bool((c == 4).all())
+        except (RuntimeError, TypeError, NotImplementedError):
+            _OUT_DTYPE_GEMMS[key] = False
+    return _OUT_DTYPE_GEMMS[key]
+
+
+def _mm_to(out: Tensor, a: Tensor, b: Tensor) -> None:
+    """``out = a @ b`` written by the GEMM in ``out``'s dtype (the fast path of
+    :func:`out_dtype_gemms`)."""
+    torch.mm(a, b, out_dtype=out.dtype, out=out)
+
+
+def _addmm_to(out: Tensor, a: Tensor, b: Tensor) -> None:
+    """``out += a @ b``, the GEMM accumulating into ``out`` in its dtype (the fast path)."""
+    torch.addmm(out, a, b, out_dtype=out.dtype, out=out)
+
+
+def token_groups(bounds: Sequence[tuple[int, int]], group_rows: int) -> list[list[tuple[int, int]]]:
+    """Consecutive chunks gathered into groups of at most ``group_rows`` tokens (a longer chunk is
+    a group of its own): the gradient GEMMs run once per group, on the group's rows of the
+    softmax gradient, so the ``[V, H]`` weight gradient is read and written once per group."""
+    out: list[list[tuple[int, int]]] = []
+    for lo, hi in bounds:
+        if out and hi - out[-1][0][0] <= group_rows:
+            out[-1].append((lo, hi))
+        else:
+            out.append([(lo, hi)])
+    return out
+
+
 class _FusedLogProbLoss(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -124,11 +210,12 @@ class _FusedLogProbLoss(torch.autograd.Function):
         bounds: list,
         vocab_chunk: int,
         inv_temp: float,
+        group_rows: int,
     ):
         mm = matmul_dtype(weight)
         with torch.autocast(hidden.device.type, enabled=False):  # explicit dtypes below
             return _FusedLogProbLoss._forward(
-                ctx, hidden, weight, bias, targets, loss_fn, bounds, vocab_chunk, inv_temp, mm
+                ctx, hidden, weight, bias, targets, loss_fn, bounds, vocab_chunk, inv_temp, mm, group_rows
             )
 
     @staticmethod
@@ -143,9 +230,11 @@ class _FusedLogProbLoss(torch.autograd.Function):
         vocab_chunk: int,
         inv_temp: float,
         mm: torch.dtype,
+        group_rows: int,
     ):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = bias is not None and ctx.needs_input_grad[2]
+        grads = need_h or need_w or need_b
         n, vocab = hidden.shape[0], weight.shape[0]
         acc = _acc_dtype(hidden)
         dev = hidden.device
@@ -160,53 +249,83 @@ class _FusedLogProbLoss(torch.autograd.Function):
         # gathered), one [V, H] copy for autocast over fp32 master weights (what autocast makes)
         w = weight.detach().to(mm)
         hm = hidden.detach().to(mm)
-        bm = None if bias is None else bias.detach().to(mm)
-        slices = [(v0, min(vocab, v0 + vocab_chunk)) for v0 in range(0, vocab, vocab_chunk)]
-        rows_all = torch.arange(max([hi - lo for lo, hi in bounds], default=0), device=dev)
-        for t0, t1 in bounds:
-            c = t1 - t0
-            h = hm[t0:t1]
-            tg = targets[t0:t1]
-            # 1. logits tile, float32, one vocabulary slice at a time
-            tile = torch.empty(c, vocab, device=dev, dtype=acc)
-            for v0, v1 in slices:
-                part = h @ w[v0:v1].T
+        bm = None if bias is None else bias.detach().to(acc)
+        fast = out_dtype_gemms(dev, mm, acc)
+        # mm == acc: the softmax gradient overwrites the tile and each chunk is its own group;
+        # else it is written, cast, into the rows of a group buffer that the gradient GEMMs read
+        in_place = mm == acc
+        groups = token_groups(bounds, 0 if in_place else group_rows)
+        max_c = max([hi - lo for lo, hi in bounds], default=0)
+        tile_buf = torch.empty(max_c * vocab, device=dev, dtype=acc)  # one tile, reused by every chunk
+        dl_buf = None
+        if grads and not in_place:
+            dl_buf = torch.empty(max(g[-1][1] - g[0][0] for g in groups) * vocab, device=dev, dtype=mm)
+        for group in groups:
+            g0, g1 = group[0][0], group[-1][1]
+            # the group's softmax gradient: its rows of the group buffer, or the tile itself
+            # (in place: one chunk per group); unused without gradients
+            dl = tile_buf if dl_buf is None else dl_buf
+            if grads:
+                dl = dl[: (g1 - g0) * vocab].view(g1 - g0, vocab)
+            for t0, t1 in group:
+                c = t1 - t0
+                tile = tile_buf[: c * vocab].view(c, vocab)
+                # 1. the chunk's logits, float32, written by the GEMM (no [c, V] copy in the matmul
+                # dtype where out_dtype GEMMs run)
+                h = hm[t0:t1]
+                if in_place:
+                    torch.mm(h, w.T, out=tile)
+                elif fast:
+                    _mm_to(tile, h, w.T)
+                else:  # bounded temporaries: one [c, vocab_chunk] slice in the matmul dtype at a time
+                    for v0 in range(0, vocab, vocab_chunk):
+                        v1 = min(vocab, v0 + vocab_chunk)
+                        tile[:, v0:v1].copy_(h @ w[v0:v1].T)
                 if bm is not None:
-                    part = part + bm[v0:v1]
-                tile[:, v0:v1] = part
-            if inv_temp != 1.0:
-                tile.mul_(inv_temp)
-            rows = rows_all[:c]
-            tgt_logit = tile[rows, tg]
-            m = tile.amax(dim=1)
-            tile.sub_(m[:, None]).exp_()  # exp(logit - max), kept for the softmax below
-            s = tile.sum(dim=1)
-            lp = tgt_logit - m - torch.log(s)
-            logp[t0:t1] = lp
-            # 2. the loss and its derivative with respect to each token's log-prob
-            per_tok, g = _token_grads(loss_fn, lp, t0, t1)
-            total += per_tok.to(acc).sum()
-            g = g.to(acc)
-            if not (need_h or need_w or need_b):
+                    tile.add_(bm)
+                if inv_temp != 1.0:
+                    tile.mul_(inv_temp)
+                tg = targets[t0:t1, None]
+                tgt_logit = tile.gather(1, tg).squeeze(1)
+                m = tile.amax(dim=1)
+                tile.sub_(m[:, None]).exp_()  # e = exp(logit - max), kept for the softmax below
+                s = tile.sum(dim=1)
+                lp = tgt_logit - m - torch.log(s)
+                logp[t0:t1] = lp
+                # 2. the loss and its derivative with respect to each token's log-prob
+                per_tok, g = _token_grads(loss_fn, lp, t0, t1)
+                total += per_tok.to(acc).sum()
+                if not grads:
+                    continue
+                # 3. dL/dlogits = inv_temp g (onehot - e / s) = coef (e - s onehot), coef = -inv_temp g / s:
+                # the target's entry becomes e - s, then one pass scales (and casts) every entry
+                coef = g.to(acc).mul(-inv_temp).div_(s)
+                tile.scatter_(1, tg, tile.gather(1, tg).sub_(s[:, None]))
+                if need_b:
+                    gb.addmv_(tile.T, coef)
+                torch.mul(tile, coef[:, None], out=dl[t0 - g0 : t1 - g0])
+            if not grads:
                 continue
-            # 3. dL/dlogits = inv_temp * g * (onehot - softmax), in place in the tile
-            tile.mul_((-g * inv_temp / s)[:, None])
-            tile[rows, tg] += g * inv_temp
-            if need_b:
-                gb += tile.sum(0)
-            dl = tile if mm == acc else tile.to(mm)  # the matmuls' operand
+            # 4. the group's gradient GEMMs: hidden rows, and the weight gradient accumulated once
+            # per group in float32
+            h = hm[g0:g1]
             if need_h:
-                if mm == acc:
-                    torch.mm(dl, w, out=gh[t0:t1])
+                if in_place:
+                    torch.mm(dl, w, out=gh[g0:g1])
+                elif fast:
+                    _mm_to(gh[g0:g1], dl, w)
                 else:
-                    gh[t0:t1] = dl @ w
-            if need_w:  # accumulated in float32, a vocabulary slice at a time (bounded temporaries)
-                for v0, v1 in slices:
-                    if mm == acc:
-                        gw[v0:v1].addmm_(dl[:, v0:v1].T, h)
-                    else:
+                    gh[g0:g1] = dl @ w
+            if need_w:
+                if in_place:
+                    gw.addmm_(dl.T, h)
+                elif fast:
+                    _addmm_to(gw, dl.T, h)
+                else:  # bounded temporaries: a vocabulary slice at a time
+                    for v0 in range(0, vocab, vocab_chunk):
+                        v1 = min(vocab, v0 + vocab_chunk)
                         gw[v0:v1] += dl[:, v0:v1].T @ h
-            del tile, dl
+        del tile_buf, dl_buf
         ctx.save_for_backward(gh if need_h else None, gw if need_w else None, gb if need_b else None)
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.mark_non_differentiable(logp)
@@ -229,7 +348,7 @@ class _FusedLogProbLoss(torch.autograd.Function):
             g.mul_(grad_total.to(g.dtype))  # in place: no second [V, H] buffer for the weight's
             return g.to(dtype)
 
-        return scaled(gh, hd), scaled(gw, wd), scaled(gb, bd), None, None, None, None, None
+        return scaled(gh, hd), scaled(gw, wd), scaled(gb, bd), None, None, None, None, None, None
 
 
 def _check(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor], temperature: float) -> None:
@@ -245,8 +364,10 @@ def _check(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tenso
         raise ValueError(f"bias must be [V={weight.shape[0]}], got {tuple(bias.shape)}")
     if targets.shape != hidden.shape[:1] or targets.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"targets must be int [N={hidden.shape[0]}], got {targets.dtype} {tuple(targets.shape)}")
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
-        raise ValueError(f"targets must be token ids in [0, {weight.shape[0]})")
+    if targets.numel():
+        lo, hi = torch.stack(torch.aminmax(targets)).tolist()  # one host read
+        if lo < 0 or hi >= weight.shape[0]:
+            raise ValueError(f"targets must be token ids in [0, {weight.shape[0]})")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
@@ -262,6 +383,7 @@ def fused_logprob_loss(
     token_chunk: Optional[int] = None,
     vocab_chunk: int = 32768,
     tile_elems: int = DEFAULT_TILE_ELEMS,
+    group_elems: int = DEFAULT_GROUP_ELEMS,
     temperature: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """``(sum_i loss_fn(logp)_i, logp)`` with ``logp = log softmax(hidden @ weight.T / temperature)
@@ -277,7 +399,13 @@ def fused_logprob_loss(
             (PCSD's windowed weights computed from this very pass's log-probs). A segment longer
             than ``token_chunk`` is a chunk of its own (its tile is ``[len, V]``).
         token_chunk: tokens per tile (default :func:`auto_token_chunk` of ``tile_elems``).
-        vocab_chunk: vocabulary slice of one logits matmul (the tile still spans the vocabulary).
+        vocab_chunk: vocabulary slice of one logits or weight-gradient matmul where the GEMMs
+            cannot write float32 from bf16 operands themselves (CPU; the tile still spans the
+            vocabulary).
+        group_elems: where the matmul dtype is not float32 (bf16 under autocast), consecutive
+            chunks of at most ``group_elems // V`` tokens together (at least one chunk) share
+            the gradient GEMMs: their softmax gradients are written, cast, into one group
+            buffer, and the float32 weight gradient is updated once per group.
 
     Returns:
         the loss, a 0-dim float32 tensor (float64 for float64 inputs) differentiable with respect
@@ -290,9 +418,12 @@ def fused_logprob_loss(
     tc = auto_token_chunk(weight.shape[0], tile_elems) if token_chunk is None else token_chunk
     if tc <= 0 or vocab_chunk <= 0:
         raise ValueError(f"token_chunk and vocab_chunk must be > 0, got {tc} and {vocab_chunk}")
+    if group_elems <= 0:
+        raise ValueError(f"group_elems must be > 0, got {group_elems}")
     bounds = chunk_bounds(hidden.shape[0], tc, segments)
+    group_rows = max(tc, group_elems // max(1, weight.shape[0]))
     return _FusedLogProbLoss.apply(
-        hidden, weight, bias, targets.long(), loss_fn, bounds, vocab_chunk, 1.0 / temperature
+        hidden, weight, bias, targets.long(), loss_fn, bounds, vocab_chunk, 1.0 / temperature, group_rows
     )
 
 

@@ -24,8 +24,11 @@ device, or the native module missing) runs :func:`pcsd.ops.reference.pcsd_weight
 The kernels are registered as ``torch.library`` custom ops (``pcsd::pcsd_weights`` and friends)
 with fake implementations, so callers work under ``torch.compile(fullgraph=True)``; an eager call on
 plain CPU or CUDA tensors runs the same code without the ops' dispatcher (0.1-0.2 ms of host time
-saved per call). The value checks cost the CPU kernel nothing extra (it checks while it computes)
-and the CUDA path one host synchronisation per call (every flag read in one transfer).
+saved per call). The value checks cost the kernels nothing extra: the CPU kernel checks while it
+computes, the CUDA kernels while they read (``cu_seqlens`` in their first launch, which stops the
+others when it is malformed, the gaps' finiteness in the second), and the call reads their verdict
+back in one 32-byte transfer (the one host synchronisation of a CUDA call); the torch-op checks of
+:func:`_check_data` remain for the reference path (other devices, no native module).
 """
 
 from __future__ import annotations
@@ -181,8 +184,8 @@ def _check_data(gap: Tensor, cu: Tensor, mask: Optional[Tensor]) -> None:
 
 def _mask_u8(mask: Optional[Tensor], check: bool = True) -> Optional[Tensor]:
     """The mask as the kernels read it (uint8 0/1, a view of a bool mask); ``check``: refuse a
-    float mask with values other than 0 and 1 here (the CPU path; :func:`_check_data` does it
-    on the others)."""
+    float mask with values other than 0 and 1 here (the kernels' paths; :func:`_check_data` does
+    it on the reference path)."""
     if mask is None:
         return None
     if mask.dtype == torch.bool:
@@ -190,6 +193,27 @@ def _mask_u8(mask: Optional[Tensor], check: bool = True) -> Optional[Tensor]:
     if check and bool(((mask != 0) & (mask != 1)).any()):
         raise ValueError("mask: a float mask must hold only 0 and 1 (soft masks are not supported)")
     return (mask != 0).contiguous().view(torch.uint8)
+
+
+def _raise_status(status: int, where: int, gap: Tensor, cu: Tensor) -> None:
+    """The ``ValueError`` for a kernel's validation status (the CPU kernel's and the CUDA kernels'
+    codes are the same: ``pcsd_kernels.h``)."""
+    if status == 2:
+        raise ValueError(f"cu_seqlens: {_STATUS_MESSAGES[2]}; cu_seqlens[{where + 1}] < cu_seqlens[{where}]")
+    if status == 4:
+        raise ValueError(f"gap: {_STATUS_MESSAGES[4]}; gap[{where}] = {float(gap[where])}")
+    got = int(cu[0]) if status == 1 else int(cu[-1])
+    raise ValueError(f"cu_seqlens: {_STATUS_MESSAGES[status]} (T={gap.numel()}), got {got}")
+
+
+def _cuda_call(device: torch.device, fn: Any) -> Any:
+    """``fn(stream)`` with ``device`` current (the kernels launch on the current device) and its
+    current stream's handle; the device is switched only when it is not current already (the
+    context manager costs host time on every call)."""
+    if device.index is not None and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return fn(torch.cuda.current_stream(device).cuda_stream)
+    return fn(torch.cuda.current_stream(device).cuda_stream)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -228,7 +252,7 @@ def _run(
     cu = cu_seqlens.detach().to(torch.int64).contiguous()
     which = kernel_for(gap.device)
     mask = None if mask is None else mask.detach()
-    m8 = _mask_u8(mask, check=which == "cpu")
+    m8 = _mask_u8(mask, check=which != "reference")
     num_segments = cu.numel() - 1
     params = (n_min, n_max, alpha, tau_low, tau_high, gamma, beta_gate, eps_slope, eps_scale, adaptive, trend)
     ptrs = [0, 0, 0, 0] if stats is None else [t.data_ptr() for t in stats]
@@ -246,29 +270,18 @@ def _run(
             torch.get_num_threads(),
         )
         if status != 0:
-            if status == 2:
-                raise ValueError(f"cu_seqlens: {_STATUS_MESSAGES[2]}; cu_seqlens[{where + 1}] < cu_seqlens[{where}]")
-            if status == 4:
-                raise ValueError(f"gap: {_STATUS_MESSAGES[4]}; gap[{where}] = {float(gap[where])}")
-            got = int(cu[0]) if status == 1 else int(cu[-1])
-            raise ValueError(f"cu_seqlens: {_STATUS_MESSAGES[status]} (T={gap.numel()}), got {got}")
+            _raise_status(status, where, gap, cu)
+        return
+    if which == "cuda":  # the kernels validate; their verdict comes back in one transfer
+        c = _native.require("_C")
+        args = (gap.data_ptr(), cu.data_ptr(), num_segments, gap.numel(), 0 if m8 is None else m8.data_ptr())
+        status, where = _cuda_call(
+            gap.device, lambda stream: c.pcsd_weights_cuda(*args, *params, out.data_ptr(), *ptrs, stream, True)
+        )
+        if status != 0:
+            _raise_status(status, where, gap, cu)
         return
     _check_data(gap, cu, mask)
-    if which == "cuda":
-        c = _native.require("_C")
-        with torch.cuda.device(gap.device):  # the kernel launches on the current device
-            c.pcsd_weights_cuda(
-                gap.data_ptr(),
-                cu.data_ptr(),
-                num_segments,
-                gap.numel(),
-                0 if m8 is None else m8.data_ptr(),
-                *params,
-                out.data_ptr(),
-                *ptrs,
-                torch.cuda.current_stream(gap.device).cuda_stream,
-            )
-        return
     ref = pcsd_weights_reference(
         gap,
         cu,

@@ -215,6 +215,79 @@ pcsd::PcsdParams P(int64_t n_min, int64_t n_max, double alpha = 0.8, bool adapti
   return p;
 }
 
+// The kernels' own validation (issue 40): the status and index a checked CUDA call reports equal
+// the CPU kernel's for malformed cu_seqlens, non-finite valid gaps, and degenerate shapes; with
+// malformed offsets the kernels write nothing (every output keeps its sentinel).
+int check_validation(const std::string& label, std::vector<float> gap, std::vector<uint8_t> mask,
+                     std::vector<int64_t> cu, int64_t T) {
+  const int64_t S = static_cast<int64_t>(cu.size()) - 1;
+  gap.resize(static_cast<size_t>(T) + 8, 0.0f);
+  mask.resize(static_cast<size_t>(T) + 8, 1);
+  std::vector<float> w_cpu(static_cast<size_t>(T) + 8, 0.0f);
+  std::vector<float> w(static_cast<size_t>(T) + 8, kSentinel);
+  int64_t where_cpu = -1, where = -7;
+  int status = -7;
+  const auto p = P(1, 8);
+  const int st_cpu = pcsd::pcsd_weights_cpu(gap.data(), cu.data(), S, T, mask.data(), p,
+                                            w_cpu.data(), nullptr, nullptr, nullptr, nullptr, 1,
+                                            &where_cpu);
+  const int code = pcsd::pcsd_weights_cuda(gap.data(), cu.data(), S, T, mask.data(), p, w.data(),
+                                           nullptr, nullptr, nullptr, nullptr, nullptr, &status,
+                                           &where);
+  bool ok = code == 0 && status == st_cpu && (status == 0 || where == where_cpu);
+  if (ok && status >= 1 && status <= 3) {
+    for (float x : w) ok = ok && x == kSentinel;  // malformed offsets: the kernels did not run
+  }
+  std::printf("  %-58s cpu=(%d, %lld) cuda=(%d, %lld) %s\n", label.c_str(), st_cpu,
+              (long long)where_cpu, status, (long long)where, ok ? "ok" : "FAIL");
+  return ok ? 0 : 1;
+}
+
+int validation_cases(std::mt19937_64& rng, int& cases) {
+  int failures = 0;
+  const std::vector<int64_t> L = {700, 1, 0, 2500, 3000, 5, 0, 1200};
+  std::vector<int64_t> cu = {0};
+  for (int64_t x : L) cu.push_back(cu.back() + x);
+  const int64_t T = cu.back();
+  const Batch b = make_batch(rng, L, 0.1, true);  // NaN/Inf garbage at masked positions only
+  auto run = [&](const std::string& label, std::vector<float> g, std::vector<int64_t> c, int64_t t) {
+    ++cases;
+    failures += check_validation(label, std::move(g), b.mask, std::move(c), t);
+  };
+  run("valid, garbage under the mask", b.gap, cu, T);
+  auto c1 = cu;
+  c1[0] = 3;
+  run("cu[0] != 0", b.gap, c1, T);
+  auto c2 = cu;
+  c2[5] = c2[4] - 1;  // decreasing at s = 4 (and the end below it)
+  c2[7] = 2;          // and at s = 6
+  run("cu decreasing twice: the first is named", b.gap, c2, T);
+  auto c3 = cu;
+  c3.back() = T - 9;
+  run("cu[S] < T", b.gap, c3, T);
+  auto c4 = cu;
+  c4.back() = T + 4096;  // kernels that ran would read past T
+  run("cu[S] > T", b.gap, c4, T);
+  auto c5 = cu;
+  c5[3] = T + 100000;  // far out of range, then decreasing
+  run("cu far past T", b.gap, c5, T);
+  std::vector<size_t> valid;
+  for (size_t t = 0; t < size_t(T); ++t)
+    if (b.mask[t]) valid.push_back(t);
+  auto g1 = b.gap;
+  g1[valid[valid.size() - 3]] = INFINITY;
+  g1[valid[valid.size() / 2]] = NAN;  // the first one (a later tile holds the other)
+  run("non-finite valid gaps: the first is named", g1, cu, T);
+  auto g2 = g1;
+  run("a decrease is named before a non-finite gap", g2, c2, T);
+  run("no segments, no tokens", {}, {0}, 0);
+  run("no segments, tokens", b.gap, {0}, 5);
+  run("no tokens, cu[0] != 0", {}, {2}, 0);
+  run("no tokens, empty segments", {}, {0, 0, 0}, 0);
+  run("no tokens, a decrease", {}, {0, 1, 0}, 0);
+  return failures;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -317,6 +390,7 @@ int main(int argc, char** argv) {
       ++failures;
     }
   }
+  failures += validation_cases(rng, cases);
   std::printf("%d passed, %d failed\n", cases - failures, failures);
   return failures ? 1 : 0;
 }

@@ -5,6 +5,7 @@
 // barriers. A thread that returns from the kernel drops out of both barriers, like an exited CUDA
 // thread. Used only by tools/cuda_emu/run.sh; never part of the real build.
 #pragma once
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -118,6 +119,25 @@ inline cudaError_t cudaFreeAsync(void* p, cudaStream_t) { std::free(p); return c
 inline cudaError_t cudaMalloc(void** p, size_t n) { return cudaMallocAsync(p, n, nullptr); }
 inline cudaError_t cudaFree(void* p) { std::free(p); return cudaSuccess; }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+enum cudaMemcpyKind : int { cudaMemcpyDeviceToHost = 2 };
+inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
+  std::memset(p, v, n);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind,
+                                   cudaStream_t) {
+  std::memcpy(dst, src, n);
+  return cudaSuccess;
+}
+// The block's threads run concurrently: device atomics are real atomics here.
+inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) {
+  std::atomic_ref<unsigned long long> a(*p);
+  unsigned long long old = a.load();
+  while (v < old && !a.compare_exchange_weak(old, v)) {
+  }
+  return old;
+}
+using std::isfinite;
 
 namespace emu {
 struct Cfg { unsigned grid, block; };
