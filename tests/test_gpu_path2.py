@@ -518,10 +518,15 @@ def test_fused_adamw_under_fsdp2_equals_one_process(tiny_dir, tmp_path):
     model = load_model(tiny_dir, torch.device("cpu"), "float32")
     opt = make_adamw(model.parameters(), lr=1e-2, device="cpu")  # one process, torch's default
     ids = torch.arange(24).reshape(2, 12) % 50
-    for _ in range(2):
-        opt.zero_grad(set_to_none=True)
-        model(input_ids=ids).logits.float().pow(2).mean().backward()
-        opt.step()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the ranks: a reduction's order (and its rounding) follows the thread count
+    try:
+        for _ in range(2):
+            opt.zero_grad(set_to_none=True)
+            model(input_ids=ids).logits.float().pow(2).mean().backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
     want = model.state_dict()
     for k, v in got["weights"].items():  # a step is ~lr = 1e-2: 1e-5 is rounding in near-zero gradients
         torch.testing.assert_close(v, want[k], rtol=0, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")

@@ -124,8 +124,9 @@ Q25_P = 3_085_938_688
 Q3_P = 1_720_574_976
 V, H = 151_936, 2_048
 HEAD_W = V * H * 4  # 1,244,659,712: the float32 [V, H] lm-head gradient (and the FSDP fused copy)
-# fused tile: max(2**24 // V = 110, the longest response 512) rows of V float32 = 311,164,928
-TILE = 512 * V * 4
+# fused buffers (bf16 matmuls): the tile, max(2**26 // V = 441, the longest response 512) rows of V float32
+# = 311,164,928, and the group buffer, max(2**27 // V = 883, 512) rows of V bf16 = 268,318,976
+TILE = 512 * V * 4 + 883 * V * 2
 
 
 def rows_of(plan):
@@ -146,7 +147,7 @@ def test_qwen25_3b_on_one_80gb_gpu_by_hand():
     #   -> 126,528; the final hidden states 4*2048 = 8,192
     per_tok = 294_912 + 126_528 + 8_192  # 429,632 B = 420 KiB
     static = 4 * Q25_P + 4 * Q25_P + 8 * Q25_P + 2 * Q25_P + 2 * GiB  # 57,694,380,032
-    lm = HEAD_W + 16_384 * H * 4 + TILE  # [V,H] + [16384,H] + the tile = 1,690,042,368
+    lm = HEAD_W + 16_384 * H * 4 + TILE  # [V,H] + [16384,H] + the tile and group buffer = 1,958,361,344
     padded_cfg = with_keys(cfg, "model.attn_impl=sdpa-padded")
     # sdpa: padded to <= 2 x 16384 positions; flash-attention (varlen) and FlexAttention: packed, no padding
     for c, varlen, beyond in ((padded_cfg, False, 16_384 * per_tok), (cfg, True, 0), (cfg, False, 0)):
@@ -154,7 +155,7 @@ def test_qwen25_3b_on_one_80gb_gpu_by_hand():
         r = rows_of(plan)
         assert r["AdamW step (fused)"] == 0  # fused=True on CUDA: in place (pcsd.train.optim)
         assert "AdamW step temporaries (foreach)" not in r
-        assert r["lm-head gradient buffers"] == lm == 1_690_042_368
+        assert r["lm-head gradient buffers"] == lm == 1_958_361_344
         assert r["micro-batch beyond the budget"] == beyond
         assert r["activations (16384 tokens)"] == 16_384 * per_tok == 7_039_090_688
         assert r["vLLM CUDA graphs (asleep)"] == GiB
@@ -168,7 +169,7 @@ def test_qwen25_3b_on_one_80gb_gpu_by_hand():
         foreach = memory_plan(c, 1, 80 * GiB, varlen=varlen, adamw="foreach")
         assert rows_of(foreach)["AdamW step temporaries (foreach)"] == 4 * Q25_P == 12_343_754_752
         assert foreach.step_bytes == 4 * Q25_P + GiB and foreach.peak == plan.peak  # the micro-batch is larger
-    assert memory_plan(padded_cfg, 1, 80 * GiB, varlen=False).peak == 80_708_222_976  # 75.17 GiB: fits, 94 %
+    assert memory_plan(padded_cfg, 1, 80 * GiB, varlen=False).peak == 80_976_541_952  # 75.42 GiB: fits, 94 %
     # packed without flash-attention (FlexAttention): the 6.56 GiB of padding are gone, the
     # micro-batch (16.6 GiB above the static lines) falls below vLLM's 20 GiB share, which is the peak
     flex = memory_plan(cfg, 1, 80 * GiB, varlen=False)
@@ -302,7 +303,8 @@ def test_predict_update_for_a_batch_by_hand():
     assert plan.static_bytes == 18 * Q25_P
     assert r["activations (100 tokens)"] == 100 * 429_632
     assert r["micro-batch beyond the budget"] == 70 * 429_632
-    assert r["lm-head gradient buffers"] == HEAD_W + 10 * H * 4 + 110 * V * 4  # tile: 2**24 // V = 110 rows
+    # the fused buffers have no more rows than the call's 10 tokens: a [10, V] float32 tile, a [10, V] bf16 group
+    assert r["lm-head gradient buffers"] == HEAD_W + 10 * H * 4 + 10 * V * 4 + 10 * V * 2
     micro = 2 * Q25_P + 170 * 429_632 + r["lm-head gradient buffers"]
     assert plan.update_bytes == micro and r["AdamW step (fused)"] == 0  # fused AdamW: the micro-batch peaks
     foreach = predict_update(cfg, prompts, responses, varlen=False, adamw="foreach")

@@ -88,16 +88,21 @@ def fused_buffer_bytes(
     matmul_bytes: int = 2,
     tile_elems: int = DEFAULT_TILE_ELEMS,
     group_elems: int = DEFAULT_GROUP_ELEMS,
+    tokens: Optional[int] = None,
 ) -> int:
     """Bytes of the fused path's temporaries over the vocabulary with the default chunking (the
     memory plan's line): the float32 tile of one chunk (a segment longer than the chunk is a
     chunk of its own) and, where the matmul dtype is not float32 (``matmul_bytes`` < 4), the group
-    buffer of the softmax gradients in that dtype."""
+    buffer of the softmax gradients in that dtype. ``tokens``: the call's tokens, when known (no
+    buffer has more rows than the call has tokens)."""
     chunk = max(auto_token_chunk(vocab, tile_elems), longest_segment)
+    group = max(chunk, group_elems // vocab)
+    if tokens is not None:
+        chunk, group = min(chunk, max(tokens, longest_segment)), min(group, max(tokens, longest_segment))
     tile = chunk * vocab * 4
     if matmul_bytes >= 4:
         return tile
-    return tile + max(chunk, group_elems // vocab) * vocab * matmul_bytes
+    return tile + group * vocab * matmul_bytes
 
 
 def chunk_bounds(n: int, token_chunk: int, segments: Optional[Sequence[int]] = None) -> list[tuple[int, int]]:

@@ -40,8 +40,9 @@ is a micro-batch of its own; packed rows, with flash-attention or FlexAttention,
 with ``model.attn_impl=sdpa-padded`` a micro-batch is a right-padded ``[rows, longest]`` batch,
 counted as at most :data:`PAD_RATIO` x the budget); the lm head's gradient buffers
 (``[V, H]`` float32 for the weight, ``[tokens, H]`` for the hidden states, one logits tile: a
-``[max(110, longest response), V]`` float32 tile on the fused path, ``3 x 1024 x 16384`` on the
-recomputing one); under FSDP2 the fused path's float32 copy of the gathered lm-head weight (once
+``[max(441, longest response), V]`` float32 tile on the fused path and, where its matmuls are
+not float32, the group buffer of the softmax gradients (``[max(883, longest response), V]`` in the
+compute dtype: :func:`pcsd.ops.fused.fused_buffer_bytes`), ``3 x 1024 x 16384`` on the recomputing one); under FSDP2 the fused path's float32 copy of the gathered lm-head weight (once
 per micro-batch); vLLM's CUDA graphs, which stay while the engine sleeps.
 
 *update, optimizer step*: AdamW's temporaries, none with the fused AdamW a GPU run uses
@@ -64,7 +65,6 @@ from typing import Any, NamedTuple, Optional, Sequence
 GiB = 1024**3
 CONTEXT_BYTES = 2 * GiB
 TOKEN_CHUNK, VOCAB_CHUNK = 1024, 16384  # pcsd.ops.scoring.score_packed's defaults
-FUSED_TILE_ELEMS = 1 << 24  # pcsd.ops.fused.DEFAULT_TILE_ELEMS: floats in one fused logits tile
 #: a padded micro-batch (model.attn_impl=sdpa-padded) is a right-padded [rows, longest] batch; its rows are turns
 #: of the same rollout steps (one template, one history window), counted as at least half the longest
 PAD_RATIO = 2
@@ -543,8 +543,13 @@ def _update_rows(
         ),
     ]
     if fused:
-        chunk = max(FUSED_TILE_ELEMS // V, mb.longest_response)
-        tile, how_t = chunk * V * 4, f"a [{chunk}, V] tile (fused)"
+        from pcsd.ops.fused import DEFAULT_GROUP_ELEMS, auto_token_chunk, fused_buffer_bytes
+
+        most = max(mb.response_tokens, mb.longest_response)  # no buffer has more rows than the call's tokens
+        chunk = min(max(auto_token_chunk(V), mb.longest_response), most)
+        tile = fused_buffer_bytes(V, mb.longest_response, bc, tokens=mb.response_tokens)
+        group = f" + a [{min(max(chunk, DEFAULT_GROUP_ELEMS // V), most)}, V] group buffer" if bc < 4 else ""
+        how_t = f"a [{chunk}, V] float32 tile{group} (fused)"
     else:
         tile, how_t = 3 * TOKEN_CHUNK * VOCAB_CHUNK * 4, f"3 [{TOKEN_CHUNK}, {VOCAB_CHUNK}] tiles (recomputing)"
     w_grad = 0 if lora else V * H * 4  # LoRA: the lm head is frozen, its weight gradient never made
