@@ -499,14 +499,27 @@ def _fused_adamw_rank(rank: int, world: int, port: int, model_dir: str, out: str
         du.shutdown(ctx)
 
 
+def _one_process_adamw(_rank: int, model_dir: str, out: str) -> None:
+    """The reference of the test below: the same two steps in one process, torch's AdamW default."""
+    torch.set_num_threads(1)
+    from pcsd.models import load_model
+    from pcsd.train.optim import make_adamw
+
+    model = load_model(model_dir, torch.device("cpu"), "float32")
+    opt = make_adamw(model.parameters(), lr=1e-2, device="cpu")
+    ids = torch.arange(24).reshape(2, 12) % 50
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        model(input_ids=ids).logits.float().pow(2).mean().backward()
+        opt.step()
+    torch.save(model.state_dict(), out)
+
+
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed with gloo is needed")
 def test_fused_adamw_under_fsdp2_equals_one_process(tiny_dir, tmp_path):
     import socket
 
     import torch.multiprocessing as mp
-
-    from pcsd.models import load_model
-    from pcsd.train.optim import make_adamw
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -515,18 +528,10 @@ def test_fused_adamw_under_fsdp2_equals_one_process(tiny_dir, tmp_path):
     mp.spawn(_fused_adamw_rank, args=(2, port, str(tiny_dir), str(out)), nprocs=2, join=True)
     got = torch.load(out)
     assert got["fused"] and all(got["fused"])  # kept through the resume's load
-    model = load_model(tiny_dir, torch.device("cpu"), "float32")
-    opt = make_adamw(model.parameters(), lr=1e-2, device="cpu")  # one process, torch's default
-    ids = torch.arange(24).reshape(2, 12) % 50
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the ranks: a reduction's order (and its rounding) follows the thread count
-    try:
-        for _ in range(2):
-            opt.zero_grad(set_to_none=True)
-            model(input_ids=ids).logits.float().pow(2).mean().backward()
-            opt.step()
-    finally:
-        torch.set_num_threads(threads)
-    want = model.state_dict()
+    # the one-process reference in a fresh process on one thread, as the ranks: a reduction's rounding
+    # follows the thread count and the process's backend state, which earlier tests of a session change
+    ref = tmp_path / "one.pt"
+    mp.spawn(_one_process_adamw, args=(str(tiny_dir), str(ref)), nprocs=1, join=True)
+    want = torch.load(ref)
     for k, v in got["weights"].items():  # a step is ~lr = 1e-2: 1e-5 is rounding in near-zero gradients
         torch.testing.assert_close(v, want[k], rtol=0, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
