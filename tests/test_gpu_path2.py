@@ -466,6 +466,15 @@ def test_a_converted_layout_is_left_to_transformers(tiny_dir, tmp_path, monkeypa
     assert next(models.load_model(tiny_dir, torch.device("cpu")).parameters()).device.type == "cpu"
 
 
+def _two_adamw_steps(model, opt) -> None:
+    """The two steps both sides of the fused-AdamW test take (the same batch and loss)."""
+    ids = torch.arange(24).reshape(2, 12) % 50
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        model(input_ids=ids).logits.float().pow(2).mean().backward()
+        opt.step()
+
+
 def _fused_adamw_rank(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
     """One rank: the tiny model sharded with FSDP2 (gloo), AdamW as a CUDA run makes it (fused; it
     runs on CPU DTensors too), two steps; then its full state through a resume's round trip."""
@@ -481,11 +490,7 @@ def _fused_adamw_rank(rank: int, world: int, port: int, model_dir: str, out: str
     try:
         model = du.shard_model(load_model(model_dir, torch.device("cpu"), "float32"), ctx)
         opt = make_adamw(model.parameters(), lr=1e-2, device="cuda")
-        ids = torch.arange(24).reshape(2, 12) % 50
-        for _ in range(2):
-            opt.zero_grad(set_to_none=True)
-            model(input_ids=ids).logits.float().pow(2).mean().backward()
-            opt.step()
+        _two_adamw_steps(model, opt)
         box = [du.full_optimizer_state(model, opt, ctx)]  # rank 0's, as a checkpoint file holds it
         torch.distributed.broadcast_object_list(box, src=0)  # every rank reads the file at a resume
         state = box[0]
@@ -507,11 +512,7 @@ def _one_process_adamw(_rank: int, model_dir: str, out: str) -> None:
 
     model = load_model(model_dir, torch.device("cpu"), "float32")
     opt = make_adamw(model.parameters(), lr=1e-2, device="cpu")
-    ids = torch.arange(24).reshape(2, 12) % 50
-    for _ in range(2):
-        opt.zero_grad(set_to_none=True)
-        model(input_ids=ids).logits.float().pow(2).mean().backward()
-        opt.step()
+    _two_adamw_steps(model, opt)
     torch.save(model.state_dict(), out)
 
 
